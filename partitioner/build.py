@@ -1,0 +1,437 @@
+"""ONNX model -> LayerGraph.
+
+[Note: layer grouping]
+A cut must never separate what ONNX Runtime would run as one kernel, and a layer must
+carry the constants it needs, so grouping goes in three steps:
+
+1. *Constants.* A node is constant when every input is an initializer or the output of
+   another constant node (ConstantOfShape weight generators, Unsqueeze of a scale
+   vector, Reshape shape constants). Constant nodes belong to no layer; each layer
+   lists the constant sub-graph its nodes need (`Layer.const_nodes`), and each segment
+   that holds the layer regenerates it. Their outputs count as the layer's parameters.
+2. *Fusion.* A fusable node (BatchNorm, activations, elementwise arithmetic, Dropout
+   and Identity, shape-only ops) joins the layer of its latest-produced activation
+   input p when p is the last node of that layer and every output of p is read by this
+   node alone (and is no model output). That is exactly when ONNX Runtime's Conv+BN,
+   Conv+Add+Relu and Gemm+activation fusions can fire. Joining the *latest* producer
+   keeps the layer graph acyclic: the other inputs come from nodes earlier in
+   topological order, which cannot depend on p.
+3. *Everything else* (Conv, Gemm, MatMul, pooling, Concat, Softmax, LRN, unknown ops)
+   starts a new layer. Unknown ops are never an error.
+
+Layers are then topologically sorted (fusion can make a layer read from a layer created
+after it) and numbered in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, shape_inference
+
+from partitioner.errors import PartitionError
+from partitioner.flops import node_flops
+from partitioner.graph import BATCH, Layer, LayerGraph, TensorInfo
+
+__all__ = ["load_model", "build_graph", "node_names", "FUSABLE_OPS"]
+
+log = logging.getLogger(__name__)
+
+FUSABLE_OPS = frozenset(
+    {
+        # normalisation and activations
+        "BatchNormalization", "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh",
+        "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "Softplus", "Softsign",
+        "Gelu", "FastGelu", "Erf", "ThresholdedRelu", "Mish",
+        # elementwise arithmetic
+        "Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow", "Sqrt", "Neg", "Abs",
+        # no-ops at inference and shape-only moves
+        "Dropout", "Identity", "Cast", "Flatten", "Reshape", "Squeeze", "Unsqueeze",
+        "Transpose",
+    }
+)
+
+# Ops that are random or stateful: never fold them as constants.
+_NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
+)
+
+
+def load_model(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
+    """Read an ONNX file, with PartitionError for anything that is not a valid model."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise PartitionError(f"model file {path!r} does not exist; give the path of an .onnx file")
+    try:
+        model = onnx.load(path, load_external_data=load_external_data)
+    except Exception as e:  # protobuf raises DecodeError, others raise OSError/ValueError
+        raise PartitionError(
+            f"{path!r} is not a readable ONNX model ({type(e).__name__}: {e}); "
+            "check that the file is a complete .onnx protobuf and not truncated",
+            model=path,
+        ) from e
+    if not model.graph.node:
+        raise PartitionError(
+            f"{path!r} has no graph nodes: it is empty or not an ONNX model; "
+            "export the model with its graph (e.g. torch.onnx.export) and try again",
+            model=path,
+        )
+    return model
+
+
+def node_names(model: onnx.ModelProto) -> list[str]:
+    """A unique, stable name for every node (the model's own where it has one)."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for i, n in enumerate(model.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        if name in seen:
+            name = f"{name}__{i}"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:  # unknown or string types
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+
+
+def _shape_of(vi: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    dims: list[int | str] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            return None
+    return tuple(dims)
+
+
+def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    try:
+        return shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except ValueError as e:
+        if "2GB" not in str(e) and "2 GB" not in str(e):
+            raise PartitionError(
+                f"shapes of {name} cannot be inferred: {e}; fix the model so that ONNX "
+                "shape inference succeeds (onnx.shape_inference.infer_shapes(model, "
+                "strict_mode=True)), e.g. give the inputs static or symbolic shapes",
+                model=name,
+            ) from e
+    except Exception as e:  # InferenceError and friends
+        raise PartitionError(
+            f"shapes of {name} cannot be inferred: {e}; fix the model so that ONNX "
+            "shape inference succeeds (onnx.shape_inference.infer_shapes(model, "
+            "strict_mode=True))",
+            model=name,
+        ) from e
+    # Over 2 GB: infer on a copy without the weights' bytes.
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    for init in light.graph.initializer:
+        init.ClearField("raw_data")
+        init.data_location = onnx.TensorProto.DEFAULT
+        del init.float_data[:]
+    return _infer(light, name)
+
+
+def _toposort(model: onnx.ModelProto, known: set[str], name: str) -> list[int]:
+    """Node indices in a topological order (the file's own order where it is one)."""
+    graph = model.graph
+    producer: dict[str, int] = {}
+    for i, n in enumerate(graph.node):
+        for o in n.output:
+            if o:
+                producer[o] = i
+    deps: list[set[int]] = []
+    for n in graph.node:
+        deps.append({producer[x] for x in n.input if x and x in producer})
+    order: list[int] = []
+    state = [0] * len(graph.node)  # 0 new, 1 on stack, 2 done
+    for root in range(len(graph.node)):
+        if state[root]:
+            continue
+        stack = [(root, iter(sorted(deps[root])))]
+        state[root] = 1
+        while stack:
+            i, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                state[i] = 2
+                order.append(i)
+            elif state[nxt] == 1:
+                raise PartitionError(
+                    f"{name} has a cycle through node {graph.node[nxt].name or nxt}; "
+                    "an ONNX graph must be acyclic",
+                    model=name,
+                )
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((nxt, iter(sorted(deps[nxt]))))
+    for i, n in enumerate(graph.node):
+        for x in n.input:
+            if x and x not in producer and x not in known:
+                raise PartitionError(
+                    f"node {n.name or i} ({n.op_type}) of {name} reads {x!r}, which no "
+                    "node, input or initializer defines; the model is malformed",
+                    model=name,
+                    node=n.name or str(i),
+                    tensor=x,
+                )
+    return order
+
+
+def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | None = None) -> LayerGraph:
+    """Group an ONNX model into layers (see [Note: layer grouping])."""
+    if not isinstance(model, onnx.ModelProto):
+        path = os.fspath(model)
+        model = load_model(path)
+        name = name or os.path.splitext(os.path.basename(path))[0]
+    name = name or model.graph.name or "model"
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    inits = {i.name: i for i in g.initializer}
+    inputs = [i.name for i in g.input if i.name not in inits]
+    if not inputs:
+        raise PartitionError(f"{name} has no inputs besides initializers; nothing to feed it", model=name)
+    outputs = [o.name for o in g.output]
+    known = set(inits) | {i.name for i in g.input}
+    order = _toposort(model, known, name)
+    names = node_names(model)
+
+    inferred = _infer(model, name)
+    vinfo: dict[str, onnx.ValueInfoProto] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        vinfo[vi.name] = vi
+    for n_init in inits.values():
+        vinfo.setdefault(n_init.name, helper.make_tensor_value_info(n_init.name, n_init.data_type, list(n_init.dims)))
+
+    def shape(t: str) -> tuple[int | str, ...] | None:
+        return _shape_of(vinfo[t]) if t in vinfo else None
+
+    def dtype(t: str) -> str:
+        return _dtype_name(vinfo[t].type.tensor_type.elem_type) if t in vinfo else "unknown"
+
+    first_shape = shape(inputs[0])
+    batch: int | str = first_shape[0] if first_shape else 1
+
+    # 1. constants
+    const_tensors = set(inits)
+    const_nodes: set[int] = set()
+    for i in order:
+        n = g.node[i]
+        if n.op_type in _NONDETERMINISTIC or n.domain not in ("", "ai.onnx"):
+            continue
+        if all((not x) or x in const_tensors for x in n.input) and not any(
+            x in inputs for x in n.input
+        ):
+            const_nodes.add(i)
+            const_tensors.update(o for o in n.output if o)
+
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for i in order:
+        n = g.node[i]
+        for o in n.output:
+            if o:
+                producer[o] = i
+        if i in const_nodes:
+            continue
+        for x in n.input:
+            if x and x not in const_tensors and i not in consumers[x]:
+                consumers[x].append(i)
+
+    # 2. fusion into layers (node index lists)
+    layer_of: dict[int, int] = {}
+    members: list[list[int]] = []
+    pos = {node: k for k, node in enumerate(order)}
+    outset = set(outputs)
+    for i in order:
+        if i in const_nodes:
+            continue
+        n = g.node[i]
+        target = None
+        if n.op_type in FUSABLE_OPS:
+            prods = [producer[x] for x in n.input if x in producer and x not in const_tensors]
+            if prods:
+                p = max(prods, key=pos.__getitem__)
+                lid = layer_of[p]
+                outs_p = [o for o in g.node[p].output if o]
+                if members[lid][-1] == p and all(
+                    consumers.get(o) == [i] and o not in outset for o in outs_p
+                ):
+                    target = lid
+        if target is None:
+            target = len(members)
+            members.append([])
+        members[target].append(i)
+        layer_of[i] = target
+
+    # 3. topological order of layers
+    lpreds: list[set[int]] = [set() for _ in members]
+    for lid, nodes in enumerate(members):
+        for i in nodes:
+            for x in g.node[i].input:
+                if x in producer and producer[x] not in const_nodes:
+                    q = layer_of[producer[x]]
+                    if q != lid:
+                        lpreds[lid].add(q)
+    new_id = _layer_order(members, lpreds, pos)
+    members = [members[old] for old in sorted(range(len(members)), key=new_id.__getitem__)]
+    layer_of = {i: new_id[lid] for i, lid in layer_of.items()}
+
+    # tensors that connect layers, or are model inputs/outputs
+    crossing: dict[str, tuple[int | None, set[int]]] = {}
+    for t in inputs:
+        crossing[t] = (None, {layer_of[c] for c in consumers.get(t, [])})
+    for i in order:
+        if i in const_nodes:
+            continue
+        lid = layer_of[i]
+        for o in g.node[i].output:
+            if not o:
+                continue
+            readers = {layer_of[c] for c in consumers.get(o, [])} - {lid}
+            if readers or o in outset:
+                crossing[o] = (lid, readers)
+    for o in outputs:
+        if o not in crossing and o in const_tensors:
+            raise PartitionError(
+                f"model output {o!r} of {name} is a constant; a constant output cannot be "
+                "placed on either side of a cut; remove it from the graph outputs",
+                model=name,
+                tensor=o,
+            )
+
+    tensors = []
+    for t, (prod, readers) in crossing.items():
+        shp = shape(t)
+        dt = dtype(t)
+        per_sample: tuple[int | str, ...] | None = None
+        nbytes: int | None = None
+        if shp is not None:
+            per_sample = shp
+            dims = list(shp)
+            if dims and dims[0] == batch:
+                per_sample = (BATCH, *shp[1:])
+                dims = dims[1:]
+            if all(isinstance(d, int) for d in dims):
+                nbytes = int(np.prod(dims, dtype=np.int64)) * _itemsize(dt)
+        tensors.append(
+            TensorInfo(
+                name=t,
+                dtype=dt,
+                shape=per_sample,
+                bytes_per_sample=nbytes,
+                producer=prod,
+                consumers=tuple(sorted(readers)),
+                is_output=t in outset,
+            )
+        )
+    tensors.sort(key=lambda ti: (-1 if ti.producer is None else ti.producer, ti.name))
+
+    layer_in: dict[int, list[str]] = defaultdict(list)
+    layer_out: dict[int, list[str]] = defaultdict(list)
+    for ti in tensors:
+        if ti.producer is not None:
+            layer_out[ti.producer].append(ti.name)
+        for c in ti.consumers:
+            layer_in[c].append(ti.name)
+
+    def const_closure(nodes: Sequence[int]) -> list[int]:
+        need: set[int] = set()
+        stack = [producer[x] for i in nodes for x in g.node[i].input if x in producer and producer[x] in const_nodes]
+        while stack:
+            j = stack.pop()
+            if j in need:
+                continue
+            need.add(j)
+            stack.extend(producer[x] for x in g.node[j].input if x in producer and producer[x] in const_nodes)
+        return sorted(need, key=pos.__getitem__)
+
+    def nbytes_of(t: str) -> int:
+        if t in inits:
+            init = inits[t]
+            return int(np.prod(init.dims, dtype=np.int64)) * _itemsize(_dtype_name(init.data_type))
+        shp = shape(t)
+        if shp is None or not all(isinstance(d, int) for d in shp):
+            return 0
+        return int(np.prod(shp, dtype=np.int64)) * _itemsize(dtype(t))
+
+    layers = []
+    for lid, nodes in enumerate(members):
+        params = {x for i in nodes for x in g.node[i].input if x and x in const_tensors}
+        flops: int | None = 0
+        for i in nodes:
+            f = node_flops(g.node[i], shape, batch)
+            flops = None if f is None or flops is None else flops + f
+        layers.append(
+            Layer(
+                id=lid,
+                name=names[nodes[0]],
+                nodes=tuple(names[i] for i in nodes),
+                ops=tuple(g.node[i].op_type for i in nodes),
+                flops=flops,
+                param_bytes=sum(nbytes_of(x) for x in params),
+                inputs=tuple(layer_in[lid]),
+                outputs=tuple(layer_out[lid]),
+                const_nodes=tuple(names[j] for j in const_closure(nodes)),
+            )
+        )
+    graph = LayerGraph(
+        model=name,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        layers=tuple(layers),
+        tensors=tuple(tensors),
+        opset=opset,
+        ir_version=model.ir_version,
+        batch=batch,
+        meta={"nodes": len(g.node), "constant_nodes": len(const_nodes)},
+    )
+    log.debug("built %s: %d nodes -> %d layers", name, len(g.node), len(layers))
+    return graph
+
+
+def _layer_order(members: list[list[int]], lpreds: list[set[int]], pos: dict[int, int]) -> dict[int, int]:
+    """Kahn's algorithm over layers, ties broken by the first node's position."""
+    import heapq
+
+    indeg = [len(p) for p in lpreds]
+    succ: list[list[int]] = [[] for _ in members]
+    for lid, ps in enumerate(lpreds):
+        for p in ps:
+            succ[p].append(lid)
+    heap = [(pos[members[lid][0]], lid) for lid in range(len(members)) if indeg[lid] == 0]
+    heapq.heapify(heap)
+    new_id: dict[int, int] = {}
+    while heap:
+        _, lid = heapq.heappop(heap)
+        new_id[lid] = len(new_id)
+        for s in succ[lid]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (pos[members[s][0]], s))
+    assert len(new_id) == len(members), "fusion created a cycle between layers"
+    return new_id

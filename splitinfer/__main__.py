@@ -1,0 +1,5 @@
+import sys
+
+from splitinfer.cli import main
+
+sys.exit(main())

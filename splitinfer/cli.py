@@ -1,0 +1,73 @@
+"""The `splitinfer` command line.
+
+Thin on purpose: each subcommand lives in the module that owns it and is imported only
+when it runs, so `splitinfer netem` never pays for ONNX Runtime and an edge device
+without Ray can still run every edge command.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "COMMANDS"]
+
+# name -> (module, function, one-line help). Each function takes argv and returns an exit code.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("splitinfer.demo", "main", "run the end-to-end demo on embedded defaults"),
+    "inspect": ("splitinfer.partition_cmd", "inspect_main", "show a model's layers, tensors and cut points"),
+    "split": ("splitinfer.partition_cmd", "split_main", "cut a model into head.onnx and tail.onnx"),
+    "netem": ("splitinfer.netem", "main", "user-space link emulator (TCP proxy with bandwidth, delay, outages)"),
+}
+
+# Root exceptions of the project's packages: printed as one clear line, never a traceback.
+_OUR_PACKAGES = ("partitioner", "planner", "workers", "cluster", "edge_agent", "splitinfer")
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: splitinfer COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {n:<{width}}  {h}" for n, (_, _, h) in COMMANDS.items()]
+    lines += ["", "Run 'splitinfer COMMAND --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"splitinfer {version('splitinfer')}")
+        except PackageNotFoundError:
+            print("splitinfer (not installed)")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        print(f"splitinfer: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    module, func, _ = COMMANDS[name]
+    fn = getattr(importlib.import_module(module), func)
+    try:
+        return int(fn(rest) or 0)
+    except KeyboardInterrupt:
+        print(f"splitinfer {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # only the project's own errors are turned into one line
+        if type(e).__module__.split(".")[0] not in _OUR_PACKAGES:
+            raise
+        print(f"splitinfer {name}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

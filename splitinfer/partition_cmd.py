@@ -1,0 +1,214 @@
+"""`splitinfer inspect` and `splitinfer split`: the partitioner on the command line.
+
+MODEL is a path to an .onnx file or the short name of a zoo architecture shipped in the
+`onnx` package (resnet50, densenet121, vgg19, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from partitioner import (
+    Cut,
+    LayerGraph,
+    PartitionError,
+    boundary,
+    boundary_bytes,
+    build_graph,
+    chain_points,
+    load_model,
+    make_cut,
+    plan_memory,
+    save_segment,
+    split,
+    verify,
+    zoo_path,
+)
+
+__all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json"]
+
+
+def resolve_model(spec: str) -> tuple[str, str]:
+    """(path, name) for a file path or a zoo short name."""
+    if os.path.exists(spec) or spec.endswith(".onnx") or os.sep in spec:
+        return spec, os.path.splitext(os.path.basename(spec))[0]
+    return zoo_path(spec), spec.lower().removeprefix("light_")
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _flops(n: int | None) -> str:
+    if n is None:
+        return "?"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} G"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    return f"{n / 1e3:.1f} K"
+
+
+def inspect_json(graph: LayerGraph) -> dict[str, Any]:
+    mem = plan_memory(graph)
+    return {
+        "model": graph.model,
+        "opset": graph.opset,
+        "inputs": [graph.tensor[x].to_dict() for x in graph.inputs],
+        "outputs": [graph.tensor[x].to_dict() for x in graph.outputs],
+        "layers": [
+            {k: v for k, v in layer.to_dict().items() if k != "const_nodes"}
+            for layer in graph.layers
+        ],
+        "tensors": [
+            {k: v for k, v in t.to_dict().items() if k != "is_output"} for t in graph.tensors
+        ],
+        "chain_points": list(chain_points(graph)),
+        "totals": {
+            "layers": len(graph),
+            "flops": graph.total_flops,
+            "param_bytes": graph.total_param_bytes,
+        },
+        "memory_plan": {
+            "peak_bytes": mem.peak_bytes,
+            "lower_bound_bytes": mem.lower_bound_bytes,
+            "naive_bytes": mem.naive_bytes,
+        },
+    }
+
+
+def _print_table(graph: LayerGraph, out: Any) -> None:
+    chain = set(chain_points(graph))
+    rows = []
+    for layer in graph.layers:
+        outs = [graph.tensor[t] for t in layer.outputs]
+        shape = "x".join(map(str, outs[0].shape)) if outs and outs[0].shape else "?"
+        nbytes = sum(t.bytes_per_sample or 0 for t in outs)
+        cut_bytes = boundary_bytes(graph, Cut(frozenset(range(layer.id + 1))))
+        rows.append(
+            (
+                str(layer.id),
+                "*" if layer.id in chain else "",
+                layer.name[:28],
+                "+".join(layer.ops)[:34],
+                _flops(layer.flops),
+                format_bytes(layer.param_bytes),
+                shape[:20],
+                format_bytes(nbytes),
+                format_bytes(cut_bytes),
+            )
+        )
+    head = ("id", "C", "layer", "ops", "FLOPs", "params", "out shape", "out", "cut after")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    print(line.format(*head), file=out)
+    for r in rows:
+        print(line.format(*r), file=out)
+    mem = plan_memory(graph)
+    print(
+        f"\n{graph.model}: {len(graph)} layers, {_flops(graph.total_flops)}FLOPs, "
+        f"{format_bytes(graph.total_param_bytes)} weights, {len(chain)} chain cut points (C)\n"
+        f"inputs: {', '.join(graph.inputs)}   outputs: {', '.join(graph.outputs)}\n"
+        f"activation memory plan: peak {format_bytes(mem.peak_bytes)} "
+        f"(lower bound {format_bytes(mem.lower_bound_bytes)}, naive {format_bytes(mem.naive_bytes)})\n"
+        "'cut after' = bytes per sample sent when layers 0..id run on the device",
+        file=out,
+    )
+
+
+def inspect_main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="splitinfer inspect", description=__doc__)
+    p.add_argument("model", help="path to an .onnx file, or a zoo name such as resnet50")
+    p.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
+    args = p.parse_args(argv)
+    path, name = resolve_model(args.model)
+    graph = build_graph(load_model(path), name=name)
+    if args.json:
+        json.dump(inspect_json(graph), sys.stdout, indent=1)
+        print()
+    else:
+        _print_table(graph, sys.stdout)
+    return 0
+
+
+def _parse_layers(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def split_main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="splitinfer split", description="Cut a model into head.onnx and tail.onnx.")
+    p.add_argument("model", help="path to an .onnx file, or a zoo name such as resnet50")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--edge-layers", help="layer ids on the device, e.g. 0,1,2 or 0-12")
+    which.add_argument("--after", type=int, metavar="LAYER_ID", help="run layers 0..LAYER_ID on the device")
+    p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument("--verify", action="store_true", help="check head then tail equals the whole model (ONNX Runtime)")
+    args = p.parse_args(argv)
+    path, name = resolve_model(args.model)
+    model = load_model(path)
+    graph = build_graph(model, name=name)
+    if args.after is not None:
+        if not 0 <= args.after < len(graph):
+            raise PartitionError(
+                f"--after {args.after} is not a layer of {name}: it has layers 0..{len(graph) - 1}",
+                model=name,
+                layer=args.after,
+            )
+        layers = list(range(args.after + 1))
+    else:
+        try:
+            layers = _parse_layers(args.edge_layers)
+        except ValueError:
+            raise PartitionError(
+                f"--edge-layers {args.edge_layers!r} is not a list of layer ids; write e.g. 0,1,2 or 0-12",
+                model=name,
+            ) from None
+    cut = make_cut(graph, layers)
+    head, tail = split(model, cut, graph=graph)
+    os.makedirs(args.out, exist_ok=True)
+    save_segment(head, os.path.join(args.out, "head.onnx"))
+    save_segment(tail, os.path.join(args.out, "tail.onnx"))
+    info: dict[str, Any] = {
+        "model": name,
+        "edge_layers": sorted(cut.device),
+        "cut_id": cut.key,
+        "boundary": list(boundary(graph, cut)),
+        "boundary_bytes_per_sample": boundary_bytes(graph, cut),
+        "head_inputs": list(head.inputs),
+        "head_outputs": list(head.outputs),
+        "tail_inputs": list(tail.inputs),
+        "tail_outputs": list(tail.outputs),
+    }
+    if args.verify:
+        info["verify_max_abs_diff"] = verify(model, [head, tail], graph=graph)
+    with open(os.path.join(args.out, "split.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    print(
+        f"{name}: {len(cut.device)}/{len(graph)} layers on the device, boundary "
+        f"{', '.join(info['boundary']) or '(none)'} = {format_bytes(info['boundary_bytes_per_sample'])} per sample"
+    )
+    print(f"wrote {args.out}/head.onnx, tail.onnx, split.json")
+    if args.verify:
+        worst = max(info["verify_max_abs_diff"].values(), default=0.0)
+        print(f"verified: head then tail equals the whole model (max abs diff {worst:.2g})")
+    return 0
