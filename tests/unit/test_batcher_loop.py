@@ -1,0 +1,331 @@
+"""The Batcher on a real asyncio loop: results, deadlines, priorities, queue limits,
+shape separation, error isolation, cancellation and close."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from workers.batcher import (
+    Batcher,
+    BatcherClosedError,
+    BatcherConfig,
+    BatchSizeMismatchError,
+    DeadlineExceededError,
+    BatcherRequestError,
+    QueueFullError,
+)
+
+
+def _run(coro):
+    async def guarded():
+        return await asyncio.wait_for(coro, timeout=5.0)
+
+    return asyncio.run(guarded())
+
+
+class _Recorder:
+    """An async run_batch that records each batch and can be held closed."""
+
+    def __init__(self) -> None:
+        self.batches: list[list] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.started = asyncio.Event()
+
+    async def __call__(self, payloads):
+        self.batches.append(list(payloads))
+        self.started.set()
+        await self.gate.wait()
+        return [p * 10 if isinstance(p, int) else p for p in payloads]
+
+
+async def _until(predicate):
+    while not predicate():
+        await asyncio.sleep(0.001)
+
+
+def test_results_come_back_to_the_right_callers_in_one_batch():
+    async def main():
+        rec = _Recorder()
+        b = Batcher(rec, BatcherConfig(max_batch_size=4, max_queue_delay_ms=1000.0))
+        results = await asyncio.gather(*(b.submit(i) for i in range(4)))
+        await b.close()
+        return rec, results, b.stats()
+
+    rec, results, stats = _run(main())
+    assert results == [0, 10, 20, 30]
+    assert rec.batches == [[0, 1, 2, 3]]
+    assert stats.batches_formed == 1 and stats.batch_size_histogram == {4: 1}
+    assert stats.completed == 4 and stats.queue_depth == 0
+
+
+def test_sync_run_batch_runs_off_the_loop():
+    loop_thread: list[int] = []
+
+    def run_batch(payloads):
+        loop_thread.append(threading.get_ident())
+        return [p + 1 for p in payloads]
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0))
+        out = await asyncio.gather(b.submit(1), b.submit(2))
+        await b.close()
+        return out
+
+    assert _run(main()) == [2, 3]
+    assert loop_thread and loop_thread[0] != threading.get_ident()
+
+
+def test_max_delay_forms_a_partial_batch_after_the_delay():
+    delay_ms = 20.0
+
+    async def main():
+        rec = _Recorder()
+        b = Batcher(rec, BatcherConfig(max_batch_size=8, max_queue_delay_ms=delay_ms))
+        t0 = time.monotonic()
+        first = await asyncio.gather(b.submit(1), b.submit(2), b.submit(3))
+        waited_s = time.monotonic() - t0
+        await b.close()
+        return rec, first, waited_s
+
+    rec, first, waited_s = _run(main())
+    # Three requests, far below max_batch_size, still leave together once the delay runs out.
+    assert first == [10, 20, 30]
+    assert rec.batches == [[1, 2, 3]]
+    assert waited_s >= delay_ms / 1000.0
+
+
+def test_deadline_passed_at_submit_is_rejected_at_once():
+    async def main():
+        rec = _Recorder()
+        b = Batcher(rec)
+        with pytest.raises(DeadlineExceededError) as info:
+            await b.submit(1, deadline_s=time.monotonic() - 0.001)
+        await b.close()
+        return rec, info.value, b.stats()
+
+    rec, err, stats = _run(main())
+    assert rec.batches == []
+    assert "deadline_s=" in str(err) and err.deadline_s <= err.now_s
+    assert stats.rejected == {"deadline": 1}
+
+
+def test_deadline_passing_in_the_queue_rejects_before_running():
+    async def main():
+        rec = _Recorder()
+        rec.gate.clear()
+        b = Batcher(rec, BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0))
+        blocker = asyncio.ensure_future(b.submit(1))
+        await rec.started.wait()
+        doomed = asyncio.ensure_future(b.submit(2, deadline_s=time.monotonic() + 0.01))
+        with pytest.raises(DeadlineExceededError):
+            await doomed
+        rec.gate.set()
+        assert await blocker == 10
+        await b.close()
+        return rec, b.stats()
+
+    rec, stats = _run(main())
+    assert rec.batches == [[1]]  # the expired request never reached run_batch
+    assert stats.rejected == {"deadline": 1}
+
+
+def test_higher_priority_runs_first_when_the_worker_frees_up():
+    async def main():
+        rec = _Recorder()
+        rec.gate.clear()
+        cfg = BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0, num_priority_levels=2)
+        b = Batcher(rec, cfg)
+        first = asyncio.ensure_future(b.submit("busy"))
+        await rec.started.wait()
+        low = [asyncio.ensure_future(b.submit(f"low{i}", priority=0)) for i in range(2)]
+        high = asyncio.ensure_future(b.submit("high", priority=1))
+        await _until(lambda: b.stats().queue_depth == 3)
+        rec.gate.set()
+        await asyncio.gather(first, high, *low)
+        await b.close()
+        return rec
+
+    assert _run(main()).batches == [["busy"], ["high"], ["low0"], ["low1"]]
+
+
+def test_bad_priority_and_unhashable_shape_are_rejected():
+    async def main():
+        b = Batcher(_Recorder(), BatcherConfig(num_priority_levels=2))
+        with pytest.raises(BatcherRequestError) as p:
+            await b.submit(1, priority=2)
+        with pytest.raises(BatcherRequestError) as s:
+            await b.submit(1, shape_key=[1, 2])
+        await b.close()
+        return p.value, s.value
+
+    p, s = _run(main())
+    assert p.field_name == "priority" and "[0, 2)" in str(p)
+    assert s.field_name == "shape_key"
+
+
+def test_queue_full_is_retryable_and_names_the_sizes():
+    async def main():
+        rec = _Recorder()
+        rec.gate.clear()
+        cfg = BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0, max_queue_size=2)
+        b = Batcher(rec, cfg)
+        running = asyncio.ensure_future(b.submit(0))
+        await rec.started.wait()
+        queued = [asyncio.ensure_future(b.submit(i)) for i in (1, 2)]
+        await _until(lambda: b.stats().queue_depth == 2)
+        with pytest.raises(QueueFullError) as info:
+            await b.submit(3)
+        rec.gate.set()
+        done = await asyncio.gather(running, *queued)
+        # Once the queue drains, a retry is accepted.
+        again = await b.submit(3)
+        await b.close()
+        return info.value, done, again, b.stats()
+
+    err, done, again, stats = _run(main())
+    assert err.retryable is True
+    assert err.queue_size == 2 and err.max_queue_size == 2
+    assert "retry" in str(err) and "2" in str(err)
+    assert done == [0, 10, 20] and again == 30
+    assert stats.rejected == {"queue_full": 1}
+
+
+def test_requests_of_different_shapes_never_share_a_batch():
+    async def main():
+        rec = _Recorder()
+        b = Batcher(rec, BatcherConfig(max_batch_size=8, max_queue_delay_ms=5.0))
+        shapes = [(1, 3), (1, 5), (1, 3), (2, 3), (1, 5), (1, 3)]
+        out = await asyncio.gather(*(b.submit((i, s), shape_key=s) for i, s in enumerate(shapes)))
+        await b.close()
+        return rec, out
+
+    rec, out = _run(main())
+    assert [o[0] for o in out] == list(range(6))
+    assert sorted(len(batch) for batch in rec.batches) == [1, 2, 3]
+    for batch in rec.batches:
+        assert len({shape for _, shape in batch}) == 1
+
+
+def test_a_failing_batch_fails_only_its_requests_and_serving_continues():
+    class Boom(RuntimeError):
+        pass
+
+    async def run_batch(payloads):
+        if "bad" in payloads:
+            raise Boom(f"cannot run {payloads}")
+        return [p.upper() for p in payloads]
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0))
+        first = await asyncio.gather(b.submit("bad", shape_key="x"), b.submit("ok", shape_key="x"),
+                                     b.submit("fine", shape_key="y"), return_exceptions=True)
+        later = await b.submit("later")
+        await b.close()
+        return first, later, b.stats()
+
+    first, later, stats = _run(main())
+    assert isinstance(first[0], Boom) and isinstance(first[1], Boom)
+    assert first[2] == "FINE"
+    assert later == "LATER"
+    assert stats.failed_batches == 1 and stats.completed == 2
+
+
+def test_wrong_number_of_results_fails_the_batch_clearly():
+    async def main():
+        b = Batcher(lambda payloads: payloads[:1], BatcherConfig(max_batch_size=2,
+                                                                 max_queue_delay_ms=0.0))
+        out = await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+        await b.close()
+        return out
+
+    out = _run(main())
+    assert all(isinstance(e, BatchSizeMismatchError) for e in out)
+    assert out[0].batch_size == 2 and out[0].num_results == 1
+    assert "exactly one result per payload" in str(out[0])
+
+
+def test_cancelling_a_waiting_submit_removes_it_from_the_queue():
+    async def main():
+        rec = _Recorder()
+        rec.gate.clear()
+        b = Batcher(rec, BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0))
+        running = asyncio.ensure_future(b.submit(1))
+        await rec.started.wait()
+        victim = asyncio.ensure_future(b.submit(2))
+        keeper = asyncio.ensure_future(b.submit(3))
+        await _until(lambda: b.stats().queue_depth == 2)
+        victim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        depth_after_cancel = b.stats().queue_depth
+        rec.gate.set()
+        assert await running == 10 and await keeper == 30
+        await b.close()
+        return rec, depth_after_cancel, b.stats()
+
+    rec, depth, stats = _run(main())
+    assert depth == 1
+    assert rec.batches == [[1], [3]]
+    assert stats.rejected == {"cancelled": 1}
+
+
+def test_close_drain_runs_everything_queued_without_waiting_the_delay():
+    async def main():
+        rec = _Recorder()
+        b = Batcher(rec, BatcherConfig(max_batch_size=8, max_queue_delay_ms=60_000.0))
+        pending = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
+        await _until(lambda: b.stats().queue_depth == 3)
+        await b.close(drain=True)
+        with pytest.raises(BatcherClosedError):
+            await b.submit(9)
+        return await asyncio.gather(*pending), b.stats()
+
+    results, stats = _run(main())
+    assert results == [0, 10, 20]
+    assert stats.rejected == {"closed": 1} and stats.queue_depth == 0
+
+
+def test_close_without_drain_fails_queued_but_finishes_running():
+    async def main():
+        rec = _Recorder()
+        rec.gate.clear()
+        b = Batcher(rec, BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0))
+        running = asyncio.ensure_future(b.submit(1))
+        await rec.started.wait()
+        queued = asyncio.ensure_future(b.submit(2))
+        await _until(lambda: b.stats().queue_depth == 1)
+        closing = asyncio.ensure_future(b.close(drain=False))
+        with pytest.raises(BatcherClosedError) as info:
+            await queued
+        rec.gate.set()
+        await closing
+        return rec, await running, info.value
+
+    rec, running_result, err = _run(main())
+    assert running_result == 10
+    assert rec.batches == [[1]]
+    assert "drain=False" in str(err)
+
+
+def test_a_broken_clock_fails_queued_requests_instead_of_hanging():
+    calls = [0]
+
+    def clock():
+        calls[0] += 1
+        if calls[0] > 1:  # submit reads it once; the scheduling loop's first read fails
+            raise RuntimeError("clock went away")
+        return 0.0
+
+    async def main():
+        b = Batcher(_Recorder(), BatcherConfig(max_queue_delay_ms=0.0), clock=clock)
+        with pytest.raises(BatcherClosedError) as info:
+            await b.submit(1)
+        return info.value, b.stats()
+
+    err, stats = _run(main())
+    assert "clock went away" in str(err) and stats.queue_depth == 0

@@ -1,0 +1,576 @@
+"""Dynamic batching of inference requests in pure asyncio.
+
+Requests arrive one at a time through :meth:`Batcher.submit`; the batcher groups them
+into batches for a ``run_batch`` callable the way Triton's dynamic batcher does:
+
+* a batch forms at once when ``max_batch_size`` or one of ``preferred_batch_sizes``
+  requests of the same shape are waiting;
+* otherwise it forms when the oldest waiting request has waited ``max_queue_delay_ms``;
+* higher priority requests go first, then older ones;
+* requests with different ``shape_key`` never share a batch;
+* a request whose deadline has passed is rejected and never runs;
+* a full queue rejects new requests with a retry-able :class:`QueueFullError`.
+
+[Note: pure scheduling]
+Which batch to form, and how long to sleep otherwise, is decided by the pure function
+:func:`_next_batch` with the time passed in, in the style of Ray Serve's autoscaling
+``policy(ctx)``. The event loop in :class:`Batcher` only applies its decisions, so unit
+tests drive the policy without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import dataclasses
+import inspect
+import itertools
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from workers.errors import (
+    BatcherClosedError,
+    BatcherConfigError,
+    BatcherError,
+    BatcherRequestError,
+    BatchSizeMismatchError,
+    DeadlineExceededError,
+    QueueFullError,
+)
+
+__all__ = [
+    "BatchSizeMismatchError",
+    "Batcher",
+    "BatcherClosedError",
+    "BatcherConfig",
+    "BatcherConfigError",
+    "BatcherError",
+    "BatcherRequestError",
+    "BatcherStats",
+    "DeadlineExceededError",
+    "QueueFullError",
+    "RunBatch",
+]
+
+logger = logging.getLogger(__name__)
+
+RunBatch = Callable[[list[Any]], Sequence[Any] | Awaitable[Sequence[Any]]]
+"""Runs one batch: takes the payloads in order, returns one result per payload."""
+
+# Reasons used in ``BatcherStats.rejected``.
+_REJECT_DEADLINE = "deadline"
+_REJECT_QUEUE_FULL = "queue_full"
+_REJECT_CANCELLED = "cancelled"
+_REJECT_CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    """How the dynamic batcher groups requests. Limits are checked on construction."""
+
+    max_batch_size: int = 8
+    """Most requests in one batch; a batch forms at once when this many are waiting."""
+
+    max_queue_delay_ms: float = 2.0
+    """Longest the oldest waiting request waits for company before its batch forms,
+    even if it is smaller than any preferred size. 0 dispatches at once."""
+
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes the model runs best at (for example 4 and 8 on a GPU). As soon as
+    one of them is reachable a batch of the largest reachable one forms, without
+    waiting for the delay. Each must lie in [1, max_batch_size]."""
+
+    max_queue_size: int = 1024
+    """Most requests waiting (not yet running). Beyond it ``submit`` raises the
+    retry-able QueueFullError instead of queueing forever."""
+
+    num_priority_levels: int = 1
+    """Priority levels; ``submit(priority=p)`` takes p in [0, num_priority_levels) and
+    larger p is batched first."""
+
+    max_concurrent_batches: int = 1
+    """Batches running at once (one per model instance). While all are busy, requests
+    keep queueing, so the next batch can grow."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise BatcherConfigError(
+                f"max_batch_size={self.max_batch_size} must be >= 1; use 1 to disable batching",
+                field_name="max_batch_size",
+                value=self.max_batch_size,
+            )
+        if not self.max_queue_delay_ms >= 0.0:
+            raise BatcherConfigError(
+                f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0; "
+                "use 0 to dispatch without waiting",
+                field_name="max_queue_delay_ms",
+                value=self.max_queue_delay_ms,
+            )
+        sizes = tuple(self.preferred_batch_sizes)
+        bad = [s for s in sizes if not 1 <= s <= self.max_batch_size]
+        if bad:
+            raise BatcherConfigError(
+                f"preferred_batch_sizes={sizes} has {bad} outside [1, max_batch_size="
+                f"{self.max_batch_size}]; drop them or raise max_batch_size",
+                field_name="preferred_batch_sizes",
+                value=sizes,
+            )
+        # Sorted and deduplicated so that equal configs compare equal.
+        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(set(sizes))))
+        if self.max_queue_size < 1:
+            raise BatcherConfigError(
+                f"max_queue_size={self.max_queue_size} must be >= 1",
+                field_name="max_queue_size",
+                value=self.max_queue_size,
+            )
+        if self.num_priority_levels < 1:
+            raise BatcherConfigError(
+                f"num_priority_levels={self.num_priority_levels} must be >= 1",
+                field_name="num_priority_levels",
+                value=self.num_priority_levels,
+            )
+        if self.max_concurrent_batches < 1:
+            raise BatcherConfigError(
+                f"max_concurrent_batches={self.max_concurrent_batches} must be >= 1",
+                field_name="max_concurrent_batches",
+                value=self.max_concurrent_batches,
+            )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatcherConfig:
+        data = json.loads(text)
+        data["preferred_batch_sizes"] = tuple(data.get("preferred_batch_sizes", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class BatcherStats:
+    """A snapshot of the batcher's counters."""
+
+    batches_formed: int
+    """Batches handed to run_batch."""
+
+    batch_size_histogram: Mapping[int, int]
+    """Batch size -> number of batches of that size."""
+
+    rejected: Mapping[str, int]
+    """Reason ('deadline', 'queue_full', 'cancelled', 'closed') -> requests rejected."""
+
+    failed_batches: int
+    """Batches whose run_batch raised."""
+
+    completed: int
+    """Requests answered with a result."""
+
+    queue_depth: int
+    """Requests waiting now (not yet in a batch)."""
+
+    in_flight_batches: int
+    """Batches running now."""
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["batch_size_histogram"] = {str(k): v for k, v in self.batch_size_histogram.items()}
+        data["rejected"] = dict(self.rejected)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatcherStats:
+        data = json.loads(text)
+        data["batch_size_histogram"] = {
+            int(k): v for k, v in data["batch_size_histogram"].items()
+        }
+        return cls(**data)
+
+
+@dataclass(eq=False)
+class _Request:
+    """One waiting request. Ordered in its queue by (-priority, seq)."""
+
+    seq: int
+    payload: Any
+    shape_key: Hashable
+    priority: int
+    arrival_s: float
+    deadline_s: float | None
+    future: asyncio.Future[Any] | None = field(default=None, repr=False)
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (-self.priority, self.seq)
+
+    def expired(self, now_s: float) -> bool:
+        return self.deadline_s is not None and self.deadline_s <= now_s
+
+
+Queues = Mapping[Hashable, Sequence[_Request]]
+"""shape_key -> waiting requests of that shape, ordered by (-priority, arrival)."""
+
+
+class _Decision(NamedTuple):
+    batch: tuple[_Request, ...]
+    """Requests to run now as one batch (all of one shape), or empty."""
+    expired: tuple[_Request, ...]
+    """Requests whose deadline has passed: reject them, never run them."""
+    wait_s: float | None
+    """If no batch formed: how long until the decision may change without a new
+    arrival (a delay runs out or a deadline passes); None means only an arrival can."""
+
+
+def _batch_size(n_waiting: int, config: BatcherConfig, delay_over: bool) -> int:
+    """How many of ``n_waiting`` same-shape requests to batch now (0: keep waiting)."""
+    if n_waiting >= config.max_batch_size:
+        return config.max_batch_size
+    reachable = [s for s in config.preferred_batch_sizes if s <= n_waiting]
+    if reachable:
+        return reachable[-1]
+    if delay_over:
+        return n_waiting
+    return 0
+
+
+def _next_batch(
+    queues: Queues, now_s: float, config: BatcherConfig, *, flush: bool = False
+) -> _Decision:
+    """Decides the next batch. Pure: reads ``queues``, changes nothing.
+
+    Among the shapes that can form a batch now, the one whose best request has the
+    highest priority (then the earliest arrival) wins. ``flush`` treats every delay as
+    over, which is how ``close(drain=True)`` empties the queue promptly.
+    """
+    delay_s = config.max_queue_delay_ms / 1000.0
+    expired: list[_Request] = []
+    best: tuple[tuple[int, int], list[_Request], int] | None = None
+    wait_s: float | None = None
+    for requests in queues.values():
+        live = []
+        for r in requests:
+            if r.expired(now_s):
+                expired.append(r)
+            else:
+                live.append(r)
+                if r.deadline_s is not None:
+                    until = r.deadline_s - now_s
+                    wait_s = until if wait_s is None else min(wait_s, until)
+        if not live:
+            continue
+        oldest_arrival_s = min(r.arrival_s for r in live)
+        due_s = oldest_arrival_s + delay_s
+        delay_over = flush or due_s <= now_s
+        size = _batch_size(len(live), config, delay_over)
+        if size == 0:
+            until = due_s - now_s
+            wait_s = until if wait_s is None else min(wait_s, until)
+            continue
+        if best is None or live[0].sort_key < best[0]:
+            best = (live[0].sort_key, live, size)
+    if best is None:
+        return _Decision((), tuple(expired), wait_s)
+    _, live, size = best
+    return _Decision(tuple(live[:size]), tuple(expired), 0.0)
+
+
+class Batcher:
+    """Groups submitted requests into batches for ``run_batch`` (see the module doc).
+
+    ``run_batch`` takes a list of payloads and returns a list of results of the same
+    length. An ``async def`` one is awaited on the loop; a plain one runs in the
+    loop's default executor so the loop keeps accepting requests meanwhile. An
+    exception from it fails exactly the requests of that batch, with that exception.
+
+    Use it from one event loop. It starts on the first ``submit``; ``close()`` stops it.
+    ``clock`` (seconds, monotonic) is injectable for tests; deadlines use the same clock.
+    """
+
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        config: BatcherConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._run_batch = run_batch
+        self._config = config if config is not None else BatcherConfig()
+        self._clock = clock
+        self._is_async = inspect.iscoroutinefunction(run_batch) or inspect.iscoroutinefunction(
+            getattr(run_batch, "__call__", None)
+        )
+        self._queues: dict[Hashable, list[_Request]] = {}
+        self._depth = 0
+        self._seq = itertools.count()
+        self._wakeup: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._batch_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._drain = False
+        self._batches_formed = 0
+        self._failed_batches = 0
+        self._completed = 0
+        self._histogram: Counter[int] = Counter()
+        self._rejected: Counter[str] = Counter()
+
+    @property
+    def config(self) -> BatcherConfig:
+        return self._config
+
+    def stats(self) -> BatcherStats:
+        return BatcherStats(
+            batches_formed=self._batches_formed,
+            batch_size_histogram=dict(sorted(self._histogram.items())),
+            rejected=dict(sorted(self._rejected.items())),
+            failed_batches=self._failed_batches,
+            completed=self._completed,
+            queue_depth=self._depth,
+            in_flight_batches=len(self._batch_tasks),
+        )
+
+    async def submit(
+        self,
+        payload: Any,
+        *,
+        deadline_s: float | None = None,
+        priority: int = 0,
+        shape_key: Hashable = None,
+    ) -> Any:
+        """Queues one request and returns its result once its batch has run.
+
+        ``deadline_s`` is absolute, on the batcher's clock (``time.monotonic()`` by
+        default). Raises DeadlineExceededError if it passes before the request runs,
+        QueueFullError (retry-able) when the queue is full, BatcherClosedError after
+        ``close()``, or whatever ``run_batch`` raised for this request's batch.
+        Cancelling the call removes the request from the queue.
+        """
+        if self._closing:
+            self._rejected[_REJECT_CLOSED] += 1
+            raise BatcherClosedError(
+                "the batcher is closed and takes no new requests; create a new Batcher",
+                pending=self._depth,
+            )
+        levels = self._config.num_priority_levels
+        if not (isinstance(priority, int) and 0 <= priority < levels):
+            raise BatcherRequestError(
+                f"priority={priority!r} is outside [0, {levels}); pass an int in that range "
+                "or raise BatcherConfig.num_priority_levels",
+                field_name="priority",
+                value=priority,
+            )
+        try:
+            hash(shape_key)
+        except TypeError as e:
+            raise BatcherRequestError(
+                f"shape_key={shape_key!r} is not hashable; pass a tuple such as the input shape",
+                field_name="shape_key",
+                value=repr(shape_key),
+            ) from e
+        now_s = self._clock()
+        if deadline_s is not None and deadline_s <= now_s:
+            self._rejected[_REJECT_DEADLINE] += 1
+            raise DeadlineExceededError(
+                f"deadline_s={deadline_s:.6f} had already passed at submit (now {now_s:.6f}); "
+                "send a later deadline",
+                deadline_s=deadline_s,
+                now_s=now_s,
+            )
+        if self._depth >= self._config.max_queue_size:
+            self._rejected[_REJECT_QUEUE_FULL] += 1
+            raise QueueFullError(
+                f"queue full: {self._depth} requests waiting, limit max_queue_size="
+                f"{self._config.max_queue_size}; retry-able: retry after a back-off, or "
+                "raise max_queue_size",
+                queue_size=self._depth,
+                max_queue_size=self._config.max_queue_size,
+            )
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            seq=next(self._seq),
+            payload=payload,
+            shape_key=shape_key,
+            priority=priority,
+            arrival_s=now_s,
+            deadline_s=deadline_s,
+            future=loop.create_future(),
+        )
+        queue = self._queues.setdefault(shape_key, [])
+        bisect.insort(queue, request, key=lambda r: r.sort_key)
+        self._depth += 1
+        self._ensure_running()
+        assert self._wakeup is not None
+        self._wakeup.set()
+        assert request.future is not None
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            if self._remove(request):
+                self._rejected[_REJECT_CANCELLED] += 1
+            raise
+
+    async def close(self, *, drain: bool = True) -> None:
+        """Stops taking requests. ``drain=True`` runs everything queued first, without
+        waiting for the delay; ``drain=False`` fails the queued requests with
+        BatcherClosedError. Batches already running finish in both cases."""
+        self._closing = True
+        self._drain = drain
+        logger.info("closing batcher: drain=%s, %d queued, %d batches running",
+                    drain, self._depth, len(self._batch_tasks))
+        if not drain:
+            for request in [r for q in self._queues.values() for r in q]:
+                self._remove(request)
+                self._rejected[_REJECT_CLOSED] += 1
+                self._fail(request, BatcherClosedError(
+                    "the batcher was closed with drain=False before this request ran; "
+                    "resubmit it to another batcher or close with drain=True",
+                    pending=1,
+                ))
+        if self._loop_task is not None:
+            assert self._wakeup is not None
+            self._wakeup.set()
+            await asyncio.shield(self._loop_task)
+        if self._batch_tasks:
+            await asyncio.gather(*self._batch_tasks, return_exceptions=True)
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _ensure_running(self) -> None:
+        if self._wakeup is None:
+            self._wakeup = asyncio.Event()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._schedule_loop())
+
+    def _remove(self, request: _Request) -> bool:
+        queue = self._queues.get(request.shape_key)
+        if queue is None:
+            return False
+        i = bisect.bisect_left(queue, request.sort_key, key=lambda r: r.sort_key)
+        if i < len(queue) and queue[i] is request:
+            del queue[i]
+            self._depth -= 1
+            if not queue:
+                del self._queues[request.shape_key]
+            return True
+        return False
+
+    @staticmethod
+    def _fail(request: _Request, error: BaseException) -> None:
+        if request.future is not None and not request.future.done():
+            request.future.set_exception(error)
+
+    async def _schedule_loop(self) -> None:
+        try:
+            await self._schedule_forever()
+        except BaseException as e:
+            # Nothing would ever answer the queued requests: fail them rather than
+            # leave their callers waiting forever.
+            if not isinstance(e, asyncio.CancelledError):
+                logger.exception("batcher scheduling loop failed; failing %d queued requests",
+                                 self._depth)
+            for request in [r for q in self._queues.values() for r in q]:
+                self._remove(request)
+                self._fail(request, BatcherClosedError(
+                    f"the batcher's scheduling loop stopped ({e!r}) before this request ran; "
+                    "resubmit it to a new Batcher",
+                    pending=1, detail=repr(e),
+                ))
+            raise
+
+    async def _schedule_forever(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            now_s = self._clock()
+            decision = _next_batch(self._queues, now_s, self._config, flush=self._closing)
+            for request in decision.expired:
+                self._remove(request)
+                self._rejected[_REJECT_DEADLINE] += 1
+                self._fail(request, DeadlineExceededError(
+                    f"deadline_s={request.deadline_s:.6f} passed after "
+                    f"{(now_s - request.arrival_s) * 1e3:.3f} ms in the queue, before the "
+                    "request could run; send a later deadline or add capacity",
+                    deadline_s=request.deadline_s,
+                    now_s=now_s,
+                ))
+            free = len(self._batch_tasks) < self._config.max_concurrent_batches
+            if decision.batch and free:
+                self._dispatch(decision.batch)
+                continue
+            if self._closing and self._depth == 0:
+                return
+            if decision.batch:
+                # All instances busy: a finishing batch sets the wake-up; meanwhile
+                # only a deadline can change anything.
+                timeout_s = _earliest_deadline_wait(self._queues, now_s)
+            else:
+                timeout_s = decision.wait_s
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                pass
+
+    def _dispatch(self, batch: tuple[_Request, ...]) -> None:
+        for request in batch:
+            self._remove(request)
+        self._batches_formed += 1
+        self._histogram[len(batch)] += 1
+        logger.debug("batch formed: size=%d shape_key=%r queue_depth=%d",
+                     len(batch), batch[0].shape_key, self._depth)
+        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        self._batch_tasks.add(task)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._batch_tasks.discard(task)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def _execute(self, batch: tuple[_Request, ...]) -> None:
+        payloads = [r.payload for r in batch]
+        try:
+            if self._is_async:
+                results = await self._run_batch(payloads)
+            else:
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(None, self._run_batch, payloads)
+                if inspect.isawaitable(results):
+                    results = await results
+            results = list(results)
+            if len(results) != len(batch):
+                raise BatchSizeMismatchError(
+                    f"run_batch returned {len(results)} results for a batch of {len(batch)} "
+                    "requests; it must return exactly one result per payload, in order",
+                    batch_size=len(batch),
+                    num_results=len(results),
+                )
+        except asyncio.CancelledError:
+            for request in batch:
+                self._fail(request, BatcherClosedError(
+                    "the batch running this request was cancelled (event loop shutting "
+                    "down); resubmit it to a new Batcher",
+                    pending=len(batch),
+                ))
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure belongs to this batch only
+            self._failed_batches += 1
+            logger.warning("run_batch failed for a batch of %d (shape_key=%r): %r",
+                           len(batch), batch[0].shape_key, e)
+            for request in batch:
+                self._fail(request, e)
+            return
+        for request, result in zip(batch, results):
+            if request.future is not None and not request.future.done():
+                request.future.set_result(result)
+                self._completed += 1
+
+
+def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:
+    deadlines = [r.deadline_s for q in queues.values() for r in q if r.deadline_s is not None]
+    if not deadlines:
+        return None
+    return max(0.0, min(deadlines) - now_s)
