@@ -22,14 +22,14 @@ from partitioner.cuts import (
     tier_layers,
 )
 from partitioner.errors import PartitionError
-from partitioner.export import Segment, make_inputs, run_segments, save_segment, split, split_tiers, verify
+from partitioner.export import Segment, Splitter, make_inputs, run_segments, save_segment, split, split_tiers, verify
 from partitioner.graph import BATCH, Layer, LayerGraph, TensorInfo
 from partitioner.memplan import MemoryPlan, plan_memory
 from partitioner.zoo import ZOO_MODELS, load_zoo, randomize_weights, zoo_path
 
 __all__ = [
     "BATCH", "FUSABLE_OPS", "ZOO_MODELS",
-    "Cut", "Layer", "LayerGraph", "MemoryPlan", "PartitionError", "Segment", "TensorInfo",
+    "Cut", "Layer", "LayerGraph", "MemoryPlan", "PartitionError", "Segment", "Splitter", "TensorInfo",
     "boundary", "boundary_bytes", "build_graph", "candidate_cuts", "chain_points",
     "cloud_outputs", "device_outputs", "down_closure", "is_down_closed", "load_model",
     "load_zoo", "make_cut", "make_inputs", "make_tiers", "plan_memory", "prefix_cut",

@@ -2,9 +2,9 @@
 
 Every segment keeps the source's opset and IR version, fixes the shapes and dtypes of
 its inputs and outputs on both sides of each boundary, regenerates the constants its
-layers need, and passes `onnx.checker`. Segments are built from the source's node
-protos directly, which is an order of magnitude faster than onnx.utils.Extractor on
-models with hundreds of layers.
+layers need, and passes `onnx.checker`. Segments are assembled from the layer graph's
+node lists and the source's node protos; the per-model work (shape inference, a
+topological order) happens once per `Splitter`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from partitioner.build import build_graph, node_names
+from partitioner.build import _toposort, build_graph, node_names
 from partitioner.cuts import Cut, boundary, make_cut, tier_layers
 from partitioner.errors import PartitionError
 from partitioner.graph import LayerGraph
 
 __all__ = [
     "Segment",
+    "Splitter",
     "split",
     "split_tiers",
     "save_segment",
@@ -66,6 +67,10 @@ class _Source:
         names = node_names(model)
         self.node_by_name = dict(zip(names, g.node))
         self.init_by_name = {i.name: i for i in g.initializer}
+        known = set(self.init_by_name) | {i.name for i in g.input}
+        order = _toposort(model, known, graph.model)
+        self.position = {names[i]: k for k, i in enumerate(order)}
+        self._init_vi: dict[str, onnx.ValueInfoProto] = {}
         inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
         for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
@@ -80,18 +85,15 @@ class _Source:
             wanted_nodes.extend(layer.nodes)
         # constants shared by several layers are emitted once, in first-use order
         seen: set[str] = set()
-        nodes = []
         for name in wanted_nodes:
-            if name not in seen:
-                seen.add(name)
-                nodes.append(self.node_by_name[name])
-        nodes = _order_nodes(nodes)
+            seen.add(name)
+        nodes = [self.node_by_name[n] for n in sorted(seen, key=self.position.__getitem__)]
         used = {x for n in nodes for x in n.input if x}
         inits = [self.init_by_name[x] for x in sorted(used) if x in self.init_by_name]
         graph_inputs = [self._vi(x) for x in inputs]
         if self.model.ir_version < 4:
             # IR 3 requires every initializer to be listed as a graph input too.
-            graph_inputs += [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in inits]
+            graph_inputs += [self._init_value_info(i) for i in inits]
         graph = helper.make_graph(
             nodes,
             f"{self.model.graph.name or g.model}_seg{index}",
@@ -108,6 +110,12 @@ class _Source:
         for f in self.model.functions:
             model.functions.append(f)
         return Segment(index, layers, tuple(inputs), tuple(outputs), model)
+
+    def _init_value_info(self, init: onnx.TensorProto) -> onnx.ValueInfoProto:
+        vi = self._init_vi.get(init.name)
+        if vi is None:
+            vi = self._init_vi[init.name] = helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+        return vi
 
     def _vi(self, name: str) -> onnx.ValueInfoProto:
         vi = self.value_info.get(name)
@@ -131,33 +139,6 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         init.ClearField("raw_data")
         init.data_location = onnx.TensorProto.DEFAULT
     return light
-
-
-def _order_nodes(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Topological order for a segment's nodes (layers may interleave after fusion)."""
-    produced = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    done: set[int] = set()
-    out: list[onnx.NodeProto] = []
-
-    def visit(k: int) -> None:
-        stack = [(k, False)]
-        while stack:
-            j, expanded = stack.pop()
-            if j in done:
-                continue
-            if expanded:
-                done.add(j)
-                out.append(nodes[j])
-                continue
-            stack.append((j, True))
-            for x in nodes[j].input:
-                p = produced.get(x)
-                if p is not None and p not in done:
-                    stack.append((p, False))
-
-    for k in range(len(nodes)):
-        visit(k)
-    return out
 
 
 def _segment_io(graph: LayerGraph, layers: frozenset[int], later: frozenset[int]) -> tuple[list[str], list[str]]:
@@ -185,6 +166,55 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike[str], graph: LayerGraph 
     return model, graph
 
 
+class Splitter:
+    """Exports segments of one model; the per-model analysis is done once, here.
+
+    `split` and `split_tiers` build one for a single call. Code that cuts the same
+    model many times (the gateway materialising tails, the benchmarks) keeps one.
+    """
+
+    def __init__(self, model: onnx.ModelProto | str | os.PathLike[str], graph: LayerGraph | None = None) -> None:
+        self.model, self.graph = _prepare(model, graph)
+        self._src = _Source(self.model, self.graph)
+
+    def split(self, cut: Cut | Sequence[int], *, check: bool = True) -> tuple[Segment, Segment]:
+        """Head (device) and tail (cloud) segments for a cut.
+
+        The head reads the model inputs it uses and writes the boundary plus any model
+        outputs it computes; the tail's inputs are exactly the boundary tensors.
+        """
+        graph = self.graph
+        if not isinstance(cut, Cut):
+            cut = make_cut(graph, cut)
+        head_layers = cut.device
+        tail_layers = frozenset(range(len(graph))) - head_layers
+        bnd = boundary(graph, cut)
+        head_in = [x for x in graph.inputs if any(c in head_layers for c in graph.tensor[x].consumers)]
+        head_out = [t.name for t in graph.tensors if t.producer in head_layers and t.is_output]
+        head_out += [x for x in bnd if x not in head_out and graph.tensor[x].producer is not None]
+        tail_out = [x for x in graph.outputs if graph.tensor[x].producer in tail_layers]
+        head = self._src.segment(0, head_layers, head_in, head_out)
+        tail = self._src.segment(1, tail_layers, list(bnd), tail_out)
+        if check:
+            for s in (head, tail):
+                if s.layers:
+                    _check(s, graph)
+        return head, tail
+
+    def split_tiers(self, cuts: Sequence[Cut], *, check: bool = True) -> list[Segment]:
+        """k segments for a chain of k-1 nested cuts (device, edge server, ..., cloud)."""
+        parts = tier_layers(self.graph, cuts)
+        out = []
+        for i, layers in enumerate(parts):
+            later = frozenset().union(*parts[i + 1 :])
+            ins, outs = _segment_io(self.graph, layers, later)
+            seg = self._src.segment(i, layers, ins, outs)
+            if check and layers:
+                _check(seg, self.graph)
+            out.append(seg)
+        return out
+
+
 def split(
     model: onnx.ModelProto | str | os.PathLike[str],
     cut: Cut | Sequence[int],
@@ -192,29 +222,8 @@ def split(
     graph: LayerGraph | None = None,
     check: bool = True,
 ) -> tuple[Segment, Segment]:
-    """Head (device) and tail (cloud) segments for a cut.
-
-    The head reads the model inputs it uses and writes the boundary plus any model
-    outputs it computes; the tail's inputs are exactly the boundary tensors.
-    """
-    model, graph = _prepare(model, graph)
-    if not isinstance(cut, Cut):
-        cut = make_cut(graph, cut)
-    src = _Source(model, graph)
-    head_layers = cut.device
-    tail_layers = frozenset(range(len(graph))) - head_layers
-    bnd = boundary(graph, cut)
-    head_in = [x for x in graph.inputs if any(c in head_layers for c in graph.tensor[x].consumers)]
-    head_out = [t.name for t in graph.tensors if t.producer in head_layers and t.is_output]
-    head_out += [x for x in bnd if x not in head_out and graph.tensor[x].producer is not None]
-    tail_out = [x for x in graph.outputs if graph.tensor[x].producer in tail_layers]
-    head = src.segment(0, head_layers, head_in, head_out)
-    tail = src.segment(1, tail_layers, list(bnd), tail_out)
-    if check:
-        for s in (head, tail):
-            if s.layers:
-                _check(s, graph)
-    return head, tail
+    """Head and tail segments for a cut (see `Splitter.split`)."""
+    return Splitter(model, graph).split(cut, check=check)
 
 
 def split_tiers(
@@ -224,19 +233,8 @@ def split_tiers(
     graph: LayerGraph | None = None,
     check: bool = True,
 ) -> list[Segment]:
-    """k segments for a chain of k-1 nested cuts (device, edge server, ..., cloud)."""
-    model, graph = _prepare(model, graph)
-    src = _Source(model, graph)
-    parts = tier_layers(graph, cuts)
-    out = []
-    for i, layers in enumerate(parts):
-        later = frozenset().union(*parts[i + 1 :])
-        ins, outs = _segment_io(graph, layers, later)
-        seg = src.segment(i, layers, ins, outs)
-        if check and layers:
-            _check(seg, graph)
-        out.append(seg)
-    return out
+    """k segments for a chain of k-1 nested cuts (see `Splitter.split_tiers`)."""
+    return Splitter(model, graph).split_tiers(cuts, check=check)
 
 
 def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -276,8 +274,9 @@ def _check(seg: Segment, graph: LayerGraph) -> None:
         ) from e
 
 
-def save_segment(seg: Segment, path: str | os.PathLike[str]) -> None:
-    """Write a segment; models over 2 GB keep their weights in a side file."""
+def save_segment(seg: Segment, path: str | os.PathLike[str], *, external_min_bytes: int = 1024) -> None:
+    """Write a segment; models over 2 GB keep weights of ``external_min_bytes`` or more
+    in a side file ``<path>.data`` (protobuf cannot hold more than 2 GB)."""
     path = os.fspath(path)
     if seg.model.ByteSize() >= _TWO_GB:
         onnx.save_model(
@@ -286,6 +285,7 @@ def save_segment(seg: Segment, path: str | os.PathLike[str]) -> None:
             save_as_external_data=True,
             all_tensors_to_one_file=True,
             location=os.path.basename(path) + ".data",
+            size_threshold=external_min_bytes,
         )
     else:
         onnx.save_model(seg.model, path)

@@ -161,3 +161,22 @@ def test_memory_plan_peak_within_10_percent_of_lower_bound(name: str) -> None:
     assert plan.peak_bytes <= 1.10 * plan.lower_bound_bytes
     assert plan.saving > 0.25
     assert np.isclose(plan.naive_bytes, sum(t.bytes_per_sample for t in g.tensors))
+
+
+def test_big_segments_are_saved_with_external_weights(tmp_path, monkeypatch) -> None:
+    """Models over 2 GB keep weights in a side file; the threshold is lowered to test it."""
+    import onnx
+
+    import partitioner.export as export
+
+    model = residual_block()
+    g = build_graph(model)
+    head, tail = split(model, make_cut(g, [0]), graph=g)
+    monkeypatch.setattr(export, "_TWO_GB", 16)
+    export.save_segment(tail, tmp_path / "tail.onnx", external_min_bytes=0)
+    assert (tmp_path / "tail.onnx.data").exists()
+    loaded = onnx.load(str(tmp_path / "tail.onnx"))
+    assert all(i.data_location == onnx.TensorProto.DEFAULT for i in loaded.graph.initializer)
+    x = make_inputs(model, g, seed=2)
+    reloaded = export.Segment(tail.index, tail.layers, tail.inputs, tail.outputs, loaded)
+    verify(model, [head, reloaded], x, graph=g)
