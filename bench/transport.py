@@ -1,0 +1,506 @@
+"""Transport benchmark: the wire protocol against its peers and physical limits, side by side.
+
+    python -m bench.transport [--quick]
+
+Writes bench/results/transport.json and bench/results/transport.png. Everything
+runs on 127.0.0.1 in this one process (servers on background threads), and
+every comparison is interleaved sample by sample so that load from other
+processes hits both sides alike. Quote the ratios; absolute times depend on
+the machine and its load.
+
+1. codec: frame encode+decode throughput of an fp32 tensor vs np.copyto of the
+   same bytes (memcpy, the limit).
+2. round trip: Infer with the echo backend vs a raw TCP echo and vs plain
+   grpcio+msgpack echo servers (sync thread-pool and grpc.aio), same payload.
+3. stream: InferStream frames/s vs sequential unary Infer calls/s.
+4. encodings: size, codec time and accuracy impact of fp16/int8/+zstd/+lz4 on
+   real boundary tensors: ResNet50 (zoo architecture, synthetic weights) and a
+   digits MLP trained here (real weights, real accuracy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+import msgpack
+import numpy as np
+
+from cluster.errors import EncodingError
+from cluster.protocol.client import SyncInferenceClient, make_request
+from cluster.protocol.encoding import decode, encode, measure_codec
+from cluster.protocol.messages import InferRequest, InferResponse
+from cluster.protocol.testing import EchoBackend
+from cluster.server import serve_in_thread
+
+SIZES_BYTES = (4 << 10, 1 << 20, 8 << 20)
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+_OPTS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def _interleaved(fns: dict[str, Callable[[], Any]], n: int, warmup: int = 3, block: int = 1) -> dict[str, float]:
+    """Runs each fn n times, round-robin in blocks of `block` calls, and returns the
+    median ms of each. Blocks let each function reach its steady state (allocator
+    reuse) while load from other processes still hits all of them alike."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(max(1, n // block)):
+        for k, f in fns.items():
+            for _ in range(block):
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+    return {k: _median_ms(v) for k, v in times.items()}
+
+
+def _reps(size: int, quick: bool) -> int:
+    n = 400 if size <= 64 << 10 else 60 if size <= 2 << 20 else 20
+    return max(5, n // 4) if quick else n
+
+
+# --- 1. codec -----------------------------------------------------------------------------
+
+
+def bench_codec(quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    for size in SIZES_BYTES:
+        x = np.random.default_rng(0).standard_normal(size // 4).astype(np.float32)
+        dst = np.empty_like(x)
+        req = make_request("echo", "1", "c0", {"x": x})
+        enc = encode(x)
+
+        def frame() -> None:
+            InferRequest.from_msgpack(req.to_msgpack()).tensors["x"]
+
+        def codec() -> None:
+            decode(encode(x))
+
+        def plain_msgpack() -> None:
+            msgpack.unpackb(msgpack.packb({"id": "r", "payload": x.tobytes()}))
+
+        med = _interleaved(
+            {
+                "frame": frame,
+                "codec_fp32": codec,
+                "msgpack_bytes": plain_msgpack,
+                "memcpy": lambda: np.copyto(dst, x),
+                "alloc_copy": x.tobytes,
+            },
+            _reps(size, quick) * 2,
+            block=10,
+        )
+        gbps = {k: size / (v / 1e3) / 1e9 for k, v in med.items()}
+        rows.append(
+            {
+                "size_bytes": size,
+                "median_ms": med,
+                "throughput_GBps": gbps,
+                "frame_vs_memcpy": gbps["frame"] / gbps["memcpy"],
+                "frame_vs_alloc_copy": gbps["frame"] / gbps["alloc_copy"],
+                "frame_vs_msgpack_bytes": gbps["frame"] / gbps["msgpack_bytes"],
+            }
+        )
+        del enc
+    return rows
+
+
+# --- 2. round trip ------------------------------------------------------------------------
+
+
+class _TcpEcho:
+    """Length-prefixed echo over a plain socket: the floor for any RPC on loopback."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @staticmethod
+    def _recv_exact(conn: socket.socket, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = conn.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionError("peer closed")
+            got += k
+        return buf
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                (n,) = struct.unpack("<Q", self._recv_exact(conn, 8))
+                conn.sendall(struct.pack("<Q", n) + self._recv_exact(conn, n))
+        except (ConnectionError, OSError):
+            conn.close()
+
+    def client(self) -> Callable[[bytes], bytes]:
+        c = socket.create_connection(("127.0.0.1", self.port))
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def call(payload: bytes) -> bytes:
+            c.sendall(struct.pack("<Q", len(payload)) + payload)
+            (n,) = struct.unpack("<Q", self._recv_exact(c, 8))
+            return bytes(self._recv_exact(c, n))
+
+        return call
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _plain_handler(fn: Any) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler("plain.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(fn)})
+
+
+class _PlainAio:
+    """grpc.aio + msgpack echo: the same server machinery as ours, without our protocol."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def echo(raw: bytes, ctx: Any) -> bytes:
+            return msgpack.packb(msgpack.unpackb(raw))
+
+        async def start() -> None:
+            self.server = grpc.aio.server(options=_OPTS)
+            self.server.add_generic_rpc_handlers((_plain_handler(echo),))
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+            await self.server.start()
+
+        def main() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(start())
+            ready.set()
+            self.loop.run_forever()
+
+        threading.Thread(target=main, daemon=True).start()
+        ready.wait()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
+    def echo(raw: bytes, ctx: Any) -> bytes:
+        return msgpack.packb(msgpack.unpackb(raw))
+
+    sync_srv = grpc.server(futures.ThreadPoolExecutor(4), options=_OPTS)
+    sync_srv.add_generic_rpc_handlers((_plain_handler(echo),))
+    sync_port = sync_srv.add_insecure_port("127.0.0.1:0")
+    sync_srv.start()
+    aio_srv = _PlainAio()
+    tcp = _TcpEcho()
+    ours_srv = serve_in_thread(EchoBackend())
+    ours = SyncInferenceClient(ours_srv.address)
+    ch_sync = grpc.insecure_channel(f"127.0.0.1:{sync_port}", options=_OPTS)
+    ch_aio = grpc.insecure_channel(f"127.0.0.1:{aio_srv.port}", options=_OPTS)
+    call_sync = ch_sync.unary_unary("/plain.Echo/Echo")
+    call_aio = ch_aio.unary_unary("/plain.Echo/Echo")
+    tcp_call = tcp.client()
+    rows = []
+    try:
+        for size in SIZES_BYTES:
+            x = np.random.default_rng(1).standard_normal(size // 4).astype(np.float32)
+
+            def ours_infer() -> None:
+                r = ours.infer(make_request("echo", "1", "c0", {"x": x}))
+                assert r.outputs["x"].shape == x.shape
+
+            def plain(call: Any) -> Callable[[], None]:
+                def f() -> None:
+                    d = {"id": "r", "model": "echo", "payload": x.tobytes()}
+                    out = msgpack.unpackb(call(msgpack.packb(d), timeout=30))
+                    np.frombuffer(out["payload"], np.float32)
+
+                return f
+
+            def raw_tcp() -> None:
+                tcp_call(x.tobytes())
+
+            fns = {
+                "ours_infer": ours_infer,
+                "grpc_msgpack_sync": plain(call_sync),
+                "grpc_msgpack_aio": plain(call_aio),
+                "tcp_echo": raw_tcp,
+            }
+            # Several rounds: the machine is shared, so report the spread of the ratio too.
+            rounds = [_interleaved(fns, _reps(size, quick)) for _ in range(1 if quick else 3)]
+            med = {k: statistics.median(r[k] for r in rounds) for k in fns}
+            per_round = [r["ours_infer"] / min(r["grpc_msgpack_sync"], r["grpc_msgpack_aio"]) for r in rounds]
+            rows.append(
+                {
+                    "size_bytes": size,
+                    "median_ms": med,
+                    "rounds": len(rounds),
+                    "ours_vs_best_grpc_msgpack_per_round": per_round,
+                    "ours_vs_grpc_msgpack_sync": med["ours_infer"] / med["grpc_msgpack_sync"],
+                    "ours_vs_grpc_msgpack_aio": med["ours_infer"] / med["grpc_msgpack_aio"],
+                    "ours_vs_best_grpc_msgpack": med["ours_infer"]
+                    / min(med["grpc_msgpack_sync"], med["grpc_msgpack_aio"]),
+                    "ours_vs_tcp": med["ours_infer"] / med["tcp_echo"],
+                }
+            )
+    finally:
+        ours.close()
+        ours_srv.stop()
+        ch_sync.close()
+        ch_aio.close()
+        sync_srv.stop(0)
+        aio_srv.close()
+        tcp.close()
+    return rows
+
+
+# --- 3. stream vs unary -------------------------------------------------------------------
+
+
+def bench_stream(quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    with serve_in_thread(EchoBackend(), stream_window=8) as srv, SyncInferenceClient(srv.address) as c:
+        for size in (4 << 10, 1 << 20):
+            x = np.random.default_rng(2).standard_normal(size // 4).astype(np.float32)
+            n = (200 if size < 64 << 10 else 40) // (4 if quick else 1)
+            unary_s, stream_s = [], []
+            for _ in range(3 if quick else 7):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    c.infer(make_request("echo", "1", "c0", {"x": x}))
+                unary_s.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                out = list(c.infer_stream(make_request("echo", "1", "c0", {"x": x}) for _ in range(n)))
+                stream_s.append(time.perf_counter() - t0)
+                assert all(isinstance(o, InferResponse) for o in out) and len(out) == n
+            u, s = n / statistics.median(unary_s), n / statistics.median(stream_s)
+            rows.append({"size_bytes": size, "frames": n, "unary_per_s": u, "stream_per_s": s, "stream_vs_unary": s / u})
+    return rows
+
+
+# --- 4. encodings on real boundary tensors ----------------------------------------------
+
+ENCODINGS = [
+    ("fp32", "none", False),
+    ("fp32", "zstd", False),
+    ("fp32", "lz4", False),
+    ("fp16", "none", False),
+    ("fp16", "zstd", False),
+    ("int8", "none", False),
+    ("int8", "none", True),
+    ("int8", "zstd", True),
+    ("int8", "lz4", True),
+]
+
+
+def _resnet_boundary(samples: int) -> tuple[list[np.ndarray], Callable[[np.ndarray], np.ndarray], str]:
+    """Boundary tensors of zoo ResNet50 after the res3 stage (one per sample; the
+    model's batch is fixed at 1), and a function running its tail."""
+    import tempfile
+
+    import onnx
+    import onnx.utils
+    import onnxruntime as ort
+
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
+    model = onnx.load(path)
+    g = model.graph
+    sums = [n for n in g.node if n.op_type == "Sum"]
+    # The Relu after the 7th residual Sum ends stage res3: the only live tensor there.
+    relu = next(n for n in g.node if n.op_type == "Relu" and n.input[0] == sums[6].output[0])
+    name = relu.output[0]
+    data = g.input[0].name
+    out = g.output[0].name
+    with tempfile.TemporaryDirectory() as tmp:
+        head_p, tail_p = os.path.join(tmp, "head.onnx"), os.path.join(tmp, "tail.onnx")
+        # The zoo file predates the rule that initializers are graph inputs: skip the checker.
+        onnx.utils.extract_model(path, head_p, [data], [name], check_model=False)
+        onnx.utils.extract_model(path, tail_p, [name], [out], check_model=False)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 2
+        head = ort.InferenceSession(head_p, opts, providers=["CPUExecutionProvider"])
+        tail = ort.InferenceSession(tail_p, opts, providers=["CPUExecutionProvider"])
+    shape = [d.dim_value or 1 for d in g.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(3)
+    boundaries = [head.run(None, {data: rng.standard_normal(shape).astype(np.float32)})[0] for _ in range(samples)]
+    return boundaries, lambda b: tail.run(None, {name: np.ascontiguousarray(b, np.float32)})[0], name
+
+
+def _digits_mlp() -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray], np.ndarray]:
+    """Hidden activations of a digits MLP trained here, its output layer, and the test labels."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, random_state=0)
+    mlp = MLPClassifier(hidden_layer_sizes=(64,), max_iter=400, random_state=0).fit(Xtr, ytr)
+    w0, w1 = (w.astype(np.float32) for w in mlp.coefs_)
+    b0, b1 = (b.astype(np.float32) for b in mlp.intercepts_)
+    hidden = np.maximum(Xte @ w0 + b0, 0)
+
+    def tail(h: np.ndarray) -> np.ndarray:
+        return mlp.classes_[np.argmax(h @ w1 + b1, axis=1)]
+
+    return hidden, tail, yte
+
+
+def bench_encodings(quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    boundaries, tail, name = _resnet_boundary(samples=2 if quick else 8)
+    boundary = boundaries[0]
+    refs = [tail(b) for b in boundaries]
+    rows = []
+    for prec, comp, pc in ENCODINGS:
+        try:
+            st = measure_codec(boundary, precision=prec, compression=comp, per_channel=pc, repeats=2 if quick else 5)
+        except EncodingError as e:  # e.g. fp16 overflow on these synthetic activations
+            rows.append({"precision": prec, "compression": comp, "per_channel": pc, "error": e.message})
+            continue
+        gots = [tail(decode(encode(b, precision=prec, compression=comp, per_channel=pc))) for b in boundaries]
+        rows.append(
+            {
+                **json.loads(st.to_json()),
+                "rel_err_boundary": st.max_abs_err / float(np.abs(boundary).max()),
+                "max_abs_err_output": max(float(np.abs(g - r).max()) for g, r in zip(gots, refs)),
+                "top1_agreement": float(np.mean([np.argmax(g) == np.argmax(r) for g, r in zip(gots, refs)])),
+            }
+        )
+    out["resnet50"] = {
+        "note": "zoo light_resnet50 architecture; its weights come from ConstantOfShape, so values are synthetic",
+        "boundary": name,
+        "shape": list(boundary.shape),
+        "samples": len(boundaries),
+        "output_spread": float(np.std(np.stack(refs))),
+        "zero_fraction": float(np.mean(boundary == 0)),
+        "rows": rows,
+    }
+    hidden, mlp_tail, labels = _digits_mlp()
+    base_acc = float(np.mean(mlp_tail(hidden) == labels))
+    rows = []
+    for prec, comp, pc in ENCODINGS:
+        st = measure_codec(hidden, precision=prec, compression=comp, per_channel=pc, axis=1, repeats=3 if quick else 9)
+        acc = float(np.mean(mlp_tail(decode(encode(hidden, precision=prec, compression=comp, per_channel=pc))) == labels))
+        rows.append({**json.loads(st.to_json()), "accuracy": acc, "accuracy_delta": acc - base_acc})
+    out["digits_mlp"] = {
+        "note": "sklearn MLP (64 hidden, ReLU) trained on load_digits here; real weights; tensor = hidden activations of the test split",
+        "shape": list(hidden.shape),
+        "fp32_accuracy": base_acc,
+        "rows": rows,
+    }
+    return out
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _plot(res: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    labels = [f"{r['size_bytes'] >> 10} KiB" for r in res["codec"]]
+    idx = np.arange(len(labels))
+    ax = axes[0]
+    for i, k in enumerate(("frame", "msgpack_bytes", "alloc_copy", "memcpy")):
+        ax.bar(idx + (i - 1.5) * 0.2, [r["throughput_GBps"][k] for r in res["codec"]], 0.2, label=k)
+    ax.set_xticks(idx, labels)
+    ax.set_ylabel("GB/s (encode+decode)")
+    ax.set_title("codec throughput vs memcpy")
+    ax.legend()
+    ax = axes[1]
+    keys = ("ours_infer", "grpc_msgpack_sync", "grpc_msgpack_aio", "tcp_echo")
+    for i, k in enumerate(keys):
+        ax.bar(idx + (i - 1.5) * 0.2, [r["median_ms"][k] for r in res["round_trip"]], 0.2, label=k)
+    ax.set_xticks(idx, labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("median round trip (ms)")
+    ax.set_title("loopback round trip")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    for model, marker in (("resnet50", "o"), ("digits_mlp", "s")):
+        rows = res["encodings"][model]["rows"]
+        for r in rows:
+            if "error" in r:
+                continue
+            lbl = f"{r['precision']}{'/pc' if r['per_channel'] else ''}+{r['compression']}"
+            ax.scatter(r["ratio"], max(r["max_abs_err"], 1e-9), marker=marker)
+            ax.annotate(lbl, (r["ratio"], max(r["max_abs_err"], 1e-9)), fontsize=6)
+    ax.set_yscale("log")
+    ax.set_xlabel("compression ratio vs fp32")
+    ax.set_ylabel("max abs error (o resnet50, s digits)")
+    ax.set_title("boundary encodings")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--out", default=RESULTS_DIR, help="directory for transport.json and transport.png")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    res: dict[str, Any] = {
+        "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
+                    "loadavg_start": os.getloadavg()},
+        "quick": args.quick,
+    }
+    for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip), ("stream", bench_stream),
+                    ("encodings", bench_encodings)):
+        t0 = time.perf_counter()
+        res[key] = fn(args.quick)
+        print(f"{key}: done in {time.perf_counter() - t0:.1f} s", flush=True)
+    res["machine"]["loadavg_end"] = os.getloadavg()
+    with open(os.path.join(args.out, "transport.json"), "w") as f:
+        json.dump(res, f, indent=2, sort_keys=True)
+    _plot(res, os.path.join(args.out, "transport.png"))
+    for r in res["codec"]:
+        print(f"codec {r['size_bytes']:>8} B: frame {r['throughput_GBps']['frame']:.2f} GB/s, "
+              f"memcpy {r['throughput_GBps']['memcpy']:.2f} GB/s (ratio {r['frame_vs_memcpy']:.2f}), "
+              f"alloc+copy {r['throughput_GBps']['alloc_copy']:.2f} GB/s (ratio {r['frame_vs_alloc_copy']:.2f})")
+    for r in res["round_trip"]:
+        m = r["median_ms"]
+        print(f"rtt {r['size_bytes']:>8} B: ours {m['ours_infer']:.3f} ms, grpc+msgpack sync {m['grpc_msgpack_sync']:.3f} / "
+              f"aio {m['grpc_msgpack_aio']:.3f}, tcp {m['tcp_echo']:.3f}; ours/best grpc {r['ours_vs_best_grpc_msgpack']:.2f}")
+    for r in res["stream"]:
+        print(f"stream {r['size_bytes']:>8} B: {r['stream_per_s']:.0f}/s vs unary {r['unary_per_s']:.0f}/s "
+              f"({r['stream_vs_unary']:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

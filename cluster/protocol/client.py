@@ -1,0 +1,300 @@
+"""Clients of `splitinfer.v1.Inference`: `InferenceClient` (asyncio) and
+`SyncInferenceClient` (blocking, for scripts and threads).
+
+Both send frames as bytes and decode them here, and both turn a failed call
+into the `cluster.errors` class the server raised (see `status.from_status`).
+The bearer token rides in `authorization` metadata; it is never logged or shown
+in a repr.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cluster.errors import ClusterError
+from cluster.protocol import status as _status
+from cluster.protocol.messages import (
+    ArtifactsChunk,
+    ArtifactsRequest,
+    ArtifactsResponse,
+    InferRequest,
+    InferResponse,
+    PlanRequest,
+    SERVICE_NAME,
+    PlanResponse,
+    StreamFrame,
+    Tensor,
+)
+
+__all__ = ["InferenceClient", "SyncInferenceClient", "make_request", "new_request_id", "SERVICE_NAME"]
+
+_DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+#: Extra time the gRPC deadline gets beyond the request's own deadline, so the
+#: server's DEADLINE_EXCEEDED (which says where the time went) usually arrives first.
+DEADLINE_GRACE_S = 0.1
+
+
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ids = itertools.count()
+
+
+def new_request_id() -> str:
+    """A process-unique id: a random prefix and a counter (uuid4 per request costs a syscall)."""
+    return f"{_ID_PREFIX}-{next(_ids)}"
+
+
+def make_request(
+    model: str,
+    version: str,
+    cut_id: str,
+    tensors: Mapping[str, Tensor],
+    *,
+    timeout_s: float = 5.0,
+    priority: int = 0,
+    device_id: str = "",
+    request_id: str | None = None,
+) -> InferRequest:
+    """An InferRequest with a fresh id and a deadline `timeout_s` from now."""
+    return InferRequest(
+        request_id=request_id or new_request_id(),
+        model=model,
+        version=version,
+        cut_id=cut_id,
+        deadline_unix_ms=int((time.time() + timeout_s) * 1000),
+        tensors=dict(tensors),
+        priority=priority,
+        device_id=device_id,
+    )
+
+
+def _grpc_timeout(req: InferRequest, timeout_s: float | None) -> float:
+    if timeout_s is not None:
+        return timeout_s
+    return max(DEADLINE_GRACE_S, req.deadline_unix_ms / 1000.0 - time.time() + DEADLINE_GRACE_S)
+
+
+def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+def _error_of_rpc(e: grpc.RpcError) -> ClusterError:
+    return _status.from_status(e.code(), e.details(), e.trailing_metadata())
+
+
+def _frame_result(frame: StreamFrame) -> InferResponse | ClusterError:
+    if frame.response is not None:
+        return frame.response
+    err = frame.error
+    if err is None:
+        return _status.rebuild_error(grpc.StatusCode.INTERNAL, "server sent a request frame")
+    return _status.rebuild_error(_status.code_of_number(err.code), err.message, err.error, dict(err.fields))
+
+
+def _health_name(code: int) -> str:
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(code)
+
+
+class InferenceClient:
+    """asyncio client. Use `async with InferenceClient(addr) as c:` or call `close()`."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.address = address
+        opts = _options(max_message_bytes)
+        if credentials is not None:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=opts)
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=opts)
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        base = f"/{SERVICE_NAME}/"
+        self._infer = self._channel.unary_unary(base + "Infer")
+        self._stream = self._channel.stream_stream(base + "InferStream")
+        self._plan = self._channel.unary_unary(base + "Plan")
+        self._artifacts = self._channel.unary_stream(base + "GetArtifacts")
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __repr__(self) -> str:
+        return f"InferenceClient({self.address!r}, token={'set' if self._metadata else 'none'})"
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
+        """One unary Infer. The gRPC deadline follows `request.deadline_unix_ms` unless `timeout_s` is given."""
+        data = request.to_msgpack()
+        try:
+            raw = await self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return InferResponse.from_msgpack(raw)
+
+    async def infer_stream(
+        self, requests: AsyncIterable[InferRequest] | Iterable[InferRequest], *, timeout_s: float | None = None
+    ) -> AsyncIterator[InferResponse | ClusterError]:
+        """Sends requests on one InferStream and yields one result per request, in order.
+
+        A failed request yields its error (a ClusterError instance) in its place, so
+        the caller can answer it another way; a failed stream raises.
+        """
+
+        async def frames() -> AsyncIterator[bytes]:
+            seq = 0
+            if isinstance(requests, AsyncIterable):
+                async for r in requests:
+                    yield StreamFrame(seq=seq, request=r).to_msgpack()
+                    seq += 1
+            else:
+                for r in requests:
+                    yield StreamFrame(seq=seq, request=r).to_msgpack()
+                    seq += 1
+
+        call = self._stream(frames(), timeout=timeout_s, metadata=self._metadata)
+        try:
+            async for raw in call:
+                yield _frame_result(StreamFrame.from_msgpack(raw))
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        finally:
+            call.cancel()
+
+    async def plan(self, query: Mapping[str, Any], *, request_id: str | None = None, timeout_s: float = 30.0) -> PlanResponse:
+        req = PlanRequest(request_id=request_id or new_request_id(), query=dict(query))
+        try:
+            raw = await self._plan(req.to_msgpack(), timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return PlanResponse.from_msgpack(raw)
+
+    async def get_artifacts(
+        self, model: str, version: str, *, device_id: str = "", timeout_s: float = 60.0
+    ) -> ArtifactsResponse:
+        req = ArtifactsRequest(model=model, version=version, device_id=device_id)
+        chunks = []
+        try:
+            async for raw in self._artifacts(req.to_msgpack(), timeout=timeout_s, metadata=self._metadata):
+                chunks.append(ArtifactsChunk.from_msgpack(raw))
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return ArtifactsResponse.from_chunks(chunks, model=model, version=version)
+
+    async def health(self, service: str = "", *, timeout_s: float = 5.0) -> str:
+        """'SERVING', 'NOT_SERVING', ... as grpc.health.v1 reports for `service` ('' = the server)."""
+        try:
+            resp = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return _health_name(resp.status)
+
+
+class SyncInferenceClient:
+    """Blocking client with the same methods as InferenceClient."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.address = address
+        opts = _options(max_message_bytes)
+        if credentials is not None:
+            self._channel = grpc.secure_channel(address, credentials, options=opts)
+        else:
+            self._channel = grpc.insecure_channel(address, options=opts)
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        base = f"/{SERVICE_NAME}/"
+        self._infer = self._channel.unary_unary(base + "Infer")
+        self._stream = self._channel.stream_stream(base + "InferStream")
+        self._plan = self._channel.unary_unary(base + "Plan")
+        self._artifacts = self._channel.unary_stream(base + "GetArtifacts")
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __repr__(self) -> str:
+        return f"SyncInferenceClient({self.address!r}, token={'set' if self._metadata else 'none'})"
+
+    def __enter__(self) -> SyncInferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def infer_raw(self, data: bytes, *, timeout_s: float = 5.0) -> bytes:
+        """Sends an already-encoded InferRequest frame (for tests and fuzzing)."""
+        try:
+            return self._infer(data, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+
+    def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
+        raw = self.infer_raw(request.to_msgpack(), timeout_s=_grpc_timeout(request, timeout_s))
+        return InferResponse.from_msgpack(raw)
+
+    def infer_stream(
+        self, requests: Iterable[InferRequest], *, timeout_s: float | None = None
+    ) -> Iterator[InferResponse | ClusterError]:
+        frames = (StreamFrame(seq=i, request=r).to_msgpack() for i, r in enumerate(requests))
+        call = self._stream(frames, timeout=timeout_s, metadata=self._metadata)
+        try:
+            for raw in call:
+                yield _frame_result(StreamFrame.from_msgpack(raw))
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        finally:
+            call.cancel()
+
+    def plan(self, query: Mapping[str, Any], *, request_id: str | None = None, timeout_s: float = 30.0) -> PlanResponse:
+        req = PlanRequest(request_id=request_id or new_request_id(), query=dict(query))
+        try:
+            raw = self._plan(req.to_msgpack(), timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return PlanResponse.from_msgpack(raw)
+
+    def get_artifacts(self, model: str, version: str, *, device_id: str = "", timeout_s: float = 60.0) -> ArtifactsResponse:
+        req = ArtifactsRequest(model=model, version=version, device_id=device_id)
+        try:
+            chunks = [
+                ArtifactsChunk.from_msgpack(raw)
+                for raw in self._artifacts(req.to_msgpack(), timeout=timeout_s, metadata=self._metadata)
+            ]
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return ArtifactsResponse.from_chunks(chunks, model=model, version=version)
+
+    def health(self, service: str = "", *, timeout_s: float = 5.0) -> str:
+        try:
+            resp = self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
+        return _health_name(resp.status)

@@ -1,0 +1,481 @@
+"""The gRPC server shell of `splitinfer.v1.Inference` with a pluggable backend.
+
+Handlers are adapters: decode the frame, call the typed backend, encode the
+answer. Errors become status codes in one place (`_abort`, using the table in
+`cluster.protocol.status`); stream frames use the same table for their error
+frames. The gateway (routing, registry, auth, metrics) is a `Backend` plus
+interceptors; this module knows nothing of Ray.
+
+Deadlines: a request's deadline is the earlier of the gRPC deadline and its
+`deadline_unix_ms`. A request already past it is refused before the backend
+sees it; otherwise the backend gets it as an absolute `time.monotonic()` value
+in `RequestContext.deadline_monotonic_s`, and a backend that overruns it is
+cancelled and answered with DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cluster.errors import DeadlineExceeded, NotSupported, ProtocolError
+from cluster.protocol import status as _status
+from cluster.protocol._msgpack import SMALL_FRAME_BYTES, Writer, pack_small
+from cluster.protocol.messages import (
+    PROTOCOL_VERSION,
+    ArtifactsRequest,
+    ArtifactsResponse,
+    ErrorInfo,
+    InferRequest,
+    InferResponse,
+    PlanRequest,
+    SERVICE_NAME,
+    PlanResponse,
+    StreamFrame,
+)
+
+__all__ = [
+    "SERVICE_NAME",
+    "Backend",
+    "RequestContext",
+    "Health",
+    "RunningServer",
+    "ThreadedServer",
+    "serve",
+    "serve_in_thread",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_STREAM_WINDOW",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+DEFAULT_STREAM_WINDOW = 8
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What the server knows about a call besides its message."""
+
+    method: str
+    """'Infer', 'InferStream', 'Plan' or 'GetArtifacts'."""
+    received_monotonic_s: float
+    """time.monotonic() when the frame arrived (queue time starts here)."""
+    deadline_monotonic_s: float | None
+    """Absolute time.monotonic() deadline; None when the call has none (Plan, GetArtifacts)."""
+    peer: str = ""
+    """The peer address as gRPC reports it."""
+    metadata: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Invocation metadata. Holds the bearer token: never log it."""
+
+    @property
+    def bearer_token(self) -> str | None:
+        """The token of 'authorization: Bearer <token>', or None."""
+        auth = self.metadata.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            return auth[7:].strip() or None
+        return None
+
+    def remaining_s(self, now_monotonic_s: float | None = None) -> float | None:
+        if self.deadline_monotonic_s is None:
+            return None
+        now = time.monotonic() if now_monotonic_s is None else now_monotonic_s
+        return self.deadline_monotonic_s - now
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the server calls. Raise cluster.errors classes to choose the status code.
+
+    A backend may also define `bind_health(health: Health)` to set readiness.
+    """
+
+    async def infer(self, request: InferRequest, context: RequestContext) -> InferResponse: ...
+
+    async def plan(self, request: PlanRequest, context: RequestContext) -> PlanResponse: ...
+
+    async def get_artifacts(self, request: ArtifactsRequest, context: RequestContext) -> ArtifactsResponse: ...
+
+
+class Health:
+    """Readiness as the standard grpc.health.v1 service reports it."""
+
+    def __init__(self, servicer: health.aio.HealthServicer) -> None:
+        self._servicer = servicer
+        self.ready = False
+
+    async def set_ready(self, ready: bool) -> None:
+        """SERVING when ready, NOT_SERVING otherwise, for '' and the inference service."""
+        self.ready = ready
+        st = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self._servicer.set("", st)
+        await self._servicer.set(SERVICE_NAME, st)
+        logger.info("health set to %s", "SERVING" if ready else "NOT_SERVING")
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+    """The one place where an error becomes a gRPC status."""
+    code, message, name, fields = _status.to_status(exc, where=method)
+    if code is not grpc.StatusCode.INTERNAL:
+        logger.debug("%s answered %s: %s", method, code.name, message)
+    await context.abort(code, message, trailing_metadata=_status.trailing_metadata(name, fields))
+
+
+def _error_info(exc: BaseException, method: str) -> ErrorInfo:
+    code, message, name, fields = _status.to_status(exc, where=method)
+    return ErrorInfo(code=_status.code_number(code), error=name, message=message, fields=fields)
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    out = {}
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+class _Service:
+    """The adapters between frames and the backend."""
+
+    def __init__(self, backend: Any, window: int, chunk_bytes: int) -> None:
+        self.backend = backend
+        self.window = window
+        self.chunk_bytes = chunk_bytes
+
+    # -- shared pieces -----------------------------------------------------------------
+
+    def _context(
+        self, method: str, context: grpc.aio.ServicerContext, received: float, deadline: float | None
+    ) -> RequestContext:
+        return RequestContext(
+            method=method,
+            received_monotonic_s=received,
+            deadline_monotonic_s=deadline,
+            peer=context.peer() or "",
+            metadata=_metadata(context),
+        )
+
+    @staticmethod
+    def _deadline(req: InferRequest, context: grpc.aio.ServicerContext, now_mono: float) -> float:
+        remaining_s = req.deadline_unix_ms / 1000.0 - time.time()
+        grpc_left = context.time_remaining()
+        if grpc_left is not None:
+            remaining_s = min(remaining_s, grpc_left)
+        if remaining_s <= 0:
+            raise DeadlineExceeded(where="before the request reached the backend", overdue_ms=-remaining_s * 1e3)
+        return now_mono + remaining_s
+
+    async def _run_infer(
+        self, req: InferRequest, context: grpc.aio.ServicerContext, method: str, received: float
+    ) -> InferResponse:
+        deadline = self._deadline(req, context, time.monotonic())
+        ctx = self._context(method, context, received, deadline)
+        try:
+            async with asyncio.timeout(deadline - time.monotonic()):
+                resp = await self.backend.infer(req, ctx)
+        except TimeoutError as e:
+            raise DeadlineExceeded(
+                where="while the backend ran", overdue_ms=(time.monotonic() - deadline) * 1e3
+            ) from e
+        if not isinstance(resp, InferResponse):
+            raise TypeError(f"backend.infer returned {type(resp).__name__}, not InferResponse")
+        return resp
+
+    @staticmethod
+    def _encode_response(resp: InferResponse, decode_ms: float, seq: Any = None, stream: bool = False) -> bytes:
+        t0 = time.perf_counter()
+        timings = dict(resp.timings_ms)
+        timings["decode"] = decode_ms
+        # [Note: encode time] covers framing and packing up to the last step, which
+        # packs (small frames) or joins the parts with one copy (big frames): that
+        # step makes the bytes that carry the number, so it cannot be in it.
+        if resp.tensor_bytes() <= SMALL_FRAME_BYTES:
+            plain = resp.to_plain(defer="timings_ms")
+            timings["encode"] = (time.perf_counter() - t0) * 1e3
+            plain["timings_ms"] = timings
+            if stream:
+                plain = {"v": list(PROTOCOL_VERSION), "seq": seq, "response": plain}
+            return pack_small(plain, "InferResponse")
+        w = Writer()
+        if stream:
+            StreamFrame.write_header(w, seq, "response")
+        resp.write(w, defer="timings_ms")
+        timings["encode"] = (time.perf_counter() - t0) * 1e3
+        InferResponse.write_field(w, "timings_ms", timings)
+        return w.getvalue()
+
+    # -- methods -----------------------------------------------------------------------
+
+    async def infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        received = time.monotonic()
+        try:
+            t0 = time.perf_counter()
+            req = InferRequest.from_msgpack(raw)
+            decode_ms = (time.perf_counter() - t0) * 1e3
+            resp = await self._run_infer(req, context, "Infer", received)
+            return self._encode_response(resp, decode_ms)
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
+            await _abort(context, e, "Infer")
+            raise AssertionError("context.abort returned") from e
+
+    async def _stream_one(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Answers one stream frame; never raises, so one bad frame cannot end the stream."""
+        received = time.monotonic()
+        seq = None
+        try:
+            t0 = time.perf_counter()
+            frame = StreamFrame.from_msgpack(raw)
+            seq = frame.seq
+            if frame.request is None:
+                raise ProtocolError(reason="client frames must carry 'request'", where="StreamFrame")
+            decode_ms = (time.perf_counter() - t0) * 1e3
+            resp = await self._run_infer(frame.request, context, "InferStream", received)
+            return self._encode_response(resp, decode_ms, seq=seq, stream=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - becomes this frame's error frame
+            return StreamFrame(seq=seq, error=_error_info(e, "InferStream")).to_msgpack()
+
+    async def infer_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        # [Note: stream window] At most `window` frames are read and unanswered at a
+        # time: the next frame is only read when a slot is free, so a fast client
+        # is held back by HTTP/2 flow control rather than by server memory.
+        # Answers leave in arrival order even when later frames finish first.
+        pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
+        reader: asyncio.Task[bytes] | None = None
+        it = requests.__aiter__()
+        eof = False
+        try:
+            while True:
+                if reader is None and not eof and len(pending) < self.window:
+                    reader = asyncio.ensure_future(it.__anext__())
+                waits: set[asyncio.Future[Any]] = set()
+                if reader is not None:
+                    waits.add(reader)
+                if pending:
+                    waits.add(pending[0])
+                if not waits:
+                    return
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if reader is not None and reader in done:
+                    try:
+                        raw = reader.result()
+                        pending.append(asyncio.ensure_future(self._stream_one(raw, context)))
+                    except StopAsyncIteration:
+                        eof = True
+                    reader = None
+                while pending and pending[0].done():
+                    yield pending.popleft().result()
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
+            await _abort(context, e, "InferStream")
+        finally:
+            for task in (reader, *pending):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def plan(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        received = time.monotonic()
+        try:
+            req = PlanRequest.from_msgpack(raw)
+            fn = getattr(self.backend, "plan", None)
+            if fn is None:
+                raise NotSupported(what="Plan")
+            left = context.time_remaining()
+            ctx = self._context("Plan", context, received, None if left is None else received + left)
+            resp = await fn(req, ctx)
+            if not isinstance(resp, PlanResponse):
+                raise TypeError(f"backend.plan returned {type(resp).__name__}, not PlanResponse")
+            return resp.to_msgpack()
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
+            await _abort(context, e, "Plan")
+            raise AssertionError("context.abort returned") from e
+
+    async def get_artifacts(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        received = time.monotonic()
+        try:
+            req = ArtifactsRequest.from_msgpack(raw)
+            fn = getattr(self.backend, "get_artifacts", None)
+            if fn is None:
+                raise NotSupported(what="GetArtifacts")
+            left = context.time_remaining()
+            ctx = self._context("GetArtifacts", context, received, None if left is None else received + left)
+            resp = await fn(req, ctx)
+            if not isinstance(resp, ArtifactsResponse):
+                raise TypeError(f"backend.get_artifacts returned {type(resp).__name__}, not ArtifactsResponse")
+            for chunk in resp.to_chunks(self.chunk_bytes):
+                yield chunk.to_msgpack()
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
+            await _abort(context, e, "GetArtifacts")
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        # Frames stay bytes through gRPC: decoding happens in the handlers, where a
+        # bad frame becomes INVALID_ARGUMENT instead of gRPC's own INTERNAL.
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Infer": grpc.unary_unary_rpc_method_handler(self.infer),
+                "InferStream": grpc.stream_stream_rpc_method_handler(self.infer_stream),
+                "Plan": grpc.unary_unary_rpc_method_handler(self.plan),
+                "GetArtifacts": grpc.unary_stream_rpc_method_handler(self.get_artifacts),
+            },
+        )
+
+
+@dataclass
+class RunningServer:
+    """A started server: its address, its health and a way to stop it."""
+
+    server: grpc.aio.Server
+    port: int
+    host: str
+    health: Health
+    _health_servicer: health.aio.HealthServicer
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace_s: float | None = 1.0) -> None:
+        await self._health_servicer.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+async def serve(
+    backend: Backend,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    stream_window: int = DEFAULT_STREAM_WINDOW,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ready: bool = True,
+) -> RunningServer:
+    """Starts `splitinfer.v1.Inference` and grpc.health.v1 on `host:port` (port 0: the OS picks).
+
+    `stream_window` bounds the unanswered frames per InferStream call;
+    `max_message_bytes` bounds each message both ways (larger ones get
+    RESOURCE_EXHAUSTED from gRPC). `ready` is the initial health status.
+    """
+    if stream_window < 1:
+        raise ValueError(f"stream_window={stream_window} must be >= 1 (frames in flight per stream)")
+    if max_message_bytes < 1024:
+        raise ValueError(f"max_message_bytes={max_message_bytes} is too small; use at least 1024")
+    for name in ("infer",):
+        if not callable(getattr(backend, name, None)):
+            raise TypeError(f"backend {type(backend).__name__} has no async {name}(request, context) method")
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # Without this a second server on the same port shares it silently.
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(interceptors=list(interceptors), options=options)
+    service = _Service(backend, stream_window, chunk_bytes)
+    server.add_generic_rpc_handlers((service.generic_handler(),))
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    target = f"{host}:{port}"
+    try:
+        bound = server.add_secure_port(target, credentials) if credentials else server.add_insecure_port(target)
+    except RuntimeError as e:  # grpcio raises this (not OSError) for a taken port
+        raise OSError(f"could not bind {target}: {e}; choose a free port or port=0") from e
+    if bound == 0:
+        raise OSError(f"could not bind {target}; choose a free port or port=0")
+    await server.start()
+    h = Health(servicer)
+    await h.set_ready(ready)
+    bind = getattr(backend, "bind_health", None)
+    if callable(bind):
+        bind(h)
+    logger.info("serving %s on %s:%d (tls=%s, window=%d)", SERVICE_NAME, host, bound, credentials is not None, stream_window)
+    return RunningServer(server=server, port=bound, host=host, health=h, _health_servicer=servicer)
+
+
+class ThreadedServer:
+    """A server on its own event loop thread, for tests, benchmarks and sync callers."""
+
+    def __init__(self, backend: Backend, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._running: RunningServer | None = None
+        self._thread = threading.Thread(target=self._main, args=(backend, kwargs), name="grpc-server", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _main(self, backend: Backend, kwargs: dict[str, Any]) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._running = self._loop.run_until_complete(serve(backend, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the starting thread
+            self._error = e
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+
+    @property
+    def address(self) -> str:
+        assert self._running is not None
+        return self._running.address
+
+    @property
+    def port(self) -> int:
+        assert self._running is not None
+        return self._running.port
+
+    def set_ready(self, ready: bool) -> None:
+        assert self._running is not None
+        asyncio.run_coroutine_threadsafe(self._running.health.set_ready(ready), self._loop).result()
+
+    def stop(self, grace_s: float | None = 0.5) -> None:
+        if self._running is None or not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._running.stop(grace_s), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> ThreadedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(backend: Backend, **kwargs: Any) -> ThreadedServer:
+    """`serve(backend, **kwargs)` on a background thread; stop it with `.stop()` or `with`."""
+    return ThreadedServer(backend, **kwargs)
