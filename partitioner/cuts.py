@@ -59,11 +59,44 @@ class Cut:
 
     @property
     def key(self) -> str:
-        """A short stable id for the cut (used as the wire protocol's cut id)."""
+        """A short stable id for the cut: the wire protocol's cut id.
+
+        Layer ranges after an ``L`` (``L0-24``, ``L0-10_12_14-20``; ``L`` alone is the
+        empty cut), so any receiver holding the graph can rebuild the cut with
+        `Cut.from_key`. A cut whose ranges would exceed 120 characters gets a hash
+        (``H`` + 16 hex digits) instead, which only a receiver that knows the cut can map.
+        """
+        parts = []
+        ids = sorted(self.device)
+        i = 0
+        while i < len(ids):
+            j = i
+            while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+                j += 1
+            parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+            i = j + 1
+        key = "L" + "_".join(parts)
+        if len(key) <= 120:
+            return key
         import hashlib
 
-        text = ",".join(map(str, sorted(self.device)))
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
+        return "H" + hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_key(cls, key: str) -> Cut | None:
+        """The cut a range key names; None for a hashed key. Not validated: use make_cut."""
+        if not key.startswith("L"):
+            return None
+        layers: set[int] = set()
+        try:
+            for part in filter(None, key[1:].split("_")):
+                lo, _, hi = part.partition("-")
+                layers.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise PartitionError(
+                f"cut id {key!r} is malformed; a cut id is 'L' followed by layer ranges such as L0-24_26"
+            ) from None
+        return cls(frozenset(layers))
 
 
 def _check_ids(graph: LayerGraph, layers: Iterable[int]) -> frozenset[int]:

@@ -20,6 +20,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("splitinfer.demo", "main", "run the end-to-end demo on embedded defaults"),
     "inspect": ("splitinfer.partition_cmd", "inspect_main", "show a model's layers, tensors and cut points"),
     "split": ("splitinfer.partition_cmd", "split_main", "cut a model into head.onnx and tail.onnx"),
+    "profile": ("splitinfer.profile_cmd", "profile_main", "measure a model's per-layer profile on this host"),
+    "plan": ("splitinfer.plan_cmd", "plan_main", "choose the best cut for a device, a cloud and a link"),
+    "sweep": ("splitinfer.plan_cmd", "sweep_main", "latency against uplink bandwidth, with a plot"),
+    "planner": ("splitinfer.plan_cmd", "planner_main", "the what-if HTTP service: 'planner serve'"),
+    "gateway": ("splitinfer.gateway_cmd", "gateway_main", "the cloud gRPC gateway"),
+    "edge": ("splitinfer.edge_cmd", "edge_main", "the edge agent daemon: 'edge run --config edge.yaml'"),
     "netem": ("splitinfer.netem", "main", "user-space link emulator (TCP proxy with bandwidth, delay, outages)"),
 }
 

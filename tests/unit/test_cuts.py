@@ -180,3 +180,17 @@ def test_big_segments_are_saved_with_external_weights(tmp_path, monkeypatch) -> 
     x = make_inputs(model, g, seed=2)
     reloaded = export.Segment(tail.index, tail.layers, tail.inputs, tail.outputs, loaded)
     verify(model, [head, reloaded], x, graph=g)
+
+
+def test_cut_keys_round_trip() -> None:
+    g = build_graph(random_dag(5, 12))
+    rng = random.Random(5)
+    for _ in range(20):
+        cut = random_cut(g, rng)
+        assert Cut.from_key(cut.key) == cut
+    assert Cut(frozenset()).key == "L"
+    assert Cut(frozenset({0, 1, 2, 5, 7, 8})).key == "L0-2_5_7-8"
+    big = Cut(frozenset(range(0, 400, 2)))
+    assert big.key.startswith("H") and Cut.from_key(big.key) is None
+    with pytest.raises(PartitionError, match="malformed"):
+        Cut.from_key("Lx-y")

@@ -1,0 +1,458 @@
+"""The on-disk side of the model registry: layout, model.yaml, frontier.json, tail segments.
+
+One version lives in ``<root>/<name>/<version>/``::
+
+    model.onnx          the whole model (required)
+    model.yaml          serving settings (optional; every field has a default)
+    profiles/*.json     planner Profiles (optional); with a device and a cloud profile the
+                        frontier is computed by the planner
+    frontier.json       the cuts worth preloading (written on first load, then reused)
+    segments/<cut_id>/tail.onnx, cut.json   tails cut on demand, cached
+
+A registry on a read-only volume still works: whatever cannot be written there goes
+to a cache directory instead (see `VersionFiles.writable_dir`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from cluster.errors import ClusterError
+
+__all__ = [
+    "RegistryError",
+    "FrontierConfig",
+    "ModelConfig",
+    "CutEntry",
+    "VersionFrontier",
+    "VersionFiles",
+    "FRONTIER_SCHEMA",
+    "NAME_PATTERN",
+    "version_sort_key",
+    "compute_frontier",
+]
+
+logger = logging.getLogger(__name__)
+
+FRONTIER_SCHEMA = "splitinfer.registry-frontier/1"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RegistryError(ClusterError):
+    """A model directory, model.yaml or registry operation that is not valid."""
+
+    def __init__(self, *, path: str, reason: str, fix: str) -> None:
+        self.path = path
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{path}: {reason}; {fix}")
+
+
+def version_sort_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural order: '2' < '10', '1.2' < '1.10'; numeric parts sort before text."""
+    parts = re.split(r"[.\-_]", version)
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
+
+
+def _check_keys(d: Any, allowed: Sequence[str], where: str, path: str) -> dict[str, Any]:
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise RegistryError(path=path, reason=f"{where} must be a mapping, got {type(d).__name__}",
+                            fix="write it as 'key: value' lines")
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise RegistryError(path=path, reason=f"{where} has unknown field(s) {unknown}",
+                            fix=f"use only {', '.join(allowed)}")
+    return d
+
+
+def _typed(cls: type, d: Mapping[str, Any], path: str, where: str) -> Any:
+    """Builds a frozen config, turning a wrong type into a RegistryError that names the field."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        value = d[f.name]
+        default = getattr(cls, f.name, None) if f.default is not dataclasses.MISSING else None
+        want = type(default) if default is not None else None
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if want is not None and (not isinstance(value, want) or (isinstance(value, bool) and want is not bool)):
+            kind = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}.get(
+                want.__name__, want.__name__)
+            raise RegistryError(path=path, reason=f"{where}.{f.name} must be {kind}, got {value!r}",
+                                fix=f"set {f.name} to {kind} such as {default!r}")
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise RegistryError(path=path, reason=f"{where}: {e}", fix="fix the value named above") from e
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """How the cuts worth preloading are chosen for a version."""
+
+    up_lo_bps: float = 1e6
+    """Lowest uplink rate the frontier covers (planner frontier only)."""
+    up_hi_bps: float = 1e9
+    """Highest uplink rate the frontier covers."""
+    down_ratio: float = 2.0
+    """Downlink rate / uplink rate."""
+    rtt_ms: float = 20.0
+    """Round-trip time of the links covered."""
+    objective: str = "latency"
+    """'latency' or 'energy' (the frontier covers those two)."""
+    device_profile: str = "device.json"
+    """File under profiles/ with the device's Profile JSON."""
+    cloud_profile: str = "cloud.json"
+    """File under profiles/ with the cloud's Profile JSON."""
+    default_cut_count: int = 3
+    """Without both profiles: how many chain points (evenly spaced) to preload."""
+    include_cloud_only: bool = True
+    """Without both profiles: also preload the empty cut (the device sends the model input)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.up_lo_bps <= self.up_hi_bps:
+            raise ValueError(f"need 0 < up_lo_bps ({self.up_lo_bps}) <= up_hi_bps ({self.up_hi_bps})")
+        if self.objective not in ("latency", "energy"):
+            raise ValueError(f"objective {self.objective!r} must be 'latency' or 'energy'")
+        if self.default_cut_count < 0:
+            raise ValueError(f"default_cut_count {self.default_cut_count} must be >= 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """model.yaml: how one model version is served. Every field has a default."""
+
+    name: str = ""
+    """The model's name; when set it must equal the directory name."""
+    description: str = ""
+    """Free text for operators."""
+    max_batch_size: int = 8
+    """Most requests the dynamic batcher puts in one batch."""
+    max_queue_delay_ms: float = 0.0
+    """Longest the oldest request waits for company before its batch runs. 0: a lone
+    request runs at once, and requests arriving while a batch runs form the next one,
+    so batches still form under load without adding latency at concurrency 1."""
+    max_queue_size: int = 256
+    """Requests waiting per tail before new ones get RESOURCE_EXHAUSTED."""
+    replicas: int = 1
+    """Workers per tail (Ray actors; the in-process pool runs batches concurrently)."""
+    intra_op_threads: int = 0
+    """ONNX Runtime threads per operator; 0 lets ORT choose."""
+    max_request_bytes: int = 64 << 20
+    """Largest boundary (sum of tensor bytes) one request may send."""
+    frontier: FrontierConfig = field(default_factory=FrontierConfig)
+    """How the preloaded cuts are chosen."""
+
+    _FIELDS = ("name", "description", "max_batch_size", "max_queue_delay_ms", "max_queue_size", "replicas",
+               "intra_op_threads", "max_request_bytes", "frontier")
+
+    def __post_init__(self) -> None:
+        for name, lo in (("max_batch_size", 1), ("max_queue_size", 1), ("replicas", 1), ("intra_op_threads", 0),
+                         ("max_request_bytes", 1)):
+            if getattr(self, name) < lo:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= {lo}")
+        if not self.max_queue_delay_ms >= 0:
+            raise ValueError(f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        d = json.loads(text)
+        d["frontier"] = FrontierConfig(**d.get("frontier", {}))
+        return cls(**d)
+
+    @classmethod
+    def from_yaml_file(cls, path: str) -> ModelConfig:
+        if not os.path.exists(path):
+            return cls()
+        try:
+            with open(path, encoding="utf-8") as fh:
+                raw = yaml.safe_load(fh)
+        except yaml.YAMLError as e:
+            raise RegistryError(path=path, reason=f"is not valid YAML ({e})", fix="fix the syntax") from e
+        d = dict(_check_keys(raw, cls._FIELDS, "model.yaml", path))
+        fr = _check_keys(d.pop("frontier", None), [f.name for f in dataclasses.fields(FrontierConfig)],
+                         "model.yaml frontier", path)
+        frontier = _typed(FrontierConfig, fr, path, "frontier")
+        base = _typed(cls, d, path, "model.yaml")
+        return dataclasses.replace(base, frontier=frontier)
+
+
+@dataclass(frozen=True)
+class CutEntry:
+    """One preloaded cut of a version."""
+
+    cut_id: str
+    """`partitioner.Cut.key`: the cut id on the wire."""
+    edge_layers: tuple[int, ...]
+    """Layers the device runs."""
+    boundary: tuple[str, ...]
+    """Tensors the device sends (the tail's inputs)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cut_id": self.cut_id, "edge_layers": list(self.edge_layers), "boundary": list(self.boundary)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CutEntry:
+        return cls(str(d["cut_id"]), tuple(int(x) for x in d["edge_layers"]), tuple(d["boundary"]))
+
+
+@dataclass(frozen=True)
+class VersionFrontier:
+    """frontier.json: the cuts whose tails are preloaded, and the planner frontier if any."""
+
+    source: str
+    """'planner' (computed from profiles/) or 'default' (chain points)."""
+    cuts: tuple[CutEntry, ...]
+    """The cuts to preload, device-light first."""
+    planner: Mapping[str, Any] | None = None
+    """`planner.Frontier.to_dict()` when source is 'planner', for edge agents."""
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": FRONTIER_SCHEMA, "source": self.source,
+                           "cuts": [c.to_dict() for c in self.cuts], "planner": self.planner},
+                          sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> VersionFrontier:
+        d = json.loads(text)
+        if d.get("schema") != FRONTIER_SCHEMA:
+            raise ValueError(f"schema {d.get('schema')!r} is not {FRONTIER_SCHEMA!r}")
+        return cls(d["source"], tuple(CutEntry.from_dict(c) for c in d["cuts"]), d.get("planner"))
+
+    @property
+    def cut_ids(self) -> tuple[str, ...]:
+        return tuple(c.cut_id for c in self.cuts)
+
+
+def _entry(graph: Any, cut: Any) -> CutEntry:
+    from partitioner import boundary
+
+    return CutEntry(cut.key, tuple(sorted(cut.device)), tuple(boundary(graph, cut)))
+
+
+def compute_frontier(graph: Any, config: FrontierConfig, profiles: Mapping[str, str]) -> VersionFrontier:
+    """The cuts to preload: the planner's frontier when both profiles exist, else chain points.
+
+    `profiles` maps file names under profiles/ to their JSON text. Pure: no I/O.
+    """
+    from partitioner import Cut, chain_points, prefix_cut
+
+    if config.device_profile in profiles and config.cloud_profile in profiles:
+        from planner import LinkRange, Profile, frontier
+
+        dev = Profile.from_json(profiles[config.device_profile])
+        cloud = Profile.from_json(profiles[config.cloud_profile])
+        rng = LinkRange(config.up_lo_bps, config.up_hi_bps, config.down_ratio, config.rtt_ms)
+        front = frontier(graph, [dev, cloud], rng, config.objective)
+        seen: dict[str, CutEntry] = {}
+        for plan in front.plans:
+            if len(plan.cut.device) < len(graph):  # an edge-only plan has no tail to preload
+                seen.setdefault(plan.cut.key, _entry(graph, plan.cut))
+        return VersionFrontier("planner", tuple(seen.values()), front.to_dict())
+    # [Note: default frontier] Without profiles nothing says which cut wins, so the
+    # registry preloads cuts that are cheap to ship and spread over the model: the
+    # empty cut (the device sends the input) and `default_cut_count` chain points
+    # evenly spaced, where only one layer's outputs cross.
+    points = [p for p in chain_points(graph) if p < len(graph) - 1]
+    k = min(config.default_cut_count, len(points))
+    chosen = [points[round((i + 1) * (len(points) - 1) / (k + 1))] for i in range(k)] if k else []
+    cuts = [Cut(frozenset())] if config.include_cloud_only else []
+    cuts += [prefix_cut(graph, p) for p in sorted(set(chosen))]
+    entries: dict[str, CutEntry] = {}
+    for c in cuts:
+        entries.setdefault(c.key, _entry(graph, c))
+    return VersionFrontier("default", tuple(entries.values()), None)
+
+
+class VersionFiles:
+    """The files of one model version, and its tail segments cut and cached on demand."""
+
+    def __init__(self, root: str, model: str, version: str, *, cache_dir: str | None = None) -> None:
+        self.model = model
+        self.version = version
+        self.path = os.path.join(root, model, version)
+        self.model_path = os.path.join(self.path, "model.onnx")
+        self._cache_dir = cache_dir
+        self._lock = threading.Lock()
+        self._splitter: Any = None
+        self._cut_index: dict[str, Any] | None = None
+        self._check_dir()
+        self.config = ModelConfig.from_yaml_file(os.path.join(self.path, "model.yaml"))
+        if self.config.name and self.config.name != model:
+            raise RegistryError(path=os.path.join(self.path, "model.yaml"),
+                                reason=f"name {self.config.name!r} does not match the directory {model!r}",
+                                fix=f"rename the directory or set name: {model}")
+
+    def _check_dir(self) -> None:
+        if not NAME_PATTERN.match(self.model) or not NAME_PATTERN.match(self.version):
+            raise RegistryError(path=self.path, reason="model and version names must match "
+                                f"{NAME_PATTERN.pattern}", fix="rename the directory")
+        if not os.path.isdir(self.path):
+            raise RegistryError(path=self.path, reason="is not a directory",
+                                fix="create <registry>/<model>/<version>/ holding model.onnx")
+        if not os.path.isfile(self.model_path):
+            raise RegistryError(path=self.path, reason="has no model.onnx",
+                                fix="copy the model there as model.onnx")
+        if os.path.getsize(self.model_path) == 0:
+            raise RegistryError(path=self.model_path, reason="is empty", fix="copy the whole model file again")
+
+    # -- profiles and frontier --------------------------------------------------------
+
+    def profiles(self) -> dict[str, str]:
+        """profiles/*.json file name -> text."""
+        d = os.path.join(self.path, "profiles")
+        out = {}
+        if os.path.isdir(d):
+            for name in sorted(os.listdir(d)):
+                if name.endswith(".json"):
+                    with open(os.path.join(d, name), encoding="utf-8") as fh:
+                        out[name] = fh.read()
+        return out
+
+    def splitter(self) -> Any:
+        """The partitioner's Splitter for this model (built once; loading checks the model)."""
+        with self._lock:
+            if self._splitter is None:
+                from partitioner import PartitionError, Splitter
+
+                try:
+                    self._splitter = Splitter(self.model_path)
+                except (PartitionError, OSError, ValueError) as e:
+                    raise RegistryError(path=self.model_path, reason=f"is not a model the partitioner can read ({e})",
+                                        fix="export a valid ONNX model") from e
+                except Exception as e:  # onnx raises DecodeError and others for a corrupt file
+                    raise RegistryError(path=self.model_path, reason=f"cannot be parsed as ONNX ({type(e).__name__})",
+                                        fix="export a valid ONNX model") from e
+            return self._splitter
+
+    def frontier(self) -> VersionFrontier:
+        """frontier.json if it is newer than model.onnx, else computed and written back."""
+        path = os.path.join(self.path, "frontier.json")
+        cached = self._find("frontier.json")
+        if cached and os.path.getmtime(cached) >= os.path.getmtime(self.model_path):
+            try:
+                with open(cached, encoding="utf-8") as fh:
+                    return VersionFrontier.from_json(fh.read())
+            except (ValueError, KeyError, TypeError) as e:
+                logger.warning("ignoring %s (%s); computing the frontier again", cached, e)
+        sp = self.splitter()
+        try:
+            front = compute_frontier(sp.graph, self.config.frontier, self.profiles())
+        except ClusterError:
+            raise
+        except Exception as e:  # noqa: BLE001 - planner and profile errors name their own fields
+            raise RegistryError(path=os.path.join(self.path, "profiles"),
+                                reason=f"the frontier could not be computed: {e}",
+                                fix="fix the profiles or remove them to use the default chain cuts") from e
+        self._write("frontier.json", front.to_json().encode())
+        logger.info("%s@%s: frontier (%s) has %d cuts written to %s", self.model, self.version, front.source,
+                    len(front.cuts), os.path.dirname(path))
+        return front
+
+    # -- segments ---------------------------------------------------------------------
+
+    def _fallback_dir(self) -> str:
+        if self._cache_dir is None:
+            self._cache_dir = tempfile.mkdtemp(prefix="splitinfer-registry-")
+        return os.path.join(self._cache_dir, self.model, self.version)
+
+    def _find(self, rel: str) -> str | None:
+        for base in (self.path, self._fallback_dir() if self._cache_dir else None):
+            if base and os.path.exists(os.path.join(base, rel)):
+                return os.path.join(base, rel)
+        return None
+
+    def _write(self, rel: str, data: bytes) -> str:
+        """Writes next to the model, or to the cache directory when the registry is read-only."""
+        for base in (self.path, self._fallback_dir()):
+            target = os.path.join(base, rel)
+            try:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                tmp = f"{target}.tmp{os.getpid()}.{threading.get_ident()}"
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, target)  # atomic: a concurrent reader sees all or nothing
+                return target
+            except OSError as e:
+                logger.debug("cannot write %s (%s); trying the cache directory", target, e)
+        raise RegistryError(path=rel, reason="could not be written to the registry nor the cache directory",
+                            fix="give the gateway a writable --cache-dir")
+
+    def resolve_cut(self, cut_id: str, known: Sequence[str] = ()) -> Any:
+        """The partitioner Cut with this id: a cached segment's, the valid cut a range id
+        names (any cut can be served on demand), or a candidate cut for a hashed id."""
+        from cluster.errors import UnknownCutError
+        from partitioner import Cut, PartitionError, candidate_cuts, make_cut
+
+        meta = self._find(os.path.join("segments", cut_id, "cut.json")) if NAME_PATTERN.match(cut_id) else None
+        if meta:
+            with open(meta, encoding="utf-8") as fh:
+                return Cut.from_dict(json.load(fh))
+        graph = self.splitter().graph
+        named = Cut.from_key(cut_id)
+        if named is not None:
+            try:
+                return make_cut(graph, named.device)
+            except PartitionError as e:
+                raise UnknownCutError(model=self.model, version=self.version, cut_id=cut_id, known=list(known)) from e
+        with self._lock:
+            if self._cut_index is None:
+                self._cut_index = {c.key: c for c in candidate_cuts(graph) if len(c.device) < len(graph)}
+            cut = self._cut_index.get(cut_id)
+        if cut is None:
+            raise UnknownCutError(model=self.model, version=self.version, cut_id=cut_id, known=list(known))
+        return cut
+
+    def tail_path(self, cut_id: str, known: Sequence[str] = ()) -> str:
+        """segments/<cut_id>/tail.onnx, cut from the model on first use. Blocking: run it off the loop."""
+        rel = os.path.join("segments", cut_id, "tail.onnx")
+        found = self._find(rel) if NAME_PATTERN.match(cut_id) else None
+        if found:
+            return found
+        cut = self.resolve_cut(cut_id, known)
+        from partitioner import save_segment
+
+        _, tail = self.splitter().split(cut)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = os.path.join(tmp, "tail.onnx")
+            save_segment(tail, p)
+            with open(p, "rb") as fh:
+                data = fh.read()
+        path = self._write(rel, data)
+        meta = dict(cut.to_dict(), inputs=list(tail.inputs), outputs=list(tail.outputs))
+        self._write(os.path.join("segments", cut_id, "cut.json"), json.dumps(meta).encode())
+        logger.info("%s@%s: cut tail %s (%d layers) to %s", self.model, self.version, cut_id,
+                    len(tail.layers), path)
+        return path
+
+    def artifact_files(self) -> dict[str, bytes]:
+        """What an edge agent needs to start: the model, model.yaml, profiles and the frontier."""
+        out: dict[str, bytes] = {}
+        with open(self.model_path, "rb") as fh:
+            out["model.onnx"] = fh.read()
+        yml = os.path.join(self.path, "model.yaml")
+        if os.path.exists(yml):
+            with open(yml, "rb") as fh:
+                out["model.yaml"] = fh.read()
+        for name, text in self.profiles().items():
+            out[f"profiles/{name}"] = text.encode()
+        out["frontier.json"] = self.frontier().to_json().encode()
+        return out

@@ -1,0 +1,119 @@
+"""Ray for the gateway: connecting to (or starting) a cluster, and pools of Ray actors.
+
+The only module of `cluster` that imports Ray (DESIGN.md's layer table). The actors
+themselves are `workers.actors` (SegmentWorker, ReplicaPool); this module adapts one
+ReplicaPool per tail to the gateway's `Pool` interface.
+
+    connect("auto")                       # the Ray cluster this pod belongs to
+    gateway = Gateway(registry, RayPoolFactory())
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+try:
+    import ray
+except ImportError as e:  # pragma: no cover - the base (edge) install has no Ray
+    raise ImportError(
+        "the Ray pools need Ray: pip install 'splitinfer[cloud]', or run the gateway with "
+        "--ray-address local-noray to serve tails in-process"
+    ) from e
+
+from cluster.errors import Unavailable
+from cluster.gateway import PoolKey, PoolResult, _buckets, _PRIORITY_LEVELS
+from cluster.metrics import GatewayMetrics
+from cluster.registry import ModelConfig
+
+__all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory"]
+
+logger = logging.getLogger(__name__)
+
+
+def connect(address: str, *, num_cpus: int | None = None) -> dict[str, Any]:
+    """Joins the Ray cluster at `address` ('auto', 'ray://host:10001', 'host:6379'), or starts
+    a local one for 'local'. Returns the cluster's resources. Raises Unavailable when it cannot."""
+    if ray.is_initialized():
+        return dict(ray.cluster_resources())
+    kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING,
+                              "include_dashboard": False}
+    if address == "local":
+        kwargs["num_cpus"] = num_cpus
+    else:
+        kwargs["address"] = address
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise Unavailable(reason=f"cannot reach the Ray cluster at {address!r} ({e}); check --ray-address, "
+                                 "or use --ray-address local-noray to run without Ray") from e
+    res = dict(ray.cluster_resources())
+    logger.info("connected to Ray at %s: %s", address, {k: v for k, v in res.items() if k in ("CPU", "GPU")})
+    return res
+
+
+def shutdown() -> None:
+    """Leaves (or stops the local) Ray cluster."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class RayPool:
+    """One tail on a ReplicaPool of SegmentWorker actors (batching happens inside each actor)."""
+
+    def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto") -> None:
+        from workers._pool import PoolConfig
+        from workers.actors import ReplicaPool
+        from workers.batcher import BatcherConfig
+        from workers.engine import EngineConfig
+
+        self.key = key
+        self.segment_key = f"{key.model}@{key.version}@{key.cut_id}"
+        # The tail travels as bytes: workers on other nodes need not see the registry volume.
+        with open(tail_path, "rb") as fh:
+            model = fh.read()
+        self.pool = ReplicaPool(
+            {self.segment_key: model},
+            config=PoolConfig(num_replicas=config.replicas),
+            engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
+                                       batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
+            batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
+                                         max_queue_delay_ms=config.max_queue_delay_ms,
+                                         max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS),
+        )
+        # Block until the replicas have loaded the tail: readiness means "can serve now".
+        try:
+            ray.get([r.health.remote() for r in self.pool.replicas])
+        except Exception as e:  # noqa: BLE001 - actor construction errors arrive wrapped by Ray
+            self.pool.shutdown()
+            raise Unavailable(reason=f"the Ray workers of {key} did not start ({type(e).__name__}: {str(e)[:300]})") from e
+        self.batches = 0
+
+    async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
+        deadline_unix_ms = None
+        if deadline_s is not None:
+            deadline_unix_ms = (time.time() + (deadline_s - time.monotonic())) * 1e3
+        t0 = time.monotonic()
+        out = await self.pool.infer(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
+                                    priority=min(max(priority, 0), _PRIORITY_LEVELS - 1))
+        # The actor does not report its queue time: the whole round trip counts as compute.
+        return PoolResult(out, 0.0, time.monotonic() - t0, 1)
+
+    async def close(self) -> None:
+        self.pool.shutdown()
+
+
+class RayPoolFactory:
+    """Pools of Ray actors; call `connect(address)` first."""
+
+    def __init__(self, *, provider: str = "auto") -> None:
+        self.provider = provider
+
+    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> RayPool:
+        if not ray.is_initialized():
+            raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
+        return RayPool(key, tail_path, config, provider=self.provider)

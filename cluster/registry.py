@@ -1,0 +1,444 @@
+"""The model registry: which versions are loaded, which one a device gets, and leases.
+
+The repository on disk is `<root>/<name>/<version>/{model.onnx, model.yaml, profiles/,
+segments/, frontier.json}` (see cluster._registry_disk and docs/registry.md). A model
+may add `<root>/<name>/policy.yaml` with `version_policy`, `default_version` and
+`canary`.
+
+[Note: leases and rollback]
+Every request holds a `Lease` on the `LoadedVersion` it was routed to, from routing
+until its answer is ready. Routing changes (canary, rollback, promote, unload) only
+swap which version *new* requests get; a version taken out of service is *retired*,
+and its resources are released by the `on_drained` callbacks only once its last
+lease ends. So a rollback never drops an in-flight request: it finishes on the
+version it started on.
+
+Routing is pure: `route(...)` and `canary_fraction(...)` take everything they need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from cluster._registry_disk import (
+    NAME_PATTERN,
+    CutEntry,
+    FrontierConfig,
+    ModelConfig,
+    RegistryError,
+    VersionFiles,
+    VersionFrontier,
+    compute_frontier,
+    version_sort_key,
+)
+from cluster.errors import UnknownModelError, UnknownVersionError
+
+__all__ = [
+    "Canary",
+    "CutEntry",
+    "FrontierConfig",
+    "LoadedVersion",
+    "ModelConfig",
+    "Registry",
+    "RegistryError",
+    "VersionFrontier",
+    "VersionPolicy",
+    "ROUTED_VERSIONS",
+    "canary_fraction",
+    "compute_frontier",
+    "route",
+    "version_sort_key",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Version strings in a request that mean "whatever this device is routed to".
+ROUTED_VERSIONS = ("", "latest")
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions on disk get loaded (Triton's version_policy)."""
+
+    kind: str = "latest"
+    """'latest' (the `n` highest), 'all', or 'specific' (`versions`)."""
+    n: int = 1
+    """How many of the highest versions 'latest' loads."""
+    versions: tuple[str, ...] = ()
+    """The versions 'specific' loads."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("latest", "all", "specific"):
+            raise ValueError(f"version policy kind {self.kind!r} must be 'latest', 'all' or 'specific'")
+        if self.kind == "latest" and self.n < 1:
+            raise ValueError(f"latest:{self.n} must load at least one version; use latest:1 or more")
+        if self.kind == "specific" and not self.versions:
+            raise ValueError("a 'specific' version policy needs at least one version")
+
+    def select(self, available: Sequence[str]) -> tuple[str, ...]:
+        """The versions to load among `available`, highest first. Pure."""
+        ordered = sorted(available, key=version_sort_key, reverse=True)
+        if self.kind == "all":
+            return tuple(ordered)
+        if self.kind == "latest":
+            return tuple(ordered[: self.n])
+        return tuple(v for v in ordered if v in self.versions)
+
+    @classmethod
+    def parse(cls, spec: str | Mapping[str, Any]) -> VersionPolicy:
+        """'latest', 'latest:2', 'all', 'specific:1,3', or the YAML mapping {latest: 2} / {all: true} /
+        {specific: [1, 3]}."""
+        try:
+            if isinstance(spec, Mapping):
+                if len(spec) != 1:
+                    raise ValueError(f"expected one key, got {sorted(spec)}")
+                (k, v), = spec.items()
+                if k == "latest":
+                    return cls("latest", int(v or 1))
+                if k == "all":
+                    return cls("all")
+                if k == "specific":
+                    vs = v if isinstance(v, (list, tuple)) else [v]
+                    return cls("specific", versions=tuple(str(x) for x in vs))
+                raise ValueError(f"unknown kind {k!r}")
+            kind, _, arg = str(spec).partition(":")
+            if kind == "latest":
+                return cls("latest", int(arg or 1))
+            if kind == "all" and not arg:
+                return cls("all")
+            if kind == "specific":
+                return cls("specific", versions=tuple(x.strip() for x in arg.split(",") if x.strip()))
+            raise ValueError(f"unknown kind {kind!r}")
+        except (ValueError, TypeError) as e:
+            raise RegistryError(path="version_policy", reason=f"{spec!r} is not a version policy ({e})",
+                                fix="use latest, latest:N, all or specific:V1,V2") from e
+
+
+@dataclass(frozen=True)
+class Canary:
+    """`percent` of devices (by a stable hash of their id) get `version` instead of the default."""
+
+    version: str
+    percent: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.percent <= 100.0:
+            raise ValueError(f"canary percent {self.percent} must be in [0, 100]")
+
+
+def canary_fraction(model: str, device_id: str) -> float:
+    """A device's stable position in [0, 1) for `model`: sha256 of 'model/device_id'.
+
+    Salting with the model keeps one unlucky group of devices from being every
+    model's canary. The same id always lands at the same place, across processes.
+    """
+    digest = hashlib.sha256(f"{model}/{device_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def route(model: str, default_version: str, canary: Canary | None, device_id: str) -> str:
+    """The version a device's routed request goes to. Devices without an id never get the canary."""
+    if canary is not None and device_id and canary_fraction(model, device_id) < canary.percent / 100.0:
+        return canary.version
+    return default_version
+
+
+class LoadedVersion:
+    """A loaded model version: its files, config and frontier, and the leases on it."""
+
+    def __init__(self, files: VersionFiles, frontier: VersionFrontier) -> None:
+        self.files = files
+        self.frontier = frontier
+        self.model = files.model
+        self.version = files.version
+        self.config = files.config
+        self.in_flight = 0
+        self.retired = False
+        self.drained = threading.Event()
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}@{self.version}"
+
+    def __repr__(self) -> str:
+        return f"LoadedVersion({self.key}, in_flight={self.in_flight}, retired={self.retired})"
+
+
+@dataclass(frozen=True)
+class _ModelState:
+    versions: Mapping[str, LoadedVersion]
+    default_version: str | None
+    canary: Canary | None
+
+
+class Registry:
+    """The loaded versions of every model and who gets which. Thread-safe.
+
+    `on_loaded(v)` runs after a version loads (the gateway preloads its tails);
+    `on_drained(v)` runs once a retired version's last lease ends (the gateway
+    closes its pools).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        policy: VersionPolicy | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
+        if not os.path.isdir(root):
+            raise RegistryError(path=root, reason="is not a directory",
+                                fix="point --registry at the directory holding <model>/<version>/model.onnx")
+        self.root = root
+        self.policy = policy or VersionPolicy()
+        self.cache_dir = cache_dir
+        self._lock = threading.Lock()
+        self._models: dict[str, _ModelState] = {}
+        self.on_loaded: list[Callable[[LoadedVersion], None]] = []
+        self.on_drained: list[Callable[[LoadedVersion], None]] = []
+
+    # -- discovery ----------------------------------------------------------------------
+
+    def available(self) -> dict[str, tuple[str, ...]]:
+        """model -> versions on disk (directories holding model.onnx), highest first."""
+        out = {}
+        for name in sorted(os.listdir(self.root)):
+            d = os.path.join(self.root, name)
+            if not os.path.isdir(d) or name.startswith(".") or not NAME_PATTERN.match(name):
+                continue
+            vs = [v for v in os.listdir(d) if os.path.isdir(os.path.join(d, v)) and NAME_PATTERN.match(v)]
+            if vs:
+                out[name] = tuple(sorted(vs, key=version_sort_key, reverse=True))
+        return out
+
+    def model_policy(self, model: str) -> tuple[VersionPolicy, str | None, Canary | None]:
+        """policy.yaml of a model: (version policy, default version, canary); registry defaults else."""
+        path = os.path.join(self.root, model, "policy.yaml")
+        if not os.path.exists(path):
+            return self.policy, None, None
+        try:
+            with open(path, encoding="utf-8") as fh:
+                d = yaml.safe_load(fh) or {}
+            if not isinstance(d, dict):
+                raise ValueError("expected a mapping")
+            unknown = sorted(set(d) - {"version_policy", "default_version", "canary"})
+            if unknown:
+                raise ValueError(f"unknown field(s) {unknown}; use version_policy, default_version, canary")
+            policy = VersionPolicy.parse(d["version_policy"]) if "version_policy" in d else self.policy
+            default = str(d["default_version"]) if d.get("default_version") is not None else None
+            c = d.get("canary")
+            canary = Canary(str(c["version"]), float(c["percent"])) if c else None
+        except RegistryError:
+            raise
+        except (yaml.YAMLError, ValueError, TypeError, KeyError) as e:
+            raise RegistryError(path=path, reason=f"is not a valid policy file ({e})",
+                                fix="see docs/registry.md for version_policy, default_version and canary") from e
+        return policy, default, canary
+
+    def load_all(self) -> list[LoadedVersion]:
+        """Loads, for every model on disk, the versions its policy selects; applies policy.yaml."""
+        loaded = []
+        for model, versions in self.available().items():
+            policy, default, canary = self.model_policy(model)
+            for v in policy.select(versions):
+                loaded.append(self.load(model, v))
+            if default is not None:
+                self.set_default(model, default)
+            if canary is not None:
+                self.set_canary(model, canary.version, canary.percent)
+        return loaded
+
+    # -- explicit load and unload -------------------------------------------------------
+
+    def load(self, model: str, version: str) -> LoadedVersion:
+        """Loads one version (reading its config and frontier) and runs the on_loaded hooks.
+
+        Blocking (it may cut the model): call it off the event loop. Loading a loaded
+        version returns it unchanged.
+        """
+        with self._lock:
+            state = self._models.get(model)
+            if state is not None and version in state.versions:
+                return state.versions[version]
+        files = VersionFiles(self.root, model, version, cache_dir=self.cache_dir)
+        lv = LoadedVersion(files, files.frontier())
+        for hook in self.on_loaded:
+            hook(lv)
+        with self._lock:
+            state = self._models.get(model) or _ModelState({}, None, None)
+            versions = dict(state.versions)
+            versions[version] = lv
+            self._models[model] = dataclasses.replace(state, versions=versions)
+        logger.info("loaded %s (%d frontier cuts: %s)", lv.key, len(lv.frontier.cuts), ", ".join(lv.frontier.cut_ids))
+        return lv
+
+    def unload(self, model: str, version: str) -> LoadedVersion:
+        """Takes a version out of service; requests already on it finish (see [Note: leases and rollback])."""
+        with self._lock:
+            state = self._state(model)
+            lv = state.versions.get(version)
+            if lv is None:
+                raise UnknownVersionError(model=model, version=version, known=self._known(state))
+            versions = {k: v for k, v in state.versions.items() if k != version}
+            canary = state.canary if state.canary is None or state.canary.version != version else None
+            default = state.default_version if state.default_version != version else None
+            self._models[model] = _ModelState(versions, default, canary)
+            lv.retired = True
+            drained = lv.in_flight == 0
+        logger.info("unloaded %s (%d requests still in flight finish on it)", lv.key, lv.in_flight)
+        if drained:
+            self._drain(lv)
+        return lv
+
+    def _drain(self, lv: LoadedVersion) -> None:
+        lv.drained.set()
+        for hook in self.on_drained:
+            try:
+                hook(lv)
+            except Exception:  # noqa: BLE001 - one failing hook must not keep the others from running
+                logger.exception("on_drained hook failed for %s", lv.key)
+
+    # -- routing ------------------------------------------------------------------------
+
+    def _state(self, model: str) -> _ModelState:
+        state = self._models.get(model)
+        if state is None or not state.versions:
+            raise UnknownModelError(model=model, known=sorted(m for m, s in self._models.items() if s.versions))
+        return state
+
+    @staticmethod
+    def _known(state: _ModelState) -> list[str]:
+        return sorted(state.versions, key=version_sort_key, reverse=True)
+
+    def _default(self, state: _ModelState) -> str:
+        if state.default_version is not None and state.default_version in state.versions:
+            return state.default_version
+        return self._known(state)[0]
+
+    def set_default(self, model: str, version: str) -> None:
+        """Routed requests go to `version` (it must be loaded)."""
+        with self._lock:
+            state = self._state(model)
+            if version not in state.versions:
+                raise UnknownVersionError(model=model, version=version, known=self._known(state))
+            self._models[model] = dataclasses.replace(state, default_version=version)
+        logger.info("default version of %s is now %s", model, version)
+
+    def set_canary(self, model: str, version: str, percent: float) -> None:
+        """`percent` of devices, chosen by `canary_fraction`, get `version` (it must be loaded)."""
+        try:
+            canary = Canary(version, float(percent))
+        except ValueError as e:
+            raise RegistryError(path=f"{model}/canary", reason=str(e), fix="give a percent from 0 to 100") from e
+        with self._lock:
+            state = self._state(model)
+            if version not in state.versions:
+                raise UnknownVersionError(model=model, version=version, known=self._known(state))
+            # The default is pinned first, so loading the canary never moves the other devices.
+            default = self._default(state) if state.default_version is None else state.default_version
+            if default == version:
+                others = [v for v in self._known(state) if v != version]
+                if not others:
+                    raise RegistryError(path=f"{model}/canary", reason=f"{version} is the only loaded version",
+                                        fix="load the baseline version first")
+                default = others[0]
+            self._models[model] = _ModelState(state.versions, default, canary)
+        logger.info("canary of %s: %.1f%% of devices get %s, the rest %s", model, canary.percent, version, default)
+
+    def rollback(self, model: str, *, unload: bool = True) -> str | None:
+        """Ends the canary in one call: every device goes back to the default version.
+
+        With `unload`, the canary version is retired; its in-flight requests finish on it.
+        Returns the version rolled back, or None when there was no canary.
+        """
+        with self._lock:
+            state = self._state(model)
+            canary = state.canary
+            self._models[model] = dataclasses.replace(state, canary=None)
+        if canary is None:
+            logger.info("rollback of %s: no canary", model)
+            return None
+        logger.info("rolled back %s: canary %s (%.1f%%) removed", model, canary.version, canary.percent)
+        if unload and canary.version != self.default_version(model):
+            self.unload(model, canary.version)
+        return canary.version
+
+    def promote(self, model: str) -> str:
+        """The canary becomes the default version for every device."""
+        with self._lock:
+            state = self._state(model)
+            if state.canary is None:
+                raise RegistryError(path=f"{model}/canary", reason="there is no canary to promote",
+                                    fix="start one with set_canary first")
+            version = state.canary.version
+            self._models[model] = _ModelState(state.versions, version, None)
+        logger.info("promoted %s@%s to default", model, version)
+        return version
+
+    def default_version(self, model: str) -> str:
+        with self._lock:
+            return self._default(self._state(model))
+
+    def canary(self, model: str) -> Canary | None:
+        with self._lock:
+            return self._state(model).canary
+
+    def resolve(self, model: str, version: str, device_id: str = "") -> LoadedVersion:
+        """The loaded version a request for `model@version` from `device_id` goes to."""
+        with self._lock:
+            return self._resolve(model, version, device_id)
+
+    def _resolve(self, model: str, version: str, device_id: str) -> LoadedVersion:
+        state = self._state(model)
+        if version in ROUTED_VERSIONS:
+            version = route(model, self._default(state), state.canary, device_id)
+        lv = state.versions.get(version)
+        if lv is None:
+            raise UnknownVersionError(model=model, version=version, known=self._known(state))
+        return lv
+
+    @contextmanager
+    def lease(self, model: str, version: str, device_id: str = "") -> Iterator[LoadedVersion]:
+        """Routes a request and holds its version until the block ends."""
+        with self._lock:
+            lv = self._resolve(model, version, device_id)
+            lv.in_flight += 1
+        try:
+            yield lv
+        finally:
+            with self._lock:
+                lv.in_flight -= 1
+                drained = lv.retired and lv.in_flight == 0
+            if drained:
+                self._drain(lv)
+
+    def loaded(self) -> list[LoadedVersion]:
+        with self._lock:
+            return [lv for s in self._models.values() for lv in s.versions.values()]
+
+    def describe(self) -> dict[str, Any]:
+        """model -> {versions, default, canary}: what /readyz-style status pages show."""
+        with self._lock:
+            return {
+                m: {
+                    "versions": self._known(s),
+                    "default": self._default(s) if s.versions else None,
+                    "canary": dataclasses.asdict(s.canary) if s.canary else None,
+                }
+                for m, s in self._models.items()
+                if s.versions
+            }
+
+    def to_json(self) -> str:
+        return json.dumps(self.describe(), sort_keys=True)

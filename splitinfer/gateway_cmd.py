@@ -1,0 +1,116 @@
+"""`splitinfer gateway`: the cloud gateway process (gRPC on --port, HTTP metrics on --metrics-port).
+
+    splitinfer gateway --port 50051 --metrics-port 9090 --ray-address auto --registry /models \
+        [--tokens-file tokens.yaml] [--tls-cert F --tls-key F [--tls-client-ca F]]
+
+`--ray-address local-noray` runs the tails in this process (Engines and a batcher, no
+Ray). The process serves at once but reports NOT_SERVING (gRPC health, /readyz 503)
+until every loaded version's frontier tails are loaded; SIGTERM drains and stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Sequence
+
+__all__ = ["gateway_main", "make_parser", "LOCAL_NORAY"]
+
+logger = logging.getLogger(__name__)
+
+LOCAL_NORAY = "local-noray"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="splitinfer gateway", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod); default 127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics, /healthz, /readyz (-1: off)")
+    p.add_argument("--registry", required=True, help="model repository: <model>/<version>/model.onnx")
+    p.add_argument("--ray-address", default=LOCAL_NORAY,
+                   help=f"Ray cluster address ('auto', 'local', 'ray://host:10001') or {LOCAL_NORAY!r}")
+    p.add_argument("--version-policy", default="latest:1", help="latest[:N], all, or specific:V1,V2")
+    p.add_argument("--cache-dir", default=None, help="writable directory for segments and ORT artefacts")
+    p.add_argument("--tokens-file", default=None, help="YAML 'tokens: [{name, token, models, rate_limit_rps}]'")
+    p.add_argument("--rate-limit-rps", type=float, default=None, help="per-device request rate for tokens without one")
+    p.add_argument("--max-message-bytes", type=int, default=64 << 20, help="largest gRPC message either way")
+    p.add_argument("--tls-cert", default=None, help="PEM server certificate")
+    p.add_argument("--tls-key", default=None, help="PEM server private key")
+    p.add_argument("--tls-client-ca", default=None, help="PEM CA of client certificates (turns on mutual TLS)")
+    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda", "tensorrt"),
+                   help="ONNX Runtime provider of the in-process pools")
+    p.add_argument("--log-level", default=os.environ.get("SPLITINFER_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", default="json", choices=("json", "text"))
+    return p
+
+
+def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if (a.tls_cert is None) != (a.tls_key is None):
+        p.error("--tls-cert and --tls-key go together; give both or neither")
+    if a.tls_client_ca and not a.tls_cert:
+        p.error("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is an extension of TLS")
+    if not os.path.isdir(a.registry):
+        p.error(f"--registry {a.registry!r} is not a directory; point it at <model>/<version>/model.onnx")
+
+
+def _pool_factory(a: argparse.Namespace):  # noqa: ANN202 - a PoolFactory
+    if a.ray_address == LOCAL_NORAY:
+        from cluster.gateway import LocalPoolFactory
+
+        return LocalPoolFactory(cache_dir=a.cache_dir, provider=a.provider)
+    from cluster.ray_cluster import RayPoolFactory, connect
+
+    connect(a.ray_address)
+    return RayPoolFactory()
+
+
+async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
+    from cluster.auth import Authorizer, TokenTable, load_server_credentials
+    from cluster.gateway import Gateway
+    from cluster.metrics import GatewayMetrics, MetricsServer
+    from cluster.registry import Registry, VersionPolicy
+    from cluster.server import serve
+
+    registry = Registry(a.registry, policy=VersionPolicy.parse(a.version_policy), cache_dir=a.cache_dir)
+    tokens = TokenTable.from_file(a.tokens_file) if a.tokens_file else None
+    creds = load_server_credentials(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
+    metrics = GatewayMetrics()
+    gateway = Gateway(registry, _pool_factory(a), metrics=metrics,
+                      authorizer=Authorizer(tokens, default_rate_limit_rps=a.rate_limit_rps))
+    http = MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port) if a.metrics_port >= 0 else None
+    server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,
+                         max_message_bytes=a.max_message_bytes)
+    print(f"gateway serving on {server.address}" + (f", metrics on {http.url}" if http else ""), flush=True)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests), or not POSIX
+            pass
+    try:
+        await gateway.start()
+        logger.info("gateway ready: %s", registry.to_json())
+        await stop.wait()
+    finally:
+        logger.info("gateway stopping: draining requests")
+        await server.health.set_ready(False)
+        await server.stop(grace_s=5.0)
+        await gateway.close()
+        if http is not None:
+            http.stop()
+    return 0
+
+
+def gateway_main(argv: Sequence[str]) -> int:
+    """Entry point of `splitinfer gateway`; returns the exit code."""
+    p = make_parser()
+    a = p.parse_args(list(argv))
+    _check_args(p, a)
+    from cluster.metrics import configure_logging
+
+    configure_logging(a.log_level, json_lines=a.log_format == "json")
+    return asyncio.run(_run(a))
