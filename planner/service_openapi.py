@@ -1,0 +1,320 @@
+"""The what-if service's OpenAPI 3.0 document, written by hand.
+
+Request schemas list exactly the fields the request classes in
+`planner.service_requests` read (a unit test holds them equal); the limits here are
+the limits those classes enforce.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from planner.service_requests import (
+    ENCODING_CHOICES, MAX_SWEEP_POINTS, ROOFLINE_KEYS, FrontierRequest, PlanRequest, SweepRequest,
+)
+from planner.types import COMPRESSIONS, Objective
+
+__all__ = ["make_openapi", "OPENAPI_VERSION", "API_VERSION"]
+
+OPENAPI_VERSION = "3.0.3"
+API_VERSION = "1.0.0"
+
+_RATE_PATTERN = r"^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?\s*(bit|kbit|mbit|gbit|tbit)(/s)?$"
+_DURATION_PATTERN = r"^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?\s*(us|ms|s|sec|min)$"
+_SIZE_PATTERN = r"^[0-9]*\.?[0-9]+\s*(B|KB|MB|GB|KiB|MiB|GiB|TiB)?$"
+
+
+def _quantity(desc: str, unit: str, pattern: str, example: Any, lo: float, hi: float,
+              *, exclusive_lo: bool = False) -> dict[str, Any]:
+    num: dict[str, Any] = {"type": "number", "minimum": lo, "maximum": hi, "description": f"in {unit}"}
+    if exclusive_lo:
+        num["exclusiveMinimum"] = True
+    return {
+        "description": f"{desc}: a number in {unit}, or a string with a unit",
+        "oneOf": [num, {"type": "string", "pattern": pattern}],
+        "example": example,
+    }
+
+
+def _rate(desc: str) -> dict[str, Any]:
+    return _quantity(desc, "bits/s", _RATE_PATTERN, "18.88mbit", 1, 1e15)
+
+
+_ROOFLINE = {
+    "type": "object",
+    "description": "A device whose per-layer time is the layer's FLOPs / gflops (a roofline without "
+                   "the memory roof); not a measurement",
+    "required": ["gflops"],
+    "additionalProperties": False,
+    "properties": {
+        "gflops": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1e9,
+                   "description": "Compute speed in GFLOP/s"},
+        **{k: {"type": "number", "minimum": 0, "maximum": 1e9,
+               "description": "Fixed ms per non-empty segment" if k == "fixed_ms" else "Power in W"}
+           for k in ROOFLINE_KEYS[1:]},
+    },
+}
+
+_PROFILE = {
+    "type": "object",
+    "description": "A profile (schema splitinfer.profile/1): per-layer ms of one model on one tier",
+    "required": ["schema", "device", "layers"],
+    "properties": {
+        "schema": {"type": "string", "enum": ["splitinfer.profile/1"]},
+        "model": {"type": "string"},
+        "device": {"type": "string", "minLength": 1},
+        "ep": {"type": "string"},
+        "ort_version": {"type": "string"},
+        "threads": {"type": "integer", "minimum": 1},
+        "batch": {"type": "integer", "minimum": 1},
+        "fixed_ms": {"type": "number", "minimum": 0},
+        "layers": {
+            "type": "object",
+            "description": "Layer id (a decimal string) -> time at batch 1",
+            "additionalProperties": {
+                "type": "object", "required": ["ms"], "additionalProperties": False,
+                "properties": {"ms": {"type": "number", "minimum": 0},
+                               "p90_ms": {"type": "number", "minimum": 0, "nullable": True},
+                               "samples": {"type": "integer", "minimum": 0, "nullable": True}},
+            },
+        },
+        "batch_ms": {"type": "object", "nullable": True,
+                     "additionalProperties": {"type": "number", "minimum": 0}},
+        "corrections": {"type": "object", "nullable": True},
+        "compute_w": {"type": "number", "minimum": 0},
+        "radio_tx_w": {"type": "number", "minimum": 0},
+        "idle_w": {"type": "number", "minimum": 0},
+        "memory_bytes": {"type": "integer", "minimum": 0, "nullable": True},
+        "codec": {"type": "object"},
+    },
+    "additionalProperties": False,
+}
+
+_DEVICE = {
+    "description": "A stored profile or reference device name, a profile object, or a roofline",
+    "anyOf": [{"type": "string", "minLength": 1}, {"$ref": "#/components/schemas/Profile"},
+              {"$ref": "#/components/schemas/Roofline"}],
+}
+
+_SCENARIO_PROPS: dict[str, Any] = {
+    "model": {"type": "string", "minLength": 1, "description": "Zoo short name or registry model",
+              "example": "resnet50"},
+    "edge": _DEVICE,
+    "cloud": _DEVICE,
+    "rtt": _quantity("Round-trip time", "ms", _DURATION_PATTERN, "20ms", 0, 1e9),
+    "loss": {"type": "number", "minimum": 0, "maximum": 0.999, "description": "Packet loss fraction"},
+    "objective": {"type": "string", "enum": [o.value for o in Objective], "default": "latency"},
+    "encoding": {"type": "string", "enum": list(ENCODING_CHOICES), "default": "fp32",
+                 "description": "Boundary precision; auto tries each"},
+    "compression": {"type": "string", "enum": list(COMPRESSIONS), "default": "none"},
+    "device_memory": _quantity("Memory the head may use on the device", "bytes", _SIZE_PATTERN,
+                               "64MiB", 0, 2.0**60),
+    "slo": _quantity("Latency SLO (throughput and energy objectives)", "ms", _DURATION_PATTERN,
+                     "100ms", 0, 1e9, exclusive_lo=True),
+    "keep_input_local": {"type": "boolean", "default": False,
+                         "description": "Privacy: the raw input never crosses the link"},
+    "first_k_local": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "default": 0,
+                      "description": "The first k layers (topological order) run on the device"},
+    "pinned_device_layers": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                             "description": "Layers that must run on the device"},
+}
+_RATIO = {"type": "number", "minimum": 1e-6, "maximum": 1e6, "default": 1.0,
+          "description": "Downlink rate as a multiple of the uplink rate"}
+
+
+def _request(fields: tuple[str, ...], extra: dict[str, Any], required: list[str], desc: str) -> dict[str, Any]:
+    props = {**_SCENARIO_PROPS, **extra}
+    assert set(props) == set(fields), sorted(set(props) ^ set(fields))
+    return {"type": "object", "description": desc, "additionalProperties": False,
+            "required": ["model", "edge", "cloud"] + required,
+            "properties": {k: props[k] for k in fields}}
+
+
+_PREDICTED = {
+    "type": "object",
+    "required": ["edge_ms", "transfer_ms", "cloud_ms", "total_ms"],
+    "properties": {k: {"type": "number", "nullable": k == "throughput_rps"} for k in
+                   ("edge_ms", "transfer_ms", "queue_ms", "cloud_ms", "total_ms", "energy_j",
+                    "throughput_rps")} | {"bottleneck": {"type": "string"}},
+}
+_SUMMARY = {"type": "object", "required": ["edge_ms", "transfer_ms", "cloud_ms", "total_ms"],
+            "properties": {k: {"type": "number"} for k in
+                           ("edge_ms", "transfer_ms", "cloud_ms", "total_ms", "energy_j", "period_ms")}
+            | {"bottleneck": {"type": "string"}}}
+_PLAN = {
+    "type": "object",
+    "required": ["schema", "model", "edge_layers", "cuts", "boundary", "encoding", "objective",
+                 "link", "predicted", "breakdown"],
+    "properties": {
+        "schema": {"type": "string", "enum": ["splitinfer.plan/1"]},
+        "model": {"type": "string"},
+        "edge_layers": {"type": "array", "items": {"type": "integer"}},
+        "cuts": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+        "boundary": {"type": "array", "items": {"type": "string"}},
+        "encoding": {"type": "object", "properties": {
+            "precision": {"type": "string"}, "compression": {"type": "string"},
+            "per_channel": {"type": "boolean"}}},
+        "objective": {"type": "string", "enum": [o.value for o in Objective]},
+        "link": {"type": "object"},
+        "predicted": _PREDICTED,
+        "breakdown": {"type": "object"},
+    },
+}
+_PLAN_RESPONSE = copy.deepcopy(_PLAN)
+_PLAN_RESPONSE["required"] = _PLAN["required"] + ["baselines", "metric", "gain"]
+_PLAN_RESPONSE["properties"].update({
+    "baselines": {"type": "object", "required": ["edge_only", "cloud_only"],
+                  "properties": {"edge_only": _SUMMARY, "cloud_only": _SUMMARY}},
+    "metric": {"type": "string", "enum": ["total_ms", "period_ms", "energy_mj"]},
+    "gain": {"type": "object", "description": "baseline metric / plan metric (> 1: the plan is better)",
+             "additionalProperties": {"type": "number", "nullable": True}},
+    "edge_device": {"type": "string"}, "cloud_device": {"type": "string"},
+    "layers": {"type": "integer"},
+    "boundary_bytes": {"type": "integer", "description": "fp32 bytes per sample crossing the cut"},
+})
+_NUM_LIST = {"type": "array", "items": {"type": "number", "nullable": True}}
+_PLAN_INFO = {"type": "object", "properties": {"key": {"type": "string"}, "edge_layers": {"type": "integer"},
+                                              "boundary": {"type": "array", "items": {"type": "string"}},
+                                              "encoding": {"type": "string"}}}
+_SWEEP = {
+    "type": "object",
+    "required": ["schema", "model", "objective", "metric", "uplink_bps", "series", "breakpoints", "method"],
+    "properties": {
+        "schema": {"type": "string", "enum": ["splitinfer.sweep/1"]},
+        "model": {"type": "string"},
+        "objective": {"type": "string"},
+        "metric": {"type": "string", "enum": ["total_ms", "period_ms", "energy_mj"]},
+        "uplink_bps": _NUM_LIST, "downlink_bps": _NUM_LIST,
+        "series": {"type": "object", "required": ["edge_only", "cloud_only", "chain", "dag"],
+                   "properties": {k: _NUM_LIST for k in ("edge_only", "cloud_only", "chain", "dag")},
+                   "description": "Objective metric per uplink rate; null where infeasible"},
+        "dag_edge_layers": {"type": "array", "items": {"type": "integer", "nullable": True}},
+        "breakpoints": {"type": "array", "items": {
+            "type": "object", "required": ["up_bps", "below", "above", "exact"],
+            "properties": {"up_bps": {"type": "number"}, "below": _PLAN_INFO, "above": _PLAN_INFO,
+                           "exact": {"type": "boolean"}}}},
+        "method": {"type": "string", "enum": ["frontier", "per-point"]},
+        "solves": {"type": "integer"},
+        "max_gain": {"type": "object", "additionalProperties": {"type": "number", "nullable": True}},
+    },
+}
+_FRONTIER = {
+    "type": "object",
+    "required": ["schema", "model", "objective", "link_range", "entries", "breakpoints_bps"],
+    "properties": {
+        "schema": {"type": "string", "enum": ["splitinfer.frontier/1"]},
+        "model": {"type": "string"},
+        "objective": {"type": "string"},
+        "link_range": {"type": "object"},
+        "entries": {"type": "array", "items": {
+            "type": "object", "required": ["up_lo_bps", "up_hi_bps", "plan"],
+            "properties": {"up_lo_bps": {"type": "number"}, "up_hi_bps": {"type": "number"},
+                           "plan": {"$ref": "#/components/schemas/Plan"}}}},
+        "breakpoints_bps": {"type": "array", "items": {"type": "number"}},
+        "solves": {"type": "integer"},
+    },
+}
+_ERROR = {
+    "type": "object", "required": ["error"],
+    "properties": {
+        "error": {"type": "string", "description": "What is wrong and how to fix it"},
+        "field": {"type": "string", "description": "The request field at fault"},
+        "constraint": {"type": "string", "description": "Infeasible: the constraint that cannot be met"},
+        "required": {"type": "number", "nullable": True, "description": "Infeasible: the least it needs"},
+        "limit": {"type": "number", "nullable": True, "description": "Infeasible: what it allows"},
+        "excess": {"type": "number", "description": "Infeasible: required - limit"},
+        "unit": {"type": "string"},
+    },
+}
+
+
+def _json(ref: str, desc: str = "OK") -> dict[str, Any]:
+    return {"description": desc, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "Unreadable body (not JSON, not an object)", 404: "Unknown model or profile",
+            405: "Method not allowed", 413: "Body too large",
+            422: "Invalid field, bad unit, or infeasible constraints", 500: "Internal error"}
+    return {str(c): _json("Error", text[c]) for c in codes}
+
+
+def _post(op: str, summary: str, req: str, resp: str) -> dict[str, Any]:
+    return {"post": {
+        "operationId": op, "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{req}"}}}},
+        "responses": {"200": _json(resp), **_errors(400, 404, 413, 422)},
+    }}
+
+
+def _get(op: str, summary: str, resp: dict[str, Any]) -> dict[str, Any]:
+    return {"get": {"operationId": op, "summary": summary, "responses": {
+        "200": {"description": "OK", "content": {"application/json": {"schema": resp}}}}}}
+
+
+def make_openapi() -> dict[str, Any]:
+    """The OpenAPI document served at GET /openapi.json (a fresh copy each call)."""
+    health = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+    models = {"type": "object", "required": ["models"], "properties": {"models": {"type": "array", "items": {
+        "type": "object", "required": ["name", "source"],
+        "properties": {"name": {"type": "string"}, "source": {"type": "string", "enum": ["zoo", "registry"]}}}}}}
+    stored = {"type": "object", "required": ["name", "device", "layers"], "properties": {
+        "name": {"type": "string"}, "device": {"type": "string"}, "model": {"type": "string"},
+        "layers": {"type": "integer"}, "created": {"type": "boolean"}}}
+    profiles = {"type": "object", "required": ["profiles", "reference_devices"], "properties": {
+        "profiles": {"type": "array", "items": stored},
+        "reference_devices": {"type": "array", "items": {"type": "string"}}}}
+    name_param = {"name": "name", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}}
+    doc = {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": "splitinfer planner", "version": API_VERSION,
+                 "description": "What-if planning for edge-cloud split inference: the best cut and "
+                                "encoding for a device, a link and an objective."},
+        "paths": {
+            "/v1/plan": _post("plan", "The best plan on one link", "PlanRequest", "PlanResponse"),
+            "/v1/sweep": _post("sweep", "The objective against uplink rate: edge-only, cloud-only, "
+                               "chain scan and DAG optimum", "SweepRequest", "SweepResponse"),
+            "/v1/frontier": _post("frontier", "The plans optimal somewhere in an uplink range",
+                                  "FrontierRequest", "FrontierResponse"),
+            "/v1/models": _get("listModels", "Zoo models and models in the registry", models),
+            "/v1/profiles": _get("listProfiles", "Stored profiles and reference devices", profiles),
+            "/v1/profiles/{name}": {
+                "parameters": [name_param],
+                "get": {"operationId": "getProfile", "summary": "One stored profile",
+                        "responses": {"200": _json("Profile"), **_errors(404)}},
+                "put": {"operationId": "putProfile", "summary": "Store a profile under a name",
+                        "requestBody": {"required": True, "content": {"application/json": {
+                            "schema": {"$ref": "#/components/schemas/Profile"}}}},
+                        "responses": {"200": {"description": "Stored", "content": {"application/json": {
+                            "schema": stored}}}, **_errors(400, 413, 422)}},
+            },
+            "/openapi.json": _get("openapi", "This document", {"type": "object"}),
+            "/healthz": _get("healthz", "Liveness", health),
+            "/readyz": _get("readyz", "Readiness", health),
+        },
+        "components": {"schemas": {
+            "PlanRequest": _request(PlanRequest.FIELDS, {"uplink": _rate("Uplink rate"),
+                                                         "downlink": _rate("Downlink rate (default: uplink)")},
+                                    ["uplink"], "One link: the best plan"),
+            "SweepRequest": _request(SweepRequest.FIELDS, {
+                "uplink_lo": _rate("Lowest uplink rate"), "uplink_hi": _rate("Highest uplink rate"),
+                "points": {"type": "integer", "minimum": 2, "maximum": MAX_SWEEP_POINTS, "default": 200},
+                "down_ratio": _RATIO, "downlink": _rate("A fixed downlink rate (overrides down_ratio)"),
+            }, ["uplink_lo", "uplink_hi"], "Log-spaced uplink rates"),
+            "FrontierRequest": _request(FrontierRequest.FIELDS, {
+                "uplink_lo": _rate("Lowest uplink rate"), "uplink_hi": _rate("Highest uplink rate"),
+                "down_ratio": _RATIO,
+            }, ["uplink_lo", "uplink_hi"], "An uplink range (latency or energy objective)"),
+            "PlanResponse": _PLAN_RESPONSE,
+            "Plan": _PLAN,
+            "SweepResponse": _SWEEP,
+            "FrontierResponse": _FRONTIER,
+            "Profile": _PROFILE,
+            "Roofline": _ROOFLINE,
+            "Error": _ERROR,
+        }},
+    }
+    return copy.deepcopy(doc)

@@ -1,0 +1,196 @@
+"""The sweep: the objective against the uplink rate for four placements.
+
+Edge-only, cloud-only, the Neurosurgeon chain scan (best topological prefix) and the
+DAG optimum, on log-spaced uplink rates. The DAG optimum comes from the plan frontier
+(exact, a handful of solves) where its semantics hold: latency or energy, and a
+downlink proportional to the uplink (planner.frontier's [Note: frontier]); otherwise
+from one `solve` per point, and the breakpoints are then placed between the two
+sampled rates where the plan changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from partitioner import Cut, LayerGraph
+from planner.costmodel import evaluate
+from planner.errors import InfeasibleError
+from planner.frontier import frontier
+from planner.profile import Profile
+from planner.service_requests import SweepRequest
+from planner.solvers import solve, solve_chain_scan
+from planner.types import Breakdown, Link, LinkRange, Objective, Plan
+
+__all__ = ["compute_sweep", "metric_of", "metric_value", "SERIES"]
+
+logger = logging.getLogger(__name__)
+
+SERIES = ("edge_only", "cloud_only", "chain", "dag")
+"""The sweep's series, in plotting order."""
+
+
+def metric_of(objective: Objective) -> str:
+    """The name of the number each objective minimises, as the sweep reports it."""
+    return {Objective.LATENCY: "total_ms", Objective.THROUGHPUT: "period_ms",
+            Objective.ENERGY: "energy_mj"}[objective]
+
+
+def metric_value(objective: Objective, b: Breakdown | Mapping[str, Any]) -> float:
+    """That number for a breakdown (or a dict with total_ms, period_ms and energy_j)."""
+    d = b if isinstance(b, Mapping) else b.to_dict()
+    if objective is Objective.LATENCY:
+        return d["total_ms"]
+    if objective is Objective.THROUGHPUT:
+        return d["period_ms"]
+    return d["energy_j"] * 1000.0
+
+
+_metric = metric_value
+
+
+def _plan_info(plan: Plan) -> dict[str, Any]:
+    return {"key": plan.key, "edge_layers": len(plan.edge_layers), "boundary": list(plan.boundary),
+            "encoding": plan.encoding.key}
+
+
+def _affine_fill(xs: Sequence[float], i: int, j: int, vi: float, vj: float) -> list[float]:
+    """The line through (xs[i], vi) and (xs[j], vj) at xs[i..j]; exact ends."""
+    if xs[j] == xs[i]:  # a range of one rate
+        return [vi] * (j - i + 1)
+    slope = (vj - vi) / (xs[j] - xs[i])
+    out = [vi + slope * (x - xs[i]) for x in xs[i:j + 1]]
+    out[0], out[-1] = vi, vj
+    return out
+
+
+def _envelope(n: int, best_at: Any) -> list[Plan]:
+    """The optimal plan at each of n samples of a lower envelope of affine functions of
+    x = 1/up (latency or energy of a fixed set of placements).
+
+    Where one plan is optimal at both ends of a run of samples it is optimal on the
+    whole run (the envelope is concave and lies below that plan's line, which touches
+    it at both ends), so bisection needs O(plans x log n) oracle calls instead of n.
+    """
+    plans: list[Plan | None] = [None] * n
+
+    def rec(i: int, j: int, pi: Plan, pj: Plan) -> None:
+        if pi.key == pj.key or j - i <= 1:
+            plans[i], plans[j] = pi, pj
+            for k in range(i + 1, j):
+                plans[k] = pi
+            return
+        m = (i + j) // 2
+        pm = best_at(m)
+        rec(i, m, pi, pm)
+        rec(m, j, pm, pj)
+
+    first = best_at(0)
+    rec(0, n - 1, first, best_at(n - 1) if n > 1 else first)
+    return [p for p in plans if p is not None]
+
+
+def _fill_plans(plans: Sequence[Plan], xs: Sequence[float], value_at: Any) -> list[float]:
+    """Each sample's value under its plan, from two evaluations per run of one plan."""
+    out: list[float] = []
+    i = 0
+    while i < len(plans):
+        j = i
+        while j + 1 < len(plans) and plans[j + 1].key == plans[i].key:
+            j += 1
+        out += _affine_fill(xs, i, j, value_at(plans[i], i), value_at(plans[i], j) if j > i else 0.0)
+        i = j + 1
+    return out
+
+
+def compute_sweep(graph: LayerGraph, profiles: Sequence[Profile], req: SweepRequest) -> dict[str, Any]:
+    """The four series and the DAG optimum's breakpoints; pure."""
+    sc = req.scenario
+    obj = sc.objective
+    ups = np.geomspace(req.up_lo_bps, req.up_hi_bps, req.points)
+    ups[0], ups[-1] = req.up_lo_bps, req.up_hi_bps  # exact ends (and one rate when lo == hi)
+    if req.up_lo_bps == req.up_hi_bps:
+        ups[:] = req.up_lo_bps
+    links = [Link(float(u), req.down_bps if req.down_bps is not None else float(u) * req.down_ratio,
+                  sc.rtt_ms, sc.loss) for u in ups]
+    everything, nothing = Cut(frozenset(range(len(graph)))), Cut(frozenset())
+    series: dict[str, list[float | None]] = {name: [] for name in SERIES}
+    xs = [1.0 / link.up_bps for link in links]
+    affine = obj is not Objective.THROUGHPUT
+
+    def along(value_at: Any) -> list[float]:
+        """value_at(i) at every sample: from two evaluations where it is affine in 1/up."""
+        if not affine or len(links) < 3:
+            return [value_at(i) for i in range(len(links))]
+        return _affine_fill(xs, 0, len(xs) - 1, value_at(0), value_at(len(xs) - 1))
+
+    series["edge_only"] = along(
+        lambda i: _metric(obj, evaluate(graph, everything, profiles, links[i], sc.encodings[0])))
+    # each encoding is affine in 1/up; their minimum is not, so take it per sample
+    per_encoding = [along(lambda i, enc=enc: _metric(obj, evaluate(graph, nothing, profiles, links[i], enc)))
+                    for enc in sc.encodings]
+    series["cloud_only"] = [min(vals) for vals in zip(*per_encoding)]
+    if affine:
+        chain = _envelope(len(links), lambda i: solve_chain_scan(graph, profiles, links[i], obj, sc.encodings))
+        series["chain"] = _fill_plans(chain, xs, lambda p, i: _metric(obj, evaluate(graph, p, profiles, links[i])))
+    else:
+        series["chain"] = [_metric(obj, solve_chain_scan(graph, profiles, link, obj, sc.encodings).breakdown)
+                           for link in links]
+
+    dag: list[Plan | None] = []
+    method, solves = "per-point", 0
+    breakpoints: list[dict[str, Any]] = []
+    if obj is not Objective.THROUGHPUT and req.down_bps is None:
+        rng = LinkRange(req.up_lo_bps, req.up_hi_bps, req.down_ratio, sc.rtt_ms, sc.loss)
+        try:
+            f = frontier(graph, profiles, rng, obj, sc.constraints, sc.encodings)
+        except InfeasibleError as e:
+            logger.info("frontier infeasible somewhere in the range (%s); solving per point", e.message)
+        else:
+            method, solves = "frontier", f.solves
+            dag = [f.plan_at(link.up_bps) for link in links]
+            for a, b in zip(f.entries, f.entries[1:]):
+                breakpoints.append({"up_bps": b.up_lo_bps, "below": _plan_info(a.plan),
+                                    "above": _plan_info(b.plan), "exact": True})
+    if method == "per-point":
+        for link in links:
+            solves += 1
+            try:
+                dag.append(solve(graph, profiles, link, obj, sc.constraints, sc.encodings))
+            except InfeasibleError:
+                dag.append(None)
+        for i in range(1, len(dag)):
+            a, b = dag[i - 1], dag[i]
+            if a is not None and b is not None and a.key != b.key:
+                breakpoints.append({"up_bps": math.sqrt(links[i - 1].up_bps * links[i].up_bps),
+                                    "below": _plan_info(a), "above": _plan_info(b), "exact": False})
+    series["dag"] = [None if p is None else _metric(obj, p.breakdown) for p in dag]
+
+    def best_gain(base: list[float | None]) -> float | None:
+        gains = [x / y for x, y in zip(base, series["dag"]) if x is not None and y is not None and y > 0]
+        return max(gains) if gains else None
+
+    return {
+        "schema": "splitinfer.sweep/1",
+        "model": graph.model,
+        "objective": obj.value,
+        "metric": metric_of(obj),
+        "edge_device": profiles[0].device,
+        "cloud_device": profiles[1].device,
+        "rtt_ms": sc.rtt_ms,
+        "uplink_bps": [link.up_bps for link in links],
+        "downlink_bps": [link.down_bps for link in links],
+        "series": series,
+        "dag_edge_layers": [None if p is None else len(p.edge_layers) for p in dag],
+        "breakpoints": breakpoints,
+        "method": method,
+        "solves": solves,
+        "max_gain": {"vs_chain": best_gain(series["chain"]),
+                     "vs_best_single_tier": best_gain([min(e, c) for e, c in
+                                                       zip(series["edge_only"], series["cloud_only"])])},
+        "request": req.to_dict(),
+    }

@@ -1,0 +1,281 @@
+"""`splitinfer plan`, `splitinfer sweep` and `splitinfer planner serve`.
+
+Thin adapters over `planner.service.PlannerService`: the arguments become one request,
+so the command line and the HTTP API validate and answer alike.
+
+A tier (``--edge``/``--cloud``) is a profile JSON file, a built-in reference device
+(where `planner.devices` provides them), or ``<N>gflops``: a FLOPs roofline device
+(per-layer ms = FLOPs / N GFLOP/s; an estimate, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.profile import Profile
+from planner.service import PlannerService, reference_devices
+from planner.service_requests import ENCODING_CHOICES, MAX_SWEEP_POINTS, UnitParsers
+from planner.types import COMPRESSIONS, Objective
+from splitinfer.units import format_rate_bps, parse_duration_ms, parse_rate_bps
+
+__all__ = [
+    "plan_main", "sweep_main", "planner_main", "make_service", "parse_size_bytes",
+    "format_plan", "format_sweep",
+]
+
+_SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_GFLOPS_RE = re.compile(r"^(?P<num>[0-9]*\.?[0-9]+)\s*gflops$", re.IGNORECASE)
+
+
+def parse_size_bytes(text: str) -> float:
+    """'64MiB' -> 67108864; decimal (kB, MB) and binary (KiB, MiB) units; a bare number is bytes.
+
+    Raises ValueError naming the string and the accepted forms.
+    """
+    m = _SIZE_RE.match(text) if isinstance(text, str) else None
+    unit = m.group("unit").lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"cannot parse size {text!r}: use '<number><unit>' with unit B, kB, MB, GB, "
+                         f"KiB, MiB or GiB (e.g. '64MiB'); a bare number is bytes")
+    value = float(m.group("num")) * _SIZE_UNITS[unit]
+    if not math.isfinite(value):
+        raise ValueError(f"size {text!r} is not finite")
+    return value
+
+
+def make_service(**kw: Any) -> PlannerService:
+    """A service that reads rate, duration and size strings (see [Note: service units])."""
+    return PlannerService(units=UnitParsers(parse_rate_bps, parse_duration_ms, parse_size_bytes), **kw)
+
+
+def _device(value: str, flag: str) -> str | Mapping[str, Any]:
+    """A tier argument as a service device spec."""
+    m = _GFLOPS_RE.match(value)
+    if m:
+        return {"gflops": float(m.group("num"))}
+    if os.path.exists(value) or value.endswith(".json"):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise PlannerError(f"{flag} {value!r}: cannot read the profile ({e.strerror}); "
+                               f"give an existing profile JSON file", field=flag) from e
+        try:
+            return Profile.from_json(text).to_dict()
+        except PlannerError as e:
+            raise PlannerError(f"{flag} {value}: {e.message}", field=flag) from e
+    names, _ = reference_devices()
+    if value not in names:
+        raise PlannerError(
+            f"{flag} {value!r} is not a profile file, a reference device "
+            f"(known: {', '.join(names) or 'none yet'}) or '<N>gflops'; give a profile JSON "
+            f"written by 'splitinfer profile', or e.g. '5gflops' for a FLOPs roofline estimate",
+            field=flag,
+        )
+    return value
+
+
+def _add_common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("model", metavar="MODEL", help="an .onnx file or a zoo name (resnet50, densenet121, ...)")
+    ap.add_argument("--edge", required=True, help="device tier: profile JSON, reference device, or <N>gflops")
+    ap.add_argument("--cloud", required=True, help="cloud tier: profile JSON, reference device, or <N>gflops")
+    ap.add_argument("--rtt", default="0ms", help="round-trip time, e.g. 20ms (default 0ms)")
+    ap.add_argument("--loss", type=float, default=0.0, help="packet loss fraction in [0, 1) (default 0)")
+    ap.add_argument("--objective", choices=[o.value for o in Objective], default="latency")
+    ap.add_argument("--encoding", choices=ENCODING_CHOICES, default="fp32",
+                    help="boundary precision; auto lets the planner choose (default fp32)")
+    ap.add_argument("--compression", choices=COMPRESSIONS, default="none", help="lossless, after the cast")
+    ap.add_argument("--device-memory", metavar="SIZE", help="memory the head may use on the device, e.g. 64MiB")
+    ap.add_argument("--slo", metavar="DURATION", help="latency SLO for the throughput/energy objectives, e.g. 100ms")
+    ap.add_argument("--keep-input-local", action="store_true", help="the raw input never leaves the device")
+    ap.add_argument("--first-k-local", type=int, default=0, metavar="K",
+                    help="the first K layers (topological order) run on the device")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _request(args: argparse.Namespace, service: PlannerService) -> dict[str, Any]:
+    from splitinfer.partition_cmd import resolve_model
+
+    name = args.model
+    if os.path.exists(args.model) or args.model.endswith(".onnx") or os.sep in args.model:
+        path, name = resolve_model(args.model)
+        if not os.path.isfile(path):
+            raise PlannerError(f"MODEL {args.model!r} is not a file; give an .onnx file or a zoo name "
+                               f"(splitinfer inspect lists a model's layers)", field="model")
+        service.add_model(name, path)
+    req: dict[str, Any] = {
+        "model": name, "edge": _device(args.edge, "--edge"), "cloud": _device(args.cloud, "--cloud"),
+        "rtt": args.rtt, "loss": args.loss, "objective": args.objective, "encoding": args.encoding,
+        "compression": args.compression, "keep_input_local": args.keep_input_local,
+        "first_k_local": args.first_k_local,
+    }
+    if args.device_memory is not None:
+        req["device_memory"] = args.device_memory
+    if args.slo is not None:
+        req["slo"] = args.slo
+    return req
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def format_plan(out: Mapping[str, Any]) -> str:
+    """The human table of one plan."""
+    from splitinfer.partition_cmd import format_bytes
+
+    link, b, p = out["link"], out["breakdown"], out["predicted"]
+    enc = out["encoding"]
+    n, k = out["layers"], len(out["edge_layers"])
+    lines = [
+        f"{out['model']}: {k} of {n} layers on the device ({out['edge_device']}), "
+        f"{n - k} in the cloud ({out['cloud_device']})",
+        f"link     up {format_rate_bps(link['up_bps'])}, down {format_rate_bps(link['down_bps'])}, "
+        f"rtt {link['rtt_ms']:g} ms, loss {link['loss']:g}",
+        f"plan     objective {out['objective']}, encoding {enc['precision']}"
+        + (f"+{enc['compression']}" if enc["compression"] != "none" else ""),
+        f"cut      device layers {_ranges(out['edge_layers']) or '(none: cloud only)'}",
+        f"boundary {', '.join(out['boundary']) or '(nothing crosses: edge only)'}"
+        + (f" ({format_bytes(out['boundary_bytes'])} fp32 per sample)" if out["boundary"] else ""),
+        "",
+        f"  {'stage':<10}{'ms':>10}",
+        f"  {'edge':<10}{_ms(b['edge_ms']):>10}",
+        f"  {'encode':<10}{_ms(b['encode_ms']):>10}",
+        f"  {'uplink':<10}{_ms(b['uplink_ms']):>10}",
+        f"  {'rtt':<10}{_ms(b['rtt_ms']):>10}",
+        f"  {'queue':<10}{_ms(b['queue_ms']):>10}",
+        f"  {'cloud':<10}{_ms(b['cloud_ms']):>10}",
+        f"  {'downlink':<10}{_ms(b['downlink_ms']):>10}",
+        f"  {'total':<10}{_ms(b['total_ms']):>10}",
+        "",
+        f"bottleneck {p['bottleneck']} (period {_ms(b['period_ms'])} ms), device energy {b['energy_j'] * 1e3:.2f} mJ",
+    ]
+    metric = out["metric"]
+    unit = "mJ" if metric == "energy_mj" else "ms"
+
+    def val(d: Mapping[str, Any]) -> float:
+        return d["energy_j"] * 1e3 if metric == "energy_mj" else d[metric]
+
+    parts = []
+    for name, label in (("edge_only", "edge-only"), ("cloud_only", "cloud-only")):
+        g = out["gain"].get(name)
+        parts.append(f"{label} {val(out['baselines'][name]):.2f} {unit}"
+                     + (f" ({g:.2f}x)" if g is not None else ""))
+    lines.append(f"vs       {'; '.join(parts)} [{metric}]")
+    return "\n".join(lines)
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    out, i = [], 0
+    ids = sorted(ids)
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def plan_main(argv: Sequence[str]) -> int:
+    """`splitinfer plan MODEL --edge E --cloud C --uplink RATE ...`"""
+    ap = argparse.ArgumentParser(prog="splitinfer plan", description="the best cut and encoding on one link")
+    _add_common(ap)
+    ap.add_argument("--uplink", required=True, help="uplink rate, e.g. 18.88mbit")
+    ap.add_argument("--downlink", help="downlink rate (default: the uplink rate)")
+    ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
+    args = ap.parse_args(list(argv))
+    service = make_service(registry_dir=args.registry)
+    req = _request(args, service)
+    req["uplink"] = args.uplink
+    if args.downlink is not None:
+        req["downlink"] = args.downlink
+    out = service.plan(req)
+    print(json.dumps(out, indent=1) if args.json else format_plan(out))
+    return 0
+
+
+def _split_range(text: str) -> tuple[str, str]:
+    lo, sep, hi = text.partition("..")
+    if not sep or not lo or not hi:
+        raise PlannerError(f"--uplink {text!r} is not a range; write LO..HI, e.g. 0.1mbit..1gbit",
+                           field="--uplink")
+    return lo, hi
+
+
+def format_sweep(out: Mapping[str, Any], rows: int = 12) -> str:
+    """A sampled table of the sweep and its breakpoints."""
+    s, ups = out["series"], out["uplink_bps"]
+    unit = "mJ" if out["metric"] == "energy_mj" else "ms"
+    lines = [f"{out['model']}: {out['metric']} ({unit}) against uplink, {out['objective']} objective, "
+             f"{len(ups)} points, DAG optimum by {out['method']} ({out['solves']} solves)", "",
+             f"  {'uplink':>12}{'edge-only':>12}{'cloud-only':>12}{'chain':>12}{'DAG opt':>12}{'dev layers':>12}"]
+    step = max(1, (len(ups) - 1) // max(1, rows - 1))
+    idx = sorted(set(list(range(0, len(ups), step)) + [len(ups) - 1]))
+    for i in idx:
+        lines.append(f"  {format_rate_bps(ups[i]):>12}" + "".join(
+            f"{_ms(s[k][i]):>12}" for k in ("edge_only", "cloud_only", "chain", "dag"))
+            + f"{out['dag_edge_layers'][i] if out['dag_edge_layers'][i] is not None else '-':>12}")
+    lines.append("")
+    if out["breakpoints"]:
+        lines.append("breakpoints (the DAG optimum changes plan):")
+        for bp in out["breakpoints"]:
+            approx = "" if bp["exact"] else " (between samples)"
+            lines.append(f"  {format_rate_bps(bp['up_bps'])}{approx}: {bp['below']['edge_layers']} -> "
+                         f"{bp['above']['edge_layers']} device layers, boundary "
+                         f"{', '.join(bp['above']['boundary']) or '(none)'}")
+    else:
+        lines.append("no breakpoints: one plan is optimal across the range")
+    g = out["max_gain"]
+    if g["vs_chain"] is not None:
+        lines.append(f"largest gain of the DAG optimum: {g['vs_chain']:.3f}x over the chain scan, "
+                     f"{g['vs_best_single_tier']:.3f}x over the better of edge-only and cloud-only")
+    return "\n".join(lines)
+
+
+def sweep_main(argv: Sequence[str]) -> int:
+    """`splitinfer sweep MODEL ... --uplink LO..HI --points N [--plot PNG] [--json]`"""
+    ap = argparse.ArgumentParser(prog="splitinfer sweep",
+                                 description="the objective against uplink rate: edge-only, cloud-only, "
+                                             "chain scan (Neurosurgeon) and the DAG optimum")
+    _add_common(ap)
+    ap.add_argument("--uplink", default="0.1mbit..1gbit", help="range LO..HI (default 0.1mbit..1gbit)")
+    ap.add_argument("--points", type=int, default=200, help=f"log-spaced rates, 2..{MAX_SWEEP_POINTS} (default 200)")
+    link = ap.add_mutually_exclusive_group()
+    link.add_argument("--down-ratio", type=float, default=1.0, help="downlink = ratio * uplink (default 1)")
+    link.add_argument("--downlink", help="a fixed downlink rate instead (solves per point)")
+    ap.add_argument("--plot", metavar="PNG", help="write the plot here")
+    ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
+    args = ap.parse_args(list(argv))
+    service = make_service(registry_dir=args.registry)
+    req = _request(args, service)
+    lo, hi = _split_range(args.uplink)
+    req.update(uplink_lo=lo, uplink_hi=hi, points=args.points, down_ratio=args.down_ratio)
+    if args.downlink is not None:
+        req["downlink"] = args.downlink
+    out = service.sweep(req)
+    if args.plot:
+        from splitinfer.plots import plot_sweep
+
+        plot_sweep(out, args.plot)
+    print(json.dumps(out, indent=1) if args.json else format_sweep(out))
+    if args.plot and not args.json:
+        print(f"plot written to {args.plot}", flush=True)
+    return 0
+
+
+def planner_main(argv: Sequence[str]) -> int:
+    """`splitinfer planner serve ...` (see splitinfer.planner_http)."""
+    from splitinfer.planner_http import planner_main as serve
+
+    return serve(argv)
+
