@@ -1,0 +1,605 @@
+"""The segment engine: one ONNX model (or segment) on ONNX Runtime, served fast.
+
+An :class:`Engine` owns one ``InferenceSession`` whose settings are all pinned by an
+:class:`EngineConfig`. Loading goes through the cold-start cache (see
+:mod:`workers.coldstart`): the first engine of a model builds a pre-optimised artefact,
+later ones (and later processes) load it in milliseconds.
+
+[Note: IO binding]
+For every batch bucket (1, 2, 4, 8 by default) the engine allocates its input and
+output arrays once and binds them to an ``IOBinding`` once. A run copies the request
+into the bucket's input arrays, runs the binding and returns views of the bucket's
+output arrays, so the hot path makes no new tensor buffers. The views stay valid
+until the next run on this engine; pass ``copy=True`` to keep them longer. Runs are
+serialised by a lock because the buffers are shared.
+
+[Note: dynamic batching]
+Batch dimension 0 is made symbolic offline and Reshape constants with a hard-coded
+batch of 1 are rewritten to copy the batch (0). That is only trusted when a batch of N
+random samples equals N runs of batch 1 (rtol 1e-4, atol 1e-5). Otherwise the engine
+keeps the fixed batch, :meth:`Engine.run_batch` raises :class:`BatchingUnsafeError`
+with the reason, and loops over batch-1 runs only if the caller allows it.
+
+[Note: weight sharing] is in workers/_weights.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx.external_data_helper import uses_external_data
+
+from workers._ort import OPT_LEVELS, make_session_options, np_dtype_of_ort, select_providers
+from workers._weights import SharedWeights, acquire_weights
+from workers.coldstart import Artefact, compute_artefact_key, load_or_build_artefact
+from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
+
+__all__ = ["Engine", "EngineConfig", "EngineStats", "TensorSpec"]
+
+logger = logging.getLogger(__name__)
+
+_LATENCY_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine loads and runs a segment. Every field is pinned, never guessed."""
+
+    intra_op_threads: int = 0
+    """Threads inside one operator; 0 lets ORT use one per physical core."""
+    inter_op_threads: int = 1
+    """Threads running independent operators in parallel; 1 runs them in order."""
+    provider: Literal["auto", "cpu", "cuda", "tensorrt"] = "auto"
+    """Execution provider; ``auto`` takes TensorRT, then CUDA, where ORT has them, else CPU."""
+    device_id: int = 0
+    """GPU ordinal for the CUDA and TensorRT providers."""
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    """ORT graph optimisation applied offline to the artefact (``all`` adds NCHWc layouts)."""
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
+    """Batch sizes with pre-allocated, pre-bound buffers; a request uses the smallest that fits."""
+    warmup_runs: int = 1
+    """Runs of the smallest bucket at load, so the first request pays no first-run costs."""
+    warmup_all_buckets: bool = False
+    """Also run every larger bucket once at load (slower load, steadier first batches)."""
+    dynamic_batch: bool = True
+    """Try to make the batch dimension symbolic (kept only if the batch check passes)."""
+    batch_check_size: int = 2
+    """N of the load-time check that a batch of N equals N runs of batch 1."""
+    loop_fallback: bool = False
+    """Let ``run_batch`` loop over single runs when batching is unsafe, instead of raising."""
+    cache_dir: str | None = None
+    """Directory of pre-optimised artefacts; ``None`` uses a per-process temporary one."""
+    share_weights: bool = True
+    """Map weights once per process and share them between engines (turns off pre-packing)."""
+    transformer_fusion: bool = True
+    """Apply ORT's BERT fusions to graphs that look like transformer blocks."""
+    log_severity: int = 3
+    """ORT log level (0 verbose ... 4 fatal)."""
+
+    def __post_init__(self) -> None:
+        def bad(field: str, value, fix: str) -> EngineLoadError:
+            return EngineLoadError(f"EngineConfig.{field}={value!r} is invalid; {fix}", stage="config")
+
+        if self.intra_op_threads < 0:
+            raise bad("intra_op_threads", self.intra_op_threads, "use 0 (ORT default) or a positive count")
+        if self.inter_op_threads < 1:
+            raise bad("inter_op_threads", self.inter_op_threads, "use 1 or more")
+        if self.provider not in ("auto", "cpu", "cuda", "tensorrt"):
+            raise bad("provider", self.provider, "use auto, cpu, cuda or tensorrt")
+        if self.graph_optimization_level not in OPT_LEVELS:
+            raise bad("graph_optimization_level", self.graph_optimization_level, f"use one of {', '.join(OPT_LEVELS)}")
+        buckets = tuple(self.batch_buckets)
+        if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
+            raise bad("batch_buckets", self.batch_buckets, "give positive integers such as (1, 2, 4, 8)")
+        if tuple(sorted(set(buckets))) != buckets:
+            raise bad("batch_buckets", self.batch_buckets, f"list them once each in increasing order: {tuple(sorted(set(buckets)))}")
+        if self.warmup_runs < 0:
+            raise bad("warmup_runs", self.warmup_runs, "use 0 or more")
+        if self.batch_check_size < 2:
+            raise bad("batch_check_size", self.batch_check_size, "use 2 or more: a batch of 1 proves nothing")
+        if not 0 <= self.log_severity <= 4:
+            raise bad("log_severity", self.log_severity, "use 0 (verbose) to 4 (fatal)")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineConfig":
+        raw = json.loads(text)
+        raw["batch_buckets"] = tuple(raw["batch_buckets"])
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output of the segment; ``shape[0]`` is ``None`` when batching is dynamic."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    def describe(self, max_batch: int | None = None) -> str:
+        dims = ["N" if d is None else str(d) for d in self.shape]
+        text = f"{self.dtype}[{','.join(dims)}]"
+        return text + (f" with N in 1..{max_batch}" if self.shape and self.shape[0] is None and max_batch else "")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "TensorSpec":
+        raw = json.loads(text)
+        return cls(name=raw["name"], dtype=raw["dtype"], shape=tuple(raw["shape"]))
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of an engine's load facts and run latencies."""
+
+    provider: str
+    """Execution provider chosen."""
+    load_ms: float
+    """Engine construction wall time, warm-up included."""
+    build_ms: float
+    """Time spent building the artefact in this load (0 when it came from the cache)."""
+    warmup_ms: float
+    """Of ``load_ms``, the time spent in warm-up runs."""
+    from_cache: bool
+    """True when a pre-optimised artefact was found."""
+    batch_safe: bool
+    """True when batches of more than one request run as one."""
+    run_count: int
+    """Runs since load (warm-up excluded)."""
+    median_ms: float
+    """Median run time over the last runs (0 before any run)."""
+    p90_ms: float
+    """90th percentile run time over the last runs (0 before any run)."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineStats":
+        return cls(**json.loads(text))
+
+
+class _Bucket:
+    """Pre-allocated, pre-bound buffers for one batch size."""
+
+    __slots__ = ("size", "inputs", "input_values", "outputs", "output_values", "binding", "on_device")
+
+    def __init__(self, session: ort.InferenceSession, size: int, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec], device: str, device_id: int) -> None:
+        self.size = size
+        self.on_device = device != "cpu"
+        self.binding = session.io_binding()
+        self.inputs: dict[str, np.ndarray] = {}
+        self.input_values: dict[str, ort.OrtValue] = {}
+        for spec in inputs:
+            shape = _concrete(spec.shape, size)
+            buf = np.zeros(shape, dtype=spec.dtype)
+            if self.on_device:
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, buf.dtype, device, device_id)
+            else:
+                value = ort.OrtValue.ortvalue_from_numpy(buf)  # shares buf's memory
+            self.binding.bind_ortvalue_input(spec.name, value)
+            self.inputs[spec.name] = buf
+            self.input_values[spec.name] = value
+        self.outputs: dict[str, np.ndarray] = {}
+        self.output_values: dict[str, ort.OrtValue] = {}
+        for spec in outputs:
+            buf = np.zeros(_concrete(spec.shape, size), dtype=spec.dtype)
+            value = ort.OrtValue.ortvalue_from_numpy(buf)
+            self.binding.bind_ortvalue_output(spec.name, value)
+            self.outputs[spec.name] = buf
+            self.output_values[spec.name] = value
+
+    def push_inputs(self) -> None:
+        if self.on_device:
+            for name, value in self.input_values.items():
+                value.update_inplace(self.inputs[name])
+
+
+def _where(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+def _describe(value: np.ndarray) -> str:
+    return f"{value.dtype}[{','.join(map(str, value.shape))}]"
+
+
+def _concrete(shape: tuple[int | None, ...], batch: int) -> tuple[int, ...]:
+    return tuple(batch if d is None else d for d in shape)
+
+
+_process_cache: str | None = None
+_process_cache_lock = threading.Lock()
+
+
+def _default_cache_dir() -> str:
+    global _process_cache
+    with _process_cache_lock:
+        if _process_cache is None:
+            _process_cache = tempfile.mkdtemp(prefix="splitinfer-engine-")
+            atexit.register(shutil.rmtree, _process_cache, True)
+        return _process_cache
+
+
+def _read_model(model) -> tuple[onnx.ModelProto, bytes, str | None, str]:
+    """Parse a path, bytes or ModelProto; returns the proto, its identity bytes, base dir, label."""
+    if isinstance(model, onnx.ModelProto):
+        return model, model.SerializeToString(), None, model.graph.name or "model"
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
+        try:
+            return onnx.load_from_string(data), data, None, "model"
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is not the only failure
+            raise EngineLoadError(f"the model bytes do not parse as ONNX: {e}", detail=str(e), stage="parse") from e
+    path = os.fspath(model)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        proto = onnx.load_from_string(data)
+    except OSError as e:
+        raise EngineLoadError(f"model file {path} cannot be read: {e}", model=path, detail=str(e), stage="parse") from e
+    except Exception as e:  # noqa: BLE001
+        raise EngineLoadError(f"model file {path} is not a valid ONNX model: {e}", model=path, detail=str(e), stage="parse") from e
+    base = os.path.dirname(os.path.abspath(path))
+    # External data changes the model without changing the .onnx bytes: key on it too.
+    extra = []
+    for t in proto.graph.initializer:
+        if uses_external_data(t):
+            loc = next(e.value for e in t.external_data if e.key == "location")
+            st = os.stat(os.path.join(base, loc))
+            extra.append(f"{loc}:{st.st_size}:{st.st_mtime_ns}")
+    return proto, data + "|".join(sorted(set(extra))).encode(), base, os.path.basename(path)
+
+
+class Engine:
+    """One segment on ONNX Runtime with pinned settings, IO binding and shared weights.
+
+    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Construction
+    builds or loads the pre-optimised artefact, creates the session, allocates the
+    bucket buffers and warms up; it raises :class:`EngineLoadError` on failure.
+    """
+
+    def __init__(self, model, config: EngineConfig | None = None, *, name: str | None = None) -> None:
+        t0 = time.perf_counter()
+        self.config = cfg = config or EngineConfig()
+        proto, identity, base_dir, label = _read_model(model)
+        self.name = name or label
+        cache_dir = cfg.cache_dir or _default_cache_dir()
+        chosen, providers = select_providers(
+            cfg.provider, device_id=cfg.device_id, trt_cache_dir=os.path.join(cache_dir, "tensorrt")
+        )
+        self.provider = chosen
+        key = compute_artefact_key(
+            identity,
+            provider=chosen,
+            opt_level=cfg.graph_optimization_level,
+            dynamic_batch=cfg.dynamic_batch,
+            batch_check_size=cfg.batch_check_size,
+            transformer_fusion=cfg.transformer_fusion,
+        )
+        try:
+            self.artefact, from_cache = load_or_build_artefact(
+                proto,
+                key=key,
+                cache_dir=cache_dir,
+                provider=chosen,
+                providers=providers,
+                opt_level=cfg.graph_optimization_level,
+                dynamic_batch=cfg.dynamic_batch,
+                batch_check_size=cfg.batch_check_size,
+                transformer_fusion=cfg.transformer_fusion,
+                intra_op_threads=cfg.intra_op_threads,
+                base_dir=base_dir,
+            )
+        except EngineLoadError as e:
+            e.model = e.model or self.name
+            raise
+        del proto
+        build_ms = 0.0 if from_cache else self.artefact.build_ms
+        self._session, self._weights = self._create_session(self.artefact, providers)
+        self.inputs, self.outputs = self._specs()
+        self.batch_safe = self.artefact.batch_safe
+        self.batch_reason = self.artefact.batch_reason
+        if self.batch_safe:
+            self.buckets = tuple(cfg.batch_buckets)
+        else:
+            first = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+            self.buckets = (first or 1,)
+            self.inputs = tuple(TensorSpec(s.name, s.dtype, (self.buckets[0],) + s.shape[1:]) if s.shape else s for s in self.inputs)
+            self.outputs = tuple(TensorSpec(s.name, s.dtype, (self.buckets[0],) + s.shape[1:]) if s.shape else s for s in self.outputs)
+        self._input_names = frozenset(s.name for s in self.inputs)
+        self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
+        device = "cuda" if chosen == "cuda" else "cpu"
+        self._buckets = {b: _Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
+        self._lock = threading.Lock()
+        self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
+        self._run_count = 0
+        tw = time.perf_counter()
+        self._warm_up()
+        self._warmup_ms = (time.perf_counter() - tw) * 1e3
+        self._from_cache = from_cache
+        self._build_ms = build_ms
+        self._load_ms = (time.perf_counter() - t0) * 1e3
+        logger.info(
+            "engine %s: provider %s (asked %s; ORT has %s), artefact %s (%s), batch_safe=%s%s, loaded in %.0f ms",
+            self.name, chosen, cfg.provider, ",".join(ort.get_available_providers()), key,
+            "cached" if from_cache else "built", self.batch_safe,
+            "" if self.batch_safe else f" ({self.batch_reason})", self._load_ms,
+        )
+
+    # -- loading ------------------------------------------------------------------------
+
+    def _create_session(self, art: Artefact, providers: list) -> tuple[ort.InferenceSession, SharedWeights | None]:
+        cfg = self.config
+        # The artefact is already optimised, except for TensorRT which compiles itself.
+        level = cfg.graph_optimization_level if self.provider == "tensorrt" else "disable"
+        so = make_session_options(
+            intra_op_threads=cfg.intra_op_threads,
+            inter_op_threads=cfg.inter_op_threads,
+            opt_level=level,
+            log_severity=cfg.log_severity,
+            disable_prepacking=cfg.share_weights,
+        )
+        weights = None
+        if cfg.share_weights:
+            weights = acquire_weights(art.model_path)
+            weights.apply(so)
+        try:
+            return ort.InferenceSession(art.model_path, so, providers=providers), weights
+        except Exception as e:  # noqa: BLE001 - ORT's error types are not public
+            raise EngineLoadError(
+                f"ONNX Runtime cannot load the artefact of {self.name} from {art.directory}: "
+                f"{str(e).splitlines()[0][:300]}; delete that directory so that it is rebuilt",
+                model=self.name,
+                detail=str(e),
+                stage="session",
+            ) from e
+
+    def _specs(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        def spec(arg, kind: str) -> TensorSpec:
+            dims = list(arg.shape)
+            for i, d in enumerate(dims[1:], start=1):
+                if not isinstance(d, int):
+                    raise EngineLoadError(
+                        f"{kind} {arg.name!r} of {self.name} has a symbolic dimension {d!r} at position {i}; only "
+                        "dimension 0 (the batch) may be symbolic: fix the others with "
+                        "onnx.tools.update_model_dims.update_inputs_outputs_dims before loading",
+                        model=self.name,
+                        stage="session",
+                    )
+            shape = tuple([None if not dims or not isinstance(dims[0], int) else dims[0]][: len(dims)] + dims[1:])
+            return TensorSpec(arg.name, np_dtype_of_ort(arg.type).name, shape)
+
+        ins = tuple(spec(a, "input") for a in self._session.get_inputs())
+        outs = tuple(spec(a, "output") for a in self._session.get_outputs())
+        return ins, outs
+
+    def _warm_up(self) -> None:
+        sizes = self.buckets if self.config.warmup_all_buckets else self.buckets[:1]
+        for k, size in enumerate(sizes):
+            bucket = self._buckets[size]
+            for _ in range(self.config.warmup_runs if k == 0 else 1):
+                try:
+                    bucket.push_inputs()
+                    self._session.run_with_iobinding(bucket.binding)
+                except Exception as e:  # noqa: BLE001
+                    raise EngineLoadError(
+                        f"warm-up run of {self.name} at batch {size} failed: {str(e).splitlines()[0][:300]}; "
+                        "check the model with onnxruntime directly",
+                        model=self.name,
+                        detail=str(e),
+                        stage="warmup",
+                    ) from e
+
+    # -- running ------------------------------------------------------------------------
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def _validate(self, inputs, where: str = "") -> int:
+        """Check names, dtypes and shapes; return the number of rows (batch) given.
+
+        Messages are only formatted on failure, to keep the hot path lean.
+        """
+        if not isinstance(inputs, Mapping):
+            raise InputError(
+                f"{_where(where)}inputs of {self.name} must be a dict of name -> numpy array, got {type(inputs).__name__}",
+                model=self.name,
+            )
+        if inputs.keys() != self._input_names:
+            expected = sorted(self._input_names)
+            missing = sorted(self._input_names - set(inputs))
+            extra = sorted(map(str, set(inputs) - self._input_names))
+            raise InputError(
+                f"{_where(where)}inputs of {self.name} do not match: missing {missing}, unexpected {extra}; "
+                f"pass exactly {expected}",
+                model=self.name,
+                expected=", ".join(expected),
+                given=", ".join(sorted(map(str, inputs))),
+            )
+        rows = None
+        for spec, dtype in self._input_checks:
+            value = inputs[spec.name]
+            if not isinstance(value, np.ndarray):
+                want = spec.describe(self.max_batch if self.batch_safe else None)
+                raise InputError(
+                    f"{_where(where)}input {spec.name!r} of {self.name} is a {type(value).__name__}, expected a numpy "
+                    f"array {want}; convert it with np.asarray(value, dtype=np.{spec.dtype})",
+                    model=self.name, input_name=spec.name, expected=want, given=type(value).__name__,
+                )
+            if value.dtype != dtype:
+                want, got = spec.describe(self.max_batch if self.batch_safe else None), _describe(value)
+                raise InputError(
+                    f"{_where(where)}input {spec.name!r} of {self.name} has dtype {value.dtype}, expected {want}, "
+                    f"got {got}; cast it with .astype(np.{spec.dtype})",
+                    model=self.name, input_name=spec.name, expected=want, given=got,
+                )
+            shape = value.shape
+            n = shape[0] if shape else 1
+            ok_dims = len(shape) == len(spec.shape) and all(d is None or d == g for d, g in zip(spec.shape, shape))
+            ok_batch = not spec.shape or spec.shape[0] is not None or 1 <= n <= self.max_batch
+            if not (ok_dims and ok_batch):
+                want, got = spec.describe(self.max_batch if self.batch_safe else None), _describe(value)
+                fix = (
+                    f"split it into requests of at most {self.max_batch} rows or add a larger batch bucket"
+                    if ok_dims else "reshape it to the expected shape"
+                )
+                raise InputError(
+                    f"{_where(where)}input {spec.name!r} of {self.name} has shape {got}, expected {want}; {fix}",
+                    model=self.name, input_name=spec.name, expected=want, given=got,
+                )
+            if rows is None:
+                rows = n
+            elif n != rows:
+                raise InputError(
+                    f"{_where(where)}input {spec.name!r} of {self.name} has {n} rows but the other inputs have "
+                    f"{rows}; give every input the same batch size",
+                    model=self.name, input_name=spec.name, expected=f"{rows} rows", given=f"{n} rows",
+                )
+        return rows or 1
+
+    def _bucket_for(self, rows: int) -> _Bucket:
+        for size in self.buckets:
+            if size >= rows:
+                return self._buckets[size]
+        raise AssertionError("rows were validated against the largest bucket")
+
+    def _check_open(self) -> None:
+        if self._session is None:
+            raise EngineRunError(f"engine {self.name} is closed; create a new Engine", model=self.name)
+
+    def _execute(self, bucket: _Bucket) -> None:
+        t = time.perf_counter()
+        bucket.push_inputs()
+        try:
+            self._session.run_with_iobinding(bucket.binding)
+        except Exception as e:  # noqa: BLE001
+            raise EngineRunError(
+                f"ONNX Runtime failed running {self.name} at batch {bucket.size}: {str(e).splitlines()[0][:300]}; "
+                "the inputs were valid, so check the device's free memory and the model",
+                model=self.name, detail=str(e), batch=bucket.size,
+            ) from e
+        self._latency_ms[self._run_count % _LATENCY_WINDOW] = (time.perf_counter() - t) * 1e3
+        self._run_count += 1
+
+    def run(self, inputs: Mapping[str, np.ndarray], *, copy: bool = False) -> dict[str, np.ndarray]:
+        """Run one request of up to ``max_batch`` rows.
+
+        Returns views of this engine's output buffers, valid until its next run
+        (see [Note: IO binding]); ``copy=True`` returns private arrays. Raises
+        :class:`InputError` on bad names, dtypes or shapes; the engine keeps serving.
+        """
+        self._check_open()
+        rows = self._validate(inputs)
+        bucket = self._bucket_for(rows)
+        with self._lock:
+            for name, buf in bucket.inputs.items():
+                np.copyto(buf if rows == bucket.size else buf[:rows], inputs[name])
+            self._execute(bucket)
+            if rows == bucket.size:
+                out = dict(bucket.outputs)
+            else:
+                out = {k: v[:rows] for k, v in bucket.outputs.items()}
+            if copy:
+                out = {k: v.copy() for k, v in out.items()}
+        return out
+
+    def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]], *, loop_fallback: bool | None = None) -> list[dict[str, np.ndarray]]:
+        """Run many requests as few batches; returns one dict of private arrays per request.
+
+        Requests are packed in order into the buckets. When batching is unsafe this
+        raises :class:`BatchingUnsafeError`, unless ``loop_fallback`` (default:
+        ``EngineConfig.loop_fallback``) allows running them one by one.
+        """
+        self._check_open()
+        if not requests:
+            return []
+        if not self.batch_safe:
+            allow = self.config.loop_fallback if loop_fallback is None else loop_fallback
+            if not allow:
+                raise BatchingUnsafeError(
+                    f"{self.name} cannot run requests as one batch: {self.batch_reason}; pass loop_fallback=True "
+                    "(or EngineConfig(loop_fallback=True)) to run them one at a time",
+                    model=self.name, reason=self.batch_reason,
+                )
+            return [self.run(r, copy=True) for r in requests]
+        rows = [self._validate(r, where=f"request {i}") for i, r in enumerate(requests)]
+        results: list[dict[str, np.ndarray]] = []
+        start = 0
+        while start < len(requests):
+            stop, total = start, 0
+            while stop < len(requests) and total + rows[stop] <= self.max_batch:
+                total += rows[stop]
+                stop += 1
+            bucket = self._bucket_for(total)
+            with self._lock:
+                offset = 0
+                for i in range(start, stop):
+                    for name, buf in bucket.inputs.items():
+                        buf[offset : offset + rows[i]] = requests[i][name]
+                    offset += rows[i]
+                self._execute(bucket)
+                offset = 0
+                for i in range(start, stop):
+                    results.append({k: v[offset : offset + rows[i]].copy() for k, v in bucket.outputs.items()})
+                    offset += rows[i]
+            start = stop
+        return results
+
+    # -- introspection ------------------------------------------------------------------
+
+    def output_buffer(self, name: str, batch: int = 1) -> np.ndarray:
+        """The pre-allocated output array that runs of ``batch`` rows write into."""
+        return self._bucket_for(batch).outputs[name]
+
+    @property
+    def shared_weight_bytes(self) -> int:
+        """Bytes of weights this engine borrows from the process-wide shared set."""
+        return self._weights.nbytes if self._weights is not None else 0
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            n = min(self._run_count, _LATENCY_WINDOW)
+            window = self._latency_ms[:n].copy()
+            count = self._run_count
+        med, p90 = (float(np.median(window)), float(np.percentile(window, 90))) if n else (0.0, 0.0)
+        return EngineStats(
+            provider=self.provider,
+            load_ms=self._load_ms,
+            build_ms=self._build_ms,
+            warmup_ms=self._warmup_ms,
+            from_cache=self._from_cache,
+            batch_safe=self.batch_safe,
+            run_count=count,
+            median_ms=med,
+            p90_ms=p90,
+        )
+
+    def close(self) -> None:
+        """Release the session, buffers and the reference to shared weights."""
+        with self._lock:
+            self._buckets = {}
+            self._session = None  # type: ignore[assignment]
+            self._weights = None
+
+    def __repr__(self) -> str:
+        return f"Engine({self.name!r}, provider={self.provider!r}, buckets={self.buckets}, batch_safe={self.batch_safe})"
