@@ -1,0 +1,366 @@
+"""Workers benchmark: our SegmentWorker against raw ONNX Runtime and Ray Serve.
+
+    python -m bench.workers [--quick]
+
+Writes bench/results/workers.json and bench/results/workers.png. One run, one local
+Ray (2 CPUs, 127.0.0.1), side by side on the same tail segments:
+
+* ResNet50 cut after layer 50 (tail: the last bottleneck block, pooling and the
+  classifier; input float32[1,2048,7,7] = 392 KiB), DenseNet121 cut after layer 227
+  (tail: its last three dense layers and the classifier; input float32[1,928,7,7])
+  and a BERT-style encoder block cut after attention, seq 1024 x hidden 256 (tail:
+  LayerNorm, GELU MLP, LayerNorm; input float32[1,1024,256] = 1 MiB). Zoo weights are
+  seeded random; the Engine's rewrite makes all three tails batchable.
+
+Per model, all contenders alive at once and measured in interleaved rounds (each
+point gets a slice of every round, so other processes' load on a shared machine falls
+on all of them alike):
+
+1. raw ORT: one InferenceSession on the Engine's optimised artefact (the same graph
+   every contender runs), called in a loop in this process at batch 1 and batch 8:
+   the limit, with no serving at all;
+2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay,
+   caller-side batching of actor calls), called by closed-loop asyncio clients at
+   concurrency 1, 8 and 32; and ours at concurrency 1 over a one-stage compiled graph
+   (no batching, no routing);
+3. Ray Serve: one replica of a deployment running the same artefact in an ORT session
+   behind ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0)``, called through a
+   DeploymentHandle by the same clients.
+
+Before that, the transport alone: a plain actor call against a compiled graph
+(``ray.dag`` + ``experimental_compile``) carrying 1 MiB to an actor and back.
+
+Every process uses 2 ORT intra-op threads. The machine is shared, so quote ratios;
+the absolute times say little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+import partitioner
+from workers.engine import Engine, EngineConfig
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+THREADS = 2
+MAX_BATCH = 8
+CONCURRENCY = (1, 8, 32)
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+def _zoo_tail(name: str, layer: int):
+    model = partitioner.load_zoo(name, random_weights=True)
+    graph = partitioner.build_graph(model)
+    _, tail = partitioner.split(model, partitioner.prefix_cut(graph, layer), graph=graph)
+    return tail.model
+
+
+def _transformer_tail():
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.unit._engine_models import make_transformer_block
+
+    block = make_transformer_block(seq=1024, hidden=256, heads=4)
+    graph = partitioner.build_graph(block)
+    # The first chain point is the attention output (res1): the tail is LN + GELU MLP + LN.
+    _, tail = partitioner.split(block, partitioner.prefix_cut(graph, partitioner.chain_points(graph)[0]), graph=graph)
+    return tail.model
+
+
+MODELS = {
+    "resnet50": lambda: _zoo_tail("resnet50", 50),
+    "densenet121": lambda: _zoo_tail("densenet121", 227),
+    "transformer": _transformer_tail,
+}
+
+
+def _inputs(engine: Engine, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {s.name: rng.standard_normal([rows if d is None else d for d in s.shape]).astype(s.dtype)
+            for s in engine.inputs}
+
+
+class _Point:
+    """Latencies and items of one measured point, accumulated over rounds."""
+
+    def __init__(self) -> None:
+        self.latencies_s: list[float] = []
+        self.items = 0
+        self.elapsed_s = 0.0
+
+    def summary(self) -> dict[str, float]:
+        lat = np.asarray(self.latencies_s) * 1e3
+        return {
+            "throughput_per_s": self.items / self.elapsed_s,
+            "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)),
+            "requests": len(self.latencies_s),
+        }
+
+
+# -- contenders ---------------------------------------------------------------------------
+
+
+def _raw_session(model_path: str) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    so.inter_op_num_threads = 1
+    # The artefact is already optimised (the Engine loads it the same way).
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+
+
+def _serial(call, rows: int, duration_s: float, point: _Point) -> None:
+    """One call at a time, for ``duration_s``: raw ORT and the compiled graph."""
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < duration_s or n < 3:
+        t = time.perf_counter()
+        call()
+        point.latencies_s.append(time.perf_counter() - t)
+        n += 1
+    point.items += rows * n
+    point.elapsed_s += time.perf_counter() - t0
+
+
+async def _closed_loop(call, concurrency: int, duration_s: float, point: _Point) -> None:
+    """``concurrency`` clients, each sending its next request when the last returns."""
+    stop = time.perf_counter() + duration_s
+    n = [0]
+
+    async def client() -> None:
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            await call()
+            point.latencies_s.append(time.perf_counter() - t)
+            n[0] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    point.items += n[0]
+    point.elapsed_s += time.perf_counter() - t0
+
+
+def _serve_app(model_path: str):
+    from ray import serve
+
+    @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0})
+    class OrtPeer:
+        def __init__(self, path: str) -> None:
+            self.sess = _raw_session(path)
+            self.input = self.sess.get_inputs()[0].name
+            self.outputs = [o.name for o in self.sess.get_outputs()]
+
+        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.0)
+        async def __call__(self, xs: list[np.ndarray]) -> list[dict]:
+            outs = self.sess.run(None, {self.input: np.concatenate(xs)})
+            return [{n: o[i : i + 1] for n, o in zip(self.outputs, outs)} for i in range(len(xs))]
+
+    return serve.run(OrtPeer.bind(model_path), name="peer", route_prefix=None)
+
+
+def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: float) -> dict:
+    """All contenders on one tail, alive together and measured in interleaved rounds
+    (every point gets a slice of each round), so load from other processes on a shared
+    machine spreads over all of them alike."""
+    from ray import serve
+
+    from workers._pool import PoolConfig
+    from workers.actors import Pipeline, ReplicaPool
+
+    engine = Engine(tail, config, name=name)
+    feed1, feed8 = _inputs(engine, 1), _inputs(engine, MAX_BATCH)
+    [(in_name, x1)] = feed1.items()
+    entry: dict = {"input_bytes": int(x1.nbytes), "batch_safe": engine.batch_safe}
+    model_path = engine.artefact.model_path
+    engine.close()
+    sess = _raw_session(model_path)
+    key = f"{name}@1@tail"
+    tail_bytes = tail.SerializeToString()
+    pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0), engine_config=config)
+    pipe = Pipeline([tail_bytes], engine_configs=[config], transport="compiled", max_inflight=1)
+    handle = _serve_app(model_path)
+    points: dict[str, _Point] = {}
+
+    def point(label: str) -> _Point:
+        return points.setdefault(label, _Point())
+
+    async def main() -> None:
+        await pool.ready()
+        for _ in range(3):  # warm every path
+            sess.run(None, feed1)
+            pipe.run(feed1)
+            await pool.infer(key, feed1)
+            await handle.remote(x1)
+        for r in range(rounds):
+            print(f"{name}: round {r + 1}/{rounds}", flush=True)
+            _serial(lambda: sess.run(None, feed1), 1, slice_s, point("raw_b1"))
+            if engine.batch_safe:
+                _serial(lambda: sess.run(None, feed8), MAX_BATCH, slice_s, point("raw_b8"))
+            _serial(lambda: pipe.run(feed1), 1, slice_s, point("ours_compiled_c1"))
+            for c in CONCURRENCY:
+                await _closed_loop(lambda: pool.infer(key, feed1), c, slice_s, point(f"ours_c{c}"))
+                await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
+
+    try:
+        asyncio.run(main())
+        hist = _worker_histogram(pool)
+    finally:
+        pool.shutdown()
+        pipe.shutdown()
+        serve.delete("peer")
+    for label, p in points.items():
+        entry[label] = p.summary()
+    entry["ours_batch_size_histogram"] = hist
+    limit = entry.get("raw_b8", entry["raw_b1"])["throughput_per_s"]
+    raw1 = entry["raw_b1"]["p50_ms"]
+    entry["ratios"] = {
+        "ours_c32_over_raw_batched_throughput": entry["ours_c32"]["throughput_per_s"] / limit,
+        "ours_c32_over_serve_c32_throughput": entry["ours_c32"]["throughput_per_s"] / entry["serve_c32"]["throughput_per_s"],
+        "ours_c1_added_p50_ms": entry["ours_c1"]["p50_ms"] - raw1,
+        "ours_compiled_c1_added_p50_ms": entry["ours_compiled_c1"]["p50_ms"] - raw1,
+        "serve_c1_added_p50_ms": entry["serve_c1"]["p50_ms"] - raw1,
+    }
+    return entry
+
+
+def _worker_histogram(pool) -> dict[str, int]:
+    async def get() -> dict[str, int]:
+        ws = await pool.worker_stats()
+        return {str(k): v for k, v in ws[0].segments[0].batch_size_histogram.items()}
+
+    return asyncio.run(get())
+
+
+# -- transport -----------------------------------------------------------------------------
+
+
+def bench_transport(iters: int) -> dict:
+    import ray
+    from ray.dag import InputNode
+
+    from workers.actors import make_worker
+
+    x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)  # 1 MiB
+    small = np.zeros(1, np.float32)
+    worker = make_worker({})
+    ray.get(worker.health.remote())
+
+    def timed(fn) -> float:
+        for _ in range(5):
+            fn()
+        samples = []
+        for _ in range(iters):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+        return statistics.median(samples) * 1e3
+
+    res = {
+        "plain_call_1mib_ms": timed(lambda: ray.get(worker.echo.remote(x))),
+        "plain_call_4b_ms": timed(lambda: ray.get(worker.echo.remote(small))),
+    }
+    with InputNode() as inp:
+        node = worker.echo.bind(inp)
+    dag = node.experimental_compile(_buffer_size_bytes=4 << 20)
+    try:
+        res["compiled_graph_1mib_ms"] = timed(lambda: np.array(ray.get(dag.execute(x))))
+        res["compiled_graph_4b_ms"] = timed(lambda: np.array(ray.get(dag.execute(small))))
+    finally:
+        dag.teardown()
+    res["memcpy_1mib_ms"] = timed(lambda: x.copy())
+    res["compiled_over_plain_1mib"] = res["compiled_graph_1mib_ms"] / res["plain_call_1mib_ms"]
+    ray.kill(worker)
+    return res
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> dict:
+    import ray
+
+    rounds, slice_s = (2, 0.6) if quick else (5, 1.0)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             configure_logging=False)
+    from ray import serve
+
+    serve.start(proxy_location="Disabled")
+    cache_dir = tempfile.mkdtemp(prefix="bench-workers-")
+    config = EngineConfig(intra_op_threads=THREADS, cache_dir=cache_dir, share_weights=False)
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
+                    "ray": ray.__version__},
+        "settings": {"rounds": rounds, "slice_s": slice_s, "threads": THREADS, "max_batch": MAX_BATCH,
+                     "concurrency": list(CONCURRENCY)},
+        "transport": bench_transport(60 if quick else 300),
+        "models": {},
+    }
+    print(json.dumps(results["transport"], indent=2), flush=True)
+    for name, build in MODELS.items():
+        entry = bench_model(name, build(), config, rounds, slice_s)
+        results["models"][name] = entry
+        print(name, json.dumps(entry["ratios"], indent=2), flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    return results
+
+
+def _plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["models"])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.1
+    series = [("raw ORT b1", lambda m: m["raw_b1"]), ("raw ORT b8", lambda m: m.get("raw_b8")),
+              ("ours compiled c1", lambda m: m["ours_compiled_c1"])]
+    for c in CONCURRENCY:
+        series.append((f"ours c{c}", lambda m, c=c: m[f"ours_c{c}"]))
+    for c in CONCURRENCY:
+        series.append((f"Serve c{c}", lambda m, c=c: m[f"serve_c{c}"]))
+    for k, (label, get) in enumerate(series):
+        xs = np.arange(len(names)) + (k - len(series) / 2) * width
+        thr = [(get(results["models"][n]) or {}).get("throughput_per_s", 0) for n in names]
+        p50 = [(get(results["models"][n]) or {}).get("p50_ms", 0) for n in names]
+        axes[0].bar(xs, thr, width, label=label)
+        axes[1].bar(xs, p50, width, label=label)
+    for ax, title in zip(axes, ("throughput (requests/s)", "p50 latency (ms)")):
+        ax.set_xticks(np.arange(len(names)), names)
+        ax.set_title(title)
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=7, ncol=2)
+    t = results["transport"]
+    fig.suptitle(f"tails on 2 CPUs; 1 MiB actor call {t['plain_call_1mib_ms']:.2f} ms plain vs "
+                 f"{t['compiled_graph_1mib_ms']:.2f} ms compiled graph")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1.5 s per point instead of 5 s")
+    args = parser.parse_args()
+    results = run(args.quick)
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    with open(os.path.join(RESULTS_DIR, "workers.json"), "w") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+    _plot(results, os.path.join(RESULTS_DIR, "workers.png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""The segment worker itself, without Ray: engines, batchers and counters per segment.
+
+:mod:`workers.actors` turns :class:`SegmentHost` into the Ray actor ``SegmentWorker``
+(only that module imports Ray). Kept apart so the serving logic stays small and
+importable without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copyreg
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from workers._pool import SegmentStats, WorkerStats, check_inputs, to_monotonic_deadline
+from workers.batcher import Batcher, BatcherConfig
+from workers.engine import Engine, EngineConfig
+from workers.errors import ActorConfigError, InputError, SegmentNotLoadedError, WorkerError
+from workers.pipeline import StageSpan
+
+__all__ = ["DEFAULT_BATCHER_CONFIG", "ModelSource", "SegmentHost", "register_error_pickling"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCHER_CONFIG = BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0, num_priority_levels=4)
+"""No waiting for company: a lone request runs at once, and requests that arrive while
+a batch runs form the next batch (up to 8). That batches under load without adding
+latency at concurrency 1."""
+
+ModelSource = bytes | str
+"""Serialized ONNX bytes, or a path (relative to the worker's registry directory)."""
+
+
+def _rebuild_error(cls: type, message: str, state: dict) -> BaseException:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+def _reduce_error(err: BaseException) -> tuple:
+    return _rebuild_error, (type(err), str(err.args[0]) if err.args else "", dict(err.__dict__))
+
+
+def register_error_pickling() -> None:
+    """Makes every WorkerError survive pickling with its fields.
+
+    Ray ships an actor's exception to the caller by pickling it, and the default
+    exception pickling calls ``cls(*args)``, which drops keyword-only fields or fails
+    on required ones (QueueFullError) so the caller would get UnserializableException.
+    """
+    stack: list[type] = [WorkerError]
+    while stack:
+        cls = stack.pop()
+        copyreg.pickle(cls, _reduce_error)
+        stack.extend(cls.__subclasses__())
+
+
+register_error_pickling()
+
+
+class _Hosted:
+    """One segment in a worker: its engine, its batcher and its counters."""
+
+    def __init__(self, key: str, engine: Engine, batcher_config: BatcherConfig) -> None:
+        self.key = key
+        self.engine = engine
+        size = min(batcher_config.max_batch_size, engine.max_batch) if engine.batch_safe else 1
+        self.batcher = Batcher(self._run_batch, _with_batch(batcher_config, size))
+        self.requests = 0
+        self.completed = 0
+        self.input_errors = 0
+        self.failed = 0
+
+    def _run_batch(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        return self.engine.run_batch(payloads, loop_fallback=True)
+
+    def stats(self) -> SegmentStats:
+        e, b = self.engine.stats(), self.batcher.stats()
+        return SegmentStats(
+            key=self.key, provider=e.provider, batch_safe=e.batch_safe, max_batch=self.engine.max_batch,
+            requests=self.requests, completed=self.completed, input_errors=self.input_errors,
+            failed=self.failed, engine_median_ms=e.median_ms, batches_formed=b.batches_formed,
+            batch_size_histogram=dict(b.batch_size_histogram),
+        )
+
+
+def _with_batch(config: BatcherConfig, size: int) -> BatcherConfig:
+    sizes = tuple(s for s in config.preferred_batch_sizes if s <= size)
+    return dataclasses.replace(config, max_batch_size=size, preferred_batch_sizes=sizes)
+
+
+class SegmentHost:
+    """Hosts segments and serves them; Ray runs it as the actor ``workers.actors.SegmentWorker``.
+
+    ``segments`` maps ``model@version@cut`` keys to model bytes or registry paths; they
+    load in the constructor, so a replica that Ray restarts comes back with them.
+    ``engine_config`` and ``batcher_config`` are the defaults for every segment.
+    """
+
+    def __init__(
+        self,
+        segments: Mapping[str, ModelSource] | None = None,
+        *,
+        engine_config: EngineConfig | None = None,
+        batcher_config: BatcherConfig | None = None,
+        registry_dir: str | None = None,
+    ) -> None:
+        register_error_pickling()
+        self._engine_config = engine_config or EngineConfig()
+        self._batcher_config = batcher_config or DEFAULT_BATCHER_CONFIG
+        self._registry_dir = registry_dir
+        self._hosted: dict[str, _Hosted] = {}
+        self._started_unix_s = time.time()
+        self._spans: list[StageSpan] = []
+        for key, source in (segments or {}).items():
+            self._hosted[key] = self._make(key, source, self._engine_config)
+        logger.info("segment worker pid %d up with %s", os.getpid(), sorted(self._hosted))
+
+    # -- loading --------------------------------------------------------------------
+
+    def _resolve(self, source: ModelSource) -> ModelSource:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return bytes(source)
+        if self._registry_dir is None:
+            if not os.path.isabs(source):
+                raise ActorConfigError(
+                    f"model path {source!r} is relative but the worker has no registry_dir; "
+                    "pass an absolute path or create the worker with registry_dir=",
+                    field_name="model", value=source,
+                )
+            return source
+        root = os.path.realpath(self._registry_dir)
+        path = os.path.realpath(os.path.join(root, source))
+        if os.path.commonpath([root, path]) != root:
+            raise ActorConfigError(
+                f"model path {source!r} resolves to {path}, outside the registry {root}; "
+                "name a file inside the registry",
+                field_name="model", value=source,
+            )
+        return path
+
+    def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
+        engine = Engine(self._resolve(source), config, name=key)
+        return _Hosted(key, engine, self._batcher_config)
+
+    async def load(self, key: str, model: ModelSource, engine_config: EngineConfig | None = None) -> dict:
+        """Loads (or replaces) segment ``key``; returns its input and output specs.
+
+        The engine is built off the event loop, so requests for other segments keep
+        being served meanwhile. Raises EngineLoadError when the model is bad.
+        """
+        loop = asyncio.get_running_loop()
+        hosted = await loop.run_in_executor(None, self._make, key, model, engine_config or self._engine_config)
+        old = self._hosted.pop(key, None)
+        self._hosted[key] = hosted
+        if old is not None:
+            await old.batcher.close(drain=True)
+            old.engine.close()
+        logger.info("worker pid %d loaded %s (batch_safe=%s)", os.getpid(), key, hosted.engine.batch_safe)
+        return self._describe(hosted)
+
+    async def unload(self, key: str) -> bool:
+        """Drops segment ``key`` after its queued requests ran; False if it was not loaded."""
+        hosted = self._hosted.pop(key, None)
+        if hosted is None:
+            return False
+        await hosted.batcher.close(drain=True)
+        hosted.engine.close()
+        return True
+
+    @staticmethod
+    def _describe(h: _Hosted) -> dict:
+        return {
+            "inputs": [s.to_json() for s in h.engine.inputs],
+            "outputs": [s.to_json() for s in h.engine.outputs],
+            "batch_safe": h.engine.batch_safe,
+            "max_batch": h.engine.max_batch,
+        }
+
+    def _get(self, key: str) -> _Hosted:
+        hosted = self._hosted.get(key)
+        if hosted is None:
+            raise SegmentNotLoadedError(
+                f"segment {key!r} is not loaded on worker pid {os.getpid()} (loaded: {sorted(self._hosted)}); "
+                "load it first with load(key, model)",
+                key=key, loaded=tuple(sorted(self._hosted)),
+            )
+        return hosted
+
+    # -- serving --------------------------------------------------------------------
+
+    async def infer(
+        self,
+        key: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline_unix_ms: float | None = None,
+        budget_ms: float | None = None,
+        priority: int = 0,
+    ) -> dict[str, np.ndarray]:
+        """Runs one request through segment ``key``'s batcher and engine.
+
+        Raises InputError (bad names, dtypes, shapes), DeadlineExceededError,
+        QueueFullError (retry-able), SegmentNotLoadedError or EngineRunError. The
+        worker keeps serving after any of them.
+        """
+        hosted = self._get(key)
+        hosted.requests += 1
+        try:
+            check_inputs(hosted.engine.inputs, inputs, max_batch=hosted.engine.max_batch, name=key)
+        except InputError:
+            hosted.input_errors += 1
+            raise
+        deadline_s = to_monotonic_deadline(
+            deadline_unix_ms=deadline_unix_ms, budget_ms=budget_ms,
+            now_unix_s=time.time(), now_monotonic_s=time.monotonic(),
+        )
+        try:
+            out = await hosted.batcher.submit(inputs, deadline_s=deadline_s, priority=priority)
+        except Exception:
+            hosted.failed += 1
+            raise
+        hosted.completed += 1
+        return out
+
+    async def infer_batch(
+        self,
+        key: str,
+        requests: list[Mapping[str, np.ndarray]],
+        deadlines_unix_ms: list[float | None],
+        priorities: list[int],
+    ) -> list[dict[str, np.ndarray] | BaseException]:
+        """Runs several requests in one call: one result or exception per request.
+
+        The caller-side batching of :class:`workers.actors.ReplicaPool` sends these, so
+        that one actor call carries up to a batch. The requests enter the batcher
+        together and so run as one batch; one bad request fails alone.
+        """
+        return list(await asyncio.gather(
+            *(self.infer(key, r, deadline_unix_ms=d, priority=p)
+              for r, d, p in zip(requests, deadlines_unix_ms, priorities)),
+            return_exceptions=True,
+        ))
+
+    def run_stage(self, key: str, packet: tuple[int, Mapping[str, np.ndarray]]) -> tuple[int, dict[str, np.ndarray]]:
+        """Runs ``(frame, inputs)`` through segment ``key`` at once, without the batcher.
+
+        Synchronous because compiled graphs call only synchronous methods; records
+        when it ran so that pipelining can be checked (:meth:`spans`).
+        """
+        frame, inputs = packet
+        hosted = self._get(key)
+        hosted.requests += 1
+        start = time.monotonic()
+        try:
+            out = hosted.engine.run(inputs, copy=True)
+        except InputError:
+            hosted.input_errors += 1
+            raise
+        hosted.completed += 1
+        self._spans.append(StageSpan(frame=frame, stage=int(key.rsplit("stage", 1)[-1]) if "stage" in key else 0,
+                                     start_s=start, end_s=time.monotonic()))
+        return frame, out
+
+    def echo(self, value: Any) -> Any:
+        """Returns its argument: the transport cost alone (bench/workers.py)."""
+        return value
+
+    # -- introspection --------------------------------------------------------------
+
+    def spans(self, clear: bool = False) -> list[StageSpan]:
+        out = list(self._spans)
+        if clear:
+            self._spans.clear()
+        return out
+
+    async def stats(self) -> WorkerStats:
+        return WorkerStats(
+            pid=os.getpid(), started_unix_s=self._started_unix_s,
+            segments=tuple(h.stats() for _, h in sorted(self._hosted.items())),
+        )
+
+    async def health(self) -> dict:
+        """Liveness and what is loaded; cheap enough for a probe."""
+        return {"ok": True, "pid": os.getpid(), "segments": sorted(self._hosted),
+                "started_unix_s": self._started_unix_s}

@@ -1,0 +1,360 @@
+"""Ray actors of the cloud tier: segment workers, a replica pool and pipelined tails.
+
+The only module of ``workers`` that imports Ray (DESIGN.md's layer table); the pure
+parts (routing, deadlines, input checks, stage cuts) are in :mod:`workers._pool` and
+:mod:`workers.pipeline`.
+
+* :class:`SegmentWorker` (the actor form of :class:`workers._worker.SegmentHost`) hosts one :class:`~workers.engine.Engine`
+  and one :class:`~workers.batcher.Batcher` per segment (``model@version@cut``).
+* :class:`ReplicaPool` spreads requests over replicas of it, least-loaded first, and
+  retries a request once when its replica dies (see [Note: fault tolerance]).
+* :class:`Pipeline` chains stage actors so that frames overlap.
+
+[Note: transport]
+A plain actor call pickles its arguments, puts arrays over 100 KiB in the object store
+and goes through the raylet's task machinery: 5-10 ms to echo 1 MiB on a loaded
+2-core machine. A compiled graph (``ray.dag`` + ``experimental_compile``) sets up
+shared-memory channels between fixed actors once, and each execution only writes the
+channel: 1-1.5 ms for the same echo, measured side by side in bench/workers.py.
+Its results are views of the channel buffer, which stays locked while they live, so
+:class:`Pipeline` copies them out. Compiled graphs are static (fixed
+actors, one execution at a time per actor, in order), support only synchronous
+methods, and a dead actor breaks the whole graph until it is compiled again. So:
+
+* the pipeline, a fixed chain of actors, uses a compiled graph (``transport="compiled"``);
+* the replica pool uses plain calls, because it routes each request to a different
+  replica, batches requests from many callers inside the actor, and must survive a
+  replica's death and restart without rebuilding anything.
+
+[Note: fault tolerance]
+Replicas are created with ``max_restarts`` and ``max_task_retries=0``: Ray restarts a
+dead replica (re-running its constructor, which reloads the segments it was created
+with), and the pool, not Ray, decides about retries so it can send the request to a
+*different* replica and count it. A request whose replica dies is sent again up to
+``PoolConfig.max_retries`` times; after that it fails with the retry-able
+:class:`ReplicaUnavailableError`. Every request ends in exactly one of the pool's
+``completed``, ``failed`` and ``errors`` counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError
+
+from workers._pool import PoolConfig, PoolStats, WorkerStats, num_gpus_for, pick_replica
+from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, register_error_pickling
+from workers.batcher import Batcher, BatcherConfig
+from workers.engine import EngineConfig
+from workers.errors import ActorConfigError, ReplicaUnavailableError, SegmentNotLoadedError
+from workers.pipeline import StageSpan
+
+# PoolConfig and the stats values live in workers/_pool.py (no Ray); this is their public door.
+__all__ = ["DEFAULT_BATCHER_CONFIG", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool", "SegmentWorker",
+           "WorkerStats", "make_worker"]
+
+logger = logging.getLogger(__name__)
+
+register_error_pickling()
+
+SegmentWorker = ray.remote(SegmentHost)
+"""The Ray actor class. Create it through :func:`make_worker` (which sets resources)
+or ``SegmentWorker.options(...).remote(segments, engine_config=...)``."""
+
+
+def make_worker(
+    segments: Mapping[str, ModelSource] | ray.ObjectRef | None = None,
+    *,
+    engine_config: EngineConfig | None = None,
+    batcher_config: BatcherConfig | None = None,
+    registry_dir: str | None = None,
+    max_restarts: int = 0,
+    max_concurrency: int = 1000,
+    num_cpus: float = 0.0,
+    name: str | None = None,
+):
+    """Starts one SegmentWorker actor; asks Ray for a GPU when the engine runs on one.
+
+    With ``max_restarts`` and model bytes, pass ``segments`` as an ObjectRef
+    (``ray.put``) and keep it: Ray may free by-value creation arguments that live in the
+    object store after the first start, and a restart would then fail
+    (ray-project/ray#53727). :class:`ReplicaPool` does that.
+    """
+    config = engine_config or EngineConfig()
+    options: dict[str, Any] = dict(
+        max_restarts=max_restarts, max_task_retries=0, max_concurrency=max_concurrency,
+        num_cpus=num_cpus, num_gpus=num_gpus_for(config),
+    )
+    if name is not None:
+        options["name"] = name
+    if not isinstance(segments, ray.ObjectRef):
+        segments = dict(segments or {})
+    return SegmentWorker.options(**options).remote(
+        segments, engine_config=config, batcher_config=batcher_config, registry_dir=registry_dir
+    )
+
+
+class ReplicaPool:
+    """Replicas of a SegmentWorker behind least-loaded routing and one retry.
+
+    Use from one asyncio event loop. See [Note: least-loaded routing] in
+    workers/_pool.py and [Note: fault tolerance] above.
+    """
+
+    def __init__(
+        self,
+        segments: Mapping[str, ModelSource],
+        *,
+        config: PoolConfig | None = None,
+        engine_config: EngineConfig | None = None,
+        batcher_config: BatcherConfig | None = None,
+        registry_dir: str | None = None,
+    ) -> None:
+        self.config = cfg = config or PoolConfig()
+        self._segments = dict(segments)
+        self._engine_config = engine_config or EngineConfig()
+        # Held for the pool's lifetime so that restarts find the creation arguments.
+        self._segments_ref = ray.put(self._segments)
+        self.replicas = [
+            make_worker(self._segments_ref, engine_config=self._engine_config, batcher_config=batcher_config,
+                        registry_dir=registry_dir, max_restarts=cfg.max_restarts,
+                        max_concurrency=cfg.max_concurrency, num_cpus=cfg.num_cpus)
+            for _ in range(cfg.num_replicas)
+        ]
+        n = cfg.num_replicas
+        self._in_flight = [0] * n
+        self._routed = [0] * n
+        self._down_until_s = [0.0] * n
+        self._next = 0
+        self._requests = self._completed = self._retries = self._failed = self._errors = 0
+        self._replica_failures = 0
+        self._batchers: dict[str, tuple[asyncio.AbstractEventLoop, Batcher]] = {}
+
+    async def ready(self) -> list[dict]:
+        """Waits until every replica has loaded its segments; returns their health."""
+        return list(await asyncio.gather(*(r.health.remote() for r in self.replicas)))
+
+    async def load(self, key: str, model: ModelSource) -> None:
+        """Loads a segment on every replica; a restarted replica gets it back on demand."""
+        self._segments[key] = model
+        await asyncio.gather(*(r.load.remote(key, model) for r in self.replicas))
+
+    async def infer(
+        self,
+        key: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline_unix_ms: float | None = None,
+        budget_ms: float | None = None,
+        priority: int = 0,
+    ) -> dict[str, np.ndarray]:
+        """Runs one request on the least-loaded replica (see the class docs).
+
+        Raises what the worker raised (InputError, DeadlineExceededError, ...), or
+        ReplicaUnavailableError (retry-able) when replicas died ``max_retries + 1`` times.
+        """
+        self._requests += 1
+        if budget_ms is not None:
+            # A budget must not restart with each retry: fix it as a deadline now.
+            d = time.time() * 1e3 + budget_ms
+            deadline_unix_ms = d if deadline_unix_ms is None else min(deadline_unix_ms, d)
+        request = (inputs, deadline_unix_ms, priority)
+        try:
+            if self.config.caller_batch_size > 1:
+                result = await self._batcher(key).submit(request, priority=priority)
+            else:
+                [result] = await self._send(key, [request])
+        except ReplicaUnavailableError:
+            self._failed += 1
+            raise
+        except BaseException:
+            self._errors += 1
+            raise
+        if isinstance(result, BaseException):
+            self._errors += 1
+            raise result
+        self._completed += 1
+        return result
+
+    def _batcher(self, key: str) -> Batcher:
+        """The caller-side batcher of ``key`` on the running event loop.
+
+        [Note: caller-side batching]
+        Requests that wait while every send slot is busy leave together in one actor
+        call (``infer_batch``), so a busy pool pays Ray's per-call cost once per batch
+        instead of once per request. With no queue delay a lone request leaves at once.
+        """
+        loop = asyncio.get_running_loop()
+        entry = self._batchers.get(key)
+        if entry is None or entry[0] is not loop:
+            cfg = self.config
+
+            async def send(requests: list) -> list:
+                return await self._send(key, requests)
+
+            # Priorities only order the waiting requests here; the worker's batcher
+            # enforces its own range and answers a bad one with BatcherRequestError.
+            batcher = Batcher(send, BatcherConfig(
+                max_batch_size=cfg.caller_batch_size, max_queue_delay_ms=0.0, num_priority_levels=1 << 16,
+                max_queue_size=1 << 20, max_concurrent_batches=cfg.num_replicas * cfg.sends_per_replica,
+            ))
+            entry = self._batchers[key] = (loop, batcher)
+        return entry[1]
+
+    async def _send(self, key: str, requests: list[tuple]) -> list:
+        """Sends requests in one call to the least-loaded replica, retrying on replica loss.
+
+        Returns one result or exception per request (the worker's ``infer_batch``).
+        """
+        exclude: int | None = None
+        attempts = 0
+        reloaded = False
+        n = len(requests)
+        args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
+        while True:
+            i = pick_replica(self._in_flight, self._down_until_s, time.monotonic(), start=self._next, exclude=exclude)
+            assert i is not None  # the pool has at least one replica (PoolConfig checks)
+            self._next = (i + 1) % len(self.replicas)
+            self._in_flight[i] += n
+            self._routed[i] += 1
+            attempts += 1
+            try:
+                results = await self.replicas[i].infer_batch.remote(key, *args)
+            except RayActorError as e:
+                self._replica_failures += 1
+                self._down_until_s[i] = time.monotonic() + self.config.down_s
+                logger.warning("replica %d failed on %s (attempt %d, %d requests): %s",
+                               i, key, attempts, n, type(e).__name__)
+                if attempts > self.config.max_retries:
+                    raise ReplicaUnavailableError(
+                        f"request for {key} failed on {attempts} replicas that died or were restarting; "
+                        "retry-able: send it again after a back-off (replicas restart), or add replicas",
+                        key=key, attempts=attempts, detail=f"{type(e).__name__}: {str(e)[:300]}",
+                    ) from e
+                self._retries += n
+                exclude = i
+                continue
+            finally:
+                self._in_flight[i] -= n
+            if not reloaded and key in self._segments and all(isinstance(r, SegmentNotLoadedError) for r in results):
+                # A replica restarted by Ray knows only its creation segments.
+                reloaded = True
+                self._retries += n
+                await self.replicas[i].load.remote(key, self._segments[key])
+                continue
+            return results
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            requests=self._requests, completed=self._completed, retries=self._retries,
+            failed=self._failed, errors=self._errors, replica_failures=self._replica_failures,
+            in_flight=tuple(self._in_flight), routed=tuple(self._routed),
+        )
+
+    async def worker_stats(self) -> list[WorkerStats]:
+        return list(await asyncio.gather(*(r.stats.remote() for r in self.replicas)))
+
+    def shutdown(self) -> None:
+        """Kills the replicas for good (no restart)."""
+        for r in self.replicas:
+            ray.kill(r, no_restart=True)
+
+
+class Pipeline:
+    """A tail cut into stages, one SegmentWorker per stage, frames overlapping.
+
+    ``stages`` are the stage models in order (see :func:`workers.pipeline.make_stages`),
+    whose outputs feed the next stage's inputs by name. ``transport`` picks a compiled
+    graph (default) or chained plain calls (see [Note: transport]); both pass the
+    stage outputs from actor to actor without the caller in between.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[ModelSource],
+        *,
+        engine_configs: Sequence[EngineConfig] | None = None,
+        transport: Literal["compiled", "calls"] = "compiled",
+        max_inflight: int = 4,
+        buffer_size_bytes: int = 8 << 20,
+    ) -> None:
+        if not stages:
+            raise ActorConfigError("a pipeline needs at least one stage", field_name="stages", value=0)
+        if transport not in ("compiled", "calls"):
+            raise ActorConfigError(f"transport={transport!r} is unknown; use 'compiled' or 'calls'",
+                                   field_name="transport", value=transport)
+        if max_inflight < 1:
+            raise ActorConfigError(f"max_inflight={max_inflight} must be >= 1", field_name="max_inflight",
+                                   value=max_inflight)
+        configs = list(engine_configs or [EngineConfig()] * len(stages))
+        if len(configs) != len(stages):
+            raise ActorConfigError(
+                f"{len(configs)} engine configs for {len(stages)} stages; give one per stage",
+                field_name="engine_configs", value=len(configs),
+            )
+        self.keys = [f"stage{i}" for i in range(len(stages))]
+        self.workers = [make_worker({k: s}, engine_config=c) for k, s, c in zip(self.keys, stages, configs)]
+        self.transport = transport
+        self.max_inflight = max_inflight
+        self._frame = 0
+        self._dag = None
+        ray.get([w.health.remote() for w in self.workers])
+        if transport == "compiled":
+            from ray.dag import InputNode
+
+            with InputNode() as packet:
+                node = packet
+                for key, worker in zip(self.keys, self.workers):
+                    node = worker.run_stage.bind(key, node)
+            self._dag = node.experimental_compile(
+                _buffer_size_bytes=buffer_size_bytes, _max_inflight_executions=max_inflight
+            )
+
+    def _submit(self, inputs: Mapping[str, np.ndarray]):
+        packet = (self._frame, dict(inputs))
+        self._frame += 1
+        if self._dag is not None:
+            return self._dag.execute(packet)
+        ref = packet
+        for key, worker in zip(self.keys, self.workers):
+            ref = worker.run_stage.remote(key, ref)
+        return ref
+
+    def _collect(self, ref) -> dict[str, np.ndarray]:
+        _, outputs = ray.get(ref)
+        if self._dag is None:
+            return outputs
+        # A compiled graph's result arrays are views of its channel buffer, which stays
+        # locked (stalling the next frames) for as long as they live: copy them out.
+        return {k: np.array(v, copy=True) for k, v in outputs.items()}
+
+    def run_many(self, frames: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Runs frames in order with up to ``max_inflight`` in the pipeline at once."""
+        out: list[dict[str, np.ndarray]] = []
+        window: list = []
+        for inputs in frames:
+            if len(window) >= self.max_inflight:
+                out.append(self._collect(window.pop(0)))
+            window.append(self._submit(inputs))
+        out.extend(self._collect(ref) for ref in window)
+        return out
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run_many([inputs])[0]
+
+    def spans(self, clear: bool = False) -> list[StageSpan]:
+        """When each stage ran each frame (monotonic clock of this host)."""
+        return [s for w in self.workers for s in ray.get(w.spans.remote(clear))]
+
+    def shutdown(self) -> None:
+        if self._dag is not None:
+            self._dag.teardown()
+            self._dag = None
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
