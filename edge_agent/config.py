@@ -1,0 +1,266 @@
+"""edge.yaml: the agent's configuration, a frozen dataclass loaded from YAML.
+
+Keys are snake_case; the camelCase spelling of every key is accepted too, because the
+Helm chart's DaemonSet ConfigMap writes `gateway`, `model`, `objective`, `apiHost`
+and `apiPort`. Every error names the key and the fix. docs/edge-agent.md is the
+reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from edge_agent.errors import ConfigError
+
+__all__ = ["EdgeConfig", "load_config", "config_from_dict", "default_cache_dir", "OBJECTIVES", "FALLBACKS"]
+
+OBJECTIVES = ("latency", "energy", "throughput")
+FALLBACKS = ("local", "none")
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def default_cache_dir() -> str:
+    """$XDG_CACHE_HOME/splitinfer/edge, else ~/.cache/splitinfer/edge."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "splitinfer", "edge")
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """Everything `splitinfer edge run` needs. Only `gateway` and `model` are required."""
+
+    gateway: str
+    """Gateway address host:port (gRPC)."""
+    model: str
+    """name@version in the registry; a bare name takes the version the gateway routes this device to."""
+    token: str | None = None
+    """Bearer token sent to the gateway. Prefer `token_file`."""
+    token_file: str | None = None
+    """File whose first line is the bearer token (a mounted Secret)."""
+    tls_ca: str | None = None
+    """PEM of the CA that signed the gateway's certificate; set it to use TLS."""
+    tls_cert: str | None = None
+    """PEM client certificate for mutual TLS (with `tls_key`)."""
+    tls_key: str | None = None
+    """PEM client key for mutual TLS (with `tls_cert`)."""
+    device_id: str = ""
+    """This device's id for the gateway's quotas and canary routing; empty: $NODE_NAME or the host name."""
+    device_profile: str | None = None
+    """Device Profile JSON; absent: estimated on first start and cached under `cache_dir`."""
+    objective: str = "latency"
+    """'latency' or 'energy' ('throughput' plans as latency: one device sends one request at a time)."""
+    slo_ms: float | None = None
+    """End-to-end latency target per request; requests whose remote path would miss it run locally."""
+    fallback: str = "local"
+    """'local': finish on the device when the cloud fails or is late; 'none': return the error."""
+    cache_dir: str = ""
+    """Where the model, artifacts, segments and profile are cached; empty: default_cache_dir()."""
+    api_host: str = "127.0.0.1"
+    """Host the local API binds to."""
+    api_port: int = 8500
+    """Port of the local API (0: the OS picks)."""
+    api_socket: str | None = None
+    """Unix socket path for the local API instead of host:port."""
+    remote_timeout_ms: float = 2000.0
+    """Longest a request waits for the cloud when no `slo_ms` is set."""
+    startup_timeout_s: float = 10.0
+    """How long start-up waits for the gateway before it uses the cache."""
+    probe_interval_s: float = 2.0
+    """Idle time after which the agent probes the link (health RTT and a resent boundary)."""
+    hysteresis: float = 0.15
+    """A new plan must be predicted this fraction faster than the current one to switch."""
+    dwell_s: float = 1.0
+    """Least time between two switches (unless the current plan misses the SLO)."""
+    breaker_failures: int = 3
+    """Consecutive remote failures that open the circuit breaker."""
+    breaker_open_s: float = 2.0
+    """Time the breaker stays open before it lets one probe through (half-open)."""
+    intra_op_threads: int = 0
+    """ONNX Runtime threads per operator on the device; 0 lets ORT choose."""
+    encodings: tuple[str, ...] = ("fp32", "fp16")
+    """Boundary encodings the planner may choose ('fp32', 'fp16', 'int8'; int8 trades accuracy for bytes)."""
+    max_inflight: int = 64
+    """Requests the local API runs at once; more wait."""
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.split("@", 1)[0]
+
+    @property
+    def model_version(self) -> str:
+        return self.model.split("@", 1)[1] if "@" in self.model else ""
+
+    @property
+    def resolved_cache_dir(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.cache_dir or default_cache_dir()))
+
+    @property
+    def resolved_device_id(self) -> str:
+        return self.device_id or os.environ.get("NODE_NAME") or socket.gethostname()
+
+    def read_token(self) -> str | None:
+        """The bearer token, from `token` or the first line of `token_file`."""
+        if self.token is not None:
+            return self.token
+        if self.token_file is None:
+            return None
+        try:
+            with open(self.token_file, encoding="utf-8") as fh:
+                tok = fh.readline().strip()
+        except OSError as e:
+            raise ConfigError(key="token_file", reason=f"({self.token_file!r}) cannot be read: {e.strerror}",
+                              fix="point it at a readable file holding the token") from e
+        if not tok:
+            raise ConfigError(key="token_file", reason=f"({self.token_file!r}) is empty",
+                              fix="write the token on its first line")
+        return tok
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def redacted(self) -> EdgeConfig:
+        """A copy safe to print: the token replaced by '<set>'."""
+        return self if self.token is None else dataclasses.replace(self, token="<set>")
+
+    @classmethod
+    def from_json(cls, text: str) -> EdgeConfig:
+        d = json.loads(text)
+        d["encodings"] = tuple(d.get("encodings", ("fp32", "fp16")))
+        return cls(**d)
+
+    def __repr__(self) -> str:  # never show the token
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "token"}
+        shown["token"] = "set" if self.token else None
+        return "EdgeConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(EdgeConfig)}
+_REQUIRED = ("gateway", "model")
+
+
+def _bad(key: str, value: Any, want: str, fix: str) -> ConfigError:
+    return ConfigError(key=key, reason=f"is {value!r}; it must be {want}", fix=fix)
+
+
+def _check(c: EdgeConfig) -> None:
+    if not isinstance(c.gateway, str) or not _ADDRESS.match(c.gateway):
+        raise _bad("gateway", c.gateway, "host:port", "e.g. gateway: splitinfer-gateway.default.svc:50051")
+    if not isinstance(c.model, str) or not re.match(r"^[A-Za-z0-9_.-]+(@[A-Za-z0-9_.-]*)?$", c.model):
+        raise _bad("model", c.model, "name@version (or a bare name)", "e.g. model: resnet50@1")
+    if c.objective not in OBJECTIVES:
+        raise _bad("objective", c.objective, f"one of {list(OBJECTIVES)}", "e.g. objective: latency")
+    if c.fallback not in FALLBACKS:
+        raise _bad("fallback", c.fallback, f"one of {list(FALLBACKS)}", "use 'local' to finish on the device")
+    if c.slo_ms is not None and not (_num(c.slo_ms) and c.slo_ms > 0):
+        raise _bad("slo_ms", c.slo_ms, "a number of ms > 0, or absent", "e.g. slo_ms: 200")
+    for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "breaker_open_s"):
+        v = getattr(c, key)
+        if not (_num(v) and v > 0):
+            raise _bad(key, v, "a number > 0", f"remove it to use the default ({_FIELDS[key].default})")
+    for key in ("hysteresis", "dwell_s"):
+        v = getattr(c, key)
+        if not (_num(v) and v >= 0) or (key == "hysteresis" and v >= 1):
+            raise _bad(key, v, "a number >= 0" + (" and < 1" if key == "hysteresis" else ""),
+                       f"remove it to use the default ({_FIELDS[key].default})")
+    for key, lo in (("breaker_failures", 1), ("intra_op_threads", 0), ("max_inflight", 1), ("api_port", 0)):
+        v = getattr(c, key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo or (key == "api_port" and v > 65535):
+            raise _bad(key, v, f"an integer >= {lo}" + (" and <= 65535" if key == "api_port" else ""),
+                       f"remove it to use the default ({_FIELDS[key].default})")
+    if (not isinstance(c.encodings, tuple) or not c.encodings
+            or any(e not in ("fp32", "fp16", "int8") for e in c.encodings)):
+        raise _bad("encodings", c.encodings, "a non-empty list of 'fp32', 'fp16', 'int8'",
+                   "e.g. encodings: [fp32, fp16]")
+    if (c.tls_cert is None) != (c.tls_key is None):
+        raise ConfigError(key="tls_cert" if c.tls_key else "tls_key", reason="is set without its pair",
+                          fix="set both tls_cert and tls_key for mutual TLS, or neither")
+    if c.tls_cert is not None and c.tls_ca is None:
+        raise ConfigError(key="tls_ca", reason="is missing while a client certificate is set",
+                          fix="set tls_ca to the CA that signed the gateway's certificate")
+    if c.token is not None and c.token_file is not None:
+        raise ConfigError(key="token", reason="is set together with token_file", fix="keep one of them")
+    for key in ("tls_ca", "tls_cert", "tls_key", "device_profile", "api_socket", "token_file", "token"):
+        v = getattr(c, key)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise _bad(key, v, "a non-empty string", "remove the key or give a value")
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower().replace("-", "_")
+
+
+def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
+    """An EdgeConfig from a parsed YAML mapping (camelCase keys accepted)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key="<top level>", reason=f"is a {type(raw).__name__}, not a mapping",
+                          fix="write key: value lines, e.g. 'gateway: host:50051'", path=path)
+    d: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = _snake(str(key))
+        if name == "tls" and isinstance(value, Mapping):  # nested form: tls: {ca:, cert:, key:}
+            for sub, v in value.items():
+                d[f"tls_{_snake(str(sub))}"] = v
+            continue
+        d[name] = value
+    unknown = sorted(set(d) - set(_FIELDS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(_FIELDS), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(_FIELDS)}"
+        raise ConfigError(key=unknown[0], reason="is not a known key", fix=hint, path=path)
+    for key in _REQUIRED:
+        if d.get(key) in (None, ""):
+            raise ConfigError(key=key, reason="is missing", path=path,
+                              fix="e.g. gateway: host:50051" if key == "gateway" else "e.g. model: resnet50@1")
+    for key in ("slo_ms", "remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "hysteresis",
+                "dwell_s", "breaker_open_s"):
+        if isinstance(d.get(key), int) and not isinstance(d.get(key), bool):
+            d[key] = float(d[key])
+    if isinstance(d.get("encodings"), list):
+        d["encodings"] = tuple(d["encodings"])
+    elif isinstance(d.get("encodings"), str):
+        d["encodings"] = (d["encodings"],)
+    if isinstance(d.get("api_port"), str) and d["api_port"].isdigit():
+        d["api_port"] = int(d["api_port"])
+    for key in ("model", "device_id"):
+        if key in d and not isinstance(d[key], str) and d[key] is not None:
+            d[key] = str(d[key])
+    try:
+        return EdgeConfig(**d)
+    except ConfigError as e:
+        if path and not e.path:
+            raise ConfigError(key=e.key, reason=e.reason, fix=e.fix, path=path) from None
+        raise
+
+
+def load_config(path: str) -> EdgeConfig:
+    """Reads and checks edge.yaml."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh)
+    except FileNotFoundError as e:
+        raise ConfigError(key="--config", reason=f"names {path!r}, which does not exist",
+                          fix="pass the path of edge.yaml") from e
+    except OSError as e:
+        raise ConfigError(key="--config", reason=f"({path!r}) cannot be read: {e.strerror}",
+                          fix="check the file's permissions") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(key="<yaml>", reason=f"is not valid YAML ({e})", fix="fix the syntax", path=path) from e
+    return config_from_dict(raw if raw is not None else {}, path=path)

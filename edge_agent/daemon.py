@@ -1,0 +1,315 @@
+"""The daemon: start-up (artifacts, engines, profile, frontier), the local API, idle
+probes, and graceful shutdown.
+
+Start-up order: fetch the artifacts from the gateway (GetArtifacts) and cache them;
+if that fails, use the cache (the agent then serves locally, and offloads once the
+gateway answers); if neither works, stop with a message naming the cause and the fix.
+Then load the whole model, the device profile (estimated once if absent), the plan
+frontier and the head and tail engines of every frontier cut, all off the event loop.
+Ready (/readyz 200) once that is done. SIGTERM/SIGINT: stop accepting, finish what is
+in flight, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+from cluster.errors import (
+    ClusterError,
+    PermissionDenied,
+    Unauthenticated,
+    UnknownModelError,
+    UnknownVersionError,
+)
+from edge_agent.api import LocalApi
+from edge_agent.cache import ArtifactCache
+from edge_agent.config import EdgeConfig
+from edge_agent.engines import ModelSet, load_or_estimate_profile, make_frontier, profile_model_ms
+from edge_agent.errors import ArtifactError, ConfigError, NotReadyError, StartupError
+from edge_agent.runner import Runner
+from edge_agent.transport import Remote, make_credentials
+from planner import Frontier, PlannerError
+
+__all__ = ["EdgeAgent", "run_agent"]
+
+logger = logging.getLogger(__name__)
+
+_IDS = itertools.count()
+_PREFIX = uuid.uuid4().hex[:12]
+
+
+def _fix_for(e: BaseException, cfg: EdgeConfig) -> str:
+    if isinstance(e, Unauthenticated):
+        return "check 'token' / 'token_file' in the config: the gateway did not accept the token"
+    if isinstance(e, PermissionDenied):
+        return f"ask the operator to allow model {cfg.model_name!r} for this device's token"
+    if isinstance(e, (UnknownModelError, UnknownVersionError)):
+        return "check 'model' in the config against the gateway's registry"
+    return (f"check that 'gateway' ({cfg.gateway}) is right and reachable; the agent needs one start with the "
+            "gateway reachable to cache the model, after which it starts offline")
+
+
+class EdgeAgent:
+    """One agent: `await start()`, serve, `await stop()` (or `run_agent`)."""
+
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.cache = ArtifactCache(config.resolved_cache_dir)
+        self.remote: Remote | None = None
+        self.models: ModelSet | None = None
+        self.frontier: Frontier | None = None
+        self.runner: Runner | None = None
+        self.api: LocalApi | None = None
+        self.version = config.model_version
+        self.artifacts_source = ""
+        self.profile_source = ""
+        self.startup_warning = ""
+        self._local_ms = 0.0
+        self._ready = False
+        self._stopping = False
+        self._probe_task: asyncio.Task[None] | None = None
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None
+        self.started_s = time.monotonic()
+
+    # -- start-up -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts everything; on failure releases what was started (channel, engines) and re-raises."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _release(self) -> None:
+        if self.api is not None:
+            await self.api.stop(0.0)
+        if self.remote is not None:
+            await self.remote.close()
+            self.remote = None
+        if self.runner is not None:
+            self.runner.close()
+        if self.models is not None:
+            self.models.close()
+            self.models = None
+
+    async def _start(self) -> None:
+        cfg = self.config
+        token = cfg.read_token()
+        try:
+            creds = make_credentials(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+        except OSError as e:
+            key = next(k for k in ("tls_ca", "tls_cert", "tls_key") if getattr(cfg, k) == e.filename) \
+                if e.filename in (cfg.tls_ca, cfg.tls_cert, cfg.tls_key) else "tls_ca"
+            raise ConfigError(key=key, reason=f"({e.filename!r}) cannot be read: {e.strerror}",
+                              fix="point it at a readable PEM file") from e
+        self.remote = Remote(cfg.gateway, credentials=creds, token=token)
+        files = await self._fetch_or_cache()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._load, files)
+        assert self.models is not None
+        local_ms = self._local_ms
+        self.runner = Runner(self.models, self.frontier, self.remote, cfg, local_ms=local_ms)
+        self.api = LocalApi(self, host=cfg.api_host, port=cfg.api_port, socket_path=cfg.api_socket,
+                            max_inflight=cfg.max_inflight)
+        await self.api.start()
+        if self.artifacts_source == "gateway":
+            # Seeds the RTT (the first check also pays the connection set-up, the second does not)
+            # and one bandwidth sample, so the first decision already sees the link.
+            await self.runner.probe()
+        self._ready = True
+        self._probe_task = loop.create_task(self._probe_loop())
+        logger.info("edge agent ready: %s@%s (artifacts from %s, profile %s, %d warm cuts, local %.1f ms) on %s",
+                    cfg.model_name, self.version, self.artifacts_source, self.profile_source,
+                    len(self.models.cuts), local_ms, self.api.address)
+
+    async def _fetch_or_cache(self) -> dict[str, bytes]:
+        cfg = self.config
+        assert self.remote is not None
+        try:
+            resp = await asyncio.wait_for(
+                self.remote.get_artifacts(cfg.model_name, cfg.model_version, device_id=cfg.resolved_device_id,
+                                          timeout_s=cfg.startup_timeout_s), cfg.startup_timeout_s)
+            if not resp.files:
+                raise ArtifactError(path=f"{cfg.model_name}@{cfg.model_version}", reason="the gateway sent no files",
+                                    fix="check that the registry holds the model's files")
+            self.version = resp.version or cfg.model_version
+            self.cache.store(cfg.model_name, self.version, resp.files)
+            self.artifacts_source = "gateway"
+            return dict(resp.files)
+        except (ClusterError, TimeoutError, ArtifactError) as e:
+            fetch_error: BaseException = e
+        reason = (f"the gateway at {cfg.gateway} did not answer within {cfg.startup_timeout_s:g} s"
+                  if isinstance(fetch_error, TimeoutError)
+                  else f"fetching {cfg.model} from the gateway at {cfg.gateway} failed: {fetch_error}")
+        version = cfg.model_version or self.cache.current_version(cfg.model_name)
+        if version is None or not self.cache.has(cfg.model_name, version):
+            raise StartupError(reason=f"{reason}, and no copy of {cfg.model_name} is cached in {self.cache.root}",
+                               fix=_fix_for(fetch_error, cfg))
+        try:
+            files = self.cache.load(cfg.model_name, version)
+        except ArtifactError as e:
+            raise StartupError(reason=f"{reason}, and the cached copy is unusable: {e.path}: {e.reason}",
+                               fix=f"{e.fix}; and {_fix_for(fetch_error, cfg)}") from e
+        self.version = version
+        self.artifacts_source = "cache"
+        self.startup_warning = f"{reason}; serving {cfg.model_name}@{version} from the cache ({_fix_for(fetch_error, cfg)})"
+        logger.warning("%s", self.startup_warning)
+        return files
+
+    def _load(self, files: dict[str, bytes]) -> None:
+        cfg = self.config
+        path = os.path.join(self.cache.version_dir(cfg.model_name, self.version), "model.onnx")
+        self.models = models = ModelSet(path, cache=self.cache, model=cfg.model_name, version=self.version,
+                                        intra_op_threads=cfg.intra_op_threads)
+        prof_path = cfg.device_profile or self.cache.profile_path(cfg.model_name, self.version)
+        profile, self.profile_source = load_or_estimate_profile(prof_path, models.graph, models.full)
+        self._local_ms = profile_model_ms(profile, models.graph) if self.profile_source == "file" else models.local_ms
+        try:
+            self.frontier = make_frontier(models.graph, profile, files, cfg.objective, cfg.encodings)
+        except PlannerError as e:
+            logger.error("no plan frontier (%s): every request runs locally", e)
+            self.frontier = None
+            return
+        for entry in self.frontier.entries:
+            models.load_cut(entry.plan.cut)
+        logger.info("frontier: %s", ", ".join(f"{e.plan.key} from {e.up_lo_bps / 1e6:.3g} Mbit/s"
+                                              for e in self.frontier.entries))
+
+    # -- serving ------------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        return self._ready and not self._stopping
+
+    async def infer(self, inputs: dict[str, Any], request_id: str | None) -> dict[str, Any]:
+        if self.runner is None or self._stopping:
+            raise NotReadyError(state="shutting down" if self._stopping else "starting")
+        rid = request_id or f"{_PREFIX}-{next(_IDS)}"
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            ans = await self.runner.infer(inputs, request_id=rid)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        return {"id": ans.request_id, "outputs": ans.outputs, "served_by": ans.served_by, "cut_id": ans.cut_id,
+                "latency_ms": ans.latency_ms, "fallback_reason": ans.fallback_reason}
+
+    def status(self) -> dict[str, Any]:
+        base = {"ready": self.is_ready(), "artifacts": self.artifacts_source, "profile": self.profile_source,
+                "warning": self.startup_warning, "uptime_s": time.monotonic() - self.started_s}
+        return base | (self.runner.status() if self.runner else {})
+
+    def model_info(self) -> dict[str, Any]:
+        if self.models is None:
+            raise NotReadyError(state="starting")
+        spec = lambda s: {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}  # noqa: E731
+        return {"model": self.config.model_name, "version": self.version,
+                "inputs": [spec(s) for s in self.models.full.inputs],
+                "outputs": [spec(s) for s in self.models.full.outputs]}
+
+    def metrics_text(self) -> str:
+        if self.runner is None:
+            return ""
+        c = self.runner.counters
+        est = self.runner.monitor.estimate()
+        p = "splitinfer_edge_"
+        lines = [f"# TYPE {p}requests_total counter", f"{p}requests_total {c.requests}",
+                 f"# TYPE {p}answers_total counter"]
+        lines += [f'{p}answers_total{{served_by="{k}"}} {getattr(c, k)}' for k in ("remote", "local", "local_tail")]
+        lines += [f"# TYPE {p}failed_total counter", f"{p}failed_total {c.failed}",
+                  f"# TYPE {p}late_dropped_total counter", f"{p}late_dropped_total {c.late_dropped}",
+                  f"# TYPE {p}local_dropped_total counter", f"{p}local_dropped_total {c.local_dropped}",
+                  f"# TYPE {p}switches_total counter", f"{p}switches_total {c.switches}",
+                  f"# TYPE {p}probes_total counter", f"{p}probes_total {c.probes}",
+                  f"# TYPE {p}remote_errors_total counter"]
+        lines += [f'{p}remote_errors_total{{kind="{k}"}} {n}' for k, n in sorted(c.remote_errors.items())]
+        lines += [f"# TYPE {p}inflight gauge", f"{p}inflight {c.inflight}",
+                  f"# TYPE {p}link_up_bps gauge", f"{p}link_up_bps {est.up_bps or 0.0}",
+                  f"# TYPE {p}link_rtt_ms gauge", f"{p}link_rtt_ms {est.rtt_ms or 0.0}",
+                  f"# TYPE {p}breaker_open gauge", f"{p}breaker_open {0 if self.runner.breaker.state == 'closed' else 1}",
+                  f"# TYPE {p}latency_ms summary"]
+        for k, v in c.to_dict()["latency"].items():
+            lines += [f'{p}latency_ms{{served_by="{k}",quantile="0.5"}} {v["p50_ms"]}',
+                      f'{p}latency_ms{{served_by="{k}",quantile="0.9"}} {v["p90_ms"]}',
+                      f'{p}latency_ms_count{{served_by="{k}"}} {v["count"]}']
+        return "\n".join(lines) + "\n"
+
+    async def _probe_loop(self) -> None:
+        interval = self.config.probe_interval_s
+        while True:
+            await asyncio.sleep(interval / 2)
+            r = self.runner
+            # Probe when the link is idle: nothing offloaded for a while (the app may be busy
+            # running locally, which is exactly when only a probe can say the link came back).
+            if r is None or not r.link_idle():
+                continue
+            try:
+                await r.probe()
+            except Exception as e:  # noqa: BLE001 - a failed probe must not end the loop
+                logger.debug("probe failed: %s", e)
+            r.last_remote_s = time.monotonic()
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Stop accepting, finish what is in flight, release everything."""
+        if self._stopping:
+            return
+        self._stopping = True
+        logger.info("shutting down: no new requests; finishing those in flight")
+        t0 = time.monotonic()
+        if self.api is not None:
+            await self.api.stop(grace_s)
+        if self._inflight and self._idle is not None:
+            try:
+                await asyncio.wait_for(self._idle.wait(), max(0.1, grace_s - (time.monotonic() - t0)))
+            except TimeoutError:
+                logger.warning("%d requests still running after the %.0f s shutdown grace", self._inflight, grace_s)
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            try:
+                await self._probe_task
+            except asyncio.CancelledError:
+                pass
+        if self.runner is not None:
+            self.runner.cancel_remote()  # calls past the grace: their requests already answered
+        if self.remote is not None:
+            await self.remote.close()
+            self.remote = None
+        if self.runner is not None:
+            self.runner.close()
+        if self.models is not None:
+            self.models.close()
+            self.models = None
+        logger.info("edge agent stopped")
+
+
+async def run_agent(config: EdgeConfig, *, stop: asyncio.Event | None = None) -> int:
+    """Runs an agent until SIGTERM/SIGINT (or `stop` is set). Returns the exit code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    agent = EdgeAgent(config)
+    try:
+        await agent.start()
+        await stop.wait()
+    finally:
+        await agent.stop()
+    return 0
+

@@ -1,0 +1,198 @@
+"""The device's engines: the whole model (local fallback) and, per frontier cut, a head and
+a local tail, all kept warm; plus the device profile and the plan frontier.
+
+[Note: device profile]
+`workers.profile` (the measured per-layer profiler) is outside the edge agent's
+allowed imports, so on first start, when no `device_profile` file exists, the agent
+writes a FLOPs-based estimate calibrated by timing the whole model here: layer ms =
+FLOPs / (model FLOPs / measured model ms). It is cached and reused; replace it with a
+measured profile for better plans.
+[Note: cloud profile] When the gateway ships profiles/cloud.json the frontier uses it;
+otherwise the cloud is assumed `CLOUD_SPEEDUP` times faster than this device (stated in
+the log), which only decides how much the agent offloads, never correctness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_agent.cache import ArtifactCache
+from edge_agent.errors import ArtifactError
+from partitioner import Cut, LayerGraph, PartitionError, Splitter, save_segment
+from planner import Encoding, Frontier, LinkRange, PlannerError, Profile, frontier, make_flops_profile
+from workers.engine import Engine, EngineConfig
+from workers.errors import WorkerError
+
+__all__ = ["CutEngines", "ModelSet", "estimate_profile", "load_or_estimate_profile", "make_frontier",
+           "CLOUD_SPEEDUP", "DEFAULT_LINK_RANGE", "profile_model_ms", "time_engine_ms"]
+
+logger = logging.getLogger(__name__)
+
+CLOUD_SPEEDUP = 10.0
+DEFAULT_LINK_RANGE = LinkRange(0.5e6, 1e9, down_ratio=4.0, rtt_ms=20.0)
+_NP = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "uint8": np.uint8,
+       "int8": np.int8, "bool": np.bool_, "float64": np.float64}
+
+
+@dataclass
+class CutEngines:
+    """What the device runs for one offload cut."""
+
+    cut_id: str
+    head: Engine | None
+    """None for the empty cut (the device sends the model inputs)."""
+    tail: Engine
+    """The cut's tail, for finishing locally when the cloud does not answer."""
+    boundary: tuple[str, ...]
+    """Tensors sent (the tail's inputs), in the tail's order."""
+    head_model_outputs: tuple[str, ...]
+    """Model outputs the head computes (they never travel)."""
+
+
+def _zeros(engine: Engine) -> dict[str, np.ndarray]:
+    return {s.name: np.zeros(tuple(d or 1 for d in s.shape), _NP.get(s.dtype, np.float32)) for s in engine.inputs}
+
+
+def time_engine_ms(engine: Engine, runs: int = 5) -> float:
+    """Median ms of `runs` runs on zero inputs."""
+    x = _zeros(engine)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        engine.run(x)
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+def estimate_profile(graph: LayerGraph, model_ms: float) -> Profile:
+    """See [Note: device profile]."""
+    flops = max(graph.total_flops, 1)
+    gflops = flops / (max(model_ms, 1e-3) / 1e3) / 1e9
+    return make_flops_profile(graph, device=f"{socket.gethostname()}-flops-estimate", gflops=gflops)
+
+
+def profile_model_ms(profile: Profile, graph: LayerGraph) -> float:
+    """The whole model's ms on the device as `profile` predicts it (see planner [Note: segment time])."""
+    return profile.scale * sum(profile.layer_ms(layer.id) for layer in graph.layers) + profile.segment_const_ms
+
+
+def load_or_estimate_profile(path: str, graph: LayerGraph, full: Engine) -> tuple[Profile, str]:
+    """(profile, 'file'|'estimated'): the file at `path`, or an estimate written there."""
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return Profile.from_json(fh.read()), "file"
+        except (OSError, ValueError, PlannerError) as e:
+            raise ArtifactError(path=path, reason=f"is not a usable device profile ({e})",
+                                fix="fix it, or delete it so the agent estimates a new one") from e
+    prof = estimate_profile(graph, time_engine_ms(full))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(prof.to_json())
+    os.replace(path + ".tmp", path)
+    logger.info("estimated the device profile from FLOPs and one timed model run; wrote %s", path)
+    return prof, "estimated"
+
+
+def make_frontier(graph: LayerGraph, device: Profile, files: Mapping[str, bytes], objective: str,
+                  encodings: tuple[str, ...] = ("fp32", "fp16")) -> Frontier:
+    """The plan frontier for this device; see [Note: cloud profile]."""
+    cloud_text = files.get("profiles/cloud.json")
+    if cloud_text is not None:
+        cloud = Profile.from_json(cloud_text.decode())
+    else:
+        dev_ms = sum(device.layer_ms(layer.id) for layer in graph.layers)
+        gflops = max(graph.total_flops, 1) / (max(dev_ms, 1e-3) / 1e3) / 1e9 * CLOUD_SPEEDUP
+        cloud = make_flops_profile(graph, device="cloud-estimate", gflops=gflops)
+        logger.info("no profiles/cloud.json from the gateway: assuming the cloud is %.0fx this device", CLOUD_SPEEDUP)
+    rng = DEFAULT_LINK_RANGE
+    fj = files.get("frontier.json")
+    if fj is not None:
+        try:
+            planner_part = json.loads(fj).get("planner")
+            if planner_part:
+                rng = LinkRange.from_dict(planner_part["link_range"])
+        except (ValueError, KeyError, TypeError, PlannerError) as e:
+            logger.warning("ignoring the link range of frontier.json (%s)", e)
+    obj = "energy" if objective == "energy" else "latency"
+    return frontier(graph, [device, cloud], rng, obj, encodings=tuple(Encoding(e) for e in encodings))
+
+
+class ModelSet:
+    """The whole model and the per-cut engines of one model version on this device."""
+
+    def __init__(self, model_path: str, *, cache: ArtifactCache, model: str, version: str,
+                 intra_op_threads: int = 0) -> None:
+        self.model, self.version, self.cache = model, version, cache
+        self.engine_config = EngineConfig(intra_op_threads=intra_op_threads, batch_buckets=(1,), dynamic_batch=False,
+                                          cache_dir=cache.engines_dir, provider="auto")
+        try:
+            self.splitter = Splitter(model_path)
+        except (PartitionError, OSError, ValueError) as e:
+            raise ArtifactError(path=model_path, reason=f"is not a model the partitioner can read ({e})",
+                                fix="re-export the model, or delete the cache so it is downloaded again") from e
+        except Exception as e:  # onnx raises DecodeError and friends for a corrupt file
+            raise ArtifactError(path=model_path, reason=f"cannot be parsed as ONNX ({type(e).__name__})",
+                                fix="delete the cached model so it is downloaded again") from e
+        self.graph = self.splitter.graph
+        self.full = self._engine(model_path, f"{model}@{version}/full")
+        self.cuts: dict[str, CutEngines] = {}
+        self.local_ms = time_engine_ms(self.full)
+
+    def _engine(self, path: str, name: str) -> Engine:
+        try:
+            return Engine(path, self.engine_config, name=name)
+        except WorkerError as e:
+            raise ArtifactError(path=path, reason=f"cannot be loaded by ONNX Runtime ({e})",
+                                fix="delete the cache so the model is downloaded and cut again") from e
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.full.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.full.outputs)
+
+    def load_cut(self, cut: Cut) -> CutEngines | None:
+        """Warm the head and local tail of `cut` (cut once and cached as files); None for an edge-only cut."""
+        if len(cut.device) >= len(self.graph):
+            return None
+        if cut.key in self.cuts:
+            return self.cuts[cut.key]
+        paths = {k: self.cache.segment_path(self.model, self.version, cut.key, k) for k in ("head", "tail")}
+        meta_path = os.path.join(os.path.dirname(paths["tail"]), "cut.json")
+        if not (os.path.exists(paths["tail"]) and os.path.exists(meta_path)):
+            head, tail = self.splitter.split(cut)
+            os.makedirs(os.path.dirname(paths["tail"]), exist_ok=True)
+            if head.layers:
+                save_segment(head, paths["head"])
+            save_segment(tail, paths["tail"])
+            meta = {"edge_layers": sorted(cut.device), "boundary": list(tail.inputs),
+                    "head_outputs": list(head.outputs)}
+            with open(meta_path, "w", encoding="utf-8") as fh:
+                json.dump(meta, fh)
+        with open(meta_path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+        outputs = set(self.graph.outputs)
+        head_engine = self._engine(paths["head"], f"{self.model}@{self.version}/head/{cut.key}") if cut.device else None
+        ce = CutEngines(cut.key, head_engine,
+                        self._engine(paths["tail"], f"{self.model}@{self.version}/tail/{cut.key}"),
+                        tuple(meta["boundary"]), tuple(o for o in meta["head_outputs"] if o in outputs))
+        self.cuts[cut.key] = ce
+        return ce
+
+    def close(self) -> None:
+        for ce in self.cuts.values():
+            if ce.head is not None:
+                ce.head.close()
+            ce.tail.close()
+        self.full.close()

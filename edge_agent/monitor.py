@@ -1,0 +1,181 @@
+"""Link estimation from the traffic the agent already sends.
+
+Pure: no clocks and no I/O; every method takes `now_s` (time.monotonic() seconds).
+
+[Note: link estimation]
+Every remote call is a sample: the bits it moved over the time the network took
+(elapsed minus the server's reported time minus one RTT). Downlink bytes are counted
+as `1/down_ratio` uplink bytes, since the planner's links keep that ratio. A call that
+timed out is a censored sample: the rate was at most bits/elapsed. A call dominated by
+the RTT only bounds the rate from below. Samples are smoothed in log space (rates
+multiply) by an EWMA, and a two-sided CUSUM on the same log samples detects a step:
+each sample adds its deviation beyond a dead band `delta` to an up or down sum, and a
+sum past `threshold` means the link changed, so the level jumps to the median of the
+samples that built the sum. The RTT is the windowed minimum of health-check round
+trips (a reconnect or a queue only adds delay, as in BBR's min_rtt). A step from 18.88 to 1.1 Mbit/s (log ratio 2.8) is seen
+after two samples; jitter within the dead band never accumulates; a single outlier
+(up to ~e^(threshold+delta)) does not move the level by more than one EWMA step.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+__all__ = ["LinkEstimate", "MonitorConfig", "LinkMonitor"]
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """What the agent believes about its link now."""
+
+    up_bps: float | None
+    """Uplink rate; None before the first informative sample."""
+    down_bps: float | None
+    """Downlink rate (up_bps * down_ratio)."""
+    rtt_ms: float | None
+    """Round-trip time; None before the first sample."""
+    samples: int
+    """Bandwidth samples seen."""
+    last_sample_s: float | None
+    """Monotonic time of the last sample."""
+    last_change_s: float | None
+    """Monotonic time the last step was detected."""
+    changes: int = 0
+    """Steps detected so far."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LinkEstimate:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Smoothing and step detection."""
+
+    alpha: float = 0.15
+    """EWMA weight of a new log-rate sample."""
+    delta: float = 0.35
+    """CUSUM dead band in log units (0.35: a factor 1.4 of jitter is ignored)."""
+    threshold: float = 3.0
+    """CUSUM sum in log units that declares a step."""
+    rtt_window: int = 5
+    """The RTT is the minimum of this many recent samples (queueing and reconnects only add delay)."""
+    down_ratio: float = 4.0
+    """Downlink rate / uplink rate, to count response bytes."""
+    min_payload_fraction: float = 0.25
+    """Below this share of the network time spent on bytes, a call only bounds the rate from below."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1 or self.rtt_window < 1:
+            raise ValueError(f"alpha={self.alpha} must be in (0, 1] and rtt_window={self.rtt_window} >= 1")
+        if self.delta < 0 or self.threshold <= 0 or self.down_ratio <= 0:
+            raise ValueError(f"need delta >= 0 (got {self.delta}), threshold > 0 (got {self.threshold}) "
+                             f"and down_ratio > 0 (got {self.down_ratio})")
+
+
+class LinkMonitor:
+    """Passive (and probe) samples in, `estimate()` out."""
+
+    def __init__(self, config: MonitorConfig | None = None) -> None:
+        self.config = config or MonitorConfig()
+        self._level: float | None = None  # log(bps)
+        self._rtts: collections.deque[float] = collections.deque(maxlen=self.config.rtt_window)
+        self._up = 0.0
+        self._down = 0.0
+        self._run_up: list[float] = []
+        self._run_down: list[float] = []
+        self._samples = 0
+        self._last_sample_s: float | None = None
+        self._last_change_s: float | None = None
+        self._changes = 0
+
+    # -- samples ------------------------------------------------------------------------
+
+    def observe_rate(self, bps: float, now_s: float) -> bool:
+        """One bandwidth sample. Returns True when it completed a step."""
+        if not bps > 0 or not math.isfinite(bps):
+            return False
+        x = math.log(bps)
+        self._samples += 1
+        self._last_sample_s = now_s
+        if self._level is None:
+            self._level = x
+            return False
+        c = self.config
+        dev = x - self._level
+        self._up = max(0.0, self._up + dev - c.delta)
+        self._down = max(0.0, self._down - dev - c.delta)
+        self._run_up = self._run_up + [x] if self._up > 0 else []
+        self._run_down = self._run_down + [x] if self._down > 0 else []
+        for total, run in ((self._up, self._run_up), (self._down, self._run_down)):
+            if total > c.threshold and run:
+                self._level = statistics.median(run)
+                self._reset_sums()
+                self._last_change_s = now_s
+                self._changes += 1
+                return True
+        self._level += c.alpha * dev
+        return False
+
+    def observe_rtt(self, rtt_ms: float, now_s: float) -> None:
+        """An RTT sample (a health probe, or a call that moved almost no bytes)."""
+        if not rtt_ms >= 0 or not math.isfinite(rtt_ms):
+            return
+        self._rtts.append(rtt_ms)
+
+    @property
+    def _rtt_ms(self) -> float | None:
+        return min(self._rtts) if self._rtts else None
+
+    def observe_transfer(self, up_bytes: int, down_bytes: int, elapsed_s: float, server_ms: float,
+                         now_s: float) -> bool:
+        """A completed remote call. Returns True when it completed a step."""
+        c = self.config
+        net_s = elapsed_s - max(0.0, server_ms) / 1e3
+        if net_s <= 0:
+            return False
+        bits = 8.0 * (up_bytes + down_bytes / c.down_ratio)
+        rtt_s = (self._rtt_ms or 0.0) / 1e3
+        payload_s = net_s - rtt_s
+        if payload_s >= c.min_payload_fraction * net_s:
+            return self.observe_rate(bits / payload_s, now_s)
+        # RTT-dominated: the rate is at least this; only a level below it learns anything.
+        floor_bps = bits / (c.min_payload_fraction * net_s)
+        if self._level is not None and math.log(floor_bps) > self._level:
+            return self.observe_rate(floor_bps, now_s)
+        self._last_sample_s = now_s
+        return False
+
+    def observe_timeout(self, up_bytes: int, elapsed_s: float, now_s: float) -> bool:
+        """A call that timed out or failed after `elapsed_s` with `up_bytes` sent: the rate was lower."""
+        if elapsed_s <= 0 or up_bytes <= 0:
+            return False
+        ceiling_bps = 8.0 * up_bytes / elapsed_s
+        if self._level is None or math.log(ceiling_bps) < self._level:
+            return self.observe_rate(ceiling_bps, now_s)
+        return False
+
+    def _reset_sums(self) -> None:
+        self._up = self._down = 0.0
+        self._run_up, self._run_down = [], []
+
+    # -- estimate -----------------------------------------------------------------------
+
+    def estimate(self) -> LinkEstimate:
+        up = None if self._level is None else math.exp(self._level)
+        return LinkEstimate(
+            up_bps=up,
+            down_bps=None if up is None else up * self.config.down_ratio,
+            rtt_ms=self._rtt_ms,
+            samples=self._samples,
+            last_sample_s=self._last_sample_s,
+            last_change_s=self._last_change_s,
+            changes=self._changes,
+        )

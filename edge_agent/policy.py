@@ -1,0 +1,234 @@
+"""Where the next request runs: a pure function, in the shape of Ray Serve's autoscaling policy.
+
+    action, state = policy(estimate, frontier, health, state, now_s, config=config)
+
+No I/O and no clocks: the link estimate, the plan frontier, the health of both paths
+and the time come in; an `Action` and the next `PolicyState` go out. The caller logs
+every switch once, with `action.reason`, which names the estimates that caused it.
+
+[Note: policy]
+Options are every frontier plan whose head engine is warm (each evaluated at the
+estimated link by rescaling its own breakdown, so the current plan's cost is known
+even where it is no longer the optimum), and local execution of the whole model.
+The uplink is shared by consecutive requests: at `arrival_rps` a plan whose upload
+takes u ms loads it to rho = rps * u / 1000 and waits u * rho / (2 (1 - rho)) more
+(M/D/1); a plan that would load it past 0.9 is not an option.
+1. Deadline: with an SLO, an option predicted to miss it loses to one that meets it;
+   when the best remote plan misses and local meets, the request runs locally.
+2. Otherwise the cheapest option by the objective (ms or device joules) is the target.
+3. Hysteresis and dwell: the target replaces the current option only if it is at least
+   `hysteresis` cheaper and `dwell_s` passed since the last switch, unless the current
+   option became unavailable (breaker open, engine gone), misses the SLO while the
+   target meets it, or costs over 1/`urgent_ratio` times the target. So jitter never
+   flaps the cut and a real step switches at once.
+A half-open breaker lets one probe through: that request goes remote without moving
+the state, so recovery is tried without committing to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+from edge_agent.monitor import LinkEstimate
+from planner import Encoding, Frontier, Objective
+
+__all__ = ["Action", "Health", "PolicyConfig", "PolicyState", "policy", "LOCAL", "OFFLOAD"]
+
+LOCAL, OFFLOAD = "local", "offload"
+_MAX_UTILISATION = 0.9
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    objective: str = "latency"
+    """'latency' or 'energy' (anything else plans as latency)."""
+    slo_ms: float | None = None
+    """Per-request latency target; None: none."""
+    hysteresis: float = 0.15
+    """Required relative improvement before switching."""
+    dwell_s: float = 1.0
+    """Least time between switches unless forced."""
+    initial_up_bps: float | None = None
+    """Rate assumed before the first sample; None: the frontier range's geometric middle."""
+    urgent_ratio: float = 0.5
+    """A target costing at most this fraction of the current option switches even inside the dwell."""
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the policy knows about both paths."""
+
+    remote_allowed: bool = True
+    """The breaker lets this request use the network."""
+    probe: bool = False
+    """This request is the breaker's half-open probe."""
+    breaker: str = "closed"
+    """Breaker state, for the reason text."""
+    local_ms: float = math.inf
+    """Measured median of the whole model on the device; inf: no local model."""
+    warm_cuts: frozenset[str] | None = None
+    """Cut ids with a loaded head engine; None: every frontier cut."""
+    arrival_rps: float = 0.0
+    """Recent request rate; the uplink is a queue that this load may saturate."""
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    """'offload' or 'local'."""
+    cut_id: str = ""
+    """Wire cut id of the offload plan."""
+    encoding: Encoding = field(default_factory=Encoding)
+    """How the boundary travels."""
+    plan_key: str = "local"
+    """Stable id of the option ('local' or Plan.key)."""
+    predicted_ms: float = math.inf
+    """Predicted end-to-end ms of this option at the estimated link."""
+    local_ms: float = math.inf
+    """Predicted ms of local execution, for comparison."""
+    reason: str = ""
+    """Why, with the estimates that decided it."""
+    switched: bool = False
+    """This action changed the current option (log it)."""
+    probe: bool = False
+    """A breaker probe (the state did not move)."""
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["encoding"] = self.encoding.to_dict()
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Action:
+        d = json.loads(text)
+        d["encoding"] = Encoding.from_dict(d["encoding"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    current: str = ""
+    """plan_key of the option in use; '' before the first decision."""
+    switched_s: float | None = None
+    """When the current option was chosen."""
+    switches: int = 0
+    """Switches so far."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PolicyState:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class _Option:
+    key: str
+    kind: str
+    ms: float
+    cost: float
+    cut_id: str = ""
+    encoding: Encoding = field(default_factory=Encoding)
+
+
+def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: PolicyConfig,
+                    energy: bool) -> list[_Option]:
+    lr = front.link_range
+    up = est.up_bps or cfg.initial_up_bps or math.sqrt(lr.up_lo_bps * lr.up_hi_bps)
+    out = []
+    for entry in front.entries:
+        plan = entry.plan
+        if not plan.boundary:  # edge-only: that is the local option
+            continue
+        cut_id = plan.cut.key
+        if health.warm_cuts is not None and cut_id not in health.warm_cuts:
+            continue
+        # A one-entry frontier rescales this plan's own breakdown to the estimated link.
+        p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
+        b = p.breakdown
+        ms = b.total_ms if est.rtt_ms is None else b.total_ms - b.rtt_ms + est.rtt_ms
+        # The uplink serves every request's boundary in turn: an M/D/1 queue at this load.
+        util = health.arrival_rps * b.uplink_ms / 1e3
+        if util >= _MAX_UTILISATION:
+            continue
+        ms += b.uplink_ms * util / (2.0 * (1.0 - util))
+        out.append(_Option(plan.key, OFFLOAD, ms, b.energy_j if energy else ms, cut_id, plan.encoding))
+    return out
+
+
+def _meets(o: _Option, slo: float | None) -> bool:
+    return slo is None or o.ms <= slo
+
+
+def _show(est: LinkEstimate) -> str:
+    up = "unknown" if est.up_bps is None else f"{est.up_bps / 1e6:.2f} Mbit/s"
+    rtt = "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f} ms"
+    return f"up {up}, rtt {rtt}, {est.samples} samples"
+
+
+def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, state: PolicyState,
+           now_s: float, *, config: PolicyConfig = PolicyConfig()) -> tuple[Action, PolicyState]:
+    """The option for the next request; see [Note: policy]."""
+    energy = config.objective == Objective.ENERGY.value and frontier is not None
+    slo = config.slo_ms
+    local_energy = (frontier.compute_w * health.local_ms / 1e3) if energy and frontier else health.local_ms
+    local = _Option(LOCAL, LOCAL, health.local_ms, local_energy)
+    remote = []
+    if frontier is not None and health.remote_allowed:
+        remote = _remote_options(estimate, frontier, health, config, energy)
+    best_remote = min(remote, key=lambda o: o.cost, default=None)
+    options = {o.key: o for o in remote}
+    if math.isfinite(local.ms):
+        options[LOCAL] = local
+
+    def act(o: _Option, reason: str, switched: bool, probe: bool = False) -> Action:
+        return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe)
+
+    if health.probe and best_remote is not None:
+        return act(best_remote, f"breaker probe ({_show(estimate)})", False, True), state
+
+    # 1-2: the target.
+    if best_remote is None:
+        target = local
+        if not health.remote_allowed:
+            why = "breaker " + health.breaker
+        elif frontier is not None and health.arrival_rps > 0 and _remote_options(
+                estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config, energy):
+            why = f"the uplink cannot carry {health.arrival_rps:.1f} req/s of any warm plan"
+        else:
+            why = "no warm remote plan"
+    elif not math.isfinite(local.ms):
+        target, why = best_remote, "no local model"
+    elif slo is not None and not _meets(best_remote, slo) and _meets(local, slo):
+        target, why = local, f"remote {best_remote.ms:.0f} ms misses the {slo:.0f} ms SLO, local {local.ms:.0f} ms meets it"
+    elif slo is not None and _meets(best_remote, slo) and not _meets(local, slo):
+        target, why = best_remote, f"only the remote plan ({best_remote.ms:.0f} ms) meets the {slo:.0f} ms SLO"
+    else:
+        target = best_remote if best_remote.cost <= local.cost else local
+        unit = "J" if energy else "ms"
+        why = f"remote {best_remote.cost:.3g} {unit} vs local {local.cost:.3g} {unit}"
+
+    current = options.get(state.current)
+    if current is None or current.key == target.key:
+        switched = current is None
+        new = state if not switched else PolicyState(target.key, now_s, state.switches + (1 if state.current else 0))
+        reason = f"{target.key}: {why} ({_show(estimate)})"
+        if switched and state.current:
+            reason = f"{state.current} unavailable -> {reason}"
+        return act(target, reason, switched), new
+
+    # 3: hysteresis and dwell.
+    forced = (slo is not None and not _meets(current, slo) and _meets(target, slo)) or (
+        target.cost <= current.cost * config.urgent_ratio)
+    better = target.cost < current.cost * (1.0 - config.hysteresis)
+    dwelt = state.switched_s is None or now_s - state.switched_s >= config.dwell_s
+    if forced or (better and dwelt):
+        reason = (f"{current.key} ({current.ms:.0f} ms) -> {target.key} ({target.ms:.0f} ms): {why}"
+                  f"{'; forced' if forced else ''} ({_show(estimate)})")
+        return act(target, reason, True), PolicyState(target.key, now_s, state.switches + 1)
+    hold = "within hysteresis" if not better else f"dwell {config.dwell_s:g} s not over"
+    return act(current, f"keep {current.key}: {hold} ({_show(estimate)})", False), state

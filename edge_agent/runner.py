@@ -1,0 +1,451 @@
+"""The request path: policy, head, remote tail or local finish, and exactly one answer.
+
+Each request is a `flow.RequestFlow`. The remote call, its timer and the local tail
+are separate callbacks racing on one event loop; every result goes through
+`flow.fire`, and only the event it marks as delivering sets the answer. A remote
+answer after the local one is dropped and counted (`late_dropped`); it still feeds
+the link monitor, because a slow answer is the best evidence of a slow link.
+
+[Note: remote budget]
+A request waits for the cloud until its budget: with an SLO, the SLO minus the time
+already spent minus the local tail's measured time (so the fallback still lands in
+time); without, `remote_timeout_ms`. The gRPC deadline is twice the budget (at least
+one second more): the call is not cancelled at the budget, so a late answer can still
+arrive, be dropped and be measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cluster.errors import ClusterError, EncodingError, Unauthenticated, UnknownCutError
+from cluster.protocol.encoding import decode, encode
+from cluster.protocol.messages import InferRequest
+from cluster.protocol.tensors import EncodedTensor
+from edge_agent import breaker as B
+from edge_agent.config import EdgeConfig
+from edge_agent.engines import CutEngines, ModelSet
+from edge_agent.errors import RequestError
+from edge_agent.flow import RequestFlow, Step
+from edge_agent.monitor import LinkMonitor, MonitorConfig
+from edge_agent.policy import LOCAL, OFFLOAD, Action, Health, PolicyConfig, PolicyState, policy
+from edge_agent.transport import Remote, RemoteResult
+from planner import Frontier
+from workers.errors import InputError, WorkerError
+
+__all__ = ["Answer", "Counters", "Runner"]
+
+logger = logging.getLogger(__name__)
+_WINDOW = 2048
+_RATE_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the app gets back."""
+
+    request_id: str
+    outputs: Mapping[str, np.ndarray]
+    served_by: str
+    """'remote', 'local' (whole model) or 'local_tail' (head here, tail here after a remote failure)."""
+    cut_id: str
+    """The cut used ('' when the whole model ran locally)."""
+    latency_ms: float
+    fallback_reason: str = ""
+    """Why a request planned for the cloud finished locally."""
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    answered: int = 0
+    failed: int = 0
+    remote: int = 0
+    local: int = 0
+    local_tail: int = 0
+    late_dropped: int = 0
+    """Remote answers that came after the local one."""
+    local_dropped: int = 0
+    """Local tails whose remote answer won the race."""
+    remote_errors: dict[str, int] = field(default_factory=dict)
+    switches: int = 0
+    probes: int = 0
+    inflight: int = 0
+    latency_ms: dict[str, collections.deque] = field(default_factory=dict)
+
+    def observe(self, served_by: str, ms: float) -> None:
+        self.latency_ms.setdefault(served_by, collections.deque(maxlen=_WINDOW)).append(ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        lat = {k: {"count": len(v), "p50_ms": float(np.percentile(v, 50)), "p90_ms": float(np.percentile(v, 90))}
+               for k, v in self.latency_ms.items() if v}
+        return {k: v for k, v in vars(self).items() if k != "latency_ms"} | {"latency": lat}
+
+
+def _error_kind(e: BaseException) -> str:
+    return type(e).__name__
+
+
+class Runner:
+    """The online core: one per agent, on one event loop."""
+
+    def __init__(self, models: ModelSet, frontier: Frontier | None, remote: Remote | None, config: EdgeConfig,
+                 *, executor: concurrent.futures.Executor | None = None, local_ms: float | None = None) -> None:
+        self.models = models
+        self.local_ms = models.local_ms if local_ms is None else local_ms
+        """Whole-model ms on this device as the policy sees it (the device profile's, else measured)."""
+        self.frontier = frontier
+        self.remote = remote
+        self.config = config
+        self.monitor = LinkMonitor(MonitorConfig(down_ratio=frontier.link_range.down_ratio if frontier else 4.0))
+        self.breaker_config = B.BreakerConfig(config.breaker_failures, config.breaker_open_s)
+        self.breaker = B.BreakerState()
+        self.policy_config = PolicyConfig(config.objective, config.slo_ms, config.hysteresis, config.dwell_s)
+        self.state = PolicyState()
+        self.last_action: Action | None = None
+        self.counters = Counters()
+        self.unusable_cuts: set[str] = set()
+        self.last_activity_s = time.monotonic()
+        self._last_request: InferRequest | None = None
+        self._remote_tasks: set[asyncio.Task[RemoteResult]] = set()
+        self._local_tasks: set[asyncio.Task[None]] = set()
+        self._arrivals: collections.deque[float] = collections.deque()
+        self.last_remote_s = 0.0
+        """When the link last carried a remote call (idle probes wait for a quiet link)."""
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="edge-engine")
+        self._own_executor = executor is None
+        self._device_id = config.resolved_device_id
+
+    # -- deciding -----------------------------------------------------------------------
+
+    def decide(self, now_s: float) -> Action:
+        """Breaker, then policy; logs every switch once with its reason."""
+        remote_ok = self.remote is not None and self.frontier is not None
+        probe = False
+        if remote_ok:
+            before = self.breaker.state
+            remote_ok, self.breaker = B.allow(self.breaker, now_s, self.breaker_config)
+            probe = remote_ok and before != B.CLOSED
+        warm = frozenset(k for k in self.models.cuts if k not in self.unusable_cuts)
+        health = Health(remote_ok, probe, self.breaker.state, self.local_ms, warm, self._arrival_rps(now_s))
+        action, self.state = policy(self.monitor.estimate(), self.frontier, health, self.state, now_s,
+                                    config=self.policy_config)
+        if action.switched:
+            self.counters.switches += 1
+            logger.info("switch: %s", action.reason)
+        if action.probe:
+            self.counters.probes += 1
+        self.last_action = action
+        return action
+
+    def _arrival_rps(self, now_s: float) -> float:
+        """Requests per second over the last `_RATE_WINDOW_S` (this one not counted)."""
+        q = self._arrivals
+        q.append(now_s)
+        while q and now_s - q[0] > _RATE_WINDOW_S:
+            q.popleft()
+        # Over the whole window, not the span of the arrivals: a burst of five is 2.5 rps, not 500.
+        return (len(q) - 1) / _RATE_WINDOW_S
+
+    def _remote_budget_s(self, start_s: float, ce: CutEngines) -> float:
+        cap = self.config.remote_timeout_ms / 1e3
+        if self.config.slo_ms is None:
+            return cap
+        tail_ms = ce.tail.stats().median_ms or self.local_ms
+        left = self.config.slo_ms / 1e3 - (time.monotonic() - start_s) - tail_ms / 1e3
+        return min(cap, max(left, 0.3 * self.config.slo_ms / 1e3))
+
+    # -- running ------------------------------------------------------------------------
+
+    def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        want = set(self.models.input_names)
+        if set(inputs) != want:
+            raise RequestError(reason=f"inputs {sorted(inputs)} do not match the model's {sorted(want)}",
+                               fix="send exactly the model's inputs (GET /v1/model lists them)")
+
+    async def _run_engine(self, engine: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: engine.run(inputs, copy=True))
+
+    async def infer(self, inputs: Mapping[str, np.ndarray], *, request_id: str) -> Answer:
+        """Answers one request exactly once (an Answer, or the error that is its answer)."""
+        self._check_inputs(inputs)
+        start = time.monotonic()
+        self.last_activity_s = start
+        self.counters.requests += 1
+        self.counters.inflight += 1
+        try:
+            action = self.decide(start)
+            ce = self.models.cuts.get(action.cut_id) if action.kind != LOCAL else None
+            flow = RequestFlow(request_id, fallback_local=self.config.fallback == "local")
+            if ce is None:
+                flow.fire("local")
+                return await self._finish_local(flow, inputs, start)
+            flow.fire("offload")
+            return await self._offload(flow, action, ce, inputs, start)
+        except BaseException:
+            self.counters.failed += 1
+            raise
+        finally:
+            self.counters.inflight -= 1
+            self.last_activity_s = time.monotonic()
+
+    async def _finish_local(self, flow: RequestFlow, inputs: Mapping[str, np.ndarray], start: float) -> Answer:
+        try:
+            out = await self._run_engine(self.models.full, inputs)
+        except InputError as e:
+            flow.fire("local_error")
+            raise RequestError(reason=str(e), fix="match the model's input names, dtypes and shapes") from e
+        except WorkerError:
+            flow.fire("local_error")
+            raise
+        flow.fire("local_done")
+        return self._answered(flow.request_id, out, "local", "", start)
+
+    def _answered(self, rid: str, out: Mapping[str, np.ndarray], by: str, cut_id: str, start: float,
+                  why: str = "") -> Answer:
+        ms = (time.monotonic() - start) * 1e3
+        self.counters.answered += 1
+        setattr(self.counters, by, getattr(self.counters, by) + 1)
+        self.counters.observe(by, ms)
+        ordered = {k: out[k] for k in self.models.output_names if k in out}
+        return Answer(rid, ordered, by, cut_id, ms, why)
+
+    def _make_request(self, action: Action, ce: CutEngines, boundary: Mapping[str, np.ndarray], rid: str,
+                      timeout_s: float) -> InferRequest:
+        enc = action.encoding
+        tensors: dict[str, Any] = {}
+        for name in ce.boundary:
+            arr = boundary[name]
+            if arr.dtype == np.float32 and (enc.precision != "fp32" or enc.compression != "none"):
+                tensors[name] = encode(arr, precision=enc.precision, compression=enc.compression,  # type: ignore[arg-type]
+                                       per_channel=enc.per_channel)
+            else:
+                tensors[name] = np.ascontiguousarray(arr)
+        return InferRequest(request_id=rid, model=self.models.model, version=self.models.version, cut_id=ce.cut_id,
+                            deadline_unix_ms=int((time.time() + timeout_s) * 1000), tensors=tensors,
+                            device_id=self._device_id)
+
+    async def _offload(self, flow: RequestFlow, action: Action, ce: CutEngines,
+                       inputs: Mapping[str, np.ndarray], start: float) -> Answer:
+        rid = flow.request_id
+        if ce.head is not None:
+            try:
+                head_out = await self._run_engine(ce.head, inputs)
+            except InputError as e:
+                raise RequestError(reason=str(e), fix="match the model's input names, dtypes and shapes") from e
+            except WorkerError as e:
+                logger.warning("head of cut %s failed (%s); running the whole model", ce.cut_id, e)
+                flow.fire("head_error")
+                return await self._finish_local(flow, inputs, start)
+        else:
+            head_out = {}
+        values = {**inputs, **head_out}
+        boundary = {n: values[n] for n in ce.boundary}
+        kept = {n: head_out[n] for n in ce.head_model_outputs}
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Answer] = loop.create_future()
+        budget_s = self._remote_budget_s(start, ce)
+        call_s = max(2 * budget_s, budget_s + 1.0)
+        timed_out = False
+
+        def deliver(step: Step, value: Any, by: str, why: str = "") -> None:
+            if step.delivers and not answer.done():
+                if isinstance(value, BaseException):
+                    answer.set_exception(value)
+                else:
+                    answer.set_result(self._answered(rid, {**kept, **value}, by, ce.cut_id, start, why))
+
+        def start_local_tail(why: str) -> None:
+            async def tail() -> None:
+                try:
+                    out = await self._run_engine(ce.tail, boundary)
+                except Exception as e:  # noqa: BLE001 - becomes this request's answer
+                    deliver(flow.fire("local_error"), e, "local_tail")
+                    return
+                step = flow.fire("local_done")
+                if step.late:
+                    self.counters.local_dropped += 1
+                deliver(step, out, "local_tail", why)
+
+            t = loop.create_task(tail())
+            self._local_tasks.add(t)  # the loop keeps only weak references to tasks
+            t.add_done_callback(self._local_tasks.discard)
+
+        try:
+            request = self._make_request(action, ce, boundary, rid, call_s)
+        except EncodingError as e:
+            flow.fire("encode_error")
+            start_local_tail(f"encoding failed: {e}")
+            return await answer
+        flow.fire("head_done")
+        self._last_request = request
+        sent_s = time.monotonic()
+        # Calls in flight together share the link: each sees about 1/n of its rate.
+        share = 1 + sum(1 for t in self._remote_tasks if not t.done())
+        assert self.remote is not None
+
+        def on_timeout() -> None:
+            nonlocal timed_out
+            if flow.state != "remote":
+                return
+            timed_out = True
+            self._remote_failed("timeout", action, request.tensor_bytes() * share, time.monotonic() - sent_s)
+            step = flow.fire("remote_timeout")
+            if step.delivers:  # fallback 'none'
+                deliver(step, TimeoutError(f"no answer from the gateway within {budget_s * 1e3:.0f} ms"), "remote")
+            else:
+                start_local_tail(f"no remote answer within {budget_s * 1e3:.0f} ms")
+
+        timer = loop.call_later(budget_s, on_timeout)
+
+        def on_remote(task: asyncio.Task[RemoteResult]) -> None:
+            timer.cancel()
+            now = time.monotonic()
+            if task.cancelled():
+                kind, exc = "remote_cancelled", asyncio.CancelledError("the remote call was cancelled")
+            elif task.exception() is not None:
+                kind, exc = "remote_error", task.exception()
+            else:
+                r = task.result()
+                self.last_remote_s = now
+                self.monitor.observe_transfer(r.up_bytes * share, r.down_bytes * share, r.elapsed_s, r.server_ms, now)
+                if not timed_out:
+                    self.breaker = B.on_success(self.breaker, now, self.breaker_config)
+                outs = {k: decode(v) if isinstance(v, EncodedTensor) else v for k, v in r.response.outputs.items()}
+                step = flow.fire("remote_ok")
+                if step.late:
+                    self.counters.late_dropped += 1
+                deliver(step, outs, "remote")
+                return
+            assert exc is not None
+            self.last_remote_s = now
+            if not timed_out:
+                self._remote_failed(_error_kind(exc), action, request.tensor_bytes() * share, now - sent_s, exc)
+            if flow.state != "remote":
+                flow.fire(kind)  # already falling back or answered: nothing to do
+                return
+            step = flow.fire(kind)
+            if step.delivers:
+                deliver(step, exc, "remote")
+            else:
+                start_local_tail(f"remote {_error_kind(exc)}: {exc}")
+
+        task = loop.create_task(self.remote.infer(request, timeout_s=call_s))
+        self._remote_tasks.add(task)
+        task.add_done_callback(self._remote_tasks.discard)
+        task.add_done_callback(on_remote)
+        return await answer
+
+    def cancel_remote(self) -> int:
+        """Cancels every remote call in flight; their requests finish locally. Returns how many."""
+        tasks = [t for t in self._remote_tasks if not t.done()]
+        for t in tasks:
+            t.cancel()
+        return len(tasks)
+
+    def _remote_failed(self, kind: str, action: Action, up_bytes: int, elapsed_s: float,
+                       exc: BaseException | None = None) -> None:
+        now = time.monotonic()
+        self.counters.remote_errors[kind] = self.counters.remote_errors.get(kind, 0) + 1
+        self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
+        if kind == "timeout" or kind == "DeadlineExceeded":
+            self.monitor.observe_timeout(up_bytes, elapsed_s, now)
+        if isinstance(exc, UnknownCutError) and action.cut_id not in self.unusable_cuts:
+            self.unusable_cuts.add(action.cut_id)
+            logger.warning("the gateway does not know cut %s; not offloading at it again: %s", action.cut_id, exc)
+        elif isinstance(exc, Unauthenticated):
+            logger.error("the gateway refused the token: %s", exc)
+        else:
+            logger.debug("remote %s for cut %s after %.0f ms", kind, action.cut_id, elapsed_s * 1e3)
+
+    # -- probing ------------------------------------------------------------------------
+
+    def link_idle(self) -> bool:
+        """No remote call in flight and none for `probe_interval_s`: a probe competes with nothing."""
+        quiet = time.monotonic() - self.last_remote_s >= self.config.probe_interval_s
+        return quiet and not any(not t.done() for t in self._remote_tasks)
+
+    async def probe_rtt(self) -> bool:
+        """A health check as an RTT sample; False when the gateway did not answer.
+
+        Before the first sample it checks twice and keeps the second: the first also
+        pays the connection set-up, which is not the link's RTT.
+        """
+        if self.remote is None:
+            return False
+        for i in range(2 if self.monitor.estimate().rtt_ms is None else 1):
+            try:
+                _, rtt_ms = await self.remote.health(timeout_s=2.0)
+            except ClusterError:
+                return False
+        self.monitor.observe_rtt(rtt_ms, time.monotonic())
+        return True
+
+    async def probe(self) -> None:
+        """An active probe, for idle times: RTT by health check, then the last boundary again.
+
+        Its outcome also moves an open or half-open breaker: while requests run locally
+        (breaker open, or no plan fits the link) only a probe can show the link is back.
+        """
+        if not await self.probe_rtt():
+            return
+        timeout_s = self.config.remote_timeout_ms / 1e3
+        req = self._last_request or self._zero_request(timeout_s)
+        if req is None:
+            return
+        req = InferRequest(request_id=req.request_id + "-probe", model=req.model, version=req.version,
+                           cut_id=req.cut_id, deadline_unix_ms=int((time.time() + timeout_s) * 1000),
+                           tensors=req.tensors, device_id=req.device_id)
+        t0 = time.monotonic()
+        try:
+            r = await self.remote.infer(req, timeout_s=timeout_s)
+        except ClusterError:
+            now = time.monotonic()
+            self.last_remote_s = now
+            self.monitor.observe_timeout(req.tensor_bytes(), now - t0, now)
+            if self.breaker.state == B.HALF_OPEN:
+                self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
+            return
+        self.counters.probes += 1
+        if self.breaker.state != B.CLOSED:
+            self.breaker = B.on_success(self.breaker, time.monotonic(), self.breaker_config)
+        self.last_remote_s = time.monotonic()
+        self.monitor.observe_transfer(r.up_bytes, r.down_bytes, r.elapsed_s, r.server_ms, time.monotonic())
+
+    def _zero_request(self, timeout_s: float) -> InferRequest | None:
+        """A boundary of zeros for the first warm cut: measures the link before any request offloaded."""
+        ce = next((c for k, c in self.models.cuts.items() if k not in self.unusable_cuts), None)
+        if ce is None:
+            return None
+        zeros = {s.name: np.zeros(tuple(d or 1 for d in s.shape), np.dtype(s.dtype)) for s in ce.tail.inputs}
+        return self._make_request(Action(OFFLOAD, ce.cut_id), ce, zeros, "probe", timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        est = self.monitor.estimate()
+        a = self.last_action
+        return {
+            "model": f"{self.models.model}@{self.models.version}",
+            "action": None if a is None else {"kind": a.kind, "cut_id": a.cut_id, "encoding": a.encoding.key,
+                                              "predicted_ms": a.predicted_ms if math.isfinite(a.predicted_ms) else None,
+                                              "reason": a.reason},
+            "link": {"up_bps": est.up_bps, "rtt_ms": est.rtt_ms, "samples": est.samples, "changes": est.changes},
+            "breaker": self.breaker.state,
+            "local_ms": self.local_ms, "measured_local_ms": self.models.local_ms,
+            "warm_cuts": sorted(k for k in self.models.cuts if k not in self.unusable_cuts),
+            "counters": self.counters.to_dict(),
+        }
+
+    def close(self) -> None:
+        if self._own_executor:
+            self._executor.shutdown(wait=True)

@@ -1,0 +1,247 @@
+"""Exactly one answer per request, over real gRPC on 127.0.0.1 through the link emulator.
+
+The server is `cluster.server.serve` with `TailBackend`, which runs the real tail with
+ONNX Runtime; the agent's side is the real Runner with warm head, tail and full
+engines. Each test drives one failure (error, timeout, cancellation, outage) and
+checks the app got exactly one correct answer and the late result was dropped.
+"""
+
+import asyncio
+import contextlib
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from cluster.errors import Unavailable, UnknownCutError
+from cluster.server import serve
+from edge_agent.cache import ArtifactCache
+from edge_agent.config import config_from_dict
+from edge_agent.engines import ModelSet
+from edge_agent.runner import Counters, Runner
+from edge_agent.transport import Remote
+from partitioner import prefix_cut
+from splitinfer.netem import LinkEmulator, LinkSetting, OutageMode
+from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, write_model
+
+pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("edge-runner")
+    path = write_model(d)
+    cache = ArtifactCache(str(d / "cache"))
+    models = ModelSet(path, cache=cache, model=MODEL, version=VERSION)
+    cut = prefix_cut(models.graph, 1)
+    models.load_cut(cut)
+    return d, path, models, cut
+
+
+def _x(seed=0):
+    return np.random.default_rng(seed).standard_normal((1, 4, 5, 5)).astype(np.float32)
+
+
+def _ref(path, x):
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@contextlib.asynccontextmanager
+async def _stack(model_dir, *, remote_timeout_ms=400.0, outage_mode=OutageMode.BLACKHOLE, fallback="local",
+                 slo_ms=None):
+    d, path, models, cut = model_dir
+    backend = TailBackend(path, cache_dir=str(d / "server-cache"))
+    backend._engine(cut.key)  # the tail is warm, as a gateway's frontier tails are
+    server = await serve(backend)
+    emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(100, 100, 2),
+                       outage_mode=outage_mode)
+    await emu.start()
+    cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": f"{MODEL}@{VERSION}",
+                            "remoteTimeoutMs": remote_timeout_ms, "fallback": fallback, "sloMs": slo_ms,
+                            "cacheDir": str(d / "cache"), "breakerFailures": 100})
+    remote = Remote(cfg.gateway)
+    runner = Runner(models, fixed_frontier(models.graph, cut), remote, cfg, local_ms=1000.0)
+    # Warm the channel and connection (on a loaded 2-core machine the first call can miss a short budget).
+    for _ in range(3):
+        await remote.infer(runner._make_request(runner.decide(0.0), models.cuts[cut.key], {
+            n: np.zeros((1, 4, 5, 5), np.float32) for n in models.cuts[cut.key].boundary}, "warm", 30.0),
+            timeout_s=30.0)
+    runner.counters = Counters()
+    backend.calls = backend.served = 0
+    try:
+        yield runner, backend, emu
+    finally:
+        runner.cancel_remote()
+        await remote.close()
+        await emu.stop()
+        await server.stop(None)
+        runner.close()
+
+
+def _check_one(ans, path, x, served_by):
+    assert ans.served_by == served_by
+    np.testing.assert_allclose(ans.outputs["y"], _ref(path, x), rtol=1e-4, atol=1e-5)
+
+
+def test_remote_answer_is_the_answer(model_dir):
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir) as (runner, backend, _):
+            x = _x()
+            ans = await runner.infer({"x": x}, request_id="ok")
+            return ans, runner.counters, backend.served
+
+    ans, c, served = asyncio.run(go())
+    _check_one(ans, path, _x(), "remote")
+    assert ans.cut_id == model_dir[3].key and served == 1
+    assert (c.answered, c.remote, c.local_tail, c.late_dropped) == (1, 1, 0, 0)
+
+
+def test_remote_error_finishes_locally_from_the_head_output(model_dir):
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir) as (runner, backend, _):
+            backend.fail = Unavailable(reason="pool restarting")
+            ans = await runner.infer({"x": _x(1)}, request_id="err")
+            return ans, runner.counters
+
+    ans, c = asyncio.run(go())
+    _check_one(ans, path, _x(1), "local_tail")
+    assert "Unavailable" in ans.fallback_reason and c.remote_errors == {"Unavailable": 1}
+    assert (c.answered, c.local_tail, c.remote, c.failed) == (1, 1, 0, 0)
+
+
+def test_timeout_falls_back_and_the_late_answer_is_dropped(model_dir):
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir, remote_timeout_ms=200) as (runner, backend, _):
+            backend.delay_s = lambda req: 0.5  # answers after the 200 ms budget, before the call deadline
+            ans = await runner.infer({"x": _x(2)}, request_id="slow")
+            for _ in range(200):  # wait for the late answer to come in
+                if runner.counters.late_dropped:
+                    break
+                await asyncio.sleep(0.02)
+            return ans, runner.counters, backend.served
+
+    ans, c, served = asyncio.run(go())
+    _check_one(ans, path, _x(2), "local_tail")
+    assert served == 1 and c.late_dropped == 1
+    assert (c.answered, c.remote, c.local_tail) == (1, 0, 1)
+    assert c.remote_errors == {"timeout": 1}
+
+
+def test_cancelled_remote_call_finishes_locally(model_dir):
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir, remote_timeout_ms=5000) as (runner, backend, _):
+            backend.release.clear()  # the server holds the request
+            task = asyncio.ensure_future(runner.infer({"x": _x(3)}, request_id="cancel"))
+            while backend.calls == 0:
+                await asyncio.sleep(0.01)
+            assert runner.cancel_remote() == 1
+            ans = await task
+            backend.release.set()
+            return ans, runner.counters
+
+    ans, c = asyncio.run(go())
+    _check_one(ans, path, _x(3), "local_tail")
+    assert "cancelled" in ans.fallback_reason and (c.answered, c.local_tail) == (1, 1)
+
+
+@pytest.mark.parametrize("mode", [OutageMode.BLACKHOLE, OutageMode.RESET])
+def test_outage_through_the_emulator_is_answered_locally_once(model_dir, mode):
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir, remote_timeout_ms=300, outage_mode=mode) as (runner, backend, emu):
+            before = await runner.infer({"x": _x(4)}, request_id="before")
+            emu.set(up=False)
+            during = [await runner.infer({"x": _x(5 + i)}, request_id=f"during{i}") for i in range(3)]
+            emu.set(up=True)
+            return before, during, runner.counters
+
+    before, during, c = asyncio.run(go())
+    _check_one(before, path, _x(4), "remote")
+    # The first request in the outage times out (or is refused) and finishes from its head
+    # output; the timeouts also tell the monitor the link collapsed, so later ones may go
+    # local at once. Either way each gets one correct answer.
+    _check_one(during[0], path, _x(5), "local_tail")
+    for i, ans in enumerate(during[1:], start=1):
+        _check_one(ans, path, _x(5 + i), ans.served_by)
+        assert ans.served_by in ("local_tail", "local")
+    assert c.answered == 4 and c.requests == 4 and c.failed == 0
+
+
+def test_fallback_none_returns_the_error(model_dir):
+    async def go():
+        async with _stack(model_dir, fallback="none") as (runner, backend, _):
+            backend.fail = Unavailable(reason="down for maintenance")
+            with pytest.raises(Unavailable, match="maintenance"):
+                await runner.infer({"x": _x()}, request_id="none")
+            return runner.counters
+
+    c = asyncio.run(go())
+    assert (c.answered, c.failed) == (0, 1)
+
+
+def test_unknown_cut_is_not_used_again(model_dir):
+    async def go():
+        async with _stack(model_dir) as (runner, backend, _):
+            cut_id = model_dir[3].key
+            backend.fail = UnknownCutError(model=MODEL, version=VERSION, cut_id=cut_id, known=[])
+            first = await runner.infer({"x": _x()}, request_id="u1")
+            second = await runner.infer({"x": _x()}, request_id="u2")
+            return first, second, backend.calls
+
+    first, second, calls = asyncio.run(go())
+    assert first.served_by == "local_tail" and second.served_by == "local" and calls == 1
+
+
+def test_many_concurrent_requests_with_failures_get_one_answer_each(model_dir):
+    path = model_dir[1]
+    n = 24
+
+    async def go():
+        async with _stack(model_dir, remote_timeout_ms=150) as (runner, backend, _):
+            # every third request stalls past the budget, every fifth fails
+            def delay(req):
+                return 0.35 if int(req.request_id[1:]) % 3 == 0 else 0.0
+            backend.delay_s = delay
+            answers = await asyncio.gather(*(runner.infer({"x": _x(i)}, request_id=f"q{i}") for i in range(n)))
+            for _ in range(100):
+                if runner.counters.late_dropped + runner.counters.local_dropped >= n // 3:
+                    break
+                await asyncio.sleep(0.02)
+            return answers, runner.counters
+
+    answers, c = asyncio.run(go())
+    assert [a.request_id for a in answers] == [f"q{i}" for i in range(n)]
+    for i, a in enumerate(answers):
+        np.testing.assert_allclose(a.outputs["y"], _ref(path, _x(i)), rtol=1e-4, atol=1e-5)
+    assert c.answered == n and c.remote + c.local_tail + c.local == n and c.failed == 0
+    assert c.local_tail >= n // 3 and c.late_dropped + c.local_dropped >= n // 3
+
+
+def test_idle_probe_closes_an_open_breaker_and_measures_the_link(model_dir):
+    async def go():
+        async with _stack(model_dir, remote_timeout_ms=2000) as (runner, backend, _):
+            runner.breaker_config = type(runner.breaker_config)(2, 0.2)
+            backend.fail = Unavailable(reason="restarting")
+            for i in range(2):
+                await runner.infer({"x": _x()}, request_id=f"f{i}")
+            opened = runner.breaker.state
+            backend.fail = None
+            before = runner.monitor.estimate().last_sample_s or 0.0
+            await runner.probe()
+            after = runner.breaker.state, runner.monitor.estimate().last_sample_s
+            ans = await runner.infer({"x": _x()}, request_id="back")
+            return opened, before, after, ans
+
+    opened, before, (state, samples), ans = asyncio.run(go())
+    assert opened == "open" and state == "closed" and samples > before  # the probe's transfer was seen
+    assert ans.served_by == "remote"
