@@ -109,14 +109,15 @@ def plot(results: dict[str, Any], path: str) -> None:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("ms per head+tail export (log)")
     ax.set_title("one split export")
-    ax.legend()
+    ax.set_ylim(top=ax.get_ylim()[1] * 8)
+    ax.legend(fontsize=8, loc="upper left", ncol=2)
     ax = axes[2]
     ax.bar([i - 0.2 for i in x], [m[n]["memory"]["peak_over_lower_bound"] for n in names], 0.4, label="plan peak / lower bound")
     ax.bar([i + 0.2 for i in x], [m[n]["memory"]["naive_bytes"] / m[n]["memory"]["lower_bound_bytes"] for n in names], 0.4, label="naive sum / lower bound")
     ax.axhline(1.1, color="red", ls="--", lw=1, label="10% over the bound")
     ax.set_xticks(list(x), names)
     ax.set_title("activation memory plan")
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left")
     for a in axes:
         a.tick_params(axis="x", rotation=45)
     fig.tight_layout()

@@ -1,92 +1,196 @@
-"""`splitinfer demo`: the main job on embedded defaults, no set-up.
+"""`splitinfer demo`: the whole system on one machine, on embedded defaults, in one command.
 
-Today it shows the foundation end to end on a zoo model: the layer graph, the chain cut
-points with what each would send, a split at the cut that sends the least, and a check
-with ONNX Runtime that head then tail equals the whole model.
+It loads a zoo model, profiles the emulated edge device and the cloud side, writes a
+model repository, plans the cut frontier, starts a local Ray, the gateway, the link
+emulator and an edge agent, streams requests while the link steps down, drops out and
+recovers, and writes demo-report/index.html and report.json. Everything it starts is
+stopped before it returns, on success, on error and on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import json
+import logging
+import math
 import os
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from partitioner import (
-    boundary,
-    boundary_bytes,
-    build_graph,
-    chain_points,
-    make_inputs,
-    plan_memory,
-    prefix_cut,
-    save_segment,
-    split,
-    verify,
-)
-from partitioner.zoo import load_zoo
-from splitinfer.partition_cmd import format_bytes
+if TYPE_CHECKING:
+    from splitinfer.demo_edge import CpuQuota
 
-__all__ = ["main"]
+__all__ = ["main", "make_parser"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="splitinfer demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet50", help="zoo model name (default resnet50)")
+    p.add_argument("-o", "--out", default="demo-report", help="report directory (default demo-report)")
+    p.add_argument("--quick", action="store_true",
+                   help="halve the trace's phases and profile with fewer runs (~1-2 min)")
+    p.add_argument("--no-ray", action="store_true", help="serve tails in the gateway's process instead of Ray actors")
+    p.add_argument("--fps", type=float, default=5.0, help="frames per second the app sends (default 5)")
+    p.add_argument("--window", type=int, default=2,
+                   help="most requests in flight; later frames are skipped (default 2)")
+    p.add_argument("--trace-scale", type=float, default=None,
+                   help="multiply the trace's times (default 1, or 0.5 with --quick)")
+    p.add_argument("--edge-cpus", type=float, default=0.15,
+                   help="CPU quota of the edge agent's cgroup, where one can be made (0: no quota; default 0.15)")
+    p.add_argument("--log-level", default="WARNING", help="log level of the parts (default WARNING)")
+    return p
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
+    from splitinfer import demo_stack
+    from splitinfer.demo_setup import prepare
+    from splitinfer.demo_stream import make_trace, reference_outputs, stream
+    from splitinfer.demo_summary import make_cut_labeler, summarize
+    from splitinfer.report import write_report
+
+    t0 = time.monotonic()
+    out = os.path.abspath(a.out)
+    work = tempfile.mkdtemp(prefix="splitinfer-demo-")
+    scale = a.trace_scale if a.trace_scale is not None else (0.5 if a.quick else 1.0)
+    trace = make_trace(scale)
+    ray_job: concurrent.futures.Future[float] | None = None
+    ray_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="demo-ray-start")
+    stack = None
+    try:
+        if not a.no_ray:
+            # Ray takes tens of seconds to start on a small machine: it starts while the model
+            # loads and the device is profiled, and the cloud side is profiled once it is up.
+            _say("[0/6] starting a local Ray in the background (use --no-ray to serve tails in-process)")
+            ray_job = ray_pool.submit(demo_stack.start_ray)
+        if not quota.active:
+            _say(f"      the edge runs unthrottled with one thread: {quota.why_not}")
+        job = ray_job
+        def wait_ray() -> None:
+            if job is not None:
+                _say(f"      (local Ray up after {job.result():.0f} s)")
+
+        dm = await asyncio.to_thread(prepare, a.model, work, runs=4 if a.quick else 8, quota=quota, say=_say,
+                                     before_cloud=wait_ray)
+        label = make_cut_labeler(dm)
+        _say(f"[4/6] plan frontier ({dm.front.objective.value}, uplink {dm.front.link_range.up_lo_bps / 1e6:g}-"
+             f"{dm.front.link_range.up_hi_bps / 1e6:g} Mbit/s, downlink 4x, RTT 20 ms); breakpoints at "
+             + (", ".join(f"{b / 1e6:.3g}" for b in dm.front.breakpoints_bps) or "none") + " Mbit/s")
+        from splitinfer.demo_setup import describe_frontier
+
+        for r in describe_frontier(dm):
+            _say(f"      {r['up_lo_bps'] / 1e6:8.3g}-{r['up_hi_bps'] / 1e6:<8.3g} Mbit/s  {label(r['cut_id']):<20} "
+                 f"sends {r['sends']:<28} predicted {r['predicted_ms_mid']:6.0f} ms "
+                 f"at {r['mid_up_bps'] / 1e6:.3g} Mbit/s")
+        ray_s = None if ray_job is None else await asyncio.wrap_future(ray_job)
+        _say("[5/6] starting the gateway, the link emulator and the edge agent on 127.0.0.1")
+        stack = demo_stack.Stack(registry_dir=dm.registry_dir, work_dir=work, model=dm.name,
+                                 device_profile_path=dm.device_profile_path, trace=trace, use_ray=ray_job is not None,
+                                 remote_timeout_ms=max(800.0, dm.edge_model_ms), quota=quota)
+        await stack.start(say=_say)
+        from partitioner import make_inputs
+
+        inputs = [make_inputs(dm.model, dm.graph, seed=100 + k) for k in range(4)]
+        refs = await asyncio.to_thread(reference_outputs, dm.model_path, inputs)
+        dur = trace[-1].t_s
+        _say(f"[6/6] streaming {a.fps:g} frames/s for {dur:.0f} s while the link replays the demo trace "
+             f"(steps at {', '.join(f'{s.t_s:g}' for s in trace[1:-1])} s)")
+        res = await stream(socket_path=stack.edge.socket_path, inputs=inputs, refs=refs, duration_s=dur, fps=a.fps,
+                           window=a.window,
+                           start_trace=stack.start_trace, link_now=stack.link_now, status=stack.status,
+                           label_cut=label, say=_say)
+        agent_status = await stack.status()
+        calls = stack.gateway.backend_calls
+    finally:
+        if stack is not None:
+            await stack.stop()
+        if ray_job is not None:
+            try:
+                await asyncio.wrap_future(ray_job)
+            finally:
+                await asyncio.to_thread(demo_stack.stop_ray)
+        ray_pool.shutdown(wait=False)
+        quota.remove()
+        _keep_agent_log(work, out)
+        shutil.rmtree(work, ignore_errors=True)
+
+    setup = {"model": dm.name, "layers": len(dm.graph), "gflops": round(dm.graph.total_flops / 1e9, 3),
+             "profiles": dm.profile_source, "edge_model_ms": round(dm.edge_model_ms, 1),
+             "cloud_model_ms": round(dm.cloud_model_ms, 1), "edge_over_cloud": round(dm.slowdown, 2),
+             "edge_throttle": (f"{quota.kind} CPU quota of {a.edge_cpus:g} CPU, 1 ORT thread" if quota.kind != "none"
+                               else f"1 ORT thread, no quota ({quota.why_not})"),
+             "cloud": "Ray actors (local Ray)" if ray_job is not None else "gateway in-process pool (--no-ray)",
+             "ray_start_s": None if ray_s is None else round(ray_s, 1), "fps": a.fps, "window": a.window,
+             "trace": "splitinfer/traces/demo.csv", "trace_scale": scale, "cpus": os.cpu_count()}
+    data = _clean(summarize(dm, trace, res, agent_status=agent_status, gateway_calls=calls, setup=setup))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
+        json.dump(_clean(data), fh, indent=1, default=str, allow_nan=False)
+    page = write_report(out, data)
+    c, v = data["counts"], data["verification"]
+    _say(f"sent {c['sent']}, answered {c['answered']}, lost {c['lost']}, doubled {c['doubled']}; served remote "
+         f"{c['served_remote']}, local {c['served_local']}, fallback {c['served_fallback']}; "
+         f"{v['checked']} answers equal the whole model (max relative error {v['max_rel_err']:.1e}, "
+         f"{v['mismatched']} outside {v['tolerance']:g})")
+    _say(f"report: {page} (done in {time.monotonic() - t0:.0f} s)")
+    ok = c["lost"] == 0 and c["doubled"] == 0 and c["answered"] == c["sent"] and v["mismatched"] == 0
+    return 0 if ok else 1
+
+
+def _keep_agent_log(work: str, out: str) -> None:
+    """The agent's log outlives the run's temporary directory, next to the report."""
+    src = os.path.join(work, "edge-agent.log")
+    if os.path.exists(src):
+        try:
+            os.makedirs(out, exist_ok=True)
+            shutil.copyfile(src, os.path.join(out, "edge-agent.log"))
+        except OSError as e:
+            logger.warning("could not keep the edge agent's log: %s", e)
+
+
+def _clean(x: Any) -> Any:
+    """JSON has no NaN or infinity: they become null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="splitinfer demo", description=__doc__)
-    p.add_argument("--model", default="resnet50", help="zoo model name (default resnet50)")
-    p.add_argument("-o", "--out", default="demo-report", help="where to write the segments and report")
-    p.add_argument("--quick", action="store_true", help="accepted for compatibility; the demo is already quick")
-    args = p.parse_args(argv)
+    a = make_parser().parse_args(argv)
+    if a.fps <= 0 or a.window < 1:
+        print(f"splitinfer demo: --fps must be > 0 and --window >= 1 (got {a.fps}, {a.window})", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if a.log_level.upper() == "WARNING":
+        # Keep the console to the demo's own lines: Ray's start-up notices and gRPC's fork
+        # notice (the edge agent is started while gRPC threads run) are not the user's concern.
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    from splitinfer.demo_edge import CpuQuota
 
-    t0 = time.perf_counter()
-    print(f"[1/4] loading {args.model} from the onnx package's model zoo (random seeded weights)")
-    model = load_zoo(args.model, random_weights=True, seed=0)
-    graph = build_graph(model, name=args.model)
-    mem = plan_memory(graph)
-    print(
-        f"      {len(graph)} layers, {graph.total_flops / 1e9:.2f} GFLOPs, "
-        f"{format_bytes(graph.total_param_bytes)} of weights, activation arena "
-        f"{format_bytes(mem.peak_bytes)} (naive {format_bytes(mem.naive_bytes)})"
-    )
-
-    chain = chain_points(graph)
-    print(f"[2/4] {len(chain)} chain cut points; bytes per sample each would send:")
-    input_bytes = graph.output_bytes(graph.inputs)
-    rows = []
-    for v in chain[:-1]:
-        cut = prefix_cut(graph, v)
-        rows.append((v, len(cut), boundary_bytes(graph, cut)))
-    for v, n, b in rows:
-        bar = "#" * max(1, round(30 * b / max(r[2] for r in rows)))
-        print(f"      after layer {v:4d} ({n:4d} on device)  {format_bytes(b):>10}  {bar}")
-    print(f"      (the raw input is {format_bytes(input_bytes)})")
-
-    inner = [r for r in rows if 0 < r[0]] or rows
-    best = min(inner, key=lambda r: (r[2], -r[0]))
-    cut = prefix_cut(graph, best[0])
-    print(f"[3/4] splitting after layer {best[0]}: it sends {format_bytes(best[2])} per sample")
-    head, tail = split(model, cut, graph=graph)
-    os.makedirs(args.out, exist_ok=True)
-    save_segment(head, os.path.join(args.out, "head.onnx"))
-    save_segment(tail, os.path.join(args.out, "tail.onnx"))
-
-    print("[4/4] verifying with ONNX Runtime: head then tail against the whole model")
-    diffs = verify(model, [head, tail], make_inputs(model, graph, seed=1), graph=graph)
-    worst = max(diffs.values(), default=0.0)
-    report = {
-        "model": args.model,
-        "layers": len(graph),
-        "chain_points": list(chain),
-        "cut_after_layer": best[0],
-        "edge_layers": sorted(cut.device),
-        "boundary": list(boundary(graph, cut)),
-        "boundary_bytes_per_sample": best[2],
-        "input_bytes_per_sample": input_bytes,
-        "verify_max_abs_diff": diffs,
-        "seconds": round(time.perf_counter() - t0, 2),
-    }
-    with open(os.path.join(args.out, "split.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"      equal within tolerance (max abs diff {worst:.2g}); wrote {args.out}/head.onnx, tail.onnx, split.json")
-    print(f"done in {report['seconds']} s")
-    return 0
+    quota = CpuQuota(a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
+    try:
+        return asyncio.run(_run(a, quota))
+    except KeyboardInterrupt:
+        print("interrupted: everything the demo started has been stopped", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        # Again after asyncio.run: a Ctrl-C during profiling returns only once the profiling
+        # thread (and the timing child it holds in the cgroup) has finished.
+        quota.remove()

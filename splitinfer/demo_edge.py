@@ -1,0 +1,268 @@
+"""The demo's edge device: the edge agent daemon in its own process, CPU-throttled.
+
+[Note: edge throttle]
+DESIGN.md emulates an edge device by a CPU-throttled process: a cgroup CPU quota where
+the machine allows it, otherwise one thread. The demo runs `splitinfer edge run` as a
+child process (its own process group) with one ONNX Runtime thread, and, where a cgroup
+CPU controller is writable (v2 `cpu.max`, else v1 `cpu.cfs_quota_us`), puts it in a
+cgroup with a quota of `edge_cpus` CPUs once it is ready (start-up is not throttled, so
+the demo does not wait on it). A CFS quota of q CPUs stretches a single thread's CPU
+time by 1/q, so the device profile given to the planner is the one-thread profile
+measured in this run scaled by 1/q; the report compares that prediction with the local
+latencies the throttled agent actually shows. Without a writable controller the agent
+runs with one thread, unthrottled, and the profile is the one-thread profile as measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import yaml
+
+__all__ = ["CpuQuota", "EdgeProcess", "ThrottledTimer"]
+
+logger = logging.getLogger(__name__)
+
+_V2_ROOT = "/sys/fs/cgroup"
+_V1_ROOT = "/sys/fs/cgroup/cpu"
+# A short CFS period keeps a throttled run smooth: with 100 ms a 150 ms inference would
+# run in 25 ms bursts with 75 ms stalls, and latencies would depend on the phase.
+_PERIOD_US = 10_000
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux only)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class CpuQuota:
+    """A cgroup with a CPU quota, or nothing where no controller is writable (`.kind` says which)."""
+
+    def __init__(self, cpus: float, name: str) -> None:
+        self.cpus = cpus
+        self.path: str | None = None
+        self.kind = "none"
+        self.why_not = ""
+        if cpus <= 0:
+            self.why_not = "throttling is off (--edge-cpus 0)"
+            return
+        quota_us = max(1000, int(cpus * _PERIOD_US))
+        attempts = []
+        v2 = os.path.join(_V2_ROOT, "cgroup.controllers")
+        if os.path.exists(v2):
+            attempts.append(("v2", os.path.join(_V2_ROOT, name), "cpu.max", f"{quota_us} {_PERIOD_US}"))
+        if os.path.isdir(_V1_ROOT):
+            attempts.append(("v1", os.path.join(_V1_ROOT, name), None, None))
+        errors = []
+        for kind, path, key, value in attempts:
+            try:
+                os.makedirs(path, exist_ok=True)
+                if kind == "v2":
+                    _write(os.path.join(path, key), value)  # type: ignore[arg-type]
+                else:
+                    _write(os.path.join(path, "cpu.cfs_period_us"), str(_PERIOD_US))
+                    _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota_us))
+                self.path, self.kind = path, f"cgroup {kind}"
+                return
+            except OSError as e:
+                errors.append(f"{kind}: {e.strerror or e}")
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+        self.why_not = "no writable cgroup CPU controller (" + ("; ".join(errors) or "none mounted") + ")"
+
+    @property
+    def active(self) -> bool:
+        return self.path is not None
+
+    def add(self, pid: int) -> None:
+        assert self.path is not None
+        _write(os.path.join(self.path, "cgroup.procs"), str(pid))
+
+    def remove(self) -> None:
+        """Deletes the cgroup (its processes must have exited)."""
+        if self.path is None:
+            return
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)  # the kernel frees an exited process's membership shortly after
+        else:
+            logger.warning("could not remove the cgroup %s; remove it with rmdir", self.path)
+        self.path = None
+
+
+class EdgeProcess:
+    """`splitinfer edge run` as a child process in its own process group."""
+
+    def __init__(self, *, work_dir: str, gateway: str, model: str, device_profile_path: str,
+                 remote_timeout_ms: float, quota: CpuQuota) -> None:
+        self.work_dir = work_dir
+        self.socket_path = os.path.join(work_dir, "edge.sock")
+        self.log_path = os.path.join(work_dir, "edge-agent.log")
+        self.quota = quota
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config = {
+            "gateway": gateway, "model": f"{model}@1", "api_socket": self.socket_path,
+            "cache_dir": os.path.join(work_dir, "edge-cache"), "device_profile": device_profile_path,
+            "device_id": "demo-device", "intra_op_threads": 1, "encodings": ["fp32"],
+            "remote_timeout_ms": remote_timeout_ms, "probe_interval_s": 1.0, "dwell_s": 1.0,
+            "breaker_open_s": 2.0, "startup_timeout_s": 30.0,
+        }
+
+    def start(self, timeout_s: float = 240.0) -> float:
+        """Starts the agent, waits until /readyz is 200, then throttles it; returns the seconds taken."""
+        from edge_agent.client import EdgeClient
+
+        cfg_path = os.path.join(self.work_dir, "edge.yaml")
+        with open(cfg_path, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(self.config, fh, sort_keys=False)
+        t0 = time.monotonic()
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it; closed below
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "splitinfer", "edge", "run", "--config", cfg_path, "--log-level", "info"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        with EdgeClient(unix_socket=self.socket_path, timeout_s=5.0) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the edge agent exited with code {self.proc.returncode} while starting; "
+                                       f"its log ends with:\n{self.log_tail()}")
+                if time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"the edge agent was not ready after {timeout_s:.0f} s; its log ends with:\n"
+                                       f"{self.log_tail()}")
+                with contextlib.suppress(OSError, ValueError, Exception):
+                    if os.path.exists(self.socket_path) and c.ready():
+                        break
+                time.sleep(0.25)
+        if self.quota.active:
+            self.quota.add(self.proc.pid)
+        return time.monotonic() - t0
+
+    def status(self) -> dict[str, Any]:
+        from edge_agent.client import EdgeClient
+
+        with EdgeClient(unix_socket=self.socket_path, timeout_s=10.0) as c:
+            return c.status()
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+                return "".join(fh.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM to the process group (the agent drains), SIGKILL after `grace_s`; returns the exit code."""
+        p = self.proc
+        if p is None:
+            return None
+        try:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    logger.warning("the edge agent did not stop within %.0f s of SIGTERM; killing it", grace_s)
+            # Whatever else is left in its group (there should be nothing) goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        finally:
+            self.quota.remove()
+            self.proc = None
+        return p.returncode
+
+
+class ThrottledTimer:
+    """Times the whole model with one thread inside the quota's cgroup, in a child process.
+
+    The child loads ONNX Runtime and the model unthrottled, says so, is moved into the
+    cgroup, then times `runs` inferences; `result()` is the median in ms. This is how fast
+    the emulated device really is on this host now (other load included), which no
+    arithmetic on the quota can say.
+    """
+
+    def __init__(self, model_path: str, quota: CpuQuota, runs: int) -> None:
+        self.quota = quota
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "splitinfer.demo_edge", model_path, str(runs)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=_die_with_parent)
+        self._moved = False
+
+    def result(self, timeout_s: float = 180.0) -> float:
+        p = self.proc
+        assert p.stdin is not None and p.stdout is not None
+        try:
+            line = p.stdout.readline().decode().strip()
+            if line != "ready":
+                raise RuntimeError(f"the timing child did not start (said {line!r}, code {p.poll()})")
+            if self.quota.active:
+                self.quota.add(p.pid)
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            out, _ = p.communicate(timeout=timeout_s)
+            return float(out.decode().strip())
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def _time_model_main(argv: list[str]) -> int:
+    from statistics import median
+
+    import numpy as np
+    import onnxruntime as ort
+
+    path, runs = argv[0], int(argv[1])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feed = {i.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in i.shape]).astype(np.float32)
+            for i in sess.get_inputs()}
+    sess.run(None, feed)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    sess.run(None, feed)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(f"{median(times):.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_time_model_main(sys.argv[1:]))

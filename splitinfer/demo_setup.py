@@ -1,0 +1,229 @@
+"""The demo's preparation: the model, its registry entry, the two profiles and the frontier.
+
+Everything here is synchronous and runs before anything listens on a port. The edge
+device is emulated by ONNX Runtime with one intra-op thread (see [Note: edge throttle]);
+the cloud side is profiled with every core, as the gateway's workers run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+import yaml
+
+from partitioner import Cut, LayerGraph, boundary_bytes, build_graph
+from partitioner.zoo import load_zoo
+from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
+from splitinfer.demo_edge import CpuQuota, ThrottledTimer
+
+__all__ = ["DemoModel", "LINK_RANGE", "VERSION", "describe_frontier", "predicted_ms", "prepare", "slow_down"]
+
+logger = logging.getLogger(__name__)
+
+VERSION = "1"
+# The range the frontier (and the gateway's preloaded tails) cover: it spans the demo
+# trace's 1.1 to 18.88 Mbit/s with margin. The downlink is 4x the uplink, as in the trace.
+LINK_RANGE = LinkRange(0.5e6, 100e6, down_ratio=4.0, rtt_ms=20.0)
+
+@dataclasses.dataclass
+class DemoModel:
+    """What the later phases need; mutable only while `prepare` fills it in."""
+
+    name: str
+    model: onnx.ModelProto
+    graph: LayerGraph
+    registry_dir: str
+    model_path: str
+    device_profile_path: str
+    device: Profile
+    cloud: Profile
+    profile_source: str
+    """'measured' (ONNX Runtime's profiler) or 'flops-estimate' (with why)."""
+    edge_model_ms: float
+    """Median whole-model time with one thread (the emulated device)."""
+    cloud_model_ms: float
+    """Median whole-model time with every core (the cloud side)."""
+    front: Frontier
+
+    @property
+    def slowdown(self) -> float:
+        return self.edge_model_ms / max(self.cloud_model_ms, 1e-6)
+
+
+def _save_model(root: str, name: str, model: onnx.ModelProto) -> str:
+    vdir = os.path.join(root, name, VERSION)
+    os.makedirs(os.path.join(vdir, "profiles"), exist_ok=True)
+    model_path = os.path.join(vdir, "model.onnx")
+    onnx.save_model(model, model_path)
+    return model_path
+
+
+def _write_profiles(root: str, name: str, device: Profile, cloud: Profile) -> str:
+    """model.yaml and profiles/ next to the saved model.onnx; returns the device profile's path."""
+    vdir = os.path.join(root, name, VERSION)
+    cfg = {
+        "name": name,
+        "description": f"{name} from the onnx package's zoo with seeded random weights (splitinfer demo)",
+        "max_batch_size": 4,
+        "replicas": 1,
+        "frontier": {"up_lo_bps": LINK_RANGE.up_lo_bps, "up_hi_bps": LINK_RANGE.up_hi_bps,
+                     "down_ratio": LINK_RANGE.down_ratio, "rtt_ms": LINK_RANGE.rtt_ms, "objective": "latency"},
+    }
+    with open(os.path.join(vdir, "model.yaml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(cfg, fh, sort_keys=False)
+    dev_path = os.path.join(vdir, "profiles", "device.json")
+    with open(dev_path, "w", encoding="utf-8") as fh:
+        fh.write(device.to_json())
+    with open(os.path.join(vdir, "profiles", "cloud.json"), "w", encoding="utf-8") as fh:
+        fh.write(cloud.to_json())
+    # The registry reuses frontier.json only while it is newer than model.onnx.
+    os.utime(os.path.join(vdir, "model.onnx"))
+    return dev_path
+
+
+def _measure(model: onnx.ModelProto, graph: LayerGraph, *, threads: int, device: str, runs: int,
+             clock: str = "wall") -> tuple[Profile, float]:
+    from statistics import median
+
+    from workers.profile import measure
+
+    # `min` per layer: on a shared host a long kernel is preempted in most runs.
+    # Per-layer medians: on a shared host they, with the median overhead, add up to the
+    # whole model's median time, which is what the planner must predict.
+    m = measure(model, graph, threads=threads, warmup=1, runs=runs, progress=True, device=device, clock=clock)
+    return m.profile, float(median(m.run_ms))
+
+
+def _time_whole(model: onnx.ModelProto, threads: int, runs: int) -> float:
+    from statistics import median
+
+    from partitioner import make_inputs
+    from workers.engine import Engine, EngineConfig
+
+    eng = Engine(model, EngineConfig(intra_op_threads=threads, batch_buckets=(1,), dynamic_batch=False))
+    try:
+        feed = make_inputs(model, build_graph(model), seed=3)
+        eng.run(feed)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            eng.run(feed)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(median(times))
+    finally:
+        close = getattr(eng, "close", None)
+        if close is not None:
+            close()
+
+
+def _profiles(model: onnx.ModelProto, graph: LayerGraph, runs: int, say: Callable[[str], None],
+              before_cloud: Callable[[], None]) -> tuple[Profile, Profile, str, float, float]:
+    cores = max(1, os.cpu_count() or 1)
+    try:
+        say("      device: one ONNX Runtime thread (the emulated edge)")
+        dev, dev_ms = _measure(model, graph, threads=1, device="edge-1-thread", runs=runs)
+        before_cloud()
+        say(f"      cloud: {cores} threads (the gateway's workers)")
+        cloud, cloud_ms = _measure(model, graph, threads=cores, device=f"cloud-{cores}-threads", runs=runs)
+        return dev, cloud, "measured", dev_ms, cloud_ms
+    except Exception as e:  # noqa: BLE001 - any profiler failure falls back to the FLOPs estimate, said aloud
+        why = f"{type(e).__name__}: {str(e)[:200]}"
+        logger.warning("measured profiles failed (%s); using FLOPs-based profiles calibrated by whole-model time", why)
+        say(f"      the per-layer profiler failed ({why}); using FLOPs-based profiles instead")
+    dev_ms = _time_whole(model, 1, runs)
+    before_cloud()
+    cloud_ms = _time_whole(model, cores, runs)
+    gflops = lambda ms: graph.total_flops / (ms / 1e3) / 1e9  # noqa: E731
+    dev = make_flops_profile(graph, device="edge-1-thread", gflops=gflops(dev_ms))
+    cloud = make_flops_profile(graph, device=f"cloud-{cores}-threads", gflops=gflops(cloud_ms))
+    return dev, cloud, "flops-estimate (the profiler failed)", dev_ms, cloud_ms
+
+
+def slow_down(profile: Profile, factor: float, device: str) -> Profile:
+    """`profile` on a device `factor` times slower: every CPU time it holds, stretched."""
+    if factor == 1.0:
+        return profile
+    layers = {v: LayerTime(ms=t.ms * factor, p90_ms=None if t.p90_ms is None else t.p90_ms * factor, samples=t.samples)
+              for v, t in profile.layers.items()}
+    codec = dataclasses.replace(
+        profile.codec, encode_ms_per_mb={k: v * factor for k, v in profile.codec.encode_ms_per_mb.items()},
+        decode_ms_per_mb={k: v * factor for k, v in profile.codec.decode_ms_per_mb.items()})
+    corr = profile.corrections
+    if corr is not None:
+        corr = dataclasses.replace(corr, offset_ms=corr.offset_ms * factor)
+    return dataclasses.replace(profile, device=device, layers=layers, fixed_ms=profile.fixed_ms * factor,
+                               batch_ms=None, corrections=corr, codec=codec)
+
+
+def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = None,
+            say: Callable[[str], None] = print, before_cloud: Callable[[], None] = lambda: None) -> DemoModel:
+    """Loads `name` from the zoo, profiles both sides, writes the registry, plans the frontier.
+
+    With an active `quota` the device profile is the one-thread profile brought to the
+    whole-model time measured inside the quota (see [Note: edge throttle] in
+    `splitinfer.demo_edge`). `before_cloud` runs just before the cloud side is profiled
+    (the demo waits there for Ray's start-up, which would otherwise skew that profile)."""
+    say(f"[1/6] loading {name} from the onnx package's model zoo (seeded random weights)")
+    model = load_zoo(name, random_weights=True, seed=0)
+    graph = build_graph(model, name=name)
+    say(f"      {len(graph)} layers, {graph.total_flops / 1e9:.2f} GFLOPs, "
+        f"{graph.total_param_bytes / 2**20:.1f} MiB of weights")
+    registry = os.path.join(work_dir, "registry")
+    model_path = _save_model(registry, name, model)
+    timer = ThrottledTimer(model_path, quota, runs=max(3, runs // 2)) if quota is not None and quota.active else None
+    try:
+        say("[2/6] profiling the device and the cloud side (per-layer times from ONNX Runtime's profiler)")
+        dev, cloud, source, dev_ms, cloud_ms = _profiles(model, graph, runs, say, before_cloud)
+        say(f"      whole model: one thread {dev_ms:.0f} ms, cloud {cloud_ms:.0f} ms "
+            f"(ratio {dev_ms / max(cloud_ms, 1e-6):.2f}x, measured side by side in this run)")
+        if timer is not None:
+            assert quota is not None
+            edge_ms = timer.result()
+            total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
+            dev = slow_down(dev, edge_ms / max(total, 1e-6), f"edge-1-thread-{quota.cpus:g}-cpu")
+            say(f"      inside the edge's {quota.cpus:g}-CPU quota: {edge_ms:.0f} ms "
+                f"({edge_ms / max(cloud_ms, 1e-6):.1f}x the cloud); the device profile is scaled to it")
+            dev_ms = edge_ms
+    finally:
+        if timer is not None:
+            timer.close()
+    dev_path = _write_profiles(registry, name, dev, cloud)
+    say(f"[3/6] registry {registry}: {name}/{VERSION}/{{model.onnx, model.yaml, profiles/device.json, cloud.json}}")
+    front = frontier(graph, [dev, cloud], LINK_RANGE, "latency", encodings=(Encoding(),))
+    return DemoModel(name, model, graph, registry, model_path, dev_path, dev, cloud, source, dev_ms, cloud_ms, front)
+def predicted_ms(dm: DemoModel, cut: Cut, link: Link) -> float:
+    """The planner's latency for `cut` on `link` with the profiles measured in this run."""
+    return evaluate(dm.graph, cut, [dm.device, dm.cloud], link, Encoding()).total_ms
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if n < 1000 or unit == "MB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} MB"
+
+
+def describe_frontier(dm: DemoModel) -> list[dict[str, Any]]:
+    """One row per frontier plan: uplink range, cut, what it sends, predicted breakdown."""
+    g = dm.graph
+    rows = []
+    for e in dm.front.entries:
+        cut = e.plan.cut
+        n_dev = len(cut.device)
+        where = "cloud-only" if n_dev == 0 else "edge-only" if n_dev == len(g) else f"cut after {n_dev} layers"
+        sent = 0 if n_dev == len(g) else boundary_bytes(g, cut)
+        mid = (e.up_lo_bps * e.up_hi_bps) ** 0.5
+        rows.append({
+            "cut_id": cut.key, "where": where, "device_layers": n_dev, "up_lo_bps": e.up_lo_bps,
+            "up_hi_bps": e.up_hi_bps, "boundary": list(e.plan.boundary), "sends_bytes": sent,
+            "sends": _fmt_bytes(sent) if sent else "nothing (outputs stay here)",
+            "predicted_ms_mid": predicted_ms(dm, cut, LINK_RANGE.at(mid)), "mid_up_bps": mid,
+        })
+    return rows

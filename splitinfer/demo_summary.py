@@ -1,0 +1,128 @@
+"""Turns one demo run into the dict saved as report.json (and drawn by `splitinfer.report`).
+
+Pure: the run's records, timeline and model in, plain JSON-able values out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from partitioner import Cut
+from planner import Link
+from splitinfer.demo_setup import DemoModel, describe_frontier, predicted_ms
+from splitinfer.demo_stream import FP32_REL_TOL, StreamResult
+from splitinfer.netem import TraceStep
+
+__all__ = ["LOCAL_LABEL", "make_cut_labeler", "plan_labels", "summarize"]
+
+LOCAL_LABEL = "local (edge-only)"
+
+
+def make_cut_labeler(dm: DemoModel) -> Callable[[str], str]:
+    """cut id -> a readable name: 'cloud-only', 'head: 23 layers', or the id for cuts off the frontier."""
+    n = len(dm.graph)
+    known: dict[str, str] = {}
+    for e in dm.front.entries:
+        d = len(e.plan.cut.device)
+        known[e.plan.cut.key] = "cloud-only" if d == 0 else LOCAL_LABEL if d == n else f"head: {d} layers"
+
+    def label(cut_id: str) -> str:
+        if not cut_id:
+            return LOCAL_LABEL
+        return known.get(cut_id, f"cut {cut_id[:8]}")
+
+    return label
+
+
+def plan_labels(dm: DemoModel, seen: Sequence[str]) -> list[str]:
+    """Every label the plots need, from the cloud end to the device end."""
+    label = make_cut_labeler(dm)
+    by_layers = sorted({(len(e.plan.cut.device), label(e.plan.cut.key)) for e in dm.front.entries})
+    out = [lab for _, lab in by_layers if lab != LOCAL_LABEL]
+    out += [s for s in seen if s not in out and s != LOCAL_LABEL]
+    return out + [LOCAL_LABEL]
+
+
+def _finite(x: float) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, agent_status: Mapping[str, Any],
+              gateway_calls: int, setup: Mapping[str, Any]) -> dict[str, Any]:
+    label = make_cut_labeler(dm)
+    reqs = []
+    for r in res.records:
+        ran_as = LOCAL_LABEL if r.served_by in ("local", "error") else label(r.cut_id)
+        reqs.append({"id": r.request_id, "sent_s": round(r.sent_s, 3), "done_s": round(r.done_s, 3),
+                     "served_by": r.served_by, "cut_id": r.cut_id, "ran_as": ran_as,
+                     "latency_ms": round(r.latency_ms, 2), "agent_latency_ms": _finite(round(r.agent_latency_ms, 2)),
+                     "link_up_bps": r.link_up_bps, "fallback_reason": r.fallback_reason,
+                     "rel_err": _finite(r.rel_err)})
+    all_dev = Cut(frozenset(range(len(dm.graph))))
+    cloud_only = Cut(frozenset())
+    front_cuts = [e.plan.cut for e in dm.front.entries]
+    phases, pred_edge, pred_cloud, pred_best, meas = [], [], [], [], []
+    for a, b in zip(trace, trace[1:]):
+        s = a.setting
+        lab = "outage" if s.is_outage else f"{s.up_bps / 1e6:.3g} Mbit/s"
+        phases.append({"start_s": a.t_s, "end_s": b.t_s, "label": lab, "up_bps": s.up_bps, "rtt_ms": s.rtt_ms})
+        edge = predicted_ms(dm, all_dev, Link(1e6, 1e6, 0.0))
+        pred_edge.append(edge)
+        if s.is_outage:
+            pred_cloud.append(None)
+            pred_best.append(edge)
+        else:
+            link = Link(s.up_bps, s.down_bps, s.rtt_ms)
+            pred_cloud.append(predicted_ms(dm, cloud_only, link))
+            pred_best.append(min([edge] + [predicted_ms(dm, c, link) for c in front_cuts]))
+        lats = [r.latency_ms for r in res.records if a.t_s <= r.sent_s < b.t_s and r.served_by != "error"]
+        meas.append(float(np.median(lats)) if lats else None)
+
+    ids_answered = {r.request_id for r in res.records if r.served_by != "error"}
+    by = {k: sum(r.served_by == k for r in res.records) for k in ("remote", "local", "local_tail", "error")}
+    c = agent_status.get("counters", {})
+    counts = {
+        "sent": res.sent,
+        "answered": len(ids_answered),
+        "errors": by["error"],
+        "lost": res.sent - len(res.answers_per_id),
+        "doubled": sum(max(0, n - 1) for n in res.answers_per_id.values()),
+        "served_remote": by["remote"],
+        "served_local": by["local"],
+        "served_fallback": by["local_tail"],
+        "frames_skipped": res.skipped_ticks,
+        "agent_late_dropped": c.get("late_dropped", 0),
+        "agent_local_dropped": c.get("local_dropped", 0),
+        "agent_switches": c.get("switches", 0),
+        "agent_probes": c.get("probes", 0),
+        "gateway_calls": gateway_calls,
+    }
+    errs = [r.rel_err for r in res.records if r.served_by != "error" and math.isfinite(r.rel_err)]
+    verification = {"checked": len(errs), "mismatched": sum(e > FP32_REL_TOL for e in errs),
+                    "max_rel_err": max(errs, default=0.0), "tolerance": FP32_REL_TOL,
+                    "against": "the whole model in one ONNX Runtime session on this host"}
+    front = describe_frontier(dm)
+    for row in front:
+        row["label"] = label(row["cut_id"])
+    seen = sorted({r["ran_as"] for r in reqs} | {t["plan"] for t in res.timeline if t.get("plan") not in (None, "-")})
+    return {
+        "schema": "splitinfer.demo-report/1",
+        "model": dm.name,
+        "counts": counts,
+        "verification": verification,
+        "setup": dict(setup),
+        "frontier": front,
+        "phases": phases,
+        "predicted": {"edge_only_ms": pred_edge, "cloud_only_ms": pred_cloud, "best_ms": pred_best,
+                      "note": "the planner's cost model with the profiles measured in this run"},
+        "measured_p50_ms": meas,
+        "plan_labels": plan_labels(dm, seen),
+        "timeline": res.timeline,
+        "requests": reqs,
+        "agent_status": dict(agent_status),
+        "duration_s": res.duration_s,
+    }
