@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "planner": ("splitinfer.plan_cmd", "planner_main", "the what-if HTTP service: 'planner serve'"),
     "gateway": ("splitinfer.gateway_cmd", "gateway_main", "the cloud gRPC gateway"),
     "edge": ("splitinfer.edge_cmd", "edge_main", "the edge agent daemon: 'edge run --config edge.yaml'"),
+    "cluster": ("splitinfer.cluster_cmd", "cluster_main", "operate the cloud tier on Kubernetes: status, scale, rollout, rollback"),
     "netem": ("splitinfer.netem", "main", "user-space link emulator (TCP proxy with bandwidth, delay, outages)"),
 }
 
