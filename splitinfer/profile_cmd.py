@@ -1,0 +1,165 @@
+"""`splitinfer profile`: measure a model's per-layer profile on this host, or estimate one
+for a reference device.
+
+    splitinfer profile MODEL -o PROFILE.json [--threads N] [--batch 1,8] [--ep cpu|cuda]
+                       [--runs N] [--warmup N] [--segments N] [--calibrate]
+                       [--device-name NAME] [--reference DEVICE] [--clock wall|thread]
+                       [--layer-stat median|min]
+
+MODEL is a path to an .onnx file or a zoo short name (zoo models get seeded random
+weights, so activations stay in a normal range while timing). ``--segments N`` times
+the real head and tail segments of N cuts to fit the profile's corrections (0: none).
+``--calibrate`` also fits the per-op-type efficiencies of this host's roofline and
+writes them next to the profile as PROFILE.roofline.json. ``--reference DEVICE``
+writes the roofline estimate for a reference device instead of measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["profile_main", "parse_batches"]
+
+logger = logging.getLogger(__name__)
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``"1,8"`` -> (1, 8); argparse reports the ValueError as a usage error."""
+    try:
+        out = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch {text!r}: give batch sizes as integers, e.g. 1,8") from None
+    if not out or out[0] < 1:
+        raise argparse.ArgumentTypeError(f"--batch {text!r}: batch sizes must be >= 1, e.g. 1,8")
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
+    return v
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="splitinfer profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="path to an .onnx file or a zoo name (resnet50, squeezenet, ...)")
+    p.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
+    p.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+                   help="intra-op threads to measure with (default: all cores)")
+    p.add_argument("--batch", type=parse_batches, default=(1,),
+                   help="batch sizes for whole-model batch_ms, e.g. 1,8 (layers are timed at 1)")
+    p.add_argument("--ep", choices=("cpu", "cuda"), default="cpu", help="execution provider")
+    p.add_argument("--runs", type=_positive, default=20, help="timed runs (default 20)")
+    p.add_argument("--warmup", type=_non_negative, default=3, help="warm-up runs (default 3)")
+    p.add_argument("--segments", type=_non_negative, default=4,
+                   help="cuts whose real segments are timed to fit corrections (default 4; 0: none)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="also fit this host's roofline efficiencies; writes PROFILE.roofline.json")
+    p.add_argument("--device-name", default="this-host", help="name recorded in the profile")
+    p.add_argument("--reference", metavar="DEVICE",
+                   help="estimate for a reference device (rpi4, rpi5, jetson-orin-nano, phone-sd8g2, t4, "
+                        "a100, h100) instead of measuring")
+    p.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32",
+                   help="precision of a --reference estimate")
+    p.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                   help="time runs by wall clock, or (1 thread only) by the thread's CPU time on a shared host")
+    p.add_argument("--layer-stat", choices=("median", "min"), default="median",
+                   help="per-layer ms over the runs: median, or min on a shared host (see docs/profiles.md)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def _load(spec: str):
+    from partitioner import build_graph, load_model, load_zoo
+    from splitinfer.partition_cmd import resolve_model
+
+    path, name = resolve_model(spec)
+    if os.path.exists(spec) or spec.endswith(".onnx") or os.sep in spec:
+        model = load_model(path)
+    else:
+        model = load_zoo(name, random_weights=True)
+    return model, build_graph(model, name=name)
+
+
+def _roofline_path(output: str) -> str:
+    stem = output[:-5] if output.endswith(".json") else output
+    return stem + ".roofline.json"
+
+
+def _write(path: str, text: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def profile_main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    model, graph = _load(args.model)
+    if args.reference:
+        from planner.devices import reference_profile
+
+        prof = reference_profile(args.reference, graph, precision=args.precision,
+                                 batch_sizes=tuple(sorted(set(args.batch) | {1})))
+        _write(args.output, prof.to_json(indent=1))
+        total = sum(t.ms for t in prof.layers.values()) + prof.fixed_ms
+        print(f"{graph.model} on {prof.device} (roofline estimate, {args.precision}): {total:.2f} ms "
+              f"per run; wrote {args.output}")
+        return 0
+
+    from workers.profile import measure
+
+    m = measure(model, graph, threads=args.threads, ep=args.ep, warmup=args.warmup, runs=args.runs,
+                progress=not args.no_progress, device=args.device_name,
+                batch_sizes=args.batch if len(args.batch) > 1 or args.batch[0] != 1 else (),
+                calibrate=args.segments, clock=args.clock, layer_stat=args.layer_stat)
+    prof = m.profile
+    _write(args.output, prof.to_json(indent=1))
+    total = sum(t.ms for t in prof.layers.values())
+    print(f"{graph.model}: {len(graph)} layers, {total:.2f} ms of kernels + {prof.fixed_ms:.2f} ms fixed per run "
+          f"({args.threads} thread(s), {prof.ep}, ORT {prof.ort_version}); "
+          f"{100 * m.attributed_fraction:.1f}% of kernel time placed on layers")
+    if prof.corrections is not None:
+        c = prof.corrections
+        print(f"corrections: scale {c.scale:.3f}, offset {c.offset_ms:+.2f} ms from {c.segments} timed segments")
+    if prof.batch_ms:
+        print("batch_ms: " + ", ".join(f"{b}: {v:.2f}" for b, v in sorted(prof.batch_ms.items())))
+    if m.batch_note:
+        print(m.batch_note)
+    if args.calibrate:
+        from planner.devices import device_from_profile
+
+        dev = device_from_profile(graph, prof, name=args.device_name)
+        path = _roofline_path(args.output)
+        _write(path, json.dumps({"device": dev.to_dict(), "measurement": {
+            "attributed_fraction": m.attributed_fraction, "segments": [s.to_dict() for s in m.segments]}},
+            indent=1))
+        effs = ", ".join(f"{k} {v:.2f}" for k, v in dev.efficiency.items())
+        print(f"roofline of {dev.name}: peak {dev.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, "
+              f"{dev.mem_bw_bytes_per_s / 1e9:.1f} GB/s; efficiencies {effs}; wrote {path}")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(profile_main(sys.argv[1:]))
