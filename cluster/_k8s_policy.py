@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from cluster.errors import ClusterError
-from cluster.registry import Canary, RegistryError, VersionPolicy, version_sort_key
+from cluster.registry import POLICY_FILE_SUFFIX, Canary, RegistryError, VersionPolicy, version_sort_key
 
 __all__ = [
     "KubernetesError",
@@ -33,7 +33,8 @@ __all__ = [
     "rollout_of",
 ]
 
-POLICY_KEY_SUFFIX = ".policy.yaml"
+# The gateway reads the keys, mounted as files, under these same names (Registry.policy_dir).
+POLICY_KEY_SUFFIX = POLICY_FILE_SUFFIX
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RBAC_GRANTS = "get/list pods,nodes; get/list/patch rayclusters, configmaps"
 

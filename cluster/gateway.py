@@ -14,11 +14,22 @@ Engines and a Batcher in this process (no Ray: unit tests, the edge-less demo,
 (or read from segments/) and its pool started, in the loading thread. The gateway
 is ready (gRPC health SERVING, /readyz 200) only once that is done for every loaded
 version; a cut outside the frontier is materialised on its first request.
+
+[Note: policy sync] With `registry.policy_dir` set (the registry ConfigMap mounted
+read-only; `splitinfer cluster rollout/rollback` patch it), the gateway polls that
+directory every `policy_poll_s` and hands each `<model>.policy.yaml` whose content hash
+changed to `Registry.apply_policy`, off the event loop. Polling, not inotify: the
+kubelet updates a mounted ConfigMap by swapping a symlink, which inotify on the key
+files does not see. A file that fails validation is logged with its reason and
+ignored until its content changes again; the model keeps its last good policy and
+readiness is unchanged (a version that a policy adds joins routing only once its
+tails are loaded). A removed file puts the model back on its volume policy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
@@ -50,7 +61,7 @@ from cluster.protocol.messages import (
 )
 from cluster.protocol.status import status_of
 from cluster.protocol.tensors import EncodedTensor, as_wire_array
-from cluster.registry import LoadedVersion, ModelConfig, Registry
+from cluster.registry import LoadedVersion, ModelConfig, Registry, read_policy_dir
 
 __all__ = ["Gateway", "Pool", "PoolFactory", "PoolKey", "PoolResult", "LocalPool", "LocalPoolFactory", "to_cluster_error"]
 
@@ -187,7 +198,9 @@ class Gateway:
     """
 
     def __init__(self, registry: Registry, pools: PoolFactory, *, authorizer: Authorizer | None = None,
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None, policy_poll_s: float = 5.0) -> None:
+        if not policy_poll_s > 0:
+            raise ValueError(f"policy_poll_s {policy_poll_s} must be > 0; a few seconds suits a mounted ConfigMap")
         self.registry = registry
         self.pool_factory = pools
         self.auth = authorizer or Authorizer(None)
@@ -200,6 +213,12 @@ class Gateway:
         self._closing: set[asyncio.Task[Any]] = set()
         self.backend_calls = 0
         """Requests that got past auth and routing to a pool (tests count them)."""
+        self.policy_poll_s = policy_poll_s
+        self.policy_polls = 0
+        """Completed polls of `registry.policy_dir` (tests wait on it)."""
+        self._policy_seen: dict[str, str] = {}
+        self._policy_status: dict[str, dict[str, Any]] = {}
+        self._policy_task: asyncio.Task[None] | None = None
         registry.on_loaded.append(self._preload)
         registry.on_drained.append(self._on_drained)
 
@@ -228,7 +247,68 @@ class Gateway:
         """Loads every model's versions per policy and preloads their frontier tails."""
         self._loop = asyncio.get_running_loop()
         await self._loop.run_in_executor(None, self.registry.load_all)
+        if self.registry.policy_dir is not None:
+            # The first pass re-applies what load_all read (a no-op) and catches any change since.
+            await self.sync_policies()
+            self._policy_task = self._loop.create_task(self._watch_policies())
         self._push_health()
+
+    # -- policy sync (see [Note: policy sync]) -------------------------------------------
+
+    async def sync_policies(self) -> list[str]:
+        """One poll of `registry.policy_dir`: applies every changed policy; returns those models."""
+        policy_dir = self.registry.policy_dir
+        if policy_dir is None:
+            return []
+        loop = asyncio.get_running_loop()
+        try:
+            files = await loop.run_in_executor(None, read_policy_dir, policy_dir)
+        except OSError as e:
+            logger.warning("cannot read the policy directory %s (%s); keeping the current policies", policy_dir, e)
+            return []
+        hashes = {m: hashlib.sha256(data).hexdigest() for m, data in files.items()}
+        changed = sorted(m for m in set(hashes) | set(self._policy_seen) if hashes.get(m) != self._policy_seen.get(m))
+        for model in changed:
+            data = files.get(model)
+            path = f"{policy_dir}/{model}.policy.yaml" if data is not None else ""
+            status: dict[str, Any] = {"sha256": hashes.get(model), "error": None}
+            try:
+                status["applied"] = await loop.run_in_executor(None, self._apply_policy, model, data, path)
+            except ClusterError as e:
+                status["error"] = str(e)
+                logger.error("ignoring the new policy of %s, keeping the last good one: %s", model, e)
+            except Exception as e:  # noqa: BLE001 - a failed version load must not stop the watch
+                status["error"] = f"{type(e).__name__}: {e}"
+                logger.exception("could not apply the new policy of %s; keeping the last good one", model)
+            # Replaced, never mutated: readiness() reads it from the metrics server's thread.
+            statuses = {m: s for m, s in self._policy_status.items() if m != model}
+            if model in hashes:
+                self._policy_seen[model] = hashes[model]
+                statuses[model] = status
+            else:
+                self._policy_seen.pop(model, None)
+            self._policy_status = statuses
+        if changed:
+            self._push_health()
+        self.policy_polls += 1
+        return changed
+
+    def _apply_policy(self, model: str, data: bytes | None, path: str) -> dict[str, Any]:
+        if data is None and model not in self.registry.available():
+            return {}
+        return self.registry.apply_policy(model, data, path=path)
+
+    async def _watch_policies(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy_poll_s)
+            try:
+                await self.sync_policies()
+            except Exception:  # noqa: BLE001 - the watch outlives any one bad poll
+                logger.exception("policy poll of %s failed", self.registry.policy_dir)
+
+    def policy_status(self) -> dict[str, dict[str, Any]]:
+        """model -> {sha256, error, applied} of the last content seen in the policy directory."""
+        return {m: dict(s) for m, s in self._policy_status.items()}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """(ready, detail): ready when a version is loaded and all its frontier tails have pools."""
@@ -237,8 +317,11 @@ class Gateway:
             missing = [f"{lv.key}@{c}" for lv in loaded for c in lv.frontier.cut_ids
                        if PoolKey(lv.model, lv.version, c) not in self._pools]
             n = len(self._pools)
-        return bool(loaded) and not missing, {"versions": [lv.key for lv in loaded], "pools": n,
-                                              "missing": missing[:20]}
+        detail: dict[str, Any] = {"versions": [lv.key for lv in loaded], "pools": n, "missing": missing[:20]}
+        if self.registry.policy_dir is not None:
+            # Shown, not counted: a bad policy file leaves the last good policy serving.
+            detail["policy_errors"] = {m: s["error"] for m, s in self._policy_status.items() if s["error"]}
+        return bool(loaded) and not missing, detail
 
     def _preload(self, lv: LoadedVersion) -> None:
         t0 = time.monotonic()
@@ -302,6 +385,10 @@ class Gateway:
         return lv
 
     async def close(self) -> None:
+        if self._policy_task is not None:
+            self._policy_task.cancel()
+            await asyncio.gather(self._policy_task, return_exceptions=True)
+            self._policy_task = None
         with self._pools_lock:
             pools = list(self._pools.values())
             self._pools.clear()

@@ -3,7 +3,9 @@
 The repository on disk is `<root>/<name>/<version>/{model.onnx, model.yaml, profiles/,
 segments/, frontier.json}` (see cluster._registry_disk and docs/registry.md). A model
 may add `<root>/<name>/policy.yaml` with `version_policy`, `default_version` and
-`canary`.
+`canary`. A `policy_dir` of `<name>.policy.yaml` files (the registry ConfigMap mounted
+into the gateway pod) overrides those; `apply_policy` makes a changed policy take
+effect while serving (see [Note: live policy]).
 
 [Note: leases and rollback]
 Every request holds a `Lease` on the `LoadedVersion` it was routed to, from routing
@@ -14,6 +16,13 @@ lease ends. So a rollback never drops an in-flight request: it finishes on the
 version it started on.
 
 Routing is pure: `route(...)` and `canary_fraction(...)` take everything they need.
+
+[Note: live policy]
+`apply_policy(model, text)` validates the whole policy first (its versions on disk and
+selected by its version_policy, a default to fall back to), then loads the versions it
+adds, then swaps default and canary in one step, and only then retires the versions it
+drops, through `unload` and so the lease machinery above. A policy that fails any check
+changes nothing: the model keeps the last policy that was applied.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ __all__ = [
     "FrontierConfig",
     "LoadedVersion",
     "ModelConfig",
+    "POLICY_FILE_SUFFIX",
     "Registry",
     "RegistryError",
     "VersionFrontier",
@@ -57,6 +67,8 @@ __all__ = [
     "ROUTED_VERSIONS",
     "canary_fraction",
     "compute_frontier",
+    "parse_policy",
+    "read_policy_dir",
     "route",
     "version_sort_key",
 ]
@@ -65,6 +77,10 @@ logger = logging.getLogger(__name__)
 
 #: Version strings in a request that mean "whatever this device is routed to".
 ROUTED_VERSIONS = ("", "latest")
+
+#: File name suffix of a model's policy in a policy directory: `<model>.policy.yaml`.
+POLICY_FILE_SUFFIX = ".policy.yaml"
+_POLICY_FIELDS = frozenset({"version_policy", "default_version", "canary"})
 
 
 @dataclass(frozen=True)
@@ -154,6 +170,54 @@ def route(model: str, default_version: str, canary: Canary | None, device_id: st
     return default_version
 
 
+def parse_policy(data: bytes | str, *, path: str, fallback: VersionPolicy) -> tuple[VersionPolicy, str | None,
+                                                                                   Canary | None]:
+    """A policy file's text -> (version policy, default version, canary). Pure.
+
+    `fallback` is the version policy of a file that names none. Raises RegistryError
+    naming `path` and the bad field.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        d = yaml.safe_load(text) or {}
+        if not isinstance(d, dict):
+            raise ValueError("expected a mapping")
+        unknown = sorted(set(d) - _POLICY_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown}; use version_policy, default_version, canary")
+        policy = VersionPolicy.parse(d["version_policy"]) if "version_policy" in d else fallback
+        default = str(d["default_version"]) if d.get("default_version") is not None else None
+        c = d.get("canary")
+        canary = Canary(str(c["version"]), float(c["percent"])) if c else None
+    except RegistryError as e:
+        raise RegistryError(path=path, reason=e.reason, fix=e.fix) from e
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        raise RegistryError(path=path, reason=f"is not a valid policy file ({e})",
+                            fix="see docs/registry.md for version_policy, default_version and canary") from e
+    return policy, default, canary
+
+
+def read_policy_dir(path: str) -> dict[str, bytes]:
+    """The `<model>.policy.yaml` files of a directory -> {model: content}.
+
+    A mounted ConfigMap holds one link per key into a `..data` link that the kubelet
+    swaps to a new timestamped directory on each update, so names starting with '.'
+    are skipped and the key links are followed. A file gone between listing and
+    reading was swapped away: the next poll sees the new set.
+    """
+    out = {}
+    for name in sorted(os.listdir(path)):
+        model = name[: -len(POLICY_FILE_SUFFIX)]
+        if name.startswith(".") or not name.endswith(POLICY_FILE_SUFFIX) or not NAME_PATTERN.match(model):
+            continue
+        try:
+            with open(os.path.join(path, name), "rb") as fh:
+                out[model] = fh.read()
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+    return out
+
+
 class LoadedVersion:
     """A loaded model version: its files, config and frontier, and the leases on it."""
 
@@ -196,6 +260,7 @@ class Registry:
         *,
         policy: VersionPolicy | None = None,
         cache_dir: str | None = None,
+        policy_dir: str | None = None,
     ) -> None:
         if not os.path.isdir(root):
             raise RegistryError(path=root, reason="is not a directory",
@@ -203,6 +268,8 @@ class Registry:
         self.root = root
         self.policy = policy or VersionPolicy()
         self.cache_dir = cache_dir
+        self.policy_dir = policy_dir
+        """Directory of `<model>.policy.yaml` overriding `<root>/<model>/policy.yaml` (None: none)."""
         self._lock = threading.Lock()
         self._models: dict[str, _ModelState] = {}
         self.on_loaded: list[Callable[[LoadedVersion], None]] = []
@@ -222,35 +289,39 @@ class Registry:
                 out[name] = tuple(sorted(vs, key=version_sort_key, reverse=True))
         return out
 
-    def model_policy(self, model: str) -> tuple[VersionPolicy, str | None, Canary | None]:
-        """policy.yaml of a model: (version policy, default version, canary); registry defaults else."""
+    def _override_path(self, model: str) -> str | None:
+        return os.path.join(self.policy_dir, model + POLICY_FILE_SUFFIX) if self.policy_dir else None
+
+    def volume_policy(self, model: str) -> tuple[VersionPolicy, str | None, Canary | None]:
+        """`<root>/<model>/policy.yaml`: (version policy, default version, canary); registry defaults else."""
         path = os.path.join(self.root, model, "policy.yaml")
         if not os.path.exists(path):
             return self.policy, None, None
-        try:
-            with open(path, encoding="utf-8") as fh:
-                d = yaml.safe_load(fh) or {}
-            if not isinstance(d, dict):
-                raise ValueError("expected a mapping")
-            unknown = sorted(set(d) - {"version_policy", "default_version", "canary"})
-            if unknown:
-                raise ValueError(f"unknown field(s) {unknown}; use version_policy, default_version, canary")
-            policy = VersionPolicy.parse(d["version_policy"]) if "version_policy" in d else self.policy
-            default = str(d["default_version"]) if d.get("default_version") is not None else None
-            c = d.get("canary")
-            canary = Canary(str(c["version"]), float(c["percent"])) if c else None
-        except RegistryError:
-            raise
-        except (yaml.YAMLError, ValueError, TypeError, KeyError) as e:
-            raise RegistryError(path=path, reason=f"is not a valid policy file ({e})",
-                                fix="see docs/registry.md for version_policy, default_version and canary") from e
-        return policy, default, canary
+        with open(path, "rb") as fh:
+            return parse_policy(fh.read(), path=path, fallback=self.policy)
+
+    def model_policy(self, model: str) -> tuple[VersionPolicy, str | None, Canary | None]:
+        """The policy of a model: its file in `policy_dir` if there is one, else `volume_policy`."""
+        override = self._override_path(model)
+        if override is not None and os.path.exists(override):
+            with open(override, "rb") as fh:
+                return parse_policy(fh.read(), path=override, fallback=self.policy)
+        return self.volume_policy(model)
 
     def load_all(self) -> list[LoadedVersion]:
         """Loads, for every model on disk, the versions its policy selects; applies policy.yaml."""
         loaded = []
         for model, versions in self.available().items():
-            policy, default, canary = self.model_policy(model)
+            try:
+                policy, default, canary = self.model_policy(model)
+            except RegistryError as e:
+                if self.policy_dir is None or e.path != self._override_path(model):
+                    raise
+                # The override is someone's half-finished edit of the ConfigMap: serving the
+                # volume's policy keeps the gateway up until a good one arrives.
+                logger.error("ignoring the policy of %s: %s; using %s/policy.yaml or the defaults",
+                             model, e, model)
+                policy, default, canary = self.volume_policy(model)
             for v in policy.select(versions):
                 loaded.append(self.load(model, v))
             if default is not None:
@@ -385,6 +456,70 @@ class Registry:
             self._models[model] = _ModelState(state.versions, version, None)
         logger.info("promoted %s@%s to default", model, version)
         return version
+
+    def apply_policy(self, model: str, data: bytes | str | None = None, *, path: str = "") -> dict[str, Any]:
+        """Makes `model` follow a policy now, while serving (see [Note: live policy]).
+
+        `data` is the text of a policy file (`path` names it in errors); None means
+        `volume_policy`. Blocking (it may load versions): call it off the event loop.
+        Returns what changed: {versions, default, canary, loaded, retired}.
+        """
+        if data is None:
+            policy, default, canary = self.volume_policy(model)
+            path = path or os.path.join(self.root, model, "policy.yaml")
+        else:
+            path = path or f"{model}{POLICY_FILE_SUFFIX}"
+            policy, default, canary = parse_policy(data, path=path, fallback=self.policy)
+        on_disk = self.available().get(model, ())
+        wanted = policy.select(on_disk)
+        if not wanted:
+            raise RegistryError(path=path, reason=f"version_policy loads no version of {model!r} "
+                                                  f"(on disk: {list(on_disk)})",
+                                fix=f"copy a version to {os.path.join(self.root, model)}/<version>, "
+                                    "or name one that is there")
+        for field, v in (("default_version", default), ("canary version", canary and canary.version)):
+            if v is not None and v not in wanted:
+                where = ("is not loaded by its version_policy" if v in on_disk
+                         else f"is not in the registry (on disk: {list(on_disk)})")
+                raise RegistryError(path=path, reason=f"{field} {v!r} {where}",
+                                    fix=f"list it in version_policy, or copy it to {self.root}/{model}/{v} first")
+        with self._lock:
+            state = self._models.get(model)
+            have = dict(state.versions) if state else {}
+            current = self._default(state) if state and state.versions else None
+        if canary is not None and default is None:
+            # As in set_canary: the devices off the canary stay where they are.
+            others = [v for v in wanted if v != canary.version]
+            default = current if current in others else (others[0] if others else None)
+        if canary is not None and default in (None, canary.version):
+            raise RegistryError(path=path, reason=f"canary {canary.version!r} leaves no other version to fall "
+                                                  "back to", fix="give a default_version different from the canary")
+        # Pinned, so the versions about to retire never become the default in between.
+        default = default if default is not None else wanted[0]
+        added: list[LoadedVersion] = []
+        try:
+            for v in wanted:
+                if v not in have:
+                    added.append(self.load(model, v))
+        except Exception:
+            for lv in added:
+                self.unload(model, lv.version)
+            raise
+        with self._lock:
+            state = self._state(model)
+            old_canary = state.canary
+            self._models[model] = _ModelState(state.versions, default, canary)
+        retired = [v for v in sorted(have, key=version_sort_key) if v not in wanted]
+        for v in retired:
+            self.unload(model, v)
+        out = {"versions": list(wanted), "default": self.default_version(model),
+               "canary": dataclasses.asdict(canary) if canary else None,
+               "loaded": [lv.version for lv in added], "retired": retired}
+        if old_canary is not None and canary is None:
+            logger.info("rolled back %s from %s: canary %s (%.1f%%) removed", model, path, old_canary.version,
+                        old_canary.percent)
+        logger.info("applied the policy of %s from %s: %s", model, path, json.dumps(out, sort_keys=True))
+        return out
 
     def default_version(self, model: str) -> str:
         with self._lock:

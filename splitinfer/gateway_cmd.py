@@ -1,11 +1,15 @@
 """`splitinfer gateway`: the cloud gateway process (gRPC on --port, HTTP metrics on --metrics-port).
 
     splitinfer gateway --port 50051 --metrics-port 9090 --ray-address auto --registry /models \
-        [--tokens-file tokens.yaml] [--tls-cert F --tls-key F [--tls-client-ca F]]
+        [--tokens-file tokens.yaml] [--tls-cert F --tls-key F [--tls-client-ca F]] \
+        [--policy-dir /etc/splitinfer/policies [--policy-poll-s 5]]
 
 `--ray-address local-noray` runs the tails in this process (Engines and a batcher, no
 Ray). The process serves at once but reports NOT_SERVING (gRPC health, /readyz 503)
 until every loaded version's frontier tails are loaded; SIGTERM drains and stops it.
+`--policy-dir` is a directory of `<model>.policy.yaml` files (the registry ConfigMap,
+mounted) that override `<registry>/<model>/policy.yaml` and are applied live when
+they change (see [Note: policy sync] in cluster/gateway.py).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", default=LOCAL_NORAY,
                    help=f"Ray cluster address ('auto', 'local', 'ray://host:10001') or {LOCAL_NORAY!r}")
     p.add_argument("--version-policy", default="latest:1", help="latest[:N], all, or specific:V1,V2")
+    p.add_argument("--policy-dir", default=None,
+                   help="directory of <model>.policy.yaml (a mounted ConfigMap), polled and applied live")
+    p.add_argument("--policy-poll-s", type=float, default=5.0, help="seconds between polls of --policy-dir")
     p.add_argument("--cache-dir", default=None, help="writable directory for segments and ORT artefacts")
     p.add_argument("--tokens-file", default=None, help="YAML 'tokens: [{name, token, models, rate_limit_rps}]'")
     p.add_argument("--rate-limit-rps", type=float, default=None, help="per-device request rate for tokens without one")
@@ -54,6 +61,11 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is an extension of TLS")
     if not os.path.isdir(a.registry):
         p.error(f"--registry {a.registry!r} is not a directory; point it at <model>/<version>/model.onnx")
+    if a.policy_dir is not None and not os.path.isdir(a.policy_dir):
+        p.error(f"--policy-dir {a.policy_dir!r} is not a directory; mount the registry ConfigMap there, "
+                "or leave the flag out")
+    if not a.policy_poll_s > 0:
+        p.error(f"--policy-poll-s {a.policy_poll_s} must be > 0; a few seconds suits a mounted ConfigMap")
 
 
 def _pool_factory(a: argparse.Namespace):  # noqa: ANN202 - a PoolFactory
@@ -74,11 +86,12 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     from cluster.registry import Registry, VersionPolicy
     from cluster.server import serve
 
-    registry = Registry(a.registry, policy=VersionPolicy.parse(a.version_policy), cache_dir=a.cache_dir)
+    registry = Registry(a.registry, policy=VersionPolicy.parse(a.version_policy), cache_dir=a.cache_dir,
+                        policy_dir=a.policy_dir)
     tokens = TokenTable.from_file(a.tokens_file) if a.tokens_file else None
     creds = load_server_credentials(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     metrics = GatewayMetrics()
-    gateway = Gateway(registry, _pool_factory(a), metrics=metrics,
+    gateway = Gateway(registry, _pool_factory(a), metrics=metrics, policy_poll_s=a.policy_poll_s,
                       authorizer=Authorizer(tokens, default_rate_limit_rps=a.rate_limit_rps))
     http = MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port) if a.metrics_port >= 0 else None
     server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,

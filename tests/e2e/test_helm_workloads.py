@@ -218,6 +218,7 @@ def test_gateway_runs_the_documented_command_with_grpc_readiness() -> None:
     assert container["args"] == [
         "gateway", "--port", "50051", "--metrics-port", "9090",
         "--ray-address", f"{FULLNAME}-ray-head-svc.{NAMESPACE}.svc:10001", "--registry", "/models",
+        "--policy-dir", "/etc/splitinfer/policies", "--policy-poll-s", "5",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": 50051, "metrics": 9090}
@@ -228,6 +229,35 @@ def test_gateway_runs_the_documented_command_with_grpc_readiness() -> None:
     # The startup budget covers the configured model-load time.
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert startup["periodSeconds"] * (startup["failureThreshold"] - 1) < 600
+
+
+@pytest.mark.parametrize("value_set", ["default", "tls-mtls", "existing-secrets", "edge-daemonset"])
+def test_gateway_mounts_the_registry_configmap_read_only_and_polls_it(value_set: str) -> None:
+    pod = _one(value_set, "Deployment", f"{FULLNAME}-gateway")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # The ConfigMap that `splitinfer cluster rollout` patches, as a whole directory:
+    # a subPath mount would never see the kubelet's updates.
+    assert volumes["policies"]["configMap"]["name"] == f"{RELEASE}-registry"
+    assert "items" not in volumes["policies"]["configMap"]
+    assert _one(value_set, "ConfigMap", f"{RELEASE}-registry")["kind"] == "ConfigMap"
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["policies"] == {"name": "policies", "mountPath": "/etc/splitinfer/policies", "readOnly": True}
+    args = container["args"]
+    assert args[args.index("--policy-dir") + 1] == "/etc/splitinfer/policies"
+    assert float(args[args.index("--policy-poll-s") + 1]) == 5.0
+
+
+def test_policy_sync_can_be_turned_off_and_its_poll_interval_set() -> None:
+    with helm.Chart.load(CHART_DIR) as chart:
+        off = chart.render({"gateway": {"policySync": {"enabled": False}}}, name=RELEASE, namespace=NAMESPACE)
+        fast = chart.render({"gateway": {"policySync": {"pollSeconds": 2.5}}}, name=RELEASE, namespace=NAMESPACE)
+    pod = yaml.safe_load(off["splitinfer/templates/gateway-deployment.yaml"])["spec"]["template"]["spec"]
+    assert "policies" not in {v["name"] for v in pod["volumes"]}
+    assert "--policy-dir" not in pod["containers"][0]["args"]
+    args = yaml.safe_load(fast["splitinfer/templates/gateway-deployment.yaml"])["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[args.index("--policy-poll-s") + 1] == "2.5"
 
 
 def test_model_load_time_sets_the_startup_budget() -> None:
