@@ -12,9 +12,10 @@ chart (helm/splitinfer) creates:
 [Note: registry ConfigMap]
 Each model's rollout state is one data key, `<model>.policy.yaml`, whose text is exactly a
 registry `policy.yaml` (`version_policy`, `default_version`, `canary`; see docs/registry.md
-and `cluster.registry.Registry.model_policy`). `make_policy_files` maps the keys to the
-paths `<model>/policy.yaml` where the registry reads them, so a gateway can copy the
-ConfigMap over its registry, and a ConfigMap volume can project the keys with `items`.
+and `cluster.registry.Registry.model_policy`). The chart mounts the ConfigMap into the
+gateway pods, and `splitinfer gateway --policy-dir` polls the mounted files and applies
+a changed policy live (docs/cluster-ops.md); `make_policy_files` maps the keys to the
+registry's own `<model>/policy.yaml` paths for tools that copy them instead.
 Model names are valid ConfigMap keys as they are ([A-Za-z0-9][A-Za-z0-9._-]*).
 
 [Note: optimistic concurrency]
