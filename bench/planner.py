@@ -5,8 +5,10 @@ Run: ``python -m bench.planner`` (a few minutes; ``--quick`` for a smoke run). W
 
 Side by side in one run:
 - plan time (p50, p99) of ``solve`` on each zoo model across a sweep of links, and of
-  the min-cut step alone with our push-relabel against a plain Edmonds-Karp max flow
-  (DADS's solver, no networkx) and Dinic, on the same networks, as ratios;
+  the min-cut step alone with ours (``min_cut``: SciPy's compiled Dinic on scaled
+  capacities, certified, on big networks; Dinic phases + push-relabel in pure Python
+  on small ones), ours forced to pure Python, a plain Edmonds-Karp max flow (DADS's
+  solver, no networkx) and Dinic, on the same networks, as ratios;
 - the same on a 10,000-layer random DAG;
 - a 1,000-point bandwidth sweep answered by the frontier (build + 1,000 lookups)
   against 1,000 separate solves, with the answers checked equal;
@@ -33,6 +35,7 @@ import numpy as np
 from partitioner.synthetic import make_random_graph
 from planner.costmodel import _stages, _summaries, _tables
 from planner.frontier import frontier
+from planner import maxflow
 from planner.maxflow import max_flow_edmonds_karp, min_cut, min_cut_dinic
 from planner.mincut import _ones, _solve_labels
 from planner.solvers import solve, solve_chain_scan
@@ -56,6 +59,16 @@ def _links(n: int) -> list[Link]:
     return [Link(float(b), float(b) * DOWN_RATIO, RTT_MS) for b in np.geomspace(2e5, 5e8, n)]
 
 
+def _min_cut_pure_python(*args):
+    """Ours without the compiled path (the solver before it existed)."""
+    saved = maxflow._SCALED_MIN_ARCS
+    maxflow._SCALED_MIN_ARCS = 1 << 62
+    try:
+        return min_cut(*args)
+    finally:
+        maxflow._SCALED_MIN_ARCS = saved
+
+
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1e3, q))
 
@@ -76,9 +89,11 @@ def _time_solve(graph, profiles, links, reps: int) -> tuple[list[float], list[fl
     return runs, best
 
 
-def _time_flow(graph, profiles, links, flows: dict[str, Any], budget_s: float, reps: int = 3) -> dict[str, Any]:
+def _time_flow(graph, profiles, links, flows: dict[str, Any], budget_s: float, reps: int = 3,
+               no_edmonds_karp_bps: tuple[float, ...] = ()) -> dict[str, Any]:
     """Time the min-cut step alone with each max flow on identical networks, best of
-    ``reps`` per link; check that every method's cut costs the same."""
+    ``reps`` per link; check that every method's cut costs the same. Edmonds-Karp
+    skips the uplinks in ``no_edmonds_karp_bps`` (minutes a run on the 10k DAG)."""
     times: dict[str, list[float]] = {k: [] for k in flows}
     costs_agree = True
     for lk in links:
@@ -87,6 +102,8 @@ def _time_flow(graph, profiles, links, flows: dict[str, Any], budget_s: float, r
         labels = {}
         for name, f in flows.items():
             if sum(times[name]) * reps > budget_s:
+                continue
+            if name == "edmonds_karp" and lk.up_bps in no_edmonds_karp_bps:
                 continue
             mine = []
             for _ in range(reps):
@@ -97,7 +114,7 @@ def _time_flow(graph, profiles, links, flows: dict[str, Any], budget_s: float, r
                     break
             times[name].append(min(mine))
         vals = {k: float(_summaries(tb, _stages(tb, v))["total"][0]) for k, v in labels.items()}
-        ref = vals.get("push_relabel")
+        ref = vals.get("ours")
         if ref is not None and any(abs(v - ref) > 1e-6 * max(1.0, ref) for v in vals.values()):
             costs_agree = False
     out: dict[str, Any] = {k: {"p50_ms": _pct(v, 50) if v else None, "max_ms": _pct(v, 100) if v else None,
@@ -123,8 +140,10 @@ def _zoo_models() -> list[tuple[str, Any]]:
 def _bench_model(name, graph, links, reps, flow_budget_s, flow_links=None) -> dict[str, Any]:
     profiles = _profiles(graph)
     ts, best = _time_solve(graph, profiles, links, reps)
-    flows = {"push_relabel": min_cut, "dinic": min_cut_dinic, "edmonds_karp": max_flow_edmonds_karp}
-    flow = _time_flow(graph, profiles, flow_links or links, flows, flow_budget_s)
+    flows = {"ours": min_cut, "ours_pure_python": _min_cut_pure_python, "dinic": min_cut_dinic,
+             "edmonds_karp": max_flow_edmonds_karp}
+    flow = _time_flow(graph, profiles, flow_links or links, flows, flow_budget_s,
+                      no_edmonds_karp_bps=(2e5,) if len(graph) > 5000 else ())
     flow["links_up_bps"] = [lk.up_bps for lk in (flow_links or links)]
     # answer quality against Neurosurgeon's prefix scan
     ratios = []
@@ -132,17 +151,21 @@ def _bench_model(name, graph, links, reps, flow_budget_s, flow_links=None) -> di
         opt = solve(graph, profiles, lk).breakdown.total_ms
         scan = solve_chain_scan(graph, profiles, lk).breakdown.total_ms
         ratios.append(scan / opt)
-    pr, ek = flow["push_relabel"]["p50_ms"], flow["edmonds_karp"]["p50_ms"]
+    pr, ek = flow["ours"]["p50_ms"], flow["edmonds_karp"]["p50_ms"]
+    py = flow["ours_pure_python"]
     return {
         "model": name,
         "layers": len(graph),
         "solve_p50_ms": _pct(ts, 50),
         "solve_p99_ms": _pct(ts, 99),
+        "solve_max_ms": _pct(ts, 100),
         "solve_runs": len(ts),
         "solve_best_of_reps_p50_ms": _pct(best, 50),
         "solve_best_of_reps_max_ms": _pct(best, 100),
         "mincut": flow,
-        "edmonds_karp_over_push_relabel": (ek / pr) if (pr and ek) else None,
+        "edmonds_karp_over_ours": (ek / pr) if (pr and ek) else None,
+        "pure_python_over_ours_max": (py["max_ms"] / flow["ours"]["max_ms"])
+        if (py["max_ms"] and flow["ours"]["max_ms"]) else None,
         "neurosurgeon_over_optimum_latency": {"mean": float(np.mean(ratios)), "max": float(np.max(ratios))},
     }
 
@@ -225,17 +248,20 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     rows = result["models"] + ([result["dag10k"]] if result.get("dag10k") else [])
     names = [r["model"] for r in rows]
     x = np.arange(len(rows))
-    pr = [r["mincut"]["push_relabel"]["p50_ms"] or np.nan for r in rows]
+    pr = [r["mincut"]["ours"]["p50_ms"] or np.nan for r in rows]
     ek = [r["mincut"]["edmonds_karp"]["p50_ms"] or np.nan for r in rows]
     sv = [r["solve_p50_ms"] for r in rows]
     ax1.bar(x - 0.27, sv, 0.27, label="solve() p50 (ours, whole plan)")
-    ax1.bar(x, pr, 0.27, label="min cut: push-relabel (ours)")
+    ax1.bar(x, pr, 0.27, label="min cut (ours)")
     ax1.bar(x + 0.27, ek, 0.27, label="min cut: Edmonds-Karp (DADS-style)")
+    ax1.scatter(x - 0.27, [r.get("solve_max_ms", np.nan) for r in rows], marker="_", s=120, color="k",
+                zorder=3, label="solve() max over all runs")
     ax1.set_yscale("log")
     ax1.set_xticks(x, names, rotation=45, ha="right")
     ax1.set_ylabel("ms (log)")
-    ax1.set_title("plan time, p50 over a link sweep")
-    ax1.legend(fontsize=8)
+    ax1.set_title("plan time, p50 (bars) and max (dashes) over a link sweep")
+    ax1.set_ylim(top=ax1.get_ylim()[1] * 30)  # headroom for the legend
+    ax1.legend(fontsize=8, loc="upper left")
     sw = result["sweep"]
     ax2.plot(np.asarray(sw["curve"]["up_bps"]) / 1e6, sw["curve"]["total_ms"], label="optimal latency (frontier)")
     for b in sw["breakpoints_bps"]:
@@ -276,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     # the baselines get the links where they finish in reasonable time; ours gets all
     result["dag10k"] = _bench_model("random_dag_10k", big, _links(3 if args.quick else 7), 1 if args.quick else 3,
                                     flow_budget_s=60.0 if not args.quick else 5.0,
-                                    flow_links=[Link(2.7e6, 5.4e6, RTT_MS), Link(1e7, 2e7, RTT_MS),
+                                    flow_links=[Link(2e5, 4e5, RTT_MS), Link(2.7e6, 5.4e6, RTT_MS),
+                                                Link(1e7, 2e7, RTT_MS),
                                                 Link(1e8, 2e8, RTT_MS)])
     sweep_graph = dict(models).get("densenet121") or make_random_graph(250, seed=1, name="random_dag_250")
     _LOG.info("1000-point sweep")
@@ -286,15 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     result["dag_quality"] = _bench_dag_quality(30 if args.quick else 300, 40)
     _LOG.info("throughput gap")
     result["throughput_gap"] = _bench_throughput_gap(20 if args.quick else 200)
+    result["setup"]["load_average_at_end"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     _plot(result, out.with_suffix(".png"))
     for r in result["models"] + [result["dag10k"]]:
-        _LOG.info("%-16s %5d layers  solve p50 %.2f ms p99 %.2f ms (best-of-reps p50 %.2f)  EK/ours %s  "
-                  "NS/opt max %.3f", r["model"], r["layers"], r["solve_p50_ms"], r["solve_p99_ms"],
-                  r["solve_best_of_reps_p50_ms"],
-                  "n/a" if r["edmonds_karp_over_push_relabel"] is None else f"{r['edmonds_karp_over_push_relabel']:.1f}x",
+        _LOG.info("%-16s %5d layers  solve p50 %.2f ms p99 %.2f ms max %.2f ms (best-of-reps p50 %.2f max %.2f)  "
+                  "EK/ours %s  NS/opt max %.3f", r["model"], r["layers"], r["solve_p50_ms"], r["solve_p99_ms"],
+                  r["solve_max_ms"], r["solve_best_of_reps_p50_ms"], r["solve_best_of_reps_max_ms"],
+                  "n/a" if r["edmonds_karp_over_ours"] is None else f"{r['edmonds_karp_over_ours']:.1f}x",
                   r["neurosurgeon_over_optimum_latency"]["max"])
     sw = result["sweep"]
     _LOG.info("sweep %d points: %.1f ms via frontier (%d plans), %.1f ms by direct solves (%.1fx)", sw["points"],

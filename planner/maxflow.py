@@ -10,6 +10,14 @@ the data flow (``order``). Only push-relabel's first phase runs: once no node th
 can still reach the sink holds excess, the nodes that cannot reach it are a minimum
 cut's source side.
 
+On big networks (``_SCALED_MIN_ARCS`` arcs and more) `min_cut` first tries SciPy's
+compiled Dinic (`_scaled_min_cut`): SciPy takes integer capacities only, so the
+capacities are scaled and floored in a few rounds, and the cut it yields is kept only
+when its exact capacity equals the flow's value to 1e-10 (weak duality: a
+certificate, not a guess); otherwise, or without SciPy, the pure-Python path below answers. At a slow
+link that is the difference between one compiled pass and Python spreading the
+input's flow over thousands of layers.
+
 `min_cut_dinic` (Dinic alone) and `max_flow_edmonds_karp` (one BFS per augmenting
 path, DADS's textbook solver) are independent implementations kept for tests and the
 benchmark. All are pure Python on flat lists: the planner's networks are sparse.
@@ -25,12 +33,113 @@ from collections.abc import Sequence
 
 import numpy as np
 
+try:  # an optional speed-up: the pure-Python solvers below are complete without it
+    from scipy import sparse as _sparse
+    from scipy.sparse import csgraph as _csgraph
+except ImportError:  # pragma: no cover
+    _sparse = _csgraph = None
+
 __all__ = ["min_cut", "min_cut_dinic", "max_flow_edmonds_karp"]
 
 _DINIC_PHASES = 6
 """Phases `min_cut` gives Dinic before it switches to push-relabel."""
 _DINIC_WORK = 2
 """...and the arc steps of augmenting paths, per arc of the network."""
+
+_SCALED_MIN_ARCS = 1000
+"""Networks with fewer arcs than this skip the compiled path: its set-up costs more."""
+_SCALED_ROUNDS = 4
+"""Scaling rounds at most; each leaves under a 2**-30 part of the flow behind."""
+_SCALE = float(1 << 30)
+"""Integer capacities up to 2**30 leave int32 room for every flow sum."""
+_CERTIFY_REL = 1e-10
+"""How far a cut may exceed the flow it is certified by, relative to the flow."""
+
+
+def _scaled_min_cut(n: int, tails: Sequence[int], heads: Sequence[int], caps: Sequence[float], s: int,
+                    t: int) -> tuple[float, np.ndarray] | None:
+    """A minimum cut by SciPy's compiled Dinic on integer-scaled capacities, or None.
+
+    SciPy takes integer capacities only. Each round floors the residual capacities,
+    scaled so the largest possible flow fits in int32, to integers; the integer
+    flow, scaled back, fits under the float residuals, so the sum of the rounds is a
+    valid flow. Each round leaves at most a 2**-30 part behind, so after a few the
+    residual network, read with the same ``eps`` as the pure-Python solvers, no
+    longer links the source to the sink. The answer is then certified by weak
+    duality: the cut's exact capacity, summed from the original arcs, must equal
+    the flow's value. When it does not (an infinite arc in the cut, capacities too
+    spread for the rounds), None sends the caller to the exact pure-Python solvers.
+    """
+    if _csgraph is None or s == t:
+        return None
+    tl = np.asarray(tails, dtype=np.int64)
+    hd = np.asarray(heads, dtype=np.int64)
+    c = np.asarray(caps, dtype=float)
+    finite = np.isfinite(c)
+    if not len(c) or not finite.any():
+        return None
+    eps = float(c[finite].max()) * 1e-12
+    # parallel arcs summed; every pair present in both directions (the reverse
+    # residual), so SciPy adds no arcs and its flow comes back on this very pattern
+    keys = np.concatenate([tl * n + hd, hd * n + tl])
+    uniq, inv = np.unique(keys, return_inverse=True)
+    big = float(c[finite].sum()) + 1.0  # more than any finite cut: an infinite arc's stand-in
+    res = np.bincount(inv[: len(c)], weights=np.where(finite, c, big), minlength=len(uniq))
+    rows = uniq // n
+    cols = uniq % n
+    indptr = np.searchsorted(rows, np.arange(n + 1))
+    cols32 = cols.astype(np.int32)
+    indptr32 = indptr.astype(np.int32)
+    out_s = slice(indptr[s], indptr[s + 1])
+    into_t = np.flatnonzero(cols == t)
+
+    def reach(live: np.ndarray) -> np.ndarray:
+        """Nodes reachable from ``s`` over the ``live`` residual pairs."""
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(rows[live], minlength=n))])
+        g = _sparse.csr_matrix((np.ones(int(ptr[-1]), dtype=np.int8), cols32[live], ptr),
+                               shape=(n, n))
+        seen = np.zeros(n, dtype=bool)
+        seen[_csgraph.breadth_first_order(g, s, directed=True, return_predecessors=False)] = True
+        return seen
+
+    total = 0.0
+    bound = min(float(res[out_s].sum()), float(res[into_t].sum()))
+    side = None
+    for _ in range(_SCALED_ROUNDS):
+        if bound <= eps:
+            break
+        scale = _SCALE / bound
+        icap = np.floor(np.minimum(res, bound) * scale).astype(np.int32)
+        r = _csgraph.maximum_flow(_sparse.csr_matrix((icap, cols32, indptr32), shape=(n, n)), s, t,
+                                  method="dinic")
+        if r.flow_value:
+            fl = r.flow
+            if len(fl.data) != len(uniq) or not (np.array_equal(fl.indptr, indptr)
+                                                 and np.array_equal(fl.indices, cols)):
+                return None  # a SciPy that re-shapes the pattern: not worth a slow mapping
+            res -= fl.data / scale
+            total += r.flow_value / scale
+        side = reach(res > eps)
+        if not side[t]:
+            break
+        # the floors left under 1/scale on each pair; what can still move is at most
+        # the residual out of the nodes reachable over the pairs with more than that
+        near = reach(res > 2.0 / scale)
+        if not near[t]:
+            bound = float(res[near[rows] & ~near[cols]].sum())
+        elif r.flow_value:
+            bound = min(float(res[out_s].sum()), float(res[into_t].sum()))
+        else:
+            break
+    if side is None:
+        side = reach(res > eps)
+    if side[t]:
+        return None
+    crossing = side[tl] & ~side[hd]
+    cut = float(c[crossing].sum())
+    if not math.isfinite(cut) or cut > total + _CERTIFY_REL * max(total, 1.0):
+        return None
+    return cut, side
 
 
 def _csr(n: int, tails: Sequence[int], heads: Sequence[int], caps: Sequence[float]
@@ -147,32 +256,30 @@ def _dinic(n: int, to: list[int], cap: list[float], adj: list[int], start: list[
                 it[u] += 1
 
 
-def _rooms(n: int, to: list[int], cap: list[float], adj: list[int], start: list[int], s: int, t: int,
-           eps: float, order: Sequence[int], rank: list[int], widest: bool) -> list[float]:
+def _rooms(cap: list[float], eps: float, order: Sequence[int], sinks: list[list[int]],
+           fwd: list[list[int]], head: list[int], n: int, widest: bool) -> list[float]:
     """What each node and the nodes below it could still absorb: along the single best
     path (``widest``, an under-estimate) or summed over all successors (an
     over-estimate where branches share descendants)."""
     room = [0.0] * n
     for u in reversed(order):
-        ru = rank[u]
         r = 0.0
-        best = 0.0
-        for idx in range(start[u], start[u + 1]):
-            a = adj[idx]
+        for a in sinks[u]:
             c = cap[a]
             if c > eps:
-                v = to[a]
-                if v == t:
-                    r += c
-                elif rank[v] > ru and v != s:
-                    rv = room[v]
-                    if rv > c:
-                        rv = c
-                    if widest:
-                        if rv > best:
-                            best = rv
-                    else:
-                        best += rv
+                r += c
+        best = 0.0
+        for a in fwd[u]:
+            c = cap[a]
+            if c > eps:
+                rv = room[head[a]]
+                if rv > c:
+                    rv = c
+                if widest:
+                    if rv > best:
+                        best = rv
+                else:
+                    best += rv
         room[u] = r + best
     return room
 
@@ -189,29 +296,44 @@ def _greedy(n: int, to: list[int], cap: list[float], adj: list[int], start: list
     for r, v in enumerate(order):
         rank[v] = r
     rank[t] = -1
+    # each node's arcs to the sink and forward in ``order``, in adjacency order: the
+    # passes below only ever look at these
+    sinks: list[list[int]] = [[] for _ in range(n)]
+    fwd: list[list[int]] = [[] for _ in range(n)]
+    built = [False] * n
+    for u in order:
+        if built[u]:
+            continue
+        built[u] = True
+        ru = rank[u]
+        su, fu = sinks[u], fwd[u]
+        for idx in range(start[u], start[u + 1]):
+            a = adj[idx]
+            v = to[a]
+            if v == t:
+                su.append(a)
+            elif rank[v] > ru and v != s:
+                fu.append(a)
     for widest in (True, False):
-        room = _rooms(n, to, cap, adj, start, s, t, eps, order, rank, widest)
-        moved = False
+        room = _rooms(cap, eps, order, sinks, fwd, to, n, widest)
         for u in order:
             e = excess[u]
             if e <= eps:
                 continue
-            ru = rank[u]
-            for idx in range(start[u], start[u + 1]):
-                a = adj[idx]
-                if to[a] == t and cap[a] > eps:
-                    d = e if e < cap[a] else cap[a]
-                    cap[a] -= d
+            for a in sinks[u]:
+                c = cap[a]
+                if c > eps:
+                    d = e if e < c else c
+                    cap[a] = c - d
                     cap[a ^ 1] += d
                     excess[t] += d
                     e -= d
                     break
             if e > eps:
-                for idx in range(start[u], start[u + 1]):
-                    a = adj[idx]
+                for a in fwd[u]:
                     c = cap[a]
-                    v = to[a]
-                    if c > eps and rank[v] > ru and v != s:
+                    if c > eps:
+                        v = to[a]
                         rv = room[v]
                         if rv <= eps:
                             continue
@@ -223,7 +345,6 @@ def _greedy(n: int, to: list[int], cap: list[float], adj: list[int], start: list
                         excess[v] += d
                         room[v] = rv - d
                         e -= d
-                        moved = True
                         if e <= eps:
                             break
             excess[u] = e
@@ -334,6 +455,10 @@ def min_cut(n: int, tails: Sequence[int], heads: Sequence[int], caps: Sequence[f
     ``order``, if given, is a topological order of the finite arcs (the data flow)
     for push-relabel's greedy first pass; any preflow is a valid start.
     """
+    if len(tails) >= _SCALED_MIN_ARCS:
+        done = _scaled_min_cut(n, tails, heads, caps, s, t)
+        if done is not None:
+            return done
     to, cap, adj, start, eps = _csr(n, tails, heads, caps)
     flow, side = _dinic(n, to, cap, adj, start, s, t, eps, _DINIC_PHASES, _DINIC_WORK * len(to))
     if side is not None:

@@ -333,7 +333,7 @@ def _infeasible(graph: LayerGraph, search: _Search, rows: np.ndarray | None) -> 
     if search.slo_ms is not None and fastest > search.slo_ms * (1 + 1e-12):
         return InfeasibleError(
             f"latency SLO: the fastest plan takes {fastest:.3f} ms, the SLO is {search.slo_ms:.3f} ms "
-            f"({fastest - search.slo_ms:.3f} ms over); raise --latency-slo, use a faster link or "
+            f"({fastest - search.slo_ms:.3f} ms over); raise the latency SLO (--slo), use a faster link or "
             f"unpin layers",
             constraint="latency_slo", required=fastest, limit=search.slo_ms, unit="ms", model=graph.model,
         )

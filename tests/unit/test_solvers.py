@@ -87,7 +87,7 @@ def test_infeasible_slo_says_by_how_much() -> None:
     err = e.value
     assert err.constraint == "latency_slo" and err.unit == "ms"
     assert err.required == pytest.approx(fastest) and err.limit == fastest / 2
-    assert f"{fastest:.3f} ms" in str(err) and "raise --latency-slo" in str(err)
+    assert f"{fastest:.3f} ms" in str(err) and "raise the latency SLO (--slo)" in str(err)
 
 
 @pytest.mark.parametrize("exact_limit", [0, 20000])
