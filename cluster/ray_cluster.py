@@ -104,7 +104,7 @@ class RayPool:
         return PoolResult(out, 0.0, time.monotonic() - t0, 1)
 
     async def close(self) -> None:
-        self.pool.shutdown()
+        await self.pool.aclose()
 
 
 class RayPoolFactory:

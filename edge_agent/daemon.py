@@ -248,13 +248,25 @@ class EdgeAgent:
 
     async def _probe_loop(self) -> None:
         interval = self.config.probe_interval_s
+        last_rtt_s = time.monotonic()
         while True:
-            await asyncio.sleep(interval / 2)
+            await asyncio.sleep(interval / 4)  # link_idle() halves the quiet time while running locally
             r = self.runner
+            if r is None:
+                continue
             # Probe when the link is idle: nothing offloaded for a while (the app may be busy
             # running locally, which is exactly when only a probe can say the link came back).
-            if r is None or not r.link_idle():
+            # While it is busy, a health check (a few bytes) still measures the RTT, which
+            # the answers cannot separate from their bytes' time.
+            if not r.link_idle():
+                if time.monotonic() - last_rtt_s >= interval:
+                    last_rtt_s = time.monotonic()
+                    try:
+                        await r.probe_rtt()
+                    except Exception as e:  # noqa: BLE001 - a failed probe must not end the loop
+                        logger.debug("RTT probe failed: %s", e)
                 continue
+            last_rtt_s = time.monotonic()
             try:
                 await r.probe()
             except Exception as e:  # noqa: BLE001 - a failed probe must not end the loop

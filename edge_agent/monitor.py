@@ -5,16 +5,26 @@ Pure: no clocks and no I/O; every method takes `now_s` (time.monotonic() seconds
 [Note: link estimation]
 Every remote call is a sample: the bits it moved over the time the network took
 (elapsed minus the server's reported time minus one RTT). Downlink bytes are counted
-as `1/down_ratio` uplink bytes, since the planner's links keep that ratio. A call that
-timed out is a censored sample: the rate was at most bits/elapsed. A call dominated by
-the RTT only bounds the rate from below. Samples are smoothed in log space (rates
-multiply) by an EWMA, and a two-sided CUSUM on the same log samples detects a step:
-each sample adds its deviation beyond a dead band `delta` to an up or down sum, and a
-sum past `threshold` means the link changed, so the level jumps to the median of the
-samples that built the sum. The RTT is the windowed minimum of health-check round
-trips (a reconnect or a queue only adds delay, as in BBR's min_rtt). A step from 18.88 to 1.1 Mbit/s (log ratio 2.8) is seen
-after two samples; jitter within the dead band never accumulates; a single outlier
-(up to ~e^(threshold+delta)) does not move the level by more than one EWMA step.
+as `1/down_ratio` uplink bytes, since the planner's links keep that ratio. A call
+dominated by the RTT only bounds the rate from below. Samples are smoothed in log
+space (rates multiply) by an EWMA, and a two-sided CUSUM on the same log samples
+detects a step: each sample adds its deviation beyond a dead band `delta` to an up or
+down sum, and a sum past `threshold` means the link changed, so the level jumps to the
+median of the samples that built the sum (a step from 18.88 to 1.1 Mbit/s, log ratio
+2.8, is seen at the first sample; 1.1 to 5.85, log ratio 1.7, at the second).
+An upper bound is stronger evidence than a sample. A call that timed out, or a
+transfer still in flight `stall_factor` times longer than the level predicts, proves
+the rate is at most bits/(elapsed - server time - RTT) (the server's usual time, an
+EWMA of what it reported). A bound below the level by more than the dead band replaces
+the level at once (jitter of `stall_factor` does not produce one), so a step down is
+seen while the transfers that would measure it are still stuck, not after they time
+out (while they time out, no completed sample ever arrives). The first measurement
+after such a bound replaces it too, either side: the bound only said "at most", and
+its server time and sharing are guesses.
+The RTT is the windowed minimum of health-check round trips and of the calls that
+moved almost no bytes (less their bytes' time): a reconnect or a queue only adds
+delay, as in BBR's min_rtt. Jitter within the dead band never accumulates; a single
+outlier (up to ~e^(threshold+delta)) does not move the level by more than one EWMA step.
 """
 
 from __future__ import annotations
@@ -63,18 +73,26 @@ class MonitorConfig:
     """EWMA weight of a new log-rate sample."""
     delta: float = 0.35
     """CUSUM dead band in log units (0.35: a factor 1.4 of jitter is ignored)."""
-    threshold: float = 3.0
+    threshold: float = 2.2
     """CUSUM sum in log units that declares a step."""
     rtt_window: int = 5
     """The RTT is the minimum of this many recent samples (queueing and reconnects only add delay)."""
+    rtt_max_age_s: float = 10.0
+    """Older RTT samples drop out when a new one comes: a minimum from before a path change must not stay."""
     down_ratio: float = 4.0
     """Downlink rate / uplink rate, to count response bytes."""
     min_payload_fraction: float = 0.25
     """Below this share of the network time spent on bytes, a call only bounds the rate from below."""
+    stall_factor: float = 2.0
+    """A transfer in flight this many times longer than the level predicts bounds the rate from above."""
+    server_alpha: float = 0.3
+    """EWMA weight of a new server-time sample (the server's share of a call's time)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1 or self.rtt_window < 1:
             raise ValueError(f"alpha={self.alpha} must be in (0, 1] and rtt_window={self.rtt_window} >= 1")
+        if self.stall_factor <= 1:
+            raise ValueError(f"stall_factor={self.stall_factor} must be > 1 (a transfer on time bounds nothing)")
         if self.delta < 0 or self.threshold <= 0 or self.down_ratio <= 0:
             raise ValueError(f"need delta >= 0 (got {self.delta}), threshold > 0 (got {self.threshold}) "
                              f"and down_ratio > 0 (got {self.down_ratio})")
@@ -86,7 +104,7 @@ class LinkMonitor:
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config or MonitorConfig()
         self._level: float | None = None  # log(bps)
-        self._rtts: collections.deque[float] = collections.deque(maxlen=self.config.rtt_window)
+        self._rtts: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.config.rtt_window)
         self._up = 0.0
         self._down = 0.0
         self._run_up: list[float] = []
@@ -95,6 +113,8 @@ class LinkMonitor:
         self._last_sample_s: float | None = None
         self._last_change_s: float | None = None
         self._changes = 0
+        self._server_ms: float | None = None
+        self._bounded = False  # the level is an upper bound, not a measurement
 
     # -- samples ------------------------------------------------------------------------
 
@@ -109,6 +129,13 @@ class LinkMonitor:
             self._level = x
             return False
         c = self.config
+        if self._bounded:
+            # A bound is only a ceiling, and a loose one (the server time and the calls sharing
+            # the link are guesses): the first measurement after it is the level, either side.
+            self._bounded = False
+            self._level = x
+            self._reset_sums()
+            return False
         dev = x - self._level
         self._up = max(0.0, self._up + dev - c.delta)
         self._down = max(0.0, self._down - dev - c.delta)
@@ -128,20 +155,28 @@ class LinkMonitor:
         """An RTT sample (a health probe, or a call that moved almost no bytes)."""
         if not rtt_ms >= 0 or not math.isfinite(rtt_ms):
             return
-        self._rtts.append(rtt_ms)
+        while self._rtts and now_s - self._rtts[0][0] > self.config.rtt_max_age_s:
+            self._rtts.popleft()
+        self._rtts.append((now_s, rtt_ms))
 
     @property
     def _rtt_ms(self) -> float | None:
-        return min(self._rtts) if self._rtts else None
+        return min(r for _, r in self._rtts) if self._rtts else None
 
     def observe_transfer(self, up_bytes: int, down_bytes: int, elapsed_s: float, server_ms: float,
                          now_s: float) -> bool:
         """A completed remote call. Returns True when it completed a step."""
         c = self.config
+        if math.isfinite(server_ms) and server_ms >= 0:
+            self._server_ms = server_ms if self._server_ms is None else (
+                self._server_ms + c.server_alpha * (server_ms - self._server_ms))
         net_s = elapsed_s - max(0.0, server_ms) / 1e3
         if net_s <= 0:
             return False
         bits = 8.0 * (up_bytes + down_bytes / c.down_ratio)
+        if self._level is not None and bits / math.exp(self._level) < c.min_payload_fraction * net_s:
+            # Almost no bytes at the level's rate: the rest of the network time is an RTT sample.
+            self.observe_rtt((net_s - bits / math.exp(self._level)) * 1e3, now_s)
         rtt_s = (self._rtt_ms or 0.0) / 1e3
         payload_s = net_s - rtt_s
         if payload_s >= c.min_payload_fraction * net_s:
@@ -157,10 +192,46 @@ class LinkMonitor:
         """A call that timed out or failed after `elapsed_s` with `up_bytes` sent: the rate was lower."""
         if elapsed_s <= 0 or up_bytes <= 0:
             return False
-        ceiling_bps = 8.0 * up_bytes / elapsed_s
-        if self._level is None or math.log(ceiling_bps) < self._level:
+        return self._observe_ceiling(8.0 * up_bytes / elapsed_s, now_s)
+
+    def stall_after_s(self, up_bytes: int) -> float | None:
+        """How long a transfer of `up_bytes` may run before it says the link is slower; None: no level yet."""
+        if self._level is None or up_bytes <= 0:
+            return None
+        return self.config.stall_factor * (8.0 * up_bytes / math.exp(self._level) + self._fixed_s())
+
+    def observe_stall(self, up_bytes: int, elapsed_s: float, now_s: float) -> bool:
+        """A transfer still in flight after `elapsed_s`: the rate is at most its bits over the time its
+        bytes had (elapsed minus the usual server time and one RTT). Returns True when it moved the level."""
+        after = self.stall_after_s(up_bytes)
+        if after is None or elapsed_s < after:
+            return False
+        payload_s = elapsed_s - self._fixed_s()
+        if payload_s <= 0:
+            return False
+        return self._observe_ceiling(8.0 * up_bytes / payload_s, now_s)
+
+    def _fixed_s(self) -> float:
+        """A call's time besides its bytes: one RTT and the server's usual time."""
+        return ((self._rtt_ms or 0.0) + (self._server_ms or 0.0)) / 1e3
+
+    def _observe_ceiling(self, ceiling_bps: float, now_s: float) -> bool:
+        """An upper bound on the rate; see [Note: link estimation]."""
+        if not ceiling_bps > 0 or not math.isfinite(ceiling_bps):
+            return False
+        if self._level is None:
             return self.observe_rate(ceiling_bps, now_s)
-        return False
+        x = math.log(ceiling_bps)
+        if x >= self._level - self.config.delta:
+            return False  # consistent with the level (or within jitter): says nothing
+        self._samples += 1
+        self._last_sample_s = now_s
+        self._level = x
+        self._bounded = True
+        self._reset_sums()
+        self._last_change_s = now_s
+        self._changes += 1
+        return True
 
     def _reset_sums(self) -> None:
         self._up = self._down = 0.0

@@ -21,8 +21,20 @@ takes u ms loads it to rho = rps * u / 1000 and waits u * rho / (2 (1 - rho)) mo
    option became unavailable (breaker open, engine gone), misses the SLO while the
    target meets it, or costs over 1/`urgent_ratio` times the target. So jitter never
    flaps the cut and a real step switches at once.
+4. Back-off on reversals: going back to the option just left, when that one was held
+   less than `flap_window_s`, counts a reversal, and each reversal doubles the dwell
+   that the next return must wait (up to 2^`max_backoff`), the urgent ratio included.
+   A loop such as "the uplink saturates, so run locally; the load falls, so offload
+   again" (the app's window ties its rate to the latency) then settles instead of
+   flipping every dwell. Only an unavailable option or a missed SLO switches without
+   it. An option held for `flap_window_s` beyond its back-off clears the count.
+Predictions are corrected by measurement: `Health.local_ms` is the profile's time times
+the agent's measured/predicted ratio of local answers, and every remote option's time is
+multiplied by `Health.remote_factor`, the same ratio of remote answers.
 A half-open breaker lets one probe through: that request goes remote without moving
-the state, so recovery is tried without committing to it.
+the state, so recovery is tried without committing to it; but only when the remote plan
+is predicted to beat local at the estimated link (otherwise the request would pay a
+timeout and a local tail for nothing, and the agent's idle link probe tests the link).
 """
 
 from __future__ import annotations
@@ -55,6 +67,10 @@ class PolicyConfig:
     """Rate assumed before the first sample; None: the frontier range's geometric middle."""
     urgent_ratio: float = 0.5
     """A target costing at most this fraction of the current option switches even inside the dwell."""
+    flap_window_s: float = 10.0
+    """Holding an option this long beyond its back-off dwell clears the reversals."""
+    max_backoff: int = 4
+    """The dwell before a return doubles per reversal, at most 2**max_backoff times."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,10 @@ class Health:
     """Cut ids with a loaded head engine; None: every frontier cut."""
     arrival_rps: float = 0.0
     """Recent request rate; the uplink is a queue that this load may saturate."""
+    remote_factor: float = 1.0
+    """Measured / predicted time of recent remote answers; scales every remote option's time."""
+    local_factor: float = 1.0
+    """Measured / predicted time of recent local answers (already in `local_ms`; for the reason text)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +136,10 @@ class PolicyState:
     """When the current option was chosen."""
     switches: int = 0
     """Switches so far."""
+    previous: str = ""
+    """plan_key of the option in use before the current one."""
+    reversals: int = 0
+    """Recent returns to the option just left; see [Note: policy] 4."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -151,6 +175,7 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
         b = p.breakdown
         ms = b.total_ms if est.rtt_ms is None else b.total_ms - b.rtt_ms + est.rtt_ms
+        ms *= health.remote_factor
         # The uplink serves every request's boundary in turn: an M/D/1 queue at this load.
         util = health.arrival_rps * b.uplink_ms / 1e3
         if util >= _MAX_UTILISATION:
@@ -164,10 +189,32 @@ def _meets(o: _Option, slo: float | None) -> bool:
     return slo is None or o.ms <= slo
 
 
+def _show_factors(health: Health) -> str:
+    return f"; measured/predicted: local x{health.local_factor:.2f}, remote x{health.remote_factor:.2f}"
+
+
 def _show(est: LinkEstimate) -> str:
     up = "unknown" if est.up_bps is None else f"{est.up_bps / 1e6:.2f} Mbit/s"
     rtt = "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f} ms"
     return f"up {up}, rtt {rtt}, {est.samples} samples"
+
+
+def _backoff(reversals: int, cfg: PolicyConfig) -> float:
+    return 2.0 ** min(reversals, cfg.max_backoff)
+
+
+def _reversals(state: PolicyState, now_s: float, cfg: PolicyConfig) -> int:
+    """Reversals that still count: holding an option for `flap_window_s` beyond its back-off clears them."""
+    held_s = math.inf if state.switched_s is None else now_s - state.switched_s
+    return state.reversals if held_s < cfg.flap_window_s + cfg.dwell_s * _backoff(state.reversals, cfg) else 0
+
+
+def _switch(state: PolicyState, to: str, now_s: float, cfg: PolicyConfig) -> PolicyState:
+    """The state after switching to `to`, counting a return to the option just left as a reversal."""
+    held_s = math.inf if state.switched_s is None else now_s - state.switched_s
+    flip = bool(state.current) and to == state.previous and held_s < cfg.flap_window_s
+    reversals = _reversals(state, now_s, cfg) + (1 if flip else 0)
+    return PolicyState(to, now_s, state.switches + (1 if state.current else 0), state.current, reversals)
 
 
 def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, state: PolicyState,
@@ -188,7 +235,8 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     def act(o: _Option, reason: str, switched: bool, probe: bool = False) -> Action:
         return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe)
 
-    if health.probe and best_remote is not None:
+    if health.probe and best_remote is not None and (
+            not math.isfinite(local.ms) or best_remote.cost <= local.cost):
         return act(best_remote, f"breaker probe ({_show(estimate)})", False, True), state
 
     # 1-2: the target.
@@ -215,20 +263,24 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     current = options.get(state.current)
     if current is None or current.key == target.key:
         switched = current is None
-        new = state if not switched else PolicyState(target.key, now_s, state.switches + (1 if state.current else 0))
+        new = state if not switched else _switch(state, target.key, now_s, config)
         reason = f"{target.key}: {why} ({_show(estimate)})"
         if switched and state.current:
             reason = f"{state.current} unavailable -> {reason}"
         return act(target, reason, switched), new
 
-    # 3: hysteresis and dwell.
-    forced = (slo is not None and not _meets(current, slo) and _meets(target, slo)) or (
-        target.cost <= current.cost * config.urgent_ratio)
+    # 3-4: hysteresis, dwell and back-off.
+    held_s = math.inf if state.switched_s is None else now_s - state.switched_s
+    reversals = _reversals(state, now_s, config)
+    returning = target.key == state.previous and reversals > 0
+    dwell_s = config.dwell_s * (_backoff(reversals, config) if returning else 1.0)
+    dwelt = held_s >= dwell_s
+    urgent = target.cost <= current.cost * config.urgent_ratio and (dwelt or not returning)
+    forced = (slo is not None and not _meets(current, slo) and _meets(target, slo)) or urgent
     better = target.cost < current.cost * (1.0 - config.hysteresis)
-    dwelt = state.switched_s is None or now_s - state.switched_s >= config.dwell_s
     if forced or (better and dwelt):
         reason = (f"{current.key} ({current.ms:.0f} ms) -> {target.key} ({target.ms:.0f} ms): {why}"
-                  f"{'; forced' if forced else ''} ({_show(estimate)})")
-        return act(target, reason, True), PolicyState(target.key, now_s, state.switches + 1)
-    hold = "within hysteresis" if not better else f"dwell {config.dwell_s:g} s not over"
+                  f"{'; forced' if forced else ''}{_show_factors(health)} ({_show(estimate)})")
+        return act(target, reason, True), _switch(state, target.key, now_s, config)
+    hold = "within hysteresis" if not better else f"dwell {dwell_s:g} s not over"
     return act(current, f"keep {current.key}: {hold} ({_show(estimate)})", False), state

@@ -12,6 +12,16 @@ already spent minus the local tail's measured time (so the fallback still lands 
 time); without, `remote_timeout_ms`. The gRPC deadline is twice the budget (at least
 one second more): the call is not cancelled at the budget, so a late answer can still
 arrive, be dropped and be measured.
+
+[Note: measured correction]
+The policy's predictions come from profiles, and the agent's own work per request
+(the CPU quota shared by requests in flight, decoding, gRPC) is not in them: measured
+local answers took about twice the profile's time in the demo. So the runner keeps,
+per path, an EWMA of measured/predicted latency (local: whole-model answers against
+the profile's time; remote: remote answers against the action's prediction) and the
+policy scales its predictions by them. The remote ratio restarts at 1 when the link
+monitor detects a step, so the lag of the estimate behind a step is not learnt as a
+bias and then counted twice.
 """
 
 from __future__ import annotations
@@ -48,6 +58,14 @@ __all__ = ["Answer", "Counters", "Runner"]
 logger = logging.getLogger(__name__)
 _WINDOW = 2048
 _RATE_WINDOW_S = 2.0
+_STALL_CHECK_S = 0.2
+"""How often an overdue transfer re-checks whether it bounds the link rate."""
+_PROBE_TIMEOUT_S = 5.0
+"""Least time a link probe waits: on a slow link a probe cut off at the request budget
+bounds the rate only by its bytes over that budget (602 kB in 0.84 s: 5.7 Mbit/s, above
+the demo's 1.1), while one given the time measures it."""
+_FACTOR_ALPHA = 0.3
+_FACTOR_RANGE = {"local": (0.5, 4.0), "remote": (0.5, 3.0)}
 
 
 @dataclass(frozen=True)
@@ -119,12 +137,21 @@ class Runner:
         self._last_request: InferRequest | None = None
         self._remote_tasks: set[asyncio.Task[RemoteResult]] = set()
         self._local_tasks: set[asyncio.Task[None]] = set()
+        self._abandoned: set[asyncio.Task[RemoteResult]] = set()
+        """Remote calls past their budget whose requests finish locally (still on the wire until their deadline)."""
+        self._uploads: dict[asyncio.Task[RemoteResult], tuple[float, int]] = {}
+        """Remote calls in flight: (sent at, request bytes)."""
         self._arrivals: collections.deque[float] = collections.deque()
         self.last_remote_s = 0.0
         """When the link last carried a remote call (idle probes wait for a quiet link)."""
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="edge-engine")
         self._own_executor = executor is None
         self._device_id = config.resolved_device_id
+        self.factors = {"local": 1.0, "remote": 1.0}
+        """Measured / predicted latency per path; see [Note: measured correction]."""
+        self._logged_factors = dict(self.factors)
+        self._changes_seen = 0
+        self._probe_ok: bool | None = None
 
     # -- deciding -----------------------------------------------------------------------
 
@@ -132,14 +159,25 @@ class Runner:
         """Breaker, then policy; logs every switch once with its reason."""
         remote_ok = self.remote is not None and self.frontier is not None
         probe = False
+        unprobed = self.breaker
         if remote_ok:
             before = self.breaker.state
             remote_ok, self.breaker = B.allow(self.breaker, now_s, self.breaker_config)
             probe = remote_ok and before != B.CLOSED
         warm = frozenset(k for k in self.models.cuts if k not in self.unusable_cuts)
-        health = Health(remote_ok, probe, self.breaker.state, self.local_ms, warm, self._arrival_rps(now_s))
-        action, self.state = policy(self.monitor.estimate(), self.frontier, health, self.state, now_s,
+        est = self.monitor.estimate()
+        if est.changes != self._changes_seen:
+            self._changes_seen = est.changes
+            self.factors["remote"] = 1.0
+        health = Health(remote_ok, probe, self.breaker.state, self.local_ms * self.factors["local"], warm,
+                        self._arrival_rps(now_s), remote_factor=self.factors["remote"],
+                        local_factor=self.factors["local"])
+        action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
+        if probe and not action.probe:
+            # The policy kept this request local (the link as estimated does not pay): the
+            # probe slot stays free, and the idle link probe tests the link instead.
+            self.breaker = unprobed
         if action.switched:
             self.counters.switches += 1
             logger.info("switch: %s", action.reason)
@@ -147,6 +185,18 @@ class Runner:
             self.counters.probes += 1
         self.last_action = action
         return action
+
+    def _observe_latency(self, path: str, measured_ms: float, predicted_ms: float) -> None:
+        """One measured answer against its prediction; see [Note: measured correction]."""
+        if not (predicted_ms > 0 and math.isfinite(predicted_ms) and measured_ms > 0):
+            return
+        lo, hi = _FACTOR_RANGE[path]
+        ratio = min(max(measured_ms / predicted_ms, lo), hi)
+        f = self.factors[path] = self.factors[path] + _FACTOR_ALPHA * (ratio - self.factors[path])
+        if abs(f / self._logged_factors[path] - 1.0) > 0.1:
+            self._logged_factors[path] = f
+            logger.info("%s answers take x%.2f the predicted time (last %.0f ms, predicted %.0f ms); "
+                        "the policy now scales %s predictions by it", path, f, measured_ms, predicted_ms, path)
 
     def _arrival_rps(self, now_s: float) -> float:
         """Requests per second over the last `_RATE_WINDOW_S` (this one not counted)."""
@@ -186,13 +236,14 @@ class Runner:
         self.counters.inflight += 1
         try:
             action = self.decide(start)
+            raw_predicted_ms = action.predicted_ms / self.factors["remote"]  # before any await moves it
             ce = self.models.cuts.get(action.cut_id) if action.kind != LOCAL else None
             flow = RequestFlow(request_id, fallback_local=self.config.fallback == "local")
             if ce is None:
                 flow.fire("local")
                 return await self._finish_local(flow, inputs, start)
             flow.fire("offload")
-            return await self._offload(flow, action, ce, inputs, start)
+            return await self._offload(flow, action, ce, inputs, start, raw_predicted_ms)
         except BaseException:
             self.counters.failed += 1
             raise
@@ -210,7 +261,9 @@ class Runner:
             flow.fire("local_error")
             raise
         flow.fire("local_done")
-        return self._answered(flow.request_id, out, "local", "", start)
+        ans = self._answered(flow.request_id, out, "local", "", start)
+        self._observe_latency("local", ans.latency_ms, self.local_ms)
+        return ans
 
     def _answered(self, rid: str, out: Mapping[str, np.ndarray], by: str, cut_id: str, start: float,
                   why: str = "") -> Answer:
@@ -237,7 +290,7 @@ class Runner:
                             device_id=self._device_id)
 
     async def _offload(self, flow: RequestFlow, action: Action, ce: CutEngines,
-                       inputs: Mapping[str, np.ndarray], start: float) -> Answer:
+                       inputs: Mapping[str, np.ndarray], start: float, raw_predicted_ms: float) -> Answer:
         rid = flow.request_id
         if ce.head is not None:
             try:
@@ -291,8 +344,7 @@ class Runner:
         flow.fire("head_done")
         self._last_request = request
         sent_s = time.monotonic()
-        # Calls in flight together share the link: each sees about 1/n of its rate.
-        share = 1 + sum(1 for t in self._remote_tasks if not t.done())
+        share = self._sharing(sent_s)
         assert self.remote is not None
 
         def on_timeout() -> None:
@@ -300,6 +352,7 @@ class Runner:
             if flow.state != "remote":
                 return
             timed_out = True
+            self._abandoned.add(task)
             self._remote_failed("timeout", action, request.tensor_bytes() * share, time.monotonic() - sent_s)
             step = flow.fire("remote_timeout")
             if step.delivers:  # fallback 'none'
@@ -327,11 +380,15 @@ class Runner:
                 if step.late:
                     self.counters.late_dropped += 1
                 deliver(step, outs, "remote")
+                self._observe_latency("remote", (now - start) * 1e3, raw_predicted_ms)
                 return
             assert exc is not None
             self.last_remote_s = now
             if not timed_out:
                 self._remote_failed(_error_kind(exc), action, request.tensor_bytes() * share, now - sent_s, exc)
+            elif _error_kind(exc) == "DeadlineExceeded":
+                # Still unanswered at its gRPC deadline, well past the budget: a tighter bound.
+                self.monitor.observe_timeout(request.tensor_bytes() * share, now - sent_s, now)
             if flow.state != "remote":
                 flow.fire(kind)  # already falling back or answered: nothing to do
                 return
@@ -344,8 +401,53 @@ class Runner:
         task = loop.create_task(self.remote.infer(request, timeout_s=call_s))
         self._remote_tasks.add(task)
         task.add_done_callback(self._remote_tasks.discard)
+        task.add_done_callback(self._abandoned.discard)
+        self._uploads[task] = (sent_s, request.tensor_bytes())
+        task.add_done_callback(lambda t: self._uploads.pop(t, None))
         task.add_done_callback(on_remote)
+        self._watch_stall(task, request.tensor_bytes() * share, sent_s)
         return await answer
+
+    def _sharing(self, now_s: float) -> int:
+        """How many uploads share the link with one sent now (itself included).
+
+        Calls in flight together share the link: each sees about 1/n of its rate. Counted are
+        only calls whose upload should still be running at the estimated rate (a call waiting
+        for the server's answer uses no uplink; counting it made the demo's estimate 2x too
+        high), and not calls already abandoned: on a collapsed link those pile up until their
+        deadlines, and counting them would inflate every bound taken from this call, keeping
+        the estimate high exactly when it must fall. A count that is too low makes this call's
+        bound too tight by at most the app's window; the next measurement replaces a bound.
+        """
+        up_bps = self.monitor.estimate().up_bps
+        n = 1
+        for t, (sent_s, nbytes) in self._uploads.items():
+            if t.done() or t in self._abandoned:
+                continue
+            if up_bps is None or now_s - sent_s < 8.0 * nbytes / up_bps:
+                n += 1
+        return n
+
+    def _watch_stall(self, task: asyncio.Task[RemoteResult], up_bytes: int, sent_s: float) -> None:
+        """While `task` runs past what the link estimate allows, its bytes bound the rate from above
+        (see [Note: link estimation]): the estimate falls while the transfers are still stuck."""
+        after_s = self.monitor.stall_after_s(up_bytes)
+        if after_s is None:
+            return
+        loop = asyncio.get_running_loop()
+        handle: list[asyncio.TimerHandle] = []
+
+        def check() -> None:
+            if task.done():
+                return
+            now = time.monotonic()
+            if self.monitor.observe_stall(up_bytes, now - sent_s, now):
+                logger.info("link: a %d-byte transfer still in flight after %.0f ms: up at most %.2f Mbit/s",
+                            up_bytes, (now - sent_s) * 1e3, (self.monitor.estimate().up_bps or 0.0) / 1e6)
+            handle[:] = [loop.call_later(_STALL_CHECK_S, check)]
+
+        handle.append(loop.call_later(after_s, check))
+        task.add_done_callback(lambda _: handle[0].cancel())
 
     def cancel_remote(self) -> int:
         """Cancels every remote call in flight; their requests finish locally. Returns how many."""
@@ -372,8 +474,16 @@ class Runner:
     # -- probing ------------------------------------------------------------------------
 
     def link_idle(self) -> bool:
-        """No remote call in flight and none for `probe_interval_s`: a probe competes with nothing."""
-        quiet = time.monotonic() - self.last_remote_s >= self.config.probe_interval_s
+        """No remote call in flight and none for `probe_interval_s`: a probe competes with nothing.
+
+        While requests run locally (or the breaker is open) probes are the only samples of the
+        link, and how soon a recovery is seen depends on them: the quiet time is then halved.
+        """
+        interval_s = self.config.probe_interval_s
+        a = self.last_action
+        if (a is not None and a.kind == LOCAL) or self.breaker.state != B.CLOSED:
+            interval_s /= 2
+        quiet = time.monotonic() - self.last_remote_s >= interval_s
         return quiet and not any(not t.done() for t in self._remote_tasks)
 
     async def probe_rtt(self) -> bool:
@@ -399,8 +509,9 @@ class Runner:
         (breaker open, or no plan fits the link) only a probe can show the link is back.
         """
         if not await self.probe_rtt():
+            self._probe_outcome(False, "the health check got no answer")
             return
-        timeout_s = self.config.remote_timeout_ms / 1e3
+        timeout_s = max(self.config.remote_timeout_ms / 1e3, _PROBE_TIMEOUT_S)
         req = self._last_request or self._zero_request(timeout_s)
         if req is None:
             return
@@ -410,18 +521,28 @@ class Runner:
         t0 = time.monotonic()
         try:
             r = await self.remote.infer(req, timeout_s=timeout_s)
-        except ClusterError:
+        except ClusterError as e:
             now = time.monotonic()
             self.last_remote_s = now
             self.monitor.observe_timeout(req.tensor_bytes(), now - t0, now)
             if self.breaker.state == B.HALF_OPEN:
                 self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
+            self._probe_outcome(False, f"{_error_kind(e)} after {(now - t0) * 1e3:.0f} ms")
             return
         self.counters.probes += 1
         if self.breaker.state != B.CLOSED:
             self.breaker = B.on_success(self.breaker, time.monotonic(), self.breaker_config)
         self.last_remote_s = time.monotonic()
         self.monitor.observe_transfer(r.up_bytes, r.down_bytes, r.elapsed_s, r.server_ms, time.monotonic())
+        self._probe_outcome(True, f"{r.up_bytes} bytes in {r.elapsed_s * 1e3:.0f} ms")
+
+    def _probe_outcome(self, ok: bool, what: str) -> None:
+        """Logs a probe at INFO when its outcome changed (the link came back or went), else at DEBUG."""
+        est = self.monitor.estimate()
+        level = logging.INFO if ok != self._probe_ok else logging.DEBUG
+        self._probe_ok = ok
+        logger.log(level, "link probe %s: %s; estimate up %.2f Mbit/s, rtt %s ms", "ok" if ok else "failed", what,
+                   (est.up_bps or 0.0) / 1e6, "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f}")
 
     def _zero_request(self, timeout_s: float) -> InferRequest | None:
         """A boundary of zeros for the first warm cut: measures the link before any request offloaded."""
@@ -442,6 +563,7 @@ class Runner:
             "link": {"up_bps": est.up_bps, "rtt_ms": est.rtt_ms, "samples": est.samples, "changes": est.changes},
             "breaker": self.breaker.state,
             "local_ms": self.local_ms, "measured_local_ms": self.models.local_ms,
+            "latency_factors": dict(self.factors),
             "warm_cuts": sorted(k for k in self.models.cuts if k not in self.unusable_cuts),
             "counters": self.counters.to_dict(),
         }

@@ -260,8 +260,37 @@ class ReplicaPool:
     async def worker_stats(self) -> list[WorkerStats]:
         return list(await asyncio.gather(*(r.stats.remote() for r in self.replicas)))
 
+    async def aclose(self, *, timeout_s: float = 10.0) -> None:
+        """Closes the caller-side batchers, then kills the replicas (see :meth:`shutdown`).
+
+        Queued requests fail with BatcherClosedError; batches already sent get up to
+        ``timeout_s`` to finish. A batcher left open would leave its scheduling task
+        pending when the event loop ends ("Task was destroyed but it is pending").
+        """
+        await self._close_batchers(timeout_s)
+        self.shutdown()
+
+    async def _close_batchers(self, timeout_s: float) -> None:
+        running = asyncio.get_running_loop()
+        batchers, self._batchers = self._batchers, {}
+        for key, (loop, batcher) in batchers.items():
+            try:
+                if loop is running:
+                    await asyncio.wait_for(batcher.close(drain=False), timeout_s)
+                elif loop.is_running() and not loop.is_closed():
+                    fut = asyncio.run_coroutine_threadsafe(batcher.close(drain=False), loop)
+                    await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+            except TimeoutError:
+                logger.warning("the caller-side batcher of %s did not close within %.0f s", key, timeout_s)
+
     def shutdown(self) -> None:
-        """Kills the replicas for good (no restart)."""
+        """Kills the replicas for good (no restart). From a coroutine, await :meth:`aclose`
+        instead: it also closes the caller-side batchers."""
+        live = [key for key, (loop, _) in self._batchers.items() if not loop.is_closed()]
+        if live:
+            logger.warning("ReplicaPool.shutdown() left the caller-side batchers of %s open; "
+                           "await aclose() instead to close them", ", ".join(live))
+        self._batchers = {}
         for r in self.replicas:
             ray.kill(r, no_restart=True)
 

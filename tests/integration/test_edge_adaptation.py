@@ -84,3 +84,77 @@ def test_step_from_18_88_to_1_1_mbps_is_seen_and_the_plan_goes_local(tmp_path):
     assert est_slow.up_bps < 0.3 * est_fast.up_bps and est_slow.up_bps < 4 * 1.1e6
     # Once the step is seen, a 32 kB upload (~240 ms) misses the 150 ms SLO and local (60 ms) meets it.
     assert slow[-1].served_by == "local" and c.failed == 0 and c.answered == 18
+
+
+def _stack_parts(tmp_path):
+    path = _wide_model(str(tmp_path / "model.onnx"))
+    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model="chain", version="1")
+    cloud_only = Cut(frozenset())
+    models.load_cut(cloud_only)
+    x = np.random.default_rng(1).standard_normal((1, 8, 32, 32)).astype(np.float32)
+    return path, models, cloud_only, x
+
+
+def test_a_stuck_transfer_drops_the_estimate_before_its_answer(tmp_path):
+    """No timeout and no answer yet: the estimate must fall while the upload is still stuck."""
+    path, models, cloud_only, x = _stack_parts(tmp_path)
+
+    async def go():
+        backend = TailBackend(path, cache_dir=str(tmp_path / "server-cache"))
+        backend._engine(cloud_only.key)
+        server = await serve(backend)
+        emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(18.88, 75.52, 20))
+        await emu.start()
+        cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": "chain@1",
+                                "remoteTimeoutMs": 30000, "cacheDir": str(tmp_path / "cache")})
+        remote = Remote(cfg.gateway)
+        runner = Runner(models, fixed_frontier(models.graph, cloud_only, local_gflops=1.0), remote, cfg,
+                        local_ms=1e5)  # local never pays: only the estimate can move
+        try:
+            await runner.probe()
+            for i in range(5):
+                await runner.infer({"x": x}, request_id=f"f{i}")
+            before = runner.monitor.estimate()
+            emu.set(up_bps=0.1e6, down_bps=0.4e6, rtt_ms=20)  # 32 kB now take ~2.6 s
+            task = asyncio.ensure_future(runner.infer({"x": x}, request_id="stuck"))
+            dropped_in_flight = None
+            while not task.done():
+                await asyncio.sleep(0.05)
+                est = runner.monitor.estimate()
+                if dropped_in_flight is None and est.changes > before.changes and not task.done():
+                    dropped_in_flight = est
+            ans = await task
+            return before, dropped_in_flight, ans, runner.counters
+        finally:
+            runner.cancel_remote()
+            await remote.close()
+            await emu.stop()
+            await server.stop(None)
+            runner.close()
+
+    before, dropped, ans, c = asyncio.run(go())
+    assert dropped is not None, "the estimate did not move while the transfer was stuck"
+    assert dropped.up_bps < before.up_bps / 2
+    assert ans.served_by == "remote" and c.failed == 0 and c.remote_errors == {}
+
+
+def test_measured_local_time_corrects_the_profile_and_is_reported(tmp_path):
+    """The profile says 10 s per local run; the device answers in milliseconds: the policy's local
+    prediction follows the measurement (clamped to x0.5 per path) and status shows the factor."""
+    path, models, _, x = _stack_parts(tmp_path)
+    cfg = config_from_dict({"gateway": "127.0.0.1:1", "model": "chain@1", "cacheDir": str(tmp_path / "cache")})
+    runner = Runner(models, None, None, cfg, local_ms=10_000.0)
+
+    async def go():
+        return [await runner.infer({"x": x}, request_id=f"l{i}") for i in range(12)]
+
+    try:
+        answers = asyncio.run(go())
+    finally:
+        runner.close()
+    assert all(a.served_by == "local" for a in answers)
+    f = runner.factors["local"]
+    assert 0.5 <= f < 0.55  # measured/predicted is far below 0.5, clamped; EWMA converges to it
+    assert runner.last_action.local_ms == pytest.approx(10_000.0 * runner.status()["latency_factors"]["local"],
+                                                        rel=0.2)
+    assert runner.status()["latency_factors"]["remote"] == 1.0

@@ -3,6 +3,9 @@
 import math
 import random
 
+import numpy as np
+import pytest
+
 from edge_agent.monitor import LinkEstimate, LinkMonitor, MonitorConfig
 
 HZ = 10.0  # samples per second: one request per frame at 10 fps
@@ -98,3 +101,104 @@ def test_bad_samples_are_ignored():
     assert mon.observe_rate(0.0, 0.0) is False and mon.observe_rate(float("nan"), 0.0) is False
     mon.observe_rtt(-1.0, 0.0)
     assert mon.estimate().samples == 0 and mon.estimate().rtt_ms is None
+
+
+# -- upper bounds: stuck transfers and timeouts ----------------------------------------------
+
+BOUNDARY_BYTES = 602_112  # ResNet50's fp32 input, the demo's cloud-only boundary
+
+
+def _demo_monitor() -> LinkMonitor:
+    """At 18.88 Mbit/s with a 20 ms RTT and 340 ms of server time, as in the demo's first phase."""
+    mon = LinkMonitor()
+    mon.observe_rtt(20.0, 0.0)
+    for i in range(5):
+        payload_s = 8 * BOUNDARY_BYTES / 18.88e6
+        mon.observe_transfer(BOUNDARY_BYTES, 4000, payload_s + 0.020 + 0.340, 340.0, 0.5 * i)
+    return mon
+
+
+def test_stuck_transfer_drops_the_estimate_before_it_completes_or_times_out():
+    mon = _demo_monitor()
+    assert 0.9 < mon.estimate().up_bps / 18.88e6 < 1.1
+    after_s = mon.stall_after_s(BOUNDARY_BYTES)
+    # twice the expected time of bytes, RTT and server time
+    assert after_s == pytest.approx(2 * (8 * BOUNDARY_BYTES / mon.estimate().up_bps + 0.36), rel=0.05)
+    # The link stepped to 1.1 Mbit/s when the transfer started (t=10): it needs 4.4 s.
+    t0 = 10.0
+    assert mon.observe_stall(BOUNDARY_BYTES, 0.8 * after_s, t0 + 0.8 * after_s) is False  # still on time
+    assert mon.observe_stall(BOUNDARY_BYTES, after_s, t0 + after_s) is True
+    est = mon.estimate()
+    assert est.changes == 1 and est.last_change_s == pytest.approx(t0 + after_s)
+    # The first bound already halves the estimate, within about a second and a quarter of the step.
+    assert after_s < 1.3 and est.up_bps < 18.88e6 / 2
+    levels = [est.up_bps]
+    for t in np.arange(after_s + 0.2, 4.0, 0.2):
+        mon.observe_stall(BOUNDARY_BYTES, t, t0 + t)
+        levels.append(mon.estimate().up_bps)
+    # Each later check may tighten the bound (by more than the dead band): the level keeps
+    # falling toward the truth, never below it.
+    assert all(b <= a for a, b in zip(levels, levels[1:])) and levels[-1] < levels[0] / 1.4
+    assert 1.1e6 < levels[-1] < 2 * 1.1e6
+
+
+def test_a_transfer_slower_only_by_jitter_bounds_nothing():
+    mon = _demo_monitor()
+    before = mon.estimate()
+    expected_s = mon.stall_after_s(BOUNDARY_BYTES) / mon.config.stall_factor
+    for k in (1.2, 1.5, 1.9):
+        assert mon.observe_stall(BOUNDARY_BYTES, k * expected_s, 20.0) is False
+    assert mon.estimate() == before
+
+
+def test_timeout_bound_replaces_the_level_at_once():
+    # The demo's 2 s budget with two 602 kB uploads in flight: at most 4.8 Mbit/s. A sample
+    # through the CUSUM (log ratio 1.4) would need two more; a bound is proof and acts now.
+    mon = _demo_monitor()
+    assert mon.observe_timeout(2 * BOUNDARY_BYTES, 2.0, 12.0) is True
+    assert mon.estimate().up_bps == pytest.approx(8 * 2 * BOUNDARY_BYTES / 2.0)
+
+
+def test_step_up_after_the_outage_seen_at_the_second_sample():
+    mon = LinkMonitor()
+    _feed(mon, [1.1e6] * 20)
+    hits = _feed(mon, [5.85e6] * 3, t0=5.0)
+    assert hits == [False, True, False]
+    assert math.isclose(mon.estimate().up_bps, 5.85e6, rel_tol=0.01)
+
+
+def test_rtt_from_a_small_answered_call():
+    mon = LinkMonitor()
+    mon.observe_rate(10e6, 0.0)
+    # 1 kB (0.8 ms at 10 Mbit/s) answered in 60.8 ms with 10 ms of server time: a 50 ms RTT.
+    mon.observe_transfer(1000, 0, 0.0608, 10.0, 1.0)
+    assert mon.estimate().rtt_ms == pytest.approx(50.0, abs=0.1)
+
+
+def test_stall_factor_must_exceed_one():
+    with pytest.raises(ValueError, match="stall_factor=1"):
+        MonitorConfig(stall_factor=1.0)
+
+
+def test_an_old_rtt_minimum_ages_out():
+    mon = LinkMonitor(MonitorConfig(rtt_window=5, rtt_max_age_s=10.0))
+    mon.observe_rtt(1.0, 0.0)  # measured on the install link, before the path got longer
+    mon.observe_rtt(20.0, 5.0)
+    assert mon.estimate().rtt_ms == 1.0
+    mon.observe_rtt(25.0, 12.0)  # the 1 ms sample is 12 s old: it no longer counts
+    assert mon.estimate().rtt_ms == 20.0
+
+
+def test_the_first_measurement_after_a_bound_replaces_it_either_side():
+    mon = _demo_monitor()
+    mon.observe_timeout(2 * BOUNDARY_BYTES, 2.0, 12.0)  # at most 4.8 Mbit/s
+    mon.observe_rate(1.1e6, 13.0)  # a probe that got through at the true rate
+    assert mon.estimate().up_bps == pytest.approx(1.1e6) and mon.estimate().changes == 1
+    # From there on it is a level like any other: one outlier does not move it much.
+    mon.observe_rate(0.2e6, 14.0)
+    assert mon.estimate().up_bps > 0.8e6
+    # After the outage the bound was too tight: the link came back at 5.85 Mbit/s.
+    mon.observe_stall(BOUNDARY_BYTES, 30.0, 40.0)
+    assert mon.estimate().up_bps < 0.5e6
+    mon.observe_rate(5.85e6, 45.0)
+    assert mon.estimate().up_bps == pytest.approx(5.85e6)

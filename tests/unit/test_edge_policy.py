@@ -1,6 +1,7 @@
 """The pure policy over scripted estimate sequences: no flapping under jitter, a switch
 after a step, deadline-driven local execution, the breaker's effect, energy."""
 
+import dataclasses
 import math
 import random
 
@@ -153,3 +154,76 @@ def test_load_that_saturates_the_uplink_rules_a_plan_out():
     heavy, _ = policy(_est(18.88e6), FRONT, Health(local_ms=400.0, arrival_rps=50.0), PolicyState(), 0.0, config=CFG)
     assert light.plan_key == A.key and light.predicted_ms > idle.predicted_ms  # queueing delay added
     assert heavy.plan_key == B.key  # A would saturate the uplink; B's 10 kB still fits
+
+
+# -- measured correction and reversals ---------------------------------------------------------
+
+CLOUD_ONLY = Frontier("m", Objective.LATENCY, LinkRange(0.5e6, 1e9, 4.0, 20.0), (FrontierEntry(0.5e6, 1e9, A),),
+                      compute_w=2.0, radio_tx_w=1.0)
+
+
+def test_remote_factor_scales_remote_predictions_and_is_logged_in_the_reason():
+    base, _ = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=200.0), PolicyState(), 0.0, config=CFG)
+    slow, _ = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=200.0, remote_factor=3.0), PolicyState(), 0.0,
+                     config=CFG)
+    slower, _ = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=1e4, remote_factor=3.0), PolicyState(), 0.0,
+                       config=CFG)
+    assert base.kind == OFFLOAD and math.isclose(slower.predicted_ms, 3 * base.predicted_ms)
+    assert slow.kind == LOCAL  # 3 x ~93 ms > 200 ms
+    # A measured-slow local path (the profile's 80 ms, measured x2.4) loses to the same link's remote.
+    state = PolicyState()
+    a, state = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=80.0), state, 0.0, config=CFG)
+    assert a.kind == LOCAL
+    h = Health(local_ms=192.0, local_factor=2.4)
+    b, state = policy(_est(5.85e6), CLOUD_ONLY, h, state, 2.0, config=CFG)
+    assert b.kind == OFFLOAD and b.switched and "local x2.40" in b.reason
+
+
+def _closed_loop(cfg, seconds=30.0, hz=10.0, forget=False):
+    """The demo's recovery loop: offloading raises the request rate (answers come sooner and the
+    app's window refills) until the uplink saturates and the plan is ruled out; locally the rate
+    falls, and the plan fits again."""
+    state, switches, t = PolicyState(current=LOCAL, switched_s=-100.0, previous=A.key), [], 0.0
+    for i in range(int(seconds * hz)):
+        t = i / hz
+        rps = 14.0 if state.current == A.key else 5.0  # A's 68 ms upload at 5.85 Mbit/s: 14 rps > 0.9
+        if forget:  # the policy before back-off: no reversal is ever counted
+            state = dataclasses.replace(state, reversals=0)
+        a, state = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=400.0, arrival_rps=rps), state, t, config=cfg)
+        if a.switched:
+            switches.append(t)
+    return switches, state
+
+
+def test_reversals_back_off_instead_of_flipping_every_request():
+    naive, _ = _closed_loop(CFG, forget=True)
+    damped, state = _closed_loop(CFG)
+    assert len(naive) > 100  # flips at every request: saturated -> local -> fits again -> offload
+    assert len(damped) <= 10 and state.reversals >= 3
+    # Each return to the option just left waits twice as long as the one before.
+    returns = [b - a for a, b in zip(damped[1::2], damped[2::2])]
+    assert len(returns) >= 3 and all(later > 1.5 * earlier for earlier, later in zip(returns, returns[1:]))
+
+
+def test_holding_an_option_past_its_back_off_and_the_flap_window_clears_the_reversals():
+    state = PolicyState(current=A.key, switched_s=0.0, switches=5, previous=LOCAL, reversals=3)
+    # Local is urgent-cheaper, but returning to it after 3 reversals waits 8 s...
+    heavy = Health(local_ms=20.0)
+    a, state = policy(_est(5.85e6), CLOUD_ONLY, heavy, state, 4.0, config=CFG)
+    assert a.kind == OFFLOAD and "dwell 8 s" in a.reason
+    a, state = policy(_est(5.85e6), CLOUD_ONLY, heavy, state, 8.0, config=CFG)
+    assert a.kind == LOCAL and a.switched and state.reversals == 4
+    # ... and a switch after holding past the back-off (now 16 s) and flap_window_s starts counting afresh.
+    a, state = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=400.0), state, 8.0 + 16.0 + CFG.flap_window_s,
+                      config=CFG)
+    assert a.kind == OFFLOAD and a.switched and state.reversals == 0
+    assert PolicyState.from_json(state.to_json()) == state
+
+
+def test_breaker_probe_is_declined_when_local_is_predicted_cheaper():
+    probe = Health(remote_allowed=True, probe=True, breaker="half_open", local_ms=400.0)
+    state = PolicyState(current=LOCAL, switched_s=0.0)
+    slow, state2 = policy(_est(0.05e6), FRONT, probe, state, 5.0, config=CFG)  # B would take ~1.6 s
+    assert slow.kind == LOCAL and not slow.probe and state2 == state
+    fast, _ = policy(_est(18.88e6), FRONT, probe, state, 5.0, config=CFG)
+    assert fast.kind == OFFLOAD and fast.probe
