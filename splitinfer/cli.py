@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gateway": ("splitinfer.gateway_cmd", "gateway_main", "the cloud gRPC gateway"),
     "edge": ("splitinfer.edge_cmd", "edge_main", "the edge agent daemon: 'edge run --config edge.yaml'"),
     "cluster": ("splitinfer.cluster_cmd", "cluster_main", "operate the cloud tier on Kubernetes: status, scale, rollout, rollback"),
+    "bench": ("splitinfer.bench_cmd", "bench_main", "run a benchmark from a source checkout: 'bench e2e --quick'"),
     "netem": ("splitinfer.netem", "main", "user-space link emulator (TCP proxy with bandwidth, delay, outages)"),
 }
 

@@ -1,0 +1,177 @@
+"""The e2e benchmark's edge device: a child process that runs heads and calls the gateway.
+
+Run as ``python -m bench._e2e_edge ADDRESS MODEL VERSION``. It reads one JSON line, the
+set-up (the full model's path and, per candidate, the head segment's path, the boundary
+names and the wire cut id), loads every ONNX Runtime session with one thread while it is
+still unthrottled, prints ``ready`` and waits for ``go`` (the parent moves it into the
+cgroup in between, see [Note: edge throttle] in `splitinfer.demo_edge`). Each later line
+is a job ``{"id", "precision", "reps"}`` or ``{"op": "add", "candidate"}`` (one more head) or
+``{"op": "load", "id", "precision", "rate_hz", "n"}`` (Poisson arrivals, see `_load`): the child runs the candidate `reps` times end
+to end (head, encode, gRPC call through the link emulator, answer) and prints one JSON
+line with every request's stage times. ``{"op": "quit"}`` ends it.
+
+The stages are timed here, on the device, as a client sees them: `edge_ms` (the head),
+`encode_ms` (casting the boundary to fp16/int8 and building the request) and
+`remote_ms` (the call: uplink, the cloud's decode, queue and tail, downlink). The
+gateway's own timings come back in each response and are kept as `server`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+__all__: list[str] = []
+
+
+def _session(path: str) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def _request(c: dict[str, Any], precision: str, sessions: dict[str, Any], feed: dict[str, Any], model: str,
+             version: str) -> tuple[Any, float, float, int]:
+    """Runs the head and builds the request: (request or None for edge-only, edge_ms, encode_ms, wire bytes)."""
+    import numpy as np
+
+    from cluster.protocol.client import make_request
+    from cluster.protocol.encoding import encode
+
+    t0 = time.perf_counter()
+    if c["local"]:
+        sessions["__full__"].run(None, feed)
+        return None, (time.perf_counter() - t0) * 1e3, 0.0, 0
+    values = dict(feed)
+    sess = sessions.get(c["id"])
+    if sess is not None:
+        names = [o.name for o in sess.get_outputs()]
+        ins = {i.name for i in sess.get_inputs()}
+        values.update(zip(names, sess.run(names, {k: v for k, v in feed.items() if k in ins})))
+    t1 = time.perf_counter()
+    tensors: dict[str, Any] = {}
+    wire = 0
+    for name in c["boundary"]:
+        arr = values[name]
+        if arr.dtype == np.float32 and precision != "fp32":
+            enc = encode(arr, precision=precision)
+            tensors[name] = enc
+            wire += len(enc.payload)
+        else:
+            tensors[name] = np.ascontiguousarray(arr)
+            wire += arr.nbytes
+    req = make_request(model, version, c["cut_key"], tensors, timeout_s=120.0)
+    return req, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, wire
+
+
+def _job(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed: dict[str, Any],
+         client: Any, model: str, version: str) -> dict[str, Any]:
+    precision = job.get("precision", "fp32")
+    rows = []
+    for _ in range(int(job["reps"])):
+        t0 = time.perf_counter()
+        req, edge_ms, encode_ms, wire = _request(c, precision, sessions, feed, model, version)
+        t2 = time.perf_counter()
+        server: dict[str, float] = {}
+        if req is not None:
+            server = dict(client.infer(req).timings_ms)
+        t3 = time.perf_counter()
+        rows.append({"edge_ms": edge_ms, "encode_ms": encode_ms, "remote_ms": (t3 - t2) * 1e3 if req else 0.0,
+                     "total_ms": (t3 - t0) * 1e3, "wire_bytes": wire, "server": server})
+    return {"id": c["id"], "precision": precision, "rows": rows}
+
+
+def _load(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed: dict[str, Any],
+          client: Any, model: str, version: str) -> dict[str, Any]:
+    """Poisson arrivals at `rate_hz`: heads run in arrival order on the one edge thread (a
+    request waits while the device is busy), calls overlap in flight."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    n, rate = int(job["n"]), float(job["rate_hz"])
+    gaps = np.random.default_rng(int(job.get("seed", 0))).exponential(1.0 / rate, n)
+    start = time.perf_counter() + 0.05
+    arrivals = start + np.cumsum(gaps)
+    finished: list[tuple[float, float]] = []
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def call(req: Any, arrival: float) -> None:
+        try:
+            client.infer(req)
+        except Exception as e:  # noqa: BLE001 - counted, reported to the parent
+            errors.append(f"{type(e).__name__}: {str(e)[:120]}")
+            return
+        with lock:
+            finished.append((arrival, time.perf_counter()))
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        for a in arrivals:
+            delay = a - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            req, *_ = _request(c, job.get("precision", "fp32"), sessions, feed, model, version)
+            if req is None:
+                finished.append((a, time.perf_counter()))
+            else:
+                pool.submit(call, req, float(a))
+    lat = sorted((f - a) * 1e3 for a, f in finished)
+    span_s = max(f for _, f in finished) - float(arrivals[0]) if finished else float("nan")
+    return {"id": c["id"], "n": n, "answered": len(finished), "errors": errors[:3], "offered_hz": rate,
+            "span_s": span_s, "latency_ms": lat}
+
+
+def main(argv: list[str]) -> int:
+    import numpy as np
+
+    from cluster.protocol.client import SyncInferenceClient
+
+    address, model, version = argv[0], argv[1], argv[2]
+    setup = json.loads(sys.stdin.readline())
+    cands = {c["id"]: c for c in setup["candidates"]}
+    sessions = {"__full__": _session(setup["model_path"])}
+    for c in cands.values():
+        if c.get("head_path"):
+            sessions[c["id"]] = _session(c["head_path"])
+    rng = np.random.default_rng(int(setup.get("seed", 0)))
+    feed = {i.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in i.shape]).astype(np.float32)
+            for i in sessions["__full__"].get_inputs()}
+    for s in sessions.values():  # first runs allocate; keep that out of the measured ones
+        s.run(None, {k: v for k, v in feed.items() if k in {i.name for i in s.get_inputs()}})
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    with SyncInferenceClient(address) as client:
+        for line in sys.stdin:
+            job = json.loads(line)
+            if job.get("op") == "quit":
+                break
+            if job.get("op") == "add":
+                c = job["candidate"]
+                try:
+                    cands[c["id"]] = c
+                    if c.get("head_path"):
+                        sessions[c["id"]] = _session(c["head_path"])
+                    print(json.dumps({"added": c["id"]}), flush=True)
+                except Exception as e:  # noqa: BLE001 - the parent reports it
+                    print(json.dumps({"error": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
+                continue
+            try:
+                run = _load if job.get("op") == "load" else _job
+                out = run(cands[job["id"]], job, sessions, feed, client, model, version)
+            except Exception as e:  # noqa: BLE001 - the parent records the failure with its reason
+                out = {"id": job.get("id"), "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,163 @@
+"""The e2e benchmark's headline figures and plots, computed from the measured runs.
+
+Pure arithmetic over `ModelRun.to_dict()` rows (`compute_summary`) and three PNGs
+(`write_plots`): the regret of every strategy per model and link, our speed-up over the
+better of edge-only and cloud-only as a heat map, and predicted against measured latency.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from statistics import median
+from typing import Any
+
+__all__ = ["STRATEGIES", "TARGETS", "compute_summary", "write_plots"]
+
+STRATEGIES = ("edge-only", "cloud-only", "neurosurgeon", "dads", "ours")
+TARGETS = {"regret_geomean": 1.05, "regret_worst": 1.15, "cost_model_median_abs_pct_error": 10.0}
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _p50(link: dict[str, Any], strategy: str) -> float | None:
+    m = link["strategies"][strategy]["measured"]
+    return None if m is None else float(m["p50_ms"])
+
+
+def compute_summary(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Regret per strategy, our speed-up, and the cost model's error, over every model and link."""
+    regrets: dict[str, list[float]] = {s: [] for s in STRATEGIES}
+    speedups: list[float] = []
+    cells = []
+    errors_all: list[float] = []
+    errors_chosen: list[float] = []
+    for m in models:
+        for lk in m["links"]:
+            oracle = float(lk["oracle"]["p50_ms"])
+            cell: dict[str, Any] = {"model": m["model"], "up_mbps": lk["up_bps"] / 1e6, "oracle_ms": oracle,
+                                    "regret": {}}
+            for s in STRATEGIES:
+                v = _p50(lk, s)
+                if v is not None:
+                    regrets[s].append(v / oracle)
+                    cell["regret"][s] = v / oracle
+            ours, edge, cloud = _p50(lk, "ours"), _p50(lk, "edge-only"), _p50(lk, "cloud-only")
+            base = min(x for x in (edge, cloud) if x is not None) if (edge or cloud) else None
+            if ours is not None and base is not None:
+                cell["speedup_vs_best_single_side"] = base / ours
+                speedups.append(base / ours)
+            cells.append(cell)
+            chosen = {(lk["strategies"][s]["cut_id"], lk["strategies"][s]["encoding"]) for s in STRATEGIES}
+            for c in lk["candidates"]:
+                e = abs(c["predicted_ms"] - c["p50_ms"]) / c["p50_ms"] * 100.0
+                errors_all.append(e)
+                if (c["cut_id"], c["encoding"]) in chosen:
+                    errors_chosen.append(e)
+    throughput = []
+    for m in models:
+        for lk in m["links"]:
+            ld = lk.get("load")
+            if not ld or "ours" not in ld["strategies"]:
+                continue
+            base = {s: v["achieved_hz"] for s, v in ld["strategies"].items() if s != "ours"}
+            best = max(base, key=base.__getitem__)
+            ours_hz = ld["strategies"]["ours"]["achieved_hz"]
+            throughput.append({"model": m["model"], "up_mbps": lk["up_bps"] / 1e6, "offered_hz": ld["offered_hz"],
+                               "ours_hz": ours_hz, "best_baseline": best, "best_baseline_hz": base[best],
+                               "ratio": ours_hz / base[best] if base[best] > 0 else float("inf")})
+    per_strategy = {s: {"geomean": _geomean(v), "worst": max(v) if v else float("nan"), "n": len(v)}
+                    for s, v in regrets.items()}
+    ours = per_strategy["ours"]
+    err = median(errors_all) if errors_all else float("nan")
+    return {
+        "regret": per_strategy,
+        "speedup_vs_best_single_side": {"geomean": _geomean(speedups), "max": max(speedups, default=float("nan")),
+                                        "min": min(speedups, default=float("nan"))},
+        "cost_model_median_abs_pct_error": err,
+        "cost_model_median_abs_pct_error_chosen_plans": median(errors_chosen) if errors_chosen else float("nan"),
+        "cost_model_points": len(errors_all),
+        "targets": TARGETS,
+        "meets": {"regret_geomean": ours["geomean"] <= TARGETS["regret_geomean"],
+                  "regret_worst": ours["worst"] <= TARGETS["regret_worst"],
+                  "cost_model_median_abs_pct_error": err <= TARGETS["cost_model_median_abs_pct_error"]},
+        "cells": cells,
+        "throughput": throughput,
+    }
+
+
+def write_plots(models: list[dict[str, Any]], summary: dict[str, Any], out_dir: str, stem: str = "e2e") -> list[str]:
+    """Writes `<stem>_regret.png`, `<stem>_speedup.png` and `<stem>_error.png`; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    cells = summary["cells"]
+    labels = [f"{c['model']}\n{c['up_mbps']:g} Mb/s" for c in cells]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cells) + 2), 4.5))
+    w = 0.8 / len(STRATEGIES)
+    x = np.arange(len(cells))
+    for i, s in enumerate(STRATEGIES):
+        ys = [min(c["regret"].get(s, np.nan), 5.0) for c in cells]
+        ax.bar(x + (i - 2) * w, ys, w, label=s)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(TARGETS["regret_worst"], color="r", lw=0.8, ls="--", label="target worst 1.15")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("measured p50 / oracle p50 (capped at 5)")
+    ax.set_title("Regret against the measured oracle (lower is better, 1 = oracle)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, f"{stem}_regret.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    names = [m["model"] for m in models]
+    ups = sorted({c["up_mbps"] for c in cells})
+    grid = np.full((len(names), len(ups)), np.nan)
+    for c in cells:
+        if "speedup_vs_best_single_side" in c:
+            grid[names.index(c["model"]), ups.index(c["up_mbps"])] = c["speedup_vs_best_single_side"]
+    fig, ax = plt.subplots(figsize=(1.3 * len(ups) + 3, 0.7 * len(names) + 2))
+    im = ax.imshow(grid, cmap="viridis", aspect="auto")
+    for i in range(len(names)):
+        for j in range(len(ups)):
+            if not np.isnan(grid[i, j]):
+                light = grid[i, j] > np.nanmin(grid) + 0.6 * (np.nanmax(grid) - np.nanmin(grid))
+                ax.text(j, i, f"{grid[i, j]:.2f}x", ha="center", va="center", color="k" if light else "w", fontsize=9)
+    ax.set_xticks(range(len(ups)), [f"{u:g}" for u in ups])
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("uplink Mbit/s (downlink 4x)")
+    ax.set_title("Speed-up of ours over the better of edge-only and cloud-only (measured p50)")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, f"{stem}_speedup.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    lo, hi = float("inf"), 0.0
+    for m in models:
+        xs = [c["predicted_ms"] for lk in m["links"] for c in lk["candidates"]]
+        ys = [c["p50_ms"] for lk in m["links"] for c in lk["candidates"]]
+        ax.scatter(xs, ys, s=12, label=m["model"])
+        lo, hi = min([lo, *xs, *ys]), max([hi, *xs, *ys])
+    if hi > 0:
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.plot([lo, hi], [lo * 1.1, hi * 1.1], "k:", lw=0.6)
+        ax.plot([lo, hi], [lo / 1.1, hi / 1.1], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted end-to-end ms (planner.evaluate)")
+    ax.set_ylabel("measured p50 ms")
+    ax.set_title(f"Cost model: median |error| {summary['cost_model_median_abs_pct_error']:.1f}% (dotted: +-10%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, f"{stem}_error.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,466 @@
+"""One model of the e2e benchmark: profiles, strategies, the real stack and the measurements.
+
+[Note: e2e measurement]
+The edge is a child process (`bench._e2e_edge`) with one ONNX Runtime thread inside a
+cgroup CPU quota; the cloud is the gateway in this process (tails in-process, every
+core); between them the user-space link emulator. For every link the five strategies
+pick a cut (and an encoding), and the oracle's candidates are the chain points (capped,
+evenly spaced) plus those picks. Every candidate that is measured runs `reps` requests
+end to end on the device, one at a time and round-robin over the candidates (the host is
+shared: a burst of load then hits every candidate alike); its latency is the median.
+A candidate other than ours whose first request took over 3x the best first request
+stops there (one sample, `n` says so; it cannot be the oracle).
+
+Candidates are measured best-predicted first. One is skipped, and counted as skipped,
+only when a physical lower bound already loses: its boundary's bytes over the emulated
+uplink alone take more than `prune_ratio` times the best request measured so far on that
+link. That bound is bytes / rate, not the cost model, so pruning cannot hide a cut the
+model mispredicts unless the link itself is slower than emulated.
+
+On the `load_mbps` links every distinct pick also gets the same Poisson arrivals at 1.2x
+the best predicted throughput among the picks (`_measure_load`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from statistics import median
+from typing import Any
+
+import onnx
+
+__all__ = ["ModelRun", "run_model"]
+
+logger = logging.getLogger(__name__)
+
+_DOWN_RATIO = 4.0
+_FAST_LINK = {"up_bps": 1e9, "down_bps": 1e9, "rtt_ms": 1.0}
+# Poisson load offered at this multiple of the best predicted throughput (1 / bottleneck).
+_LOAD_FACTOR = 1.2
+# The gateway's timings of its own work on a request (cluster.server and the pool).
+_SERVER_STAGES = ("decode", "decode_tensors", "queue", "compute", "encode")
+
+
+class _GatewayThread:
+    """The gateway (in-process pools) and its gRPC server on an event loop in a thread."""
+
+    def __init__(self, registry_dir: str, cache_dir: str) -> None:
+        self.registry_dir, self.cache_dir = registry_dir, cache_dir
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="e2e-gateway", daemon=True)
+        self.gateway: Any = None
+        self.server: Any = None
+
+    def _call(self, coro: Any, timeout_s: float = 300.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def start(self) -> int:
+        from cluster.gateway import Gateway, LocalPoolFactory
+        from cluster.registry import Registry
+        from cluster.server import serve
+
+        self.thread.start()
+
+        async def up() -> int:
+            registry = Registry(self.registry_dir, cache_dir=self.cache_dir)
+            self.gateway = Gateway(registry, LocalPoolFactory(cache_dir=self.cache_dir, provider="cpu"))
+            await self.gateway.start()
+            self.server = await serve(self.gateway, host="127.0.0.1", port=0)
+            return int(self.server.port)
+
+        return self._call(up())
+
+    def stop(self) -> None:
+        async def down() -> None:
+            if self.server is not None:
+                await self.server.stop(1.0)
+            if self.gateway is not None:
+                await self.gateway.close()
+
+        try:
+            self._call(down(), 60.0)
+        except (concurrent.futures.TimeoutError, RuntimeError) as e:
+            logger.warning("stopping the gateway failed: %s", e)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10.0)
+
+
+def _child_env() -> dict[str, str]:
+    # The child runs `-m bench._e2e_edge`: bench/ is not installed, so its checkout goes first.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root + (os.pathsep + path if path else ""))
+
+
+class _Edge:
+    """The edge child process: JSON lines in, JSON lines out."""
+
+    def __init__(self, address: str, model: str, setup: dict[str, Any], quota: Any) -> None:
+        from splitinfer.demo_edge import _die_with_parent
+
+        self.quota = quota
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench._e2e_edge", address, model, "1"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=None, start_new_session=True, text=True,
+            env=_child_env(), preexec_fn=_die_with_parent)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(setup) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"the edge child did not start (said {line!r}, exit code {self.proc.poll()})")
+        if quota is not None and quota.active:
+            quota.add(self.proc.pid)
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def job(self, cand_id: str, precision: str, reps: int) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"id": cand_id, "precision": precision, "reps": reps}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the edge child exited (code {self.proc.poll()}) during {cand_id}")
+        return json.loads(line)
+
+    def load(self, cand_id: str, precision: str, rate_hz: float, n: int) -> dict[str, Any]:
+        """Poisson arrivals at `rate_hz` (see `bench._e2e_edge._load`)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        job = {"op": "load", "id": cand_id, "precision": precision, "rate_hz": rate_hz, "n": n}
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the edge child exited (code {self.proc.poll()}) during the load on {cand_id}")
+        return json.loads(line)
+
+    def add(self, cand: dict[str, Any]) -> None:
+        """Loads one more candidate's head in the (throttled) child."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": "add", "candidate": cand}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line or "error" in json.loads(line):
+            raise RuntimeError(f"the edge child could not load cut {cand['id']}: {line.strip()!r}")
+
+    def close(self) -> None:
+        import signal
+
+        try:
+            if self.proc.poll() is None and self.proc.stdin is not None:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tot = [r["total_ms"] for r in rows]
+    return {
+        "n": len(rows), "p50_ms": median(tot), "p95_ms": _pct(tot, 0.95),
+        "edge_ms": median(r["edge_ms"] for r in rows), "encode_ms": median(r["encode_ms"] for r in rows),
+        "remote_ms": median(r["remote_ms"] for r in rows), "wire_bytes": int(median(r["wire_bytes"] for r in rows)),
+        "server_ms": {k: median(r["server"].get(k, 0.0) for r in rows)
+                      for k in sorted({k for r in rows for k in r["server"]})},
+    }
+
+
+class _Exporter:
+    """Head segments on disk and the child's description of each candidate cut."""
+
+    def __init__(self, splitter: Any, heads_dir: str, notes: list[str]) -> None:
+        self.splitter, self.heads_dir, self.notes = splitter, heads_dir, notes
+        self.n = 0
+        os.makedirs(heads_dir, exist_ok=True)
+
+    def candidate(self, c: Any) -> dict[str, Any] | None:
+        from partitioner import boundary
+
+        graph = self.splitter.graph
+        if not c.key.startswith("L"):
+            self.notes.append(f"a cut with {len(c.device)} device layers has a hashed id the gateway cannot map; "
+                              "not measured")
+            return None
+        local = len(c.device) == len(graph)
+        head_path = None
+        if c.device and not local:
+            head, _ = self.splitter.split(c, check=False)
+            self.n += 1
+            head_path = os.path.join(self.heads_dir, f"head{self.n}.onnx")
+            onnx.save_model(head.model, head_path)
+        return {"id": c.key, "cut_key": c.key, "local": local, "head_path": head_path,
+                "boundary": [] if local else list(boundary(graph, c))}
+
+
+def _warm(edge: _Edge, cands: list[dict[str, Any]], notes: list[str]) -> set[str]:
+    """One request per cut over the fast link: the gateway builds each tail on first use."""
+    ok = set()
+    for c in cands:
+        if c["local"]:
+            ok.add(c["id"])
+            continue
+        r = edge.job(c["id"], "fp32", 1)
+        if "error" in r:
+            notes.append(f"cut {c['id']} fails at the gateway ({r['error']}); not measured")
+        else:
+            ok.add(c["id"])
+    return ok
+
+
+def _call_overhead_ms(edge: _Edge, graph: Any, cands: list[dict[str, Any]], known: set[str]) -> float:
+    """Median time of a call beyond the gateway's own work, the fast link's RTT and its bytes."""
+    from partitioner import boundary_bytes, make_cut
+
+    remote = [c for c in cands if not c["local"] and c["id"] in known]
+    if not remote:
+        return 0.0
+    small = min(remote, key=lambda c: boundary_bytes(graph, make_cut(graph, _layers(c["id"]))))
+    r = edge.job(small["id"], "fp32", 5)
+    if "error" in r:
+        return 0.0
+    extra = [x["remote_ms"] - sum(x["server"].get(k, 0.0) for k in _SERVER_STAGES) - _FAST_LINK["rtt_ms"]
+             - x["wire_bytes"] * 8 / _FAST_LINK["up_bps"] * 1e3 for x in r["rows"]]
+    return max(0.0, median(extra))
+
+
+def _layers(key: str) -> list[int]:
+    from partitioner import Cut
+
+    c = Cut.from_key(key)
+    return [] if c is None else sorted(c.device)
+
+
+class ModelRun:
+    """What `run_model` measured for one model (plain dicts, ready for JSON)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.setup: dict[str, Any] = {}
+        self.links: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.name, "setup": self.setup, "links": self.links, "notes": self.notes}
+
+
+def _strategies(graph: Any, profiles: list[Any], link: Any) -> dict[str, tuple[Any, Any]]:
+    from partitioner import make_cut
+    from planner import Encoding, solve, solve_chain_scan
+
+    fp32 = Encoding()
+    ours = solve(graph, profiles, link, "latency", encodings=(fp32, Encoding("fp16"), Encoding("int8")))
+    return {
+        "edge-only": (make_cut(graph, range(len(graph))), fp32),
+        "cloud-only": (make_cut(graph, []), fp32),
+        "neurosurgeon": (solve_chain_scan(graph, profiles, link, "latency").cuts[0], fp32),
+        "dads": (solve(graph, profiles, link, "latency", encodings=(fp32,)).cuts[0], fp32),
+        "ours": (ours.cuts[0], ours.encoding),
+    }
+
+
+def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], reps: int, max_chain: int,
+              edge_cpus: float, profile_runs: int, prune_ratio: float = 1.5, load_mbps: tuple[float, ...] = (),
+              load_n: int = 0,
+              say: Callable[[str], None] = print) -> ModelRun:
+    """Profiles `name`, starts the stack and measures every strategy and the oracle on each link."""
+    from partitioner import Splitter, chain_points, make_cut, prefix_cut
+    from planner import Link
+    from splitinfer.demo_edge import CpuQuota
+    from splitinfer.demo_setup import prepare
+    from splitinfer.netem import LinkSetting, ThreadedLinkEmulator
+
+    out = ModelRun(name)
+    quota = CpuQuota(edge_cpus, f"splitinfer-e2e-{os.getpid()}")
+    if not quota.active:
+        out.notes.append(f"edge not throttled: {quota.why_not}; it runs with one thread")
+    t0 = time.monotonic()
+    dm = prepare(name, work_dir, runs=profile_runs, quota=quota, say=say)
+    graph, profiles = dm.graph, [dm.device, dm.cloud]
+    out.setup = {"edge": f"1 ORT thread, {quota.kind} quota {edge_cpus:g} CPU" if quota.active else "1 ORT thread",
+                 "cloud": "gateway in-process pool, every core", "edge_model_ms": dm.edge_model_ms,
+                 "cloud_model_ms": dm.cloud_model_ms, "profile_source": dm.profile_source,
+                 "layers": len(graph), "gflops": graph.total_flops / 1e9, "reps": reps,
+                 "prune_ratio": prune_ratio}
+    chain = list(chain_points(graph))
+    if len(chain) > max_chain:
+        step = len(chain) / max_chain
+        kept = sorted({chain[int(i * step)] for i in range(max_chain)} | {chain[-1]})
+        out.notes.append(f"oracle candidates: {len(kept)} of {len(chain)} chain points (evenly spaced) "
+                         "plus the strategies' picks")
+        chain = kept
+    cuts = {c.key: c for c in [make_cut(graph, []), make_cut(graph, range(len(graph)))]}
+    cuts.update((c.key, c) for c in (prefix_cut(graph, v) for v in chain))
+    export = _Exporter(Splitter(dm.model, graph), os.path.join(work_dir, "heads"), out.notes)
+    cands = [c for c in (export.candidate(c) for c in cuts.values()) if c is not None]
+    gw = _GatewayThread(dm.registry_dir, os.path.join(work_dir, "gateway-cache"))
+    emu = None
+    edge = None
+    try:
+        port = gw.start()
+        emu = ThreadedLinkEmulator(upstream=("127.0.0.1", port), setting=LinkSetting(**_FAST_LINK)).start()
+        edge = _Edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands, "seed": 0},
+                     quota)
+        known = _warm(edge, cands, out.notes)
+        overhead_ms = _call_overhead_ms(edge, graph, cands, known)
+        out.setup["call_overhead_ms"] = overhead_ms
+        say(f"      stack up (gateway :{port}, emulator :{emu.port}) in {time.monotonic() - t0:.0f} s; "
+            f"a call's fixed cost beyond RTT and bytes: {overhead_ms:.1f} ms")
+        # [Note: probed RTT] The planner gets the link as a device would estimate it: the
+        # rate, and the RTT its probes see (the emulated RTT plus this stack's fixed cost
+        # per call: gRPC, the proxy, the gateway's decode and queue), measured once here
+        # over the fast link before any link of the grid is measured.
+        plan_links = [Link(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt + overhead_ms) for u, rtt in links]
+        picks = [_strategies(graph, profiles, lk) for lk in plan_links]
+        fresh = {c.key: c for p in picks for c, _ in p.values() if c.key not in cuts}
+        for c in (export.candidate(c) for c in fresh.values()):
+            if c is not None:
+                edge.add(c)
+                known |= _warm(edge, [c], out.notes)
+                cands.append(c)
+        out.setup["candidate_cuts"] = len(cands)
+        say(f"      {len(cands)} candidate cuts ({len(chain)} chain points + the strategies' picks)")
+        for (u, rtt), lk, pk in zip(links, plan_links, picks):
+            emu.set(LinkSetting(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt))
+            row = _measure_link(graph, profiles, lk, pk, chain, known, edge, reps=reps, prune_ratio=prune_ratio,
+                                say=say)
+            row["rtt_ms"], row["planner_rtt_ms"] = rtt, lk.rtt_ms
+            if load_n and any(abs(u - x * 1e6) < 1 for x in load_mbps):
+                row["load"] = _measure_load(graph, profiles, lk, pk, known, edge, n=load_n, say=say)
+            out.links.append(row)
+    finally:
+        if edge is not None:
+            edge.close()
+        if emu is not None:
+            emu.stop()
+        gw.stop()
+        quota.remove()
+    out.setup["wall_s"] = time.monotonic() - t0
+    return out
+
+
+def _measure_load(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any]], known: set[str],
+                  edge: _Edge, *, n: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """Every distinct pick under the same Poisson load: 1.2x the best predicted throughput."""
+    from planner import evaluate
+
+    keys: dict[tuple[str, str], list[str]] = {}
+    period: dict[tuple[str, str], float] = {}
+    for sname, (c, enc) in picks.items():
+        k = (c.key, enc.precision)
+        if k[0] in known:
+            keys.setdefault(k, []).append(sname)
+            period[k] = evaluate(graph, c, profiles, lk, enc).period_ms
+    rate_hz = _LOAD_FACTOR * max(1000.0 / max(p, 1e-3) for p in period.values())
+    res: dict[str, Any] = {"offered_hz": rate_hz, "n": n, "strategies": {}}
+    for k, names in keys.items():
+        r = edge.load(k[0], k[1], rate_hz, n)
+        lat = r.get("latency_ms") or [float("nan")]
+        row = {"cut_id": k[0], "encoding": k[1], "predicted_hz": 1000.0 / max(period[k], 1e-3),
+               "achieved_hz": r["answered"] / r["span_s"] if r.get("answered") else 0.0,
+               "answered": r.get("answered", 0), "p50_ms": _pct(lat, 0.5), "p95_ms": _pct(lat, 0.95),
+               "errors": r.get("errors", r.get("error"))}
+        for name in names:
+            res["strategies"][name] = row
+    o = res["strategies"].get("ours")
+    say(f"      load at {lk.up_bps / 1e6:g} Mbit/s, {rate_hz:.2f} req/s offered: " + ", ".join(
+        f"{s} {v['achieved_hz']:.2f}/s" for s, v in res["strategies"].items()) + ("" if o else " (ours not run)"))
+    return res
+
+
+def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any]], chain: list[int],
+                  known: set[str], edge: _Edge, *, reps: int, prune_ratio: float,
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    from partitioner import boundary_bytes, prefix_cut
+    from planner import Encoding, evaluate
+
+    todo: dict[tuple[str, str], tuple[Any, Any]] = {}
+    for c, enc in picks.values():
+        todo[(c.key, enc.precision)] = (c, enc)
+    for v in chain:
+        c = prefix_cut(graph, v)
+        todo.setdefault((c.key, "fp32"), (c, Encoding()))
+    pred = {k: evaluate(graph, c, profiles, lk, enc) for k, (c, enc) in todo.items()}
+    pick_keys = {(c.key, enc.precision) for c, enc in picks.values()}
+    order = sorted(todo, key=lambda k: (k not in pick_keys, pred[k].total_ms))
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    skipped = 0
+    best = float("inf")
+    for k in order:  # one request each, best predicted first, so the bound prunes early
+        c, enc = todo[k]
+        if k[0] not in known:
+            continue
+        full = len(c.device) == len(graph)
+        scale = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}[enc.precision]
+        floor_ms = 0.0 if full else boundary_bytes(graph, c) * scale * 8 / lk.up_bps * 1e3
+        if k not in pick_keys and floor_ms > prune_ratio * best:
+            skipped += 1
+            continue
+        r = edge.job(k[0], enc.precision, 1)
+        if "error" in r:
+            logger.warning("cut %s (%s) failed: %s", k[0], enc.precision, r["error"])
+            continue
+        rows[k] = r["rows"]
+        best = min(best, r["rows"][0]["total_ms"])
+    # The other requests go round-robin over the candidates, so a burst of load from
+    # elsewhere on the host lands on all of them alike rather than on one cut's run.
+    # A candidate already 3x slower than the best in its first request gets no more
+    # (ours always does): its regret is plain from one sample, and at 0.13 Mbit/s one
+    # cloud-only request alone takes 37 s.
+    ours_pick = picks["ours"]
+    ours_key = (ours_pick[0].key, ours_pick[1].precision)
+    again = [k for k in rows if k == ours_key or rows[k][0]["total_ms"] <= 3 * best]
+    for _ in range(reps - 1):
+        for k in again:
+            r = edge.job(k[0], k[1], 1)
+            if "error" not in r:
+                rows[k].extend(r["rows"])
+    measured: dict[tuple[str, str], dict[str, Any]] = {}
+    for k, rs in rows.items():
+        c, enc = todo[k]
+        s = _summary(rs)
+        b = pred[k]
+        s.update({"cut_id": k[0], "encoding": enc.precision, "device_layers": len(c.device),
+                  "predicted_ms": b.total_ms, "predicted": {"edge_ms": b.edge_ms, "encode_ms": b.encode_ms,
+                                                            "uplink_ms": b.uplink_ms, "rtt_ms": b.rtt_ms,
+                                                            "cloud_ms": b.cloud_ms, "downlink_ms": b.downlink_ms}})
+        measured[k] = s
+    strategies = {}
+    for sname, (c, enc) in picks.items():
+        m = measured.get((c.key, enc.precision))
+        strategies[sname] = {"cut_id": c.key, "encoding": enc.precision, "device_layers": len(c.device),
+                             "measured": m}
+    okey = min(measured, key=lambda k: measured[k]["p50_ms"])
+    oracle = measured[okey]
+    row = {"up_bps": lk.up_bps, "down_bps": lk.down_bps, "rtt_ms": lk.rtt_ms, "strategies": strategies,
+           "oracle": {"cut_id": okey[0], "encoding": okey[1], "p50_ms": oracle["p50_ms"],
+                      "device_layers": oracle["device_layers"]},
+           "candidates": list(measured.values()), "skipped_by_bound": skipped}
+    ours = strategies["ours"]["measured"]
+    say(f"      {lk.up_bps / 1e6:g} Mbit/s (planner's RTT {lk.rtt_ms:.1f} ms): ours {ours['p50_ms'] if ours else float('nan'):.0f} ms "
+        f"({strategies['ours']['device_layers']} layers on device, {strategies['ours']['encoding']}), "
+        f"oracle {oracle['p50_ms']:.0f} ms ({oracle['device_layers']} layers, {okey[1]}), "
+        f"{len(measured)} measured, {skipped} skipped by the bytes/rate bound")
+    return row
