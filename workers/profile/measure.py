@@ -164,6 +164,10 @@ def time_interleaved(jobs: Sequence[tuple[ort.InferenceSession, Mapping[str, np.
     """
     from tqdm import tqdm
 
+    # tqdm's monitor thread is joined from tqdm's own lock when the last bar goes away,
+    # which can deadlock a process that also runs servers' threads (seen as a hang in
+    # the test suite); a bar updated every run needs no monitor.
+    tqdm.monitor_interval = 0
     if clock not in _CLOCKS:
         raise ProfilingError(f"clock={clock!r} is invalid; use 'wall' or 'thread'", setting="clock")
     now = _CLOCKS[clock]
