@@ -6,7 +6,8 @@ subprocess behind the user-space link emulator on 127.0.0.1. The link changes ev
 2 s, cycling 1 Mbit/s, 50 Mbit/s, outage (blackhole), 50 Mbit/s; the gateway is killed without
 a drain at one third and two thirds of the run and restarted on the same port. Every
 request must get exactly one answer, bit-identical (fp32 boundary) to the full model
-run locally. p50/p99 latency go to the test's output and bench/results/chaos.json.
+run locally. p50/p99 latency go to the test's output, and to bench/results/chaos.json when
+SPLITINFER_WRITE_RESULTS=1.
 
 The worker kill runs as a second, shorter test: the in-process gateway pools have no
 worker to kill, so that test serves the tails from Ray actors (2 replicas per tail, local
@@ -33,7 +34,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 def _record(res: ChaosResult, name: str) -> None:
     summary = res.summary()
     print(f"{name}:", json.dumps(summary, indent=1, default=str))
-    if os.access(RESULTS, os.W_OK):
+    # Only on request, so a test run never rewrites committed results.
+    if os.environ.get("SPLITINFER_WRITE_RESULTS") and os.access(RESULTS, os.W_OK):
         (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
 
