@@ -38,7 +38,7 @@ from partitioner.errors import PartitionError
 from partitioner.flops import node_flops
 from partitioner.graph import BATCH, Layer, LayerGraph, TensorInfo
 
-__all__ = ["load_model", "build_graph", "node_names", "FUSABLE_OPS"]
+__all__ = ["load_model", "build_graph", "node_names", "strip_weights", "FUSABLE_OPS"]
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +145,22 @@ def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
             model=name,
         ) from e
     # Over 2 GB: infer on a copy without the weights' bytes.
+    return _infer(strip_weights(model), name)
+
+
+def strip_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose initializers keep name, dtype and dims but no bytes.
+
+    Shape inference and the checker need only those; a model over 2 GB cannot even be
+    serialised for them with its weights.
+    """
     light = onnx.ModelProto()
     light.CopyFrom(model)
     for init in light.graph.initializer:
         init.ClearField("raw_data")
         init.data_location = onnx.TensorProto.DEFAULT
         del init.float_data[:]
-    return _infer(light, name)
+    return light
 
 
 def _toposort(model: onnx.ModelProto, known: set[str], name: str) -> list[int]:

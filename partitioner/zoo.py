@@ -106,7 +106,6 @@ def randomize_weights(model: onnx.ModelProto, *, seed: int = 0) -> onnx.ModelPro
 
 
 def _random_for(op: str, k: int, shape: list[int], rng: np.random.Generator) -> np.ndarray:
-    size = int(np.prod(shape)) if shape else 1
     if op in ("Conv", "ConvTranspose") and k == 1 and len(shape) >= 2:
         # 0.8 x He-normal: residual sums then grow the variance slowly instead of
         # doubling it per block, so deep nets do not saturate their softmax.
@@ -122,5 +121,4 @@ def _random_for(op: str, k: int, shape: list[int], rng: np.random.Generator) -> 
         if k == 4:  # variance
             return (1.0 + 0.1 * np.abs(rng.standard_normal(shape))).astype(np.float32)
         return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-    del size
     return (0.1 * rng.standard_normal(shape)).astype(np.float32)
