@@ -12,10 +12,13 @@ A candidate other than ours whose first request took over 3x the best first requ
 stops there (one sample, `n` says so; it cannot be the oracle).
 
 Candidates are measured best-predicted first. One is skipped, and counted as skipped,
-only when a physical lower bound already loses: its boundary's bytes over the emulated
-uplink alone take more than `prune_ratio` times the best request measured so far on that
-link. That bound is bytes / rate, not the cost model, so pruning cannot hide a cut the
-model mispredicts unless the link itself is slower than emulated.
+only when a lower bound taken from measurements already loses: the larger of its
+boundary's bytes over the emulated uplink and the fastest head run of that cut measured
+on an earlier link (the head's compute does not depend on the link) exceeds
+`prune_ratio` times the best request measured so far on that link. Neither bound is the
+cost model, so pruning cannot hide a cut the model mispredicts. A baseline's pick is
+always measured unless that bound exceeds `_PICK_BOUND` times the best (cloud-only at
+0.13 Mbit/s: 37 s a request); its regret is then reported as the lower bound it is.
 
 On the `load_mbps` links every distinct pick also gets the same Poisson arrivals at 1.2x
 the best predicted throughput among the picks (`_measure_load`).
@@ -46,6 +49,9 @@ _DOWN_RATIO = 4.0
 _FAST_LINK = {"up_bps": 1e9, "down_bps": 1e9, "rtt_ms": 1.0}
 # Poisson load offered at this multiple of the best predicted throughput (1 / bottleneck).
 _LOAD_FACTOR = 1.2
+# A baseline's pick whose measured lower bound is this many times the best measured
+# request on the link is not run; its regret is reported as at least bound / oracle.
+_PICK_BOUND = 10.0
 # The gateway's timings of its own work on a request (cluster.server and the pool).
 _SERVER_STAGES = ("decode", "decode_tensors", "queue", "compute", "encode")
 
@@ -341,11 +347,12 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
                 known |= _warm(edge, [c], out.notes)
                 cands.append(c)
         out.setup["candidate_cuts"] = len(cands)
+        edge_floor: dict[str, float] = {}
         say(f"      {len(cands)} candidate cuts ({len(chain)} chain points + the strategies' picks)")
         for (u, rtt), lk, pk in zip(links, plan_links, picks):
             emu.set(LinkSetting(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt))
             row = _measure_link(graph, profiles, lk, pk, chain, known, edge, reps=reps, prune_ratio=prune_ratio,
-                                say=say)
+                                edge_floor=edge_floor, say=say)
             row["rtt_ms"], row["planner_rtt_ms"] = rtt, lk.rtt_ms
             if load_n and any(abs(u - x * 1e6) < 1 for x in load_mbps):
                 row["load"] = _measure_load(graph, profiles, lk, pk, known, edge, n=load_n, say=say)
@@ -391,8 +398,10 @@ def _measure_load(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
 
 
 def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any]], chain: list[int],
-                  known: set[str], edge: _Edge, *, reps: int, prune_ratio: float,
+                  known: set[str], edge: _Edge, *, reps: int, prune_ratio: float, edge_floor: dict[str, float],
                   say: Callable[[str], None]) -> dict[str, Any]:
+    """Measures the picks and the chain points on one link; `edge_floor` (cut id -> fastest
+    head run seen) carries over from link to link."""
     from partitioner import boundary_bytes, prefix_cut
     from planner import Encoding, evaluate
 
@@ -404,9 +413,11 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
         todo.setdefault((c.key, "fp32"), (c, Encoding()))
     pred = {k: evaluate(graph, c, profiles, lk, enc) for k, (c, enc) in todo.items()}
     pick_keys = {(c.key, enc.precision) for c, enc in picks.values()}
+    ours_key = (picks["ours"][0].key, picks["ours"][1].precision)
     order = sorted(todo, key=lambda k: (k not in pick_keys, pred[k].total_ms))
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     skipped = 0
+    bounded: dict[tuple[str, str], float] = {}
     best = float("inf")
     for k in order:  # one request each, best predicted first, so the bound prunes early
         c, enc = todo[k]
@@ -415,8 +426,12 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
         full = len(c.device) == len(graph)
         scale = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}[enc.precision]
         floor_ms = 0.0 if full else boundary_bytes(graph, c) * scale * 8 / lk.up_bps * 1e3
-        if k not in pick_keys and floor_ms > prune_ratio * best:
-            skipped += 1
+        floor_ms = max(floor_ms, edge_floor.get(k[0], 0.0))
+        if k != ours_key and floor_ms > (prune_ratio if k not in pick_keys else _PICK_BOUND) * best:
+            if k in pick_keys:
+                bounded[k] = floor_ms
+            else:
+                skipped += 1
             continue
         r = edge.job(k[0], enc.precision, 1)
         if "error" in r:
@@ -429,8 +444,6 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
     # A candidate already 3x slower than the best in its first request gets no more
     # (ours always does): its regret is plain from one sample, and at 0.13 Mbit/s one
     # cloud-only request alone takes 37 s.
-    ours_pick = picks["ours"]
-    ours_key = (ours_pick[0].key, ours_pick[1].precision)
     again = [k for k in rows if k == ours_key or rows[k][0]["total_ms"] <= 3 * best]
     for _ in range(reps - 1):
         for k in again:
@@ -441,6 +454,7 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
     for k, rs in rows.items():
         c, enc = todo[k]
         s = _summary(rs)
+        edge_floor[k[0]] = min(edge_floor.get(k[0], float("inf")), min(r["edge_ms"] for r in rs))
         b = pred[k]
         s.update({"cut_id": k[0], "encoding": enc.precision, "device_layers": len(c.device),
                   "predicted_ms": b.total_ms, "predicted": {"edge_ms": b.edge_ms, "encode_ms": b.encode_ms,
@@ -452,6 +466,8 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
         m = measured.get((c.key, enc.precision))
         strategies[sname] = {"cut_id": c.key, "encoding": enc.precision, "device_layers": len(c.device),
                              "measured": m}
+        if (c.key, enc.precision) in bounded:
+            strategies[sname]["lower_bound_ms"] = bounded[(c.key, enc.precision)]
     okey = min(measured, key=lambda k: measured[k]["p50_ms"])
     oracle = measured[okey]
     row = {"up_bps": lk.up_bps, "down_bps": lk.down_bps, "rtt_ms": lk.rtt_ms, "strategies": strategies,

@@ -123,9 +123,9 @@ def _print_summary(doc: dict[str, Any]) -> None:
         return
     print("\nmodel         uplink  oracle ms   regret: edge  cloud  NS     DADS   ours   speed-up")
     for c in s["cells"]:
-        r = c["regret"]
-        cols = "  ".join(f"{r[k]:5.2f}" if k in r else "  -  " for k in
-                         ("edge-only", "cloud-only", "neurosurgeon", "dads", "ours"))
+        r, at_least = c["regret"], c.get("regret_at_least", {})
+        cols = "  ".join(f"{r[k]:5.2f}" if k in r else f">{at_least[k]:4.0f}" if k in at_least else "  -  "
+                         for k in ("edge-only", "cloud-only", "neurosurgeon", "dads", "ours"))
         print(f"{c['model']:<13} {c['up_mbps']:>6g}  {c['oracle_ms']:9.1f}           {cols}  "
               f"{c.get('speedup_vs_best_single_side', float('nan')):5.2f}x")
     o = s["regret"]["ours"]

@@ -41,6 +41,20 @@ def test_summary_regret_speedup_and_error_arithmetic() -> None:
     assert s["meets"] == {"regret_geomean": False, "regret_worst": False, "cost_model_median_abs_pct_error": True}
 
 
+def test_summary_counts_an_unrun_pick_by_its_lower_bound() -> None:
+    picks = {"edge-only": ("E", "fp32", 50.0), "cloud-only": ("L", "fp32", 0.0),
+             "neurosurgeon": ("E", "fp32", 50.0), "dads": ("E", "fp32", 50.0), "ours": ("E", "fp32", 50.0)}
+    lk = _link(1e5, picks, 50.0, [_cand("E", "fp32", 50.0, 50.0)])
+    lk["strategies"]["cloud-only"] = {"cut_id": "L", "encoding": "fp32", "measured": None, "lower_bound_ms": 2000.0}
+    s = compute_summary([{"model": "m", "links": [lk]}])
+    assert s["regret"]["cloud-only"] == {"geomean": pytest.approx(40.0), "worst": pytest.approx(40.0), "n": 1,
+                                         "n_lower_bounds": 1}
+    assert s["cells"][0]["regret_at_least"] == {"cloud-only": pytest.approx(40.0)}
+    assert "cloud-only" not in s["cells"][0]["regret"]
+    # the better single side is edge-only alone when cloud-only was not run
+    assert s["speedup_vs_best_single_side"]["geomean"] == pytest.approx(1.0)
+
+
 def test_bench_main_names_and_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main(["--help"]) == 0
     assert "e2e" in capsys.readouterr().out
@@ -71,9 +85,17 @@ def test_e2e_smoke_squeezenet_two_links(tmp_path) -> None:
         oracle = lk["oracle"]["p50_ms"]
         for s in STRATEGIES:
             meas = lk["strategies"][s]["measured"]
-            assert meas is not None, s
-            assert meas["p50_ms"] >= oracle  # the oracle is the fastest measured candidate
-        assert lk["strategies"]["cloud-only"]["measured"]["wire_bytes"] == input_bytes
+            if meas is None:  # not run: its measured lower bound lost by 10x
+                assert s != "ours" and lk["strategies"][s]["lower_bound_ms"] > 10 * oracle, s
+            else:
+                assert meas["p50_ms"] >= oracle  # the oracle is the fastest measured candidate
+    # At 1.1 Mbit/s the 602 kB input alone takes 4.4 s on the wire, over 10x the edge's
+    # whole-model run, so cloud-only is reported by that bound; at 100 Mbit/s it runs.
+    slow_link, fast_link = m["links"]
+    assert slow_link["strategies"]["cloud-only"]["measured"] is None
+    assert slow_link["strategies"]["cloud-only"]["lower_bound_ms"] == pytest.approx(input_bytes * 8 / 1.1e6 * 1e3)
+    assert fast_link["strategies"]["cloud-only"]["measured"]["wire_bytes"] == input_bytes
+    for lk in m["links"]:
         edge = lk["strategies"]["edge-only"]["measured"]
         assert edge["wire_bytes"] == 0 and edge["remote_ms"] == 0.0
         for c in lk["candidates"]:
@@ -81,10 +103,6 @@ def test_e2e_smoke_squeezenet_two_links(tmp_path) -> None:
             assert c["p95_ms"] >= c["p50_ms"]
             if c["device_layers"] not in (0, 39):
                 assert c["remote_ms"] > 0 and c["server_ms"]["compute"] > 0
-    # More bandwidth cannot make the cloud-only upload slower by much; at 1.1 vs 100 Mbit/s
-    # the 602 kB input takes about 90x longer on the wire.
-    slow, fast = (lk["strategies"]["cloud-only"]["measured"]["remote_ms"] for lk in m["links"])
-    assert slow > 5 * fast
     load = m["links"][1]["load"]
     assert "load" not in m["links"][0]
     for s_name in STRATEGIES:
