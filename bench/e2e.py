@@ -25,8 +25,10 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,17 @@ def _print_summary(doc: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     a = make_parser().parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():
+        return _run(a)
+    # SIGTERM unwinds like Ctrl-C, so the edge child, the emulator and the cgroup go too
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _run(a)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _run(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = _config(a)
     stem = QUICK["stem"] if a.quick else FULL["stem"]
