@@ -11,7 +11,10 @@ the machine and its load.
 1. codec: frame encode+decode throughput of an fp32 tensor vs np.copyto of the
    same bytes (memcpy, the limit).
 2. round trip: Infer with the echo backend vs a raw TCP echo and vs plain
-   grpcio+msgpack echo servers (sync thread-pool and grpc.aio), same payload.
+   grpcio+msgpack echo servers (sync thread-pool, and grpc.aio on asyncio's loop
+   and on uvloop, which our server uses where installed), same payload. At 4 KiB
+   a breakdown separates gRPC's own cost from ours: our frame codec alone in a
+   plain grpc.aio handler, our server with a pre-encoded request, our full client.
 3. stream: InferStream frames/s vs sequential unary Infer calls/s.
 4. encodings: size, codec time and accuracy impact of fp16/int8/+zstd/+lz4 on
    real boundary tensors: ResNet50 (zoo architecture, synthetic weights) and a
@@ -44,7 +47,7 @@ from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.protocol.encoding import decode, encode, measure_codec
 from cluster.protocol.messages import InferRequest, InferResponse
 from cluster.protocol.testing import EchoBackend
-from cluster.server import serve_in_thread
+from cluster.server import _Service, new_event_loop, serve_in_thread
 
 SIZES_BYTES = (4 << 10, 1 << 20, 8 << 20)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -184,15 +187,24 @@ def _plain_handler(fn: Any) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("plain.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(fn)})
 
 
+async def _plain_echo(raw: bytes, ctx: Any) -> bytes:
+    return msgpack.packb(msgpack.unpackb(raw))
+
+
+async def _codec_only(raw: bytes, ctx: Any) -> bytes:
+    """Our frame decode and response encode, nothing else (the breakdown's middle step)."""
+    req = InferRequest.from_msgpack(raw)
+    resp = InferResponse(request_id=req.request_id, outputs=req.tensors, timings_ms={"queue": 0.0, "compute": 0.0},
+                         served_by="echo@1")
+    return _Service._encode_response(resp, 0.0)
+
+
 class _PlainAio:
     """grpc.aio + msgpack echo: the same server machinery as ours, without our protocol."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, echo: Any = _plain_echo) -> None:
+        self.loop = loop or asyncio.new_event_loop()
         ready = threading.Event()
-
-        async def echo(raw: bytes, ctx: Any) -> bytes:
-            return msgpack.packb(msgpack.unpackb(raw))
 
         async def start() -> None:
             self.server = grpc.aio.server(options=_OPTS)
@@ -223,6 +235,10 @@ def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
     sync_port = sync_srv.add_insecure_port("127.0.0.1:0")
     sync_srv.start()
     aio_srv = _PlainAio()
+    # Our server runs on new_event_loop() (uvloop where installed): the same loop for a fair peer.
+    same_loop = type(new_event_loop()).__module__.split(".")[0]
+    aio_same = _PlainAio(new_event_loop()) if same_loop != "asyncio" else None
+    codec_srv = _PlainAio(new_event_loop(), echo=_codec_only)
     tcp = _TcpEcho()
     ours_srv = serve_in_thread(EchoBackend())
     ours = SyncInferenceClient(ours_srv.address)
@@ -230,6 +246,13 @@ def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
     ch_aio = grpc.insecure_channel(f"127.0.0.1:{aio_srv.port}", options=_OPTS)
     call_sync = ch_sync.unary_unary("/plain.Echo/Echo")
     call_aio = ch_aio.unary_unary("/plain.Echo/Echo")
+    channels = [ch_sync, ch_aio]
+    call_same = None
+    if aio_same is not None:
+        channels.append(grpc.insecure_channel(f"127.0.0.1:{aio_same.port}", options=_OPTS))
+        call_same = channels[-1].unary_unary("/plain.Echo/Echo")
+    channels.append(grpc.insecure_channel(f"127.0.0.1:{codec_srv.port}", options=_OPTS))
+    call_codec = channels[-1].unary_unary("/plain.Echo/Echo")
     tcp_call = tcp.client()
     rows = []
     try:
@@ -257,30 +280,53 @@ def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
                 "grpc_msgpack_aio": plain(call_aio),
                 "tcp_echo": raw_tcp,
             }
+            if call_same is not None:
+                fns["grpc_msgpack_aio_uvloop"] = plain(call_same)
+            peers = [k for k in fns if k.startswith("grpc_msgpack")]
+            breakdown = size == SIZES_BYTES[0]
+            if breakdown:
+                frame = make_request("echo", "1", "c0", {"x": x}, timeout_s=3600).to_msgpack()
+                fns["codec_only_aio"] = lambda: call_codec(frame, timeout=30)
+                fns["ours_server_raw_client"] = lambda: ours.infer_raw(frame, timeout_s=30)
             # Several rounds: the machine is shared, so report the spread of the ratio too.
             rounds = [_interleaved(fns, _reps(size, quick)) for _ in range(1 if quick else 3)]
             med = {k: statistics.median(r[k] for r in rounds) for k in fns}
-            per_round = [r["ours_infer"] / min(r["grpc_msgpack_sync"], r["grpc_msgpack_aio"]) for r in rounds]
-            rows.append(
-                {
-                    "size_bytes": size,
-                    "median_ms": med,
-                    "rounds": len(rounds),
-                    "ours_vs_best_grpc_msgpack_per_round": per_round,
-                    "ours_vs_grpc_msgpack_sync": med["ours_infer"] / med["grpc_msgpack_sync"],
-                    "ours_vs_grpc_msgpack_aio": med["ours_infer"] / med["grpc_msgpack_aio"],
-                    "ours_vs_best_grpc_msgpack": med["ours_infer"]
-                    / min(med["grpc_msgpack_sync"], med["grpc_msgpack_aio"]),
-                    "ours_vs_tcp": med["ours_infer"] / med["tcp_echo"],
+            best = min(med[k] for k in peers)
+            per_round = [r["ours_infer"] / min(r[k] for k in peers) for r in rounds]
+            row = {
+                "size_bytes": size,
+                "median_ms": med,
+                "rounds": len(rounds),
+                "event_loop": same_loop,
+                "ours_vs_best_grpc_msgpack_per_round": per_round,
+                "ours_vs_grpc_msgpack_sync": med["ours_infer"] / med["grpc_msgpack_sync"],
+                "ours_vs_grpc_msgpack_aio": med["ours_infer"] / med["grpc_msgpack_aio"],
+                "ours_vs_best_grpc_msgpack": med["ours_infer"] / best,
+                "ours_vs_tcp": med["ours_infer"] / med["tcp_echo"],
+            }
+            if call_same is not None:
+                row["ours_vs_grpc_msgpack_aio_same_loop"] = med["ours_infer"] / med["grpc_msgpack_aio_uvloop"]
+            if breakdown:
+                aio_same_ms = med.get("grpc_msgpack_aio_uvloop", med["grpc_msgpack_aio"])
+                # Each step adds one piece to the one before it (ms, medians of the same run).
+                row["breakdown_ms"] = {
+                    "grpc_sync_round_trip": med["grpc_msgpack_sync"],
+                    "grpc_aio_machinery": med["grpc_msgpack_aio"] - med["grpc_msgpack_sync"],
+                    "uvloop_saving": aio_same_ms - med["grpc_msgpack_aio"],
+                    "our_frame_codec_on_server": med["codec_only_aio"] - aio_same_ms,
+                    "our_server_shell_and_backend": med["ours_server_raw_client"] - med["codec_only_aio"],
+                    "our_client_codec": med["ours_infer"] - med["ours_server_raw_client"],
                 }
-            )
+            rows.append(row)
     finally:
         ours.close()
         ours_srv.stop()
-        ch_sync.close()
-        ch_aio.close()
+        for ch in channels:
+            ch.close()
         sync_srv.stop(0)
-        aio_srv.close()
+        for srv in (aio_srv, aio_same, codec_srv):
+            if srv is not None:
+                srv.close()
         tcp.close()
     return rows
 
@@ -443,9 +489,11 @@ def _plot(res: dict[str, Any], path: str) -> None:
     ax.set_title("codec throughput vs memcpy")
     ax.legend()
     ax = axes[1]
-    keys = ("ours_infer", "grpc_msgpack_sync", "grpc_msgpack_aio", "tcp_echo")
+    keys = [k for k in ("ours_infer", "grpc_msgpack_sync", "grpc_msgpack_aio", "grpc_msgpack_aio_uvloop", "tcp_echo")
+            if all(k in r["median_ms"] for r in res["round_trip"])]
+    w = 0.8 / len(keys)
     for i, k in enumerate(keys):
-        ax.bar(idx + (i - 1.5) * 0.2, [r["median_ms"][k] for r in res["round_trip"]], 0.2, label=k)
+        ax.bar(idx + (i - (len(keys) - 1) / 2) * w, [r["median_ms"][k] for r in res["round_trip"]], w, label=k)
     ax.set_xticks(idx, labels)
     ax.set_yscale("log")
     ax.set_ylabel("median round trip (ms)")
@@ -495,7 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in res["round_trip"]:
         m = r["median_ms"]
         print(f"rtt {r['size_bytes']:>8} B: ours {m['ours_infer']:.3f} ms, grpc+msgpack sync {m['grpc_msgpack_sync']:.3f} / "
-              f"aio {m['grpc_msgpack_aio']:.3f}, tcp {m['tcp_echo']:.3f}; ours/best grpc {r['ours_vs_best_grpc_msgpack']:.2f}")
+              f"aio {m['grpc_msgpack_aio']:.3f} / aio on {r['event_loop']} {m.get('grpc_msgpack_aio_uvloop', float('nan')):.3f}, "
+              f"tcp {m['tcp_echo']:.3f}; ours/best grpc {r['ours_vs_best_grpc_msgpack']:.2f}")
+        if "breakdown_ms" in r:
+            print("  breakdown (ms): " + ", ".join(f"{k} {v:+.3f}" for k, v in r["breakdown_ms"].items()))
     for r in res["stream"]:
         print(f"stream {r['size_bytes']:>8} B: {r['stream_per_s']:.0f}/s vs unary {r['unary_per_s']:.0f}/s "
               f"({r['stream_vs_unary']:.2f}x)")

@@ -421,6 +421,13 @@ class VersionFiles:
             raise UnknownCutError(model=self.model, version=self.version, cut_id=cut_id, known=list(known))
         return cut
 
+    def remember_cut(self, cut: Any) -> None:
+        """Records a cut under its id (segments/<id>/cut.json) so `resolve_cut` finds it later;
+        for hashed ids, which name no layers, of cuts that are not candidate cuts (a DAG plan)."""
+        rel = os.path.join("segments", cut.key, "cut.json")
+        if not self._find(rel):
+            self._write(rel, json.dumps(cut.to_dict()).encode())
+
     def tail_path(self, cut_id: str, known: Sequence[str] = ()) -> str:
         """segments/<cut_id>/tail.onnx, cut from the model on first use. Blocking: run it off the loop."""
         rel = os.path.join("segments", cut_id, "tail.onnx")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ClusterError",
     "ProtocolError",
+    "InvalidArgument",
     "EncodingError",
     "VersionMismatch",
     "UnknownModelError",
@@ -27,6 +28,7 @@ __all__ = [
     "ResourceExhausted",
     "Unavailable",
     "NotSupported",
+    "FailedPrecondition",
     "InternalError",
 ]
 
@@ -75,6 +77,15 @@ class ProtocolError(ClusterError):
         self.where = where
         at = f"{where}: " if where else ""
         super().__init__(f"malformed message: {at}{reason}")
+
+
+class InvalidArgument(ClusterError):
+    """A well-formed message with a value the server cannot use (a Plan query's link, device, SLO)."""
+
+    def __init__(self, *, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"invalid {field}: {reason}")
 
 
 class EncodingError(ClusterError):
@@ -203,6 +214,15 @@ class NotSupported(ClusterError):
     def __init__(self, *, what: str) -> None:
         self.what = what
         super().__init__(f"{what} is not supported by this server; use a server that offers it")
+
+
+class FailedPrecondition(ClusterError):
+    """The request is fine but the server lacks what it needs to answer it (a missing registry file)."""
+
+    def __init__(self, *, reason: str, fix: str) -> None:
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{reason}; {fix}")
 
 
 class InternalError(ClusterError):

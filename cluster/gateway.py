@@ -39,12 +39,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cluster._plan import GatewayPlanner, read_query
 from cluster.auth import Authorizer
 from cluster.errors import (
     ClusterError,
     DeadlineExceeded,
     InternalError,
-    NotSupported,
     ProtocolError,
     ResourceExhausted,
     Unavailable,
@@ -219,6 +219,7 @@ class Gateway:
         self._policy_seen: dict[str, str] = {}
         self._policy_status: dict[str, dict[str, Any]] = {}
         self._policy_task: asyncio.Task[None] | None = None
+        self._planner: GatewayPlanner | None = None
         registry.on_loaded.append(self._preload)
         registry.on_drained.append(self._on_drained)
 
@@ -401,7 +402,6 @@ class Gateway:
         m = self.metrics
         m.inflight.inc()
         version, status = request.version, "OK"
-        extra = {"request_id": request.request_id, "model": request.model, "cut_id": request.cut_id}
         try:
             principal = self.auth.authorize(context.metadata, model=request.model, device_id=request.device_id)
             with self.registry.lease(request.model, request.version, request.device_id) as lv:
@@ -428,8 +428,11 @@ class Gateway:
             for stage, s in (("decode", decode_s), ("queue", result.queue_s), ("compute", result.compute_s),
                              ("encode", encode_s)):
                 m.observe_stage(stage, s)
-            logger.debug("served %s for %s on %s (batch %d)", request.request_id, principal.name, lv.key,
-                         result.batch_size, extra=dict(extra, version=version, principal=principal.name))
+            if logger.isEnabledFor(logging.DEBUG):  # the extra fields cost a dict per request
+                logger.debug("served %s for %s on %s (batch %d)", request.request_id, principal.name, lv.key,
+                             result.batch_size, extra={"request_id": request.request_id, "model": request.model,
+                                                       "cut_id": request.cut_id, "version": version,
+                                                       "principal": principal.name})
             return InferResponse(
                 request_id=request.request_id,
                 outputs=outputs,
@@ -443,7 +446,9 @@ class Gateway:
             raise
         except ClusterError as e:
             status = status_of(e).name
-            logger.info("request %s failed: %s", request.request_id, status, extra=dict(extra, status=status))
+            logger.info("request %s failed: %s", request.request_id, status,
+                        extra={"request_id": request.request_id, "model": request.model, "cut_id": request.cut_id,
+                               "status": status})
             raise
         finally:
             m.inflight.dec()
@@ -460,6 +465,20 @@ class Gateway:
         return ArtifactsResponse(model=lv.model, version=lv.version, files=files)
 
     async def plan(self, request: PlanRequest, context: Any) -> PlanResponse:
-        self.auth.authorize(context.metadata, model=None, action="plan")
-        raise NotSupported(what="Plan on the gateway (fetch the frontier with GetArtifacts, or ask "
-                                "'splitinfer planner serve')")
+        """The planner's plan and frontier for a device and link against the cloud profile of
+        model@version in the registry (see [Note: gateway plan] in cluster._plan)."""
+        try:
+            query = read_query(request.query)
+        except ClusterError:
+            # An unauthenticated caller learns nothing about its query: auth answers first.
+            self.auth.authorize(context.metadata, model=None, action="plan")
+            raise
+        principal = self.auth.authorize(context.metadata, model=query.model, device_id=query.device_id,
+                                        action="plan")
+        if self._planner is None:
+            self._planner = GatewayPlanner()
+        with self.registry.lease(query.model, query.version, query.device_id) as lv:
+            answer = await asyncio.get_running_loop().run_in_executor(None, self._planner.plan, lv, query)
+        logger.info("plan for %s sent to %s/%s", lv.key, principal.name, query.device_id or "-",
+                    extra={"request_id": request.request_id, "model": lv.model, "version": lv.version})
+        return PlanResponse(request_id=request.request_id, plan=answer)

@@ -34,6 +34,7 @@ STAGES = ("decode", "queue", "compute", "encode")
 _LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                       2.5, 5.0, 10.0, 30.0, 100.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_MAX_CACHED_SERIES = 1024
 
 
 class GatewayMetrics:
@@ -50,23 +51,30 @@ class GatewayMetrics:
         self.bytes = Counter("splitinfer_bytes_total", "Tensor bytes received ('in') and sent ('out').",
                              ("direction",), registry=self.registry)
         self.inflight = Gauge("splitinfer_inflight_requests", "Requests being served now.", registry=self.registry)
-        # Children made up front, so a dashboard sees zeros rather than no series.
-        for s in STAGES:
-            self.stage_latency.labels(s)
-        for d in ("in", "out"):
-            self.bytes.labels(d)
+        # Children made up front, so a dashboard sees zeros rather than no series, and
+        # kept: labels() takes a lock and builds a key on every call of the hot path.
+        self._stages = {s: self.stage_latency.labels(s) for s in STAGES}
+        self._bytes = {d: self.bytes.labels(d) for d in ("in", "out")}
+        self._requests: dict[tuple[str, str, str], Any] = {}
 
     def observe_request(self, model: str, version: str, status: str) -> None:
-        self.requests.labels(model, version or "-", status).inc()
+        key = (model, version or "-", status)
+        child = self._requests.get(key)
+        if child is None:
+            child = self.requests.labels(*key)
+            if len(self._requests) < _MAX_CACHED_SERIES:  # names come from clients: bound the cache
+                self._requests[key] = child
+        child.inc()
 
     def observe_stage(self, stage: str, seconds: float) -> None:
-        self.stage_latency.labels(stage).observe(max(0.0, seconds))
+        child = self._stages.get(stage) or self.stage_latency.labels(stage)
+        child.observe(seconds if seconds > 0.0 else 0.0)
 
     def observe_batch(self, size: int) -> None:
         self.batch_size.observe(size)
 
     def add_bytes(self, direction: str, n: int) -> None:
-        self.bytes.labels(direction).inc(n)
+        (self._bytes.get(direction) or self.bytes.labels(direction)).inc(n)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""

@@ -65,20 +65,22 @@ def shutdown() -> None:
 class RayPool:
     """One tail on a ReplicaPool of SegmentWorker actors (batching happens inside each actor)."""
 
-    def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto") -> None:
+    def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
+                 metrics: GatewayMetrics | None = None, fast_path: bool = True) -> None:
         from workers._pool import PoolConfig
         from workers.actors import ReplicaPool
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
 
         self.key = key
+        self._metrics = metrics
         self.segment_key = f"{key.model}@{key.version}@{key.cut_id}"
         # The tail travels as bytes: workers on other nodes need not see the registry volume.
         with open(tail_path, "rb") as fh:
             model = fh.read()
         self.pool = ReplicaPool(
             {self.segment_key: model},
-            config=PoolConfig(num_replicas=config.replicas),
+            config=PoolConfig(num_replicas=config.replicas, fast_path=fast_path),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
                                        batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
@@ -98,10 +100,16 @@ class RayPool:
         if deadline_s is not None:
             deadline_unix_ms = (time.time() + (deadline_s - time.monotonic())) * 1e3
         t0 = time.monotonic()
-        out = await self.pool.infer(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
-                                    priority=min(max(priority, 0), _PRIORITY_LEVELS - 1))
-        # The actor does not report its queue time: the whole round trip counts as compute.
-        return PoolResult(out, 0.0, time.monotonic() - t0, 1)
+        out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
+                                                  priority=min(max(priority, 0), _PRIORITY_LEVELS - 1))
+        total_s = time.monotonic() - t0
+        if timing is None:  # a worker that does not report timings: all of it counts as compute
+            return PoolResult(out, 0.0, total_s, 1)
+        if timing.first_in_batch and self._metrics is not None:
+            self._metrics.observe_batch(timing.batch_size)
+        # Everything but the batch's run is waiting: the caller-side batcher, the actor
+        # call's transport and the worker's queue (the worker's share is timing.queue_s).
+        return PoolResult(out, max(0.0, total_s - timing.compute_s), timing.compute_s, timing.batch_size)
 
     async def close(self) -> None:
         await self.pool.aclose()
@@ -110,10 +118,13 @@ class RayPool:
 class RayPoolFactory:
     """Pools of Ray actors; call `connect(address)` first."""
 
-    def __init__(self, *, provider: str = "auto") -> None:
+    def __init__(self, *, provider: str = "auto", fast_path: bool = True) -> None:
         self.provider = provider
+        self.fast_path = fast_path
+        """Let a request that finds its replica idle skip the worker's batcher
+        (workers.PoolConfig.fast_path); off, every request goes through the batcher."""
 
     def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> RayPool:
         if not ray.is_initialized():
             raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
-        return RayPool(key, tail_path, config, provider=self.provider)
+        return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, fast_path=self.fast_path)

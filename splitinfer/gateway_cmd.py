@@ -126,4 +126,7 @@ def gateway_main(argv: Sequence[str]) -> int:
     from cluster.metrics import configure_logging
 
     configure_logging(a.log_level, json_lines=a.log_format == "json")
-    return asyncio.run(_run(a))
+    from cluster.server import new_event_loop
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:  # uvloop where installed: [Note: event loop]
+        return runner.run(_run(a))

@@ -16,6 +16,7 @@ their ext payloads are small, so copying them costs less than the Python walk.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -100,13 +101,26 @@ def _packb(obj: Any, where: str) -> bytes:
         ) from e
 
 
+_local = threading.local()
+
+
+def _small_packer() -> msgpack.Packer:
+    # One Packer per thread: msgpack.packb builds a new one per call, and a Packer
+    # is not safe to share between threads. It resets itself after each pack, and
+    # after a failed one.
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        from cluster.protocol.tensors import ext_default  # tensors imports this module
+
+        packer = _local.packer = msgpack.Packer(use_bin_type=True, default=ext_default)
+    return packer
+
+
 def pack_small(obj: Any, where: str) -> bytes:
     """Packs a frame whose tensors are small in one C call; tensors become ExtType
     through `tensors.ext_default` (bodies copied, alignment not kept)."""
-    from cluster.protocol.tensors import ext_default  # tensors imports this module
-
     try:
-        return msgpack.packb(obj, use_bin_type=True, default=ext_default)
+        return _small_packer().pack(obj)
     except ProtocolError:
         raise
     except (TypeError, ValueError, OverflowError) as e:
@@ -116,10 +130,22 @@ def pack_small(obj: Any, where: str) -> bytes:
         ) from e
 
 
-def _unpack_small(buf: bytes | bytearray | memoryview, ext_hook: ExtHook) -> Any:
-    def hook(code: int, data: bytes) -> Any:
-        return ext_hook(code, memoryview(data), -1)
+_SMALL_HOOKS: dict[ExtHook, Callable[[int, bytes], Any]] = {}
 
+
+def _small_hook(ext_hook: ExtHook) -> Callable[[int, bytes], Any]:
+    hook = _SMALL_HOOKS.get(ext_hook)
+    if hook is None:
+        def hook(code: int, data: bytes) -> Any:
+            return ext_hook(code, memoryview(data), -1)
+
+        if len(_SMALL_HOOKS) < 16:  # one per hook function in practice (tensors.read_ext)
+            _SMALL_HOOKS[ext_hook] = hook
+    return hook
+
+
+def _unpack_small(buf: bytes | bytearray | memoryview, ext_hook: ExtHook) -> Any:
+    hook = _small_hook(ext_hook)
     try:
         return msgpack.unpackb(buf, ext_hook=hook, raw=False, strict_map_key=True)
     except ProtocolError:
@@ -146,6 +172,8 @@ def unpackb(buf: bytes, ext_hook: ExtHook) -> Any:
     and its offset in `buf` (for small frames: a view of a copy, offset -1).
     Every failure is a `ProtocolError`.
     """
+    if type(buf) is bytes and 0 < len(buf) <= SMALL_FRAME_BYTES:
+        return _unpack_small(buf, ext_hook)
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise ProtocolError(reason=f"frame must be bytes, got {type(buf).__name__}")
     mv = memoryview(buf)

@@ -67,6 +67,11 @@ def _key(name: str) -> bytes:
 def check_version(d: Mapping[Any, Any], where: str) -> tuple[int, int]:
     """Reads `v` and raises VersionMismatch for a major this side does not speak."""
     v = d.get("v", _MISSING)
+    if type(v) is list and len(v) == 2:
+        major, minor = v
+        # The common case in exact types first; anything else takes the checks below.
+        if type(major) is int and type(minor) is int and minor >= 0 and major in SUPPORTED_MAJORS:
+            return (major, minor)
     if v is _MISSING:
         raise ProtocolError(reason="missing required field 'v' (protocol version [major, minor])", where=where)
     if (
@@ -115,8 +120,11 @@ def _check_bytes(x: Any, where: str, name: str) -> bytes:
 
 
 def _check_str_map(x: Any, where: str, name: str) -> dict[str, Any]:
-    if not isinstance(x, dict) or not all(isinstance(k, str) for k in x):
+    if not isinstance(x, dict):
         raise _type_err(where, name, "a map with str keys", x)
+    for k in x:
+        if type(k) is not str and not isinstance(k, str):
+            raise _type_err(where, name, "a map with str keys", x)
     return x
 
 
@@ -135,6 +143,9 @@ def _check_timings(x: Any, where: str, name: str) -> dict[str, float]:
     d = _check_str_map(x, where, name)
     out = {}
     for k, t in d.items():
+        if type(t) is float:
+            out[k] = t
+            continue
         if not isinstance(t, (int, float)) or isinstance(t, bool):
             raise ProtocolError(reason=f"{name}[{_show(k)}] must be a number of ms, got {_show(t)}", where=where)
         out[k] = float(t)
@@ -156,6 +167,8 @@ def _write_plain(w: Writer, x: Any, where: str) -> None:
 def _check_tensor_names(x: Mapping[str, Tensor], where: str) -> None:
     """Sender-side check, so a bad tensor map fails here rather than at the peer."""
     for k, t in x.items():
+        if type(k) is str and type(t) is np.ndarray:
+            continue
         if type(k) is not str:
             raise ProtocolError(reason=f"tensor names must be str, got {_show(k)}", where=where)
         if not isinstance(t, (np.ndarray, EncodedTensor)):
@@ -174,6 +187,8 @@ def _write_tensors(w: Writer, x: Mapping[str, Tensor], where: str) -> None:
 
 
 def _timings_plain(x: Mapping[str, float], where: str) -> dict[str, float]:
+    if not x:
+        return {}
     try:
         return {k: float(v) for k, v in x.items()}
     except (TypeError, ValueError, AttributeError) as e:
@@ -196,6 +211,10 @@ _KINDS = {
 }
 
 
+class _NoExactType:
+    """Never a decoded value's type: fields of other kinds always go through their check."""
+
+
 class _Message:
     """Shared msgpack mapping of the field-spec messages below.
 
@@ -208,24 +227,31 @@ class _Message:
     def tensor_bytes(self) -> int:
         """Total body bytes of the message's tensors."""
         total = 0
-        for fname, kind, _ in self._SPEC:
-            if kind == "tensors":
-                for t in getattr(self, fname).values():
-                    total += tensor_nbytes(t)
+        for fname in self._tensor_fields():
+            for t in getattr(self, fname).values():
+                total += t.nbytes if type(t) is np.ndarray else tensor_nbytes(t)
         return total
+
+    @classmethod
+    def _tensor_fields(cls) -> tuple[str, ...]:
+        names = cls.__dict__.get("_TENSOR_FIELDS")
+        if names is None:
+            names = tuple(f for f, kind, _ in cls._SPEC if kind == "tensors")
+            cls._TENSOR_FIELDS = names  # type: ignore[attr-defined]
+        return names
 
     def to_plain(self, *, defer: str | None = None) -> dict[str, Any]:
         """The message as a dict for msgpack.packb(default=ext_default); tensors stay objects."""
-        name = type(self).__name__
+        fields = self.__dict__
         plain: dict[str, Any] = {"v": list(self.v)}
         for fname, kind, _ in self._SPEC:
             if fname == defer:
                 continue
-            value = getattr(self, fname)
+            value = fields[fname]
             if kind == "timings":
-                value = _timings_plain(value, f"{name}.{fname}")
+                value = _timings_plain(value, f"{type(self).__name__}.{fname}")
             elif kind == "tensors":
-                _check_tensor_names(value, f"{name}.{fname}")
+                _check_tensor_names(value, f"{type(self).__name__}.{fname}")
             plain[fname] = value
         return plain
 
@@ -268,9 +294,11 @@ class _Message:
         if type(d) is not dict:
             raise ProtocolError(reason=f"expected a msgpack map, got {type(d).__name__}", where=name)
         kwargs: dict[str, Any] = {"v": check_version(d, name)}
-        for fname, check, default in cls._checks():
+        for fname, check, default, exact in cls._checks():
             x = d.get(fname, _MISSING)
-            if x is _MISSING:
+            if type(x) is exact:  # str, int and bytes fields of the exact type need no check
+                kwargs[fname] = x
+            elif x is _MISSING:
                 if default is _MISSING:
                     raise ProtocolError(
                         reason=f"missing required field {fname!r}; every {PROTOCOL_VERSION[0]}.x sender sets it",
@@ -286,10 +314,12 @@ class _Message:
         return obj
 
     @classmethod
-    def _checks(cls) -> tuple[tuple[str, Any, Any], ...]:
+    def _checks(cls) -> tuple[tuple[str, Any, Any, type], ...]:
         checks = cls.__dict__.get("_CHECKS")
         if checks is None:
-            checks = tuple((f, _KINDS[kind][0], default) for f, kind, default in cls._SPEC)
+            exact = {"str": str, "int": int, "bytes": bytes}
+            checks = tuple((f, _KINDS[kind][0], default, exact.get(kind, _NoExactType))
+                           for f, kind, default in cls._SPEC)
             cls._CHECKS = checks  # type: ignore[attr-defined]
         return checks
 

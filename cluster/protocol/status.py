@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 #: Error class -> gRPC status code. Subclasses inherit their parent's code.
 STATUS_OF: dict[type[E.ClusterError], grpc.StatusCode] = {
     E.ProtocolError: grpc.StatusCode.INVALID_ARGUMENT,
+    E.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     E.EncodingError: grpc.StatusCode.INVALID_ARGUMENT,
     E.VersionMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     E.UnknownModelError: grpc.StatusCode.NOT_FOUND,
@@ -49,6 +50,7 @@ STATUS_OF: dict[type[E.ClusterError], grpc.StatusCode] = {
     E.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     E.Unavailable: grpc.StatusCode.UNAVAILABLE,
     E.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
+    E.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     E.InternalError: grpc.StatusCode.INTERNAL,
 }
 

@@ -13,7 +13,7 @@ import pytest
 
 from cluster.errors import (
     DeadlineExceeded,
-    NotSupported,
+    FailedPrecondition,
     ProtocolError,
     UnknownCutError,
     UnknownModelError,
@@ -145,8 +145,8 @@ def test_unknown_model_version_cut_and_bad_tensors_are_errors(stack):
             c.infer(make_request("m", "1", "zzz", x))
         with pytest.raises(ProtocolError):
             c.infer(make_request("m", "1", cut.cut_id, {"wrong": x["x"]}))
-        with pytest.raises(NotSupported):
-            c.plan({"model": "m"})
+        with pytest.raises(FailedPrecondition, match="profiles/cloud.json"):  # no profiles in this registry
+            c.plan({"model": "m", "edge": "rpi4", "uplink": 1e6})
     m = gateway.metrics
     assert m.sample("splitinfer_requests_total", {"model": "nope", "version": "1", "status": "NOT_FOUND"}) == 1.0
     assert m.sample("splitinfer_requests_total", {"model": "m", "version": "1", "status": "INVALID_ARGUMENT"}) == 1.0

@@ -36,7 +36,8 @@ def test_ray_pools_serve_the_frontier_tails(tmp_path, ray_local):
     onnx.save(conv_bn_relu_chain(3), str(d / "model.onnx"))
     (d / "model.yaml").write_text("max_queue_delay_ms: 300\nmax_batch_size: 8\nfrontier: {default_cut_count: 1}\n")
     registry = Registry(str(tmp_path / "repo"))
-    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
+    # Without the idle-replica fast path every request meets the worker's batcher (and its wait).
+    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu", fast_path=False))
     registry.load_all()
     assert gateway.readiness()[0]
     lv = registry.resolve("m", "1")
@@ -58,3 +59,55 @@ def test_ray_pools_serve_the_frontier_tails(tmp_path, ray_local):
     finally:
         asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
         server.stop()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_ray_pools_report_batch_sizes_and_queue_time_to_metrics(tmp_path, ray_local):
+    import urllib.request
+
+    from cluster.metrics import MetricsServer
+    from cluster.protocol.client import InferenceClient
+
+    d = tmp_path / "repo" / "m" / "1"
+    d.mkdir(parents=True)
+    onnx.save(conv_bn_relu_chain(2), str(d / "model.onnx"))
+    # The workers wait up to 200 ms for company, so concurrent requests share batches.
+    (d / "model.yaml").write_text("max_queue_delay_ms: 200\nmax_batch_size: 8\nfrontier: {default_cut_count: 0}\n")
+    registry = Registry(str(tmp_path / "repo"))
+    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
+    registry.load_all()
+    cut = registry.resolve("m", "1").frontier.cuts[0]
+    server = serve_in_thread(gateway)
+    metrics_http = MetricsServer(gateway.metrics, gateway.readiness)
+    n = 16
+    xs = [np.random.default_rng(i).standard_normal((1, 4, 5, 5)).astype(np.float32) for i in range(n)]
+
+    async def burst():
+        async with InferenceClient(server.address) as c:
+            return await asyncio.gather(*(c.infer(make_request("m", "1", cut.cut_id, {"x": x}, timeout_s=30))
+                                          for x in xs))
+
+    try:
+        resps = asyncio.run(burst())
+        assert all(r.served_by == "m@1" for r in resps)
+        sizes = [r.timings_ms["batch_size"] for r in resps]
+        assert max(sizes) > 1  # some requests shared a batch
+        with urllib.request.urlopen(metrics_http.url + "/metrics", timeout=10) as fh:
+            s = _samples(fh.read().decode())
+    finally:
+        metrics_http.stop()
+        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
+        server.stop()
+    # Every batch is counted once and every request is in exactly one batch.
+    batches, requests_in_batches = s[("splitinfer_batch_size_count", ())], s[("splitinfer_batch_size_sum", ())]
+    assert requests_in_batches == n and 1 <= batches < n
+    queue = (("stage", "queue"),)
+    assert s[("splitinfer_stage_latency_seconds_count", queue)] == n
+    assert s[("splitinfer_stage_latency_seconds_sum", queue)] > 0
+    assert s[("splitinfer_stage_latency_seconds_count", (("stage", "compute"),))] == n

@@ -14,6 +14,7 @@ from cluster.protocol import status as S
 #: One instance of every error class with its fields, and the code it must map to.
 CASES = [
     (E.ProtocolError(reason="bad dtype code 99", where="InferRequest"), grpc.StatusCode.INVALID_ARGUMENT, "99"),
+    (E.InvalidArgument(field="uplink", reason="-5 must be >= 1 bits/s"), grpc.StatusCode.INVALID_ARGUMENT, "uplink"),
     (E.EncodingError(reason="NaN in int8", fix="use fp32"), grpc.StatusCode.INVALID_ARGUMENT, "use fp32"),
     (E.VersionMismatch(got=[2, 1], supported=[1]), grpc.StatusCode.FAILED_PRECONDITION, "2.1"),
     (E.UnknownModelError(model="resnet", known=["vgg"]), grpc.StatusCode.NOT_FOUND, "'resnet'"),
@@ -25,6 +26,8 @@ CASES = [
     (E.ResourceExhausted(resource="queue of vgg@1", limit=64, retry_after_ms=50), grpc.StatusCode.RESOURCE_EXHAUSTED, "64"),
     (E.Unavailable(reason="no workers"), grpc.StatusCode.UNAVAILABLE, "no workers"),
     (E.NotSupported(what="Plan"), grpc.StatusCode.UNIMPLEMENTED, "Plan"),
+    (E.FailedPrecondition(reason="m@1 keeps no cloud profile", fix="add profiles/cloud.json"),
+     grpc.StatusCode.FAILED_PRECONDITION, "profiles/cloud.json"),
     (E.InternalError(detail="boom"), grpc.StatusCode.INTERNAL, "boom"),
 ]
 
