@@ -21,8 +21,13 @@ on all of them alike):
    the limit, with no serving at all;
 2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay,
    caller-side batching of actor calls), called by closed-loop asyncio clients at
-   concurrency 1, 8 and 32; and ours at concurrency 1 over a one-stage compiled graph
-   (no batching, no routing);
+   concurrency 1, 8 and 32; and ours at concurrency 1 with the compiled-graph fast
+   path on (``PoolConfig(fast_path=True)``: a lone request goes over a compiled graph,
+   not a plain actor call). That pool lives only for its slice of each round, because
+   its replica's graph reader busy-waits and would take CPU from every other point.
+   At concurrency 1 the pool reports each request's engine run time in the worker, so
+   ``overhead_p50_ms`` (latency minus that run, paired per request) is the serving
+   overhead alone, free of the noise in the run itself;
 3. Ray Serve: one replica of a deployment running the same artefact in an ORT session
    behind ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0)``, called through a
    DeploymentHandle by the same clients.
@@ -97,17 +102,21 @@ class _Point:
 
     def __init__(self) -> None:
         self.latencies_s: list[float] = []
+        self.overheads_s: list[float] = []
         self.items = 0
         self.elapsed_s = 0.0
 
     def summary(self) -> dict[str, float]:
         lat = np.asarray(self.latencies_s) * 1e3
-        return {
+        out = {
             "throughput_per_s": self.items / self.elapsed_s,
             "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)),
             "requests": len(self.latencies_s),
         }
+        if self.overheads_s:
+            out["overhead_p50_ms"] = float(np.median(self.overheads_s) * 1e3)
+        return out
 
 
 # -- contenders ---------------------------------------------------------------------------
@@ -143,8 +152,12 @@ async def _closed_loop(call, concurrency: int, duration_s: float, point: _Point)
     async def client() -> None:
         while time.perf_counter() < stop:
             t = time.perf_counter()
-            await call()
-            point.latencies_s.append(time.perf_counter() - t)
+            out = await call()
+            latency_s = time.perf_counter() - t
+            point.latencies_s.append(latency_s)
+            timing = out[1] if isinstance(out, tuple) else None
+            if timing is not None:  # ReplicaPool.infer_timed: the worker's run, paired
+                point.overheads_s.append(latency_s - timing.compute_s)
             n[0] += 1
 
     t0 = time.perf_counter()
@@ -178,7 +191,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     from ray import serve
 
     from workers._pool import PoolConfig
-    from workers.actors import Pipeline, ReplicaPool
+    from workers.actors import ReplicaPool
 
     engine = Engine(tail, config, name=name)
     feed1, feed8 = _inputs(engine, 1), _inputs(engine, MAX_BATCH)
@@ -190,9 +203,9 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     key = f"{name}@1@tail"
     tail_bytes = tail.SerializeToString()
     pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0), engine_config=config)
-    pipe = Pipeline([tail_bytes], engine_configs=[config], transport="compiled", max_inflight=1)
     handle = _serve_app(model_path)
     points: dict[str, _Point] = {}
+    fast_calls: list[int] = []
 
     def point(label: str) -> _Point:
         return points.setdefault(label, _Point())
@@ -201,7 +214,6 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         await pool.ready()
         for _ in range(3):  # warm every path
             sess.run(None, feed1)
-            pipe.run(feed1)
             await pool.infer(key, feed1)
             await handle.remote(x1)
         for r in range(rounds):
@@ -209,9 +221,10 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
             _serial(lambda: sess.run(None, feed1), 1, slice_s, point("raw_b1"))
             if engine.batch_safe:
                 _serial(lambda: sess.run(None, feed8), MAX_BATCH, slice_s, point("raw_b8"))
-            _serial(lambda: pipe.run(feed1), 1, slice_s, point("ours_compiled_c1"))
+            fast_calls.append(await _fast_slice(key, tail_bytes, config, feed1, slice_s, point("ours_fast_c1")))
             for c in CONCURRENCY:
-                await _closed_loop(lambda: pool.infer(key, feed1), c, slice_s, point(f"ours_c{c}"))
+                call = (lambda: pool.infer_timed(key, feed1)) if c == 1 else (lambda: pool.infer(key, feed1))
+                await _closed_loop(call, c, slice_s, point(f"ours_c{c}"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
 
     try:
@@ -219,21 +232,46 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         hist = _worker_histogram(pool)
     finally:
         pool.shutdown()
-        pipe.shutdown()
         serve.delete("peer")
     for label, p in points.items():
         entry[label] = p.summary()
     entry["ours_batch_size_histogram"] = hist
+    entry["ours_fast_c1_fast_path_calls"] = sum(fast_calls)
     limit = entry.get("raw_b8", entry["raw_b1"])["throughput_per_s"]
     raw1 = entry["raw_b1"]["p50_ms"]
     entry["ratios"] = {
         "ours_c32_over_raw_batched_throughput": entry["ours_c32"]["throughput_per_s"] / limit,
         "ours_c32_over_serve_c32_throughput": entry["ours_c32"]["throughput_per_s"] / entry["serve_c32"]["throughput_per_s"],
         "ours_c1_added_p50_ms": entry["ours_c1"]["p50_ms"] - raw1,
-        "ours_compiled_c1_added_p50_ms": entry["ours_compiled_c1"]["p50_ms"] - raw1,
+        "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
+        "ours_fast_c1_added_p50_ms": entry["ours_fast_c1"]["p50_ms"] - raw1,
+        "ours_fast_c1_overhead_p50_ms": entry["ours_fast_c1"]["overhead_p50_ms"],
         "serve_c1_added_p50_ms": entry["serve_c1"]["p50_ms"] - raw1,
     }
     return entry
+
+
+async def _fast_slice(key: str, tail_bytes: bytes, config: EngineConfig, feed: dict, slice_s: float,
+                      point: _Point) -> int:
+    """One slice of ours at concurrency 1 with the fast path, on a pool started for it
+    (its graph is built before the slice starts); returns the requests it served."""
+    from workers._pool import PoolConfig
+    from workers.actors import ReplicaPool
+
+    pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, fast_path=True),
+                       engine_config=config)
+    try:
+        await pool.ready()
+        for _ in range(200):
+            await pool.infer(key, feed)
+            if pool.stats().fast_path_calls >= 3:
+                break
+            await asyncio.sleep(0.02)
+        before = pool.stats().fast_path_calls
+        await _closed_loop(lambda: pool.infer_timed(key, feed), 1, slice_s, point)
+        return pool.stats().fast_path_calls - before
+    finally:
+        await pool.aclose()
 
 
 def _worker_histogram(pool) -> dict[str, int]:
@@ -289,7 +327,7 @@ def bench_transport(iters: int) -> dict:
 # -- main ---------------------------------------------------------------------------------
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, models: list[str] | None = None) -> dict:
     import ray
 
     rounds, slice_s = (2, 0.6) if quick else (5, 1.0)
@@ -310,6 +348,8 @@ def run(quick: bool) -> dict:
     }
     print(json.dumps(results["transport"], indent=2), flush=True)
     for name, build in MODELS.items():
+        if models and name not in models:
+            continue
         entry = bench_model(name, build(), config, rounds, slice_s)
         results["models"][name] = entry
         print(name, json.dumps(entry["ratios"], indent=2), flush=True)
@@ -328,7 +368,7 @@ def _plot(results: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.1
     series = [("raw ORT b1", lambda m: m["raw_b1"]), ("raw ORT b8", lambda m: m.get("raw_b8")),
-              ("ours compiled c1", lambda m: m["ours_compiled_c1"])]
+              ("ours c1, fast path", lambda m: m["ours_fast_c1"])]
     for c in CONCURRENCY:
         series.append((f"ours c{c}", lambda m, c=c: m[f"ours_c{c}"]))
     for c in CONCURRENCY:
@@ -354,8 +394,9 @@ def _plot(results: dict, path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1.5 s per point instead of 5 s")
+    parser.add_argument("--models", default="", help=f"comma-separated subset of {','.join(MODELS)}")
     args = parser.parse_args()
-    results = run(args.quick)
+    results = run(args.quick, [m for m in args.models.split(",") if m])
     os.makedirs(RESULTS_DIR, exist_ok=True)
     with open(os.path.join(RESULTS_DIR, "workers.json"), "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)

@@ -28,6 +28,7 @@ from workers.errors import ActorConfigError, InputError
 __all__ = [
     "PoolConfig",
     "PoolStats",
+    "RequestTiming",
     "SegmentStats",
     "WorkerStats",
     "check_inputs",
@@ -193,6 +194,13 @@ class PoolConfig:
     workers/actors.py); 1 sends every request in its own call."""
     sends_per_replica: int = 2
     """Actor calls in flight per replica before further requests wait to be batched."""
+    fast_path: bool = False
+    """Send a request that finds its replica idle through a compiled graph to that
+    replica instead of a plain actor call (see [Note: fast path] in workers/actors.py);
+    plain calls remain the path under load and after any failure. A latency mode for
+    lightly loaded pools on spare CPU: it takes a plain call's 2.5-10 ms off each lone
+    request, but the graph's reader in each replica busy-waits (about 0.6 of a core
+    while idle, measured), which slows CPU engines on a small machine."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -221,6 +229,27 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class RequestTiming:
+    """Where one request's time went inside a worker; it travels back with the outputs."""
+
+    queue_s: float
+    """Arrival at the worker's batcher to the start of the request's batch."""
+    compute_s: float
+    """The run of the request's batch."""
+    batch_size: int
+    """Requests in that batch."""
+    first_in_batch: bool = False
+    """True for exactly one request of each batch, so a caller counts every batch once."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RequestTiming:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
 class SegmentStats:
     """One loaded segment on one worker."""
 
@@ -243,9 +272,9 @@ class SegmentStats:
     engine_median_ms: float
     """Median engine run time over its recent runs."""
     batches_formed: int
-    """Batches the batcher formed."""
+    """Batches run: those the batcher formed, and the fast path's direct runs."""
     batch_size_histogram: Mapping[int, int] = field(default_factory=dict)
-    """Batch size -> number of batches."""
+    """Batch size -> number of batches (both kinds)."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -306,6 +335,8 @@ class PoolStats:
     """Requests in flight per replica now."""
     routed: tuple[int, ...] = ()
     """Actor calls per replica so far (retries included); one call carries a batch."""
+    fast_path_calls: int = 0
+    """Requests answered over a compiled graph to an idle replica (see PoolConfig.fast_path)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
