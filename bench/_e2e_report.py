@@ -12,7 +12,7 @@ import os
 from statistics import median
 from typing import Any
 
-__all__ = ["STRATEGIES", "TARGETS", "compute_summary", "write_plots"]
+__all__ = ["STRATEGIES", "TARGETS", "compute_summary", "markdown_table", "write_plots"]
 
 STRATEGIES = ("edge-only", "cloud-only", "neurosurgeon", "dads", "ours")
 TARGETS = {"regret_geomean": 1.05, "regret_worst": 1.15, "cost_model_median_abs_pct_error": 10.0}
@@ -167,3 +167,43 @@ def write_plots(models: list[dict[str, Any]], summary: dict[str, Any], out_dir: 
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """The README's results table, drawn from a written e2e JSON (`python -m bench.e2e --markdown`)."""
+    s, cfg = doc["summary"], doc["config"]
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for c in s["cells"]:
+        by_model.setdefault(c["model"], []).append(c)
+    lines = [f"End to end, {len(s['cells'])} cells ({len(by_model)} models x uplinks "
+             f"{', '.join(f'{u:g}' for u in cfg['uplinks_mbps'])} Mbit/s x RTT "
+             f"{', '.join(f'{r:g}' for r in cfg['rtts_ms'])} ms), measured p50 / the measured oracle's:",
+             "",
+             "| model | regret: ours geomean (worst) | Neurosurgeon | DADS | edge-only | cloud-only "
+             "| ours vs better single side: geomean (max) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def gm(cells: list[dict[str, Any]], k: str) -> str:
+        xs = [c["regret"][k] for c in cells if k in c["regret"]]
+        xs += [c["regret_at_least"][k] for c in cells if k in c.get("regret_at_least", {})]
+        bound = any(k in c.get("regret_at_least", {}) for c in cells)
+        return ("≥ " if bound else "") + f"{_geomean(xs):.2f}" if xs else "–"
+
+    for name, cells in by_model.items():
+        ours = [c["regret"]["ours"] for c in cells if "ours" in c["regret"]]
+        sp = [c["speedup_vs_best_single_side"] for c in cells if "speedup_vs_best_single_side" in c]
+        lines.append(f"| {name} | {_geomean(ours):.3f} ({max(ours):.2f}) | {gm(cells, 'neurosurgeon')} | "
+                     f"{gm(cells, 'dads')} | {gm(cells, 'edge-only')} | {gm(cells, 'cloud-only')} | "
+                     f"{_geomean(sp):.2f}x ({max(sp):.2f}x) |")
+    o, sp = s["regret"]["ours"], s["speedup_vs_best_single_side"]
+    lines.append(f"| **all** | **{o['geomean']:.3f} ({o['worst']:.2f})** | {s['regret']['neurosurgeon']['geomean']:.2f} | "
+                 f"{s['regret']['dads']['geomean']:.2f} | {s['regret']['edge-only']['geomean']:.2f} | "
+                 f"{'≥ ' if s['regret']['cloud-only'].get('n_lower_bounds') else ''}"
+                 f"{s['regret']['cloud-only']['geomean']:.2f} | {sp['geomean']:.2f}x ({sp['max']:.2f}x) |")
+    lines += ["", f"Targets: regret geomean ≤ {TARGETS['regret_geomean']} "
+              f"({'met' if s['meets']['regret_geomean'] else 'missed'}), worst ≤ {TARGETS['regret_worst']} "
+              f"({'met' if s['meets']['regret_worst'] else 'missed'}); cost model median |error| end to end "
+              f"{s['cost_model_median_abs_pct_error']:.1f} % over {s['cost_model_points']} measured cuts "
+              f"(target ≤ {TARGETS['cost_model_median_abs_pct_error']:g} %, "
+              f"{'met' if s['meets']['cost_model_median_abs_pct_error'] else 'missed'})."]
+    return "\n".join(lines) + "\n"

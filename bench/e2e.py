@@ -65,6 +65,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e.json or e2e_full.json)")
     p.add_argument("--resume", action="store_true", help="keep the models already in --out, run the rest")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the README's results table from --out (or the default JSON) and exit; runs nothing")
     return p
 
 
@@ -162,6 +164,13 @@ def _run(a: argparse.Namespace) -> int:
     cfg = _config(a)
     stem = QUICK["stem"] if a.quick else FULL["stem"]
     path = Path(a.out) if a.out else RESULTS / f"{stem}.json"
+    if a.markdown:
+        from bench._e2e_report import markdown_table
+
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist; run the benchmark first (without --markdown)")
+        print(markdown_table(json.loads(path.read_text())), end="")
+        return 0
     links = [(u * 1e6, r) for r in cfg["rtts_ms"] for u in cfg["uplinks_mbps"]]
     done: list[dict[str, Any]] = []
     if a.resume and path.exists():

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from bench._e2e_report import STRATEGIES, compute_summary
+from bench._e2e_report import STRATEGIES, compute_summary, markdown_table
 from splitinfer.bench_cmd import bench_main
 
 
@@ -53,6 +53,18 @@ def test_summary_counts_an_unrun_pick_by_its_lower_bound() -> None:
     assert "cloud-only" not in s["cells"][0]["regret"]
     # the better single side is edge-only alone when cloud-only was not run
     assert s["speedup_vs_best_single_side"]["geomean"] == pytest.approx(1.0)
+
+
+def test_markdown_table_draws_every_figure_from_the_json() -> None:
+    picks = {"edge-only": ("E", "fp32", 200.0), "cloud-only": ("L", "fp32", 100.0),
+             "neurosurgeon": ("A", "fp32", 60.0), "dads": ("A", "fp32", 60.0), "ours": ("B", "int8", 50.0)}
+    cands = [_cand("B", "int8", 50.0, 55.0), _cand("C", "fp32", 40.0, 30.0)]
+    models = [{"model": "m", "links": [_link(1e6, picks, 40.0, cands)]}]
+    doc = {"config": {"uplinks_mbps": [1.0], "rtts_ms": [20.0]}, "summary": compute_summary(models)}
+    table = markdown_table(doc)
+    # ours 50/40 = 1.25, NS and DADS 1.5, edge-only 5, cloud-only 2.5; speed-up 100/50 = 2
+    assert "| m | 1.250 (1.25) | 1.50 | 1.50 | 5.00 | 2.50 | 2.00x (2.00x) |" in table
+    assert "worst ≤ 1.15 (missed)" in table and "1 cells (1 models" in table
 
 
 def test_bench_main_names_and_unknown(capsys: pytest.CaptureFixture[str]) -> None:
