@@ -78,6 +78,8 @@ class EdgeConfig:
     """How long start-up waits for the gateway before it uses the cache."""
     probe_interval_s: float = 2.0
     """Idle time after which the agent probes the link (health RTT and a resent boundary)."""
+    recovery_probe_s: float = 0.5
+    """While requests run locally, a health check this often on the idle link shows when an outage ends."""
     hysteresis: float = 0.15
     """A new plan must be predicted this fraction faster than the current one to switch."""
     dwell_s: float = 1.0
@@ -167,7 +169,7 @@ def _check(c: EdgeConfig) -> None:
         raise _bad("fallback", c.fallback, f"one of {list(FALLBACKS)}", "use 'local' to finish on the device")
     if c.slo_ms is not None and not (_num(c.slo_ms) and c.slo_ms > 0):
         raise _bad("slo_ms", c.slo_ms, "a number of ms > 0, or absent", "e.g. slo_ms: 200")
-    for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "breaker_open_s"):
+    for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s"):
         v = getattr(c, key)
         if not (_num(v) and v > 0):
             raise _bad(key, v, "a number > 0", f"remove it to use the default ({_FIELDS[key].default})")
@@ -229,8 +231,8 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
         if d.get(key) in (None, ""):
             raise ConfigError(key=key, reason="is missing", path=path,
                               fix="e.g. gateway: host:50051" if key == "gateway" else "e.g. model: resnet50@1")
-    for key in ("slo_ms", "remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "hysteresis",
-                "dwell_s", "breaker_open_s"):
+    for key in ("slo_ms", "remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s",
+                "hysteresis", "dwell_s", "breaker_open_s"):
         if isinstance(d.get(key), int) and not isinstance(d.get(key), bool):
             d[key] = float(d[key])
     if isinstance(d.get("encodings"), list):

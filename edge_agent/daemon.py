@@ -41,6 +41,8 @@ __all__ = ["EdgeAgent", "run_agent"]
 
 logger = logging.getLogger(__name__)
 
+_TICK_S = 0.25
+"""Longest time between two re-evaluations of the policy without a request."""
 _IDS = itertools.count()
 _PREFIX = uuid.uuid4().hex[:12]
 
@@ -233,6 +235,9 @@ class EdgeAgent:
                   f"# TYPE {p}local_dropped_total counter", f"{p}local_dropped_total {c.local_dropped}",
                   f"# TYPE {p}switches_total counter", f"{p}switches_total {c.switches}",
                   f"# TYPE {p}probes_total counter", f"{p}probes_total {c.probes}",
+                  f"# TYPE {p}trials_total counter", f"{p}trials_total {c.trials}",
+                  f"# TYPE {p}reachability_failures_total counter",
+                  f"{p}reachability_failures_total {c.reachability_failures}",
                   f"# TYPE {p}remote_errors_total counter"]
         lines += [f'{p}remote_errors_total{{kind="{k}"}} {n}' for k, n in sorted(c.remote_errors.items())]
         lines += [f"# TYPE {p}inflight gauge", f"{p}inflight {c.inflight}",
@@ -247,31 +252,54 @@ class EdgeAgent:
         return "\n".join(lines) + "\n"
 
     async def _probe_loop(self) -> None:
+        """Ticks every `_TICK_S` at most: re-evaluates the policy (a step detected between sparse
+        requests moves the plan at once, and a dwell that ends is acted on), and keeps one probe
+        running when one is due (idle-link probes, reachability checks while local, RTT checks)."""
         interval = self.config.probe_interval_s
+        tick_s = min(_TICK_S, interval / 4, self.config.recovery_probe_s / 2)
         last_rtt_s = time.monotonic()
-        while True:
-            await asyncio.sleep(interval / 4)  # link_idle() halves the quiet time while running locally
-            r = self.runner
-            if r is None:
-                continue
-            # Probe when the link is idle: nothing offloaded for a while (the app may be busy
-            # running locally, which is exactly when only a probe can say the link came back).
-            # While it is busy, a health check (a few bytes) still measures the RTT, which
-            # the answers cannot separate from their bytes' time.
-            if not r.link_idle():
-                if time.monotonic() - last_rtt_s >= interval:
-                    last_rtt_s = time.monotonic()
-                    try:
-                        await r.probe_rtt()
-                    except Exception as e:  # noqa: BLE001 - a failed probe must not end the loop
-                        logger.debug("RTT probe failed: %s", e)
-                continue
-            last_rtt_s = time.monotonic()
-            try:
-                await r.probe()
-            except Exception as e:  # noqa: BLE001 - a failed probe must not end the loop
-                logger.debug("probe failed: %s", e)
+        probing: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await asyncio.sleep(tick_s)
+                r = self.runner
+                if r is None:
+                    continue
+                now = time.monotonic()
+                r.reevaluate(now)
+                if probing is not None and not probing.done():
+                    continue
+                # Probe when the link is idle: nothing offloaded for a while (the app may be busy
+                # running locally, which is exactly when only a probe can say the link came back).
+                # While it is busy, a health check (a few bytes) still measures the RTT, which
+                # the answers cannot separate from their bytes' time.
+                if r.link_idle():
+                    job = self._idle_probe(r)
+                elif r.wants_reachability_check(now):
+                    job = r.check_reachable()
+                elif now - last_rtt_s >= interval:
+                    job = r.probe_rtt()
+                else:
+                    continue
+                last_rtt_s = now
+                probing = asyncio.ensure_future(self._guarded(job))
+        finally:
+            if probing is not None:
+                probing.cancel()
+
+    @staticmethod
+    async def _idle_probe(r: Runner) -> None:
+        try:
+            await r.probe()
+        finally:
             r.last_remote_s = time.monotonic()
+
+    @staticmethod
+    async def _guarded(job: Any) -> None:
+        try:
+            await job
+        except Exception as e:  # noqa: BLE001 - a failed probe must not end the loop
+            logger.debug("probe failed: %s", e)
 
     # -- shutdown -----------------------------------------------------------------------
 

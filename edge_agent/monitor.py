@@ -15,12 +15,25 @@ median of the samples that built the sum (a step from 18.88 to 1.1 Mbit/s, log r
 An upper bound is stronger evidence than a sample. A call that timed out, or a
 transfer still in flight `stall_factor` times longer than the level predicts, proves
 the rate is at most bits/(elapsed - server time - RTT) (the server's usual time, an
-EWMA of what it reported). A bound below the level by more than the dead band replaces
-the level at once (jitter of `stall_factor` does not produce one), so a step down is
+EWMA of what it reported). Once the level is such a bound, a transfer still in flight
+after `stall_factor` times the fixed time alone (RTT and server) keeps tightening it:
+the margin then only has to cover the fixed time's jitter, and a step from 18.88 to
+1.1 Mbit/s is bounded low enough to act on about 1 s into the stuck upload, not when
+it would be twice as late as the first bound predicts. A bound below the level by
+more than the dead band replaces the level at once (jitter of `stall_factor` does not produce one), so a step down is
 seen while the transfers that would measure it are still stuck, not after they time
 out (while they time out, no completed sample ever arrives). The first measurement
 after such a bound replaces it too, either side: the bound only said "at most", and
-its server time and sharing are guesses.
+its server time and sharing are guesses. But a transfer that began before the bound
+was set cannot lift it: it averages in the link from before the step (one lifted the
+benchmark's bound to 8 Mbit/s 0.2 s into its 1.1 Mbit/s phase). One above the bound by
+more than the dead band is a step up (the link came back) and counts as a change, one below only refines the
+step down the bound already reported.
+Silence is evidence too: while nothing is offloaded, a reachability check (a health
+check on an otherwise idle link) that gets no answer divides the level by
+`outage_decay` (down to `floor_bps`) and makes it a bound, so during an outage the
+estimate falls towards 0 instead of staying at the last bound (a blackhole yields no
+sample at all); the first answered check or transfer ends the run of failures.
 The RTT is the windowed minimum of health-check round trips and of the calls that
 moved almost no bytes (less their bytes' time): a reconnect or a queue only adds
 delay, as in BBR's min_rtt. Jitter within the dead band never accumulates; a single
@@ -56,6 +69,8 @@ class LinkEstimate:
     """Monotonic time the last step was detected."""
     changes: int = 0
     """Steps detected so far."""
+    unreachable: int = 0
+    """Reachability checks failed in a row since the last answer (0: the link answers)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -87,12 +102,18 @@ class MonitorConfig:
     """A transfer in flight this many times longer than the level predicts bounds the rate from above."""
     server_alpha: float = 0.3
     """EWMA weight of a new server-time sample (the server's share of a call's time)."""
+    outage_decay: float = 2.0
+    """Each failed reachability check divides the level by this (the estimate decays during an outage)."""
+    floor_bps: float = 1e3
+    """The level never decays below this rate."""
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1 or self.rtt_window < 1:
             raise ValueError(f"alpha={self.alpha} must be in (0, 1] and rtt_window={self.rtt_window} >= 1")
         if self.stall_factor <= 1:
             raise ValueError(f"stall_factor={self.stall_factor} must be > 1 (a transfer on time bounds nothing)")
+        if self.outage_decay < 1 or not self.floor_bps > 0:
+            raise ValueError(f"outage_decay={self.outage_decay} must be >= 1 and floor_bps={self.floor_bps} > 0")
         if self.delta < 0 or self.threshold <= 0 or self.down_ratio <= 0:
             raise ValueError(f"need delta >= 0 (got {self.delta}), threshold > 0 (got {self.threshold}) "
                              f"and down_ratio > 0 (got {self.down_ratio})")
@@ -115,16 +136,25 @@ class LinkMonitor:
         self._changes = 0
         self._server_ms: float | None = None
         self._bounded = False  # the level is an upper bound, not a measurement
+        self._bound_s = -math.inf  # when the current bound was last set or tightened
+        self._unreachable = 0
 
     # -- samples ------------------------------------------------------------------------
 
-    def observe_rate(self, bps: float, now_s: float) -> bool:
-        """One bandwidth sample. Returns True when it completed a step."""
+    def observe_rate(self, bps: float, now_s: float, *, started_s: float | None = None) -> bool:
+        """One bandwidth sample (of a transfer that began at `started_s`; None: a fresh one).
+        Returns True when it completed a step."""
         if not bps > 0 or not math.isfinite(bps):
             return False
         x = math.log(bps)
+        if (self._bounded and started_s is not None and started_s < self._bound_s
+                and self._level is not None and x > self._level + self.config.delta):
+            # Begun before the bound's evidence, it averages in the faster link from before the
+            # step: it cannot lift the bound (a transfer sent since, or a probe, will).
+            return False
         self._samples += 1
         self._last_sample_s = now_s
+        self._unreachable = 0
         if self._level is None:
             self._level = x
             return False
@@ -132,10 +162,15 @@ class LinkMonitor:
         if self._bounded:
             # A bound is only a ceiling, and a loose one (the server time and the calls sharing
             # the link are guesses): the first measurement after it is the level, either side.
+            # Above it by more than the dead band, the link got faster since: a step up.
+            up = x > self._level + c.delta
             self._bounded = False
             self._level = x
             self._reset_sums()
-            return False
+            if up:
+                self._last_change_s = now_s
+                self._changes += 1
+            return up
         dev = x - self._level
         self._up = max(0.0, self._up + dev - c.delta)
         self._down = max(0.0, self._down - dev - c.delta)
@@ -155,6 +190,7 @@ class LinkMonitor:
         """An RTT sample (a health probe, or a call that moved almost no bytes)."""
         if not rtt_ms >= 0 or not math.isfinite(rtt_ms):
             return
+        self._unreachable = 0
         while self._rtts and now_s - self._rtts[0][0] > self.config.rtt_max_age_s:
             self._rtts.popleft()
         self._rtts.append((now_s, rtt_ms))
@@ -167,6 +203,7 @@ class LinkMonitor:
                          now_s: float) -> bool:
         """A completed remote call. Returns True when it completed a step."""
         c = self.config
+        self._unreachable = 0
         if math.isfinite(server_ms) and server_ms >= 0:
             self._server_ms = server_ms if self._server_ms is None else (
                 self._server_ms + c.server_alpha * (server_ms - self._server_ms))
@@ -180,11 +217,11 @@ class LinkMonitor:
         rtt_s = (self._rtt_ms or 0.0) / 1e3
         payload_s = net_s - rtt_s
         if payload_s >= c.min_payload_fraction * net_s:
-            return self.observe_rate(bits / payload_s, now_s)
-        # RTT-dominated: the rate is at least this; only a level below it learns anything.
+            return self.observe_rate(bits / payload_s, now_s, started_s=now_s - elapsed_s)
+        # RTT-dominated: the rate is at least this; only a level below it (or none yet) learns anything.
         floor_bps = bits / (c.min_payload_fraction * net_s)
-        if self._level is not None and math.log(floor_bps) > self._level:
-            return self.observe_rate(floor_bps, now_s)
+        if self._level is None or math.log(floor_bps) > self._level:
+            return self.observe_rate(floor_bps, now_s, started_s=now_s - elapsed_s)
         self._last_sample_s = now_s
         return False
 
@@ -198,6 +235,10 @@ class LinkMonitor:
         """How long a transfer of `up_bytes` may run before it says the link is slower; None: no level yet."""
         if self._level is None or up_bytes <= 0:
             return None
+        if self._bounded:
+            # The level is already a ceiling (often this very transfer's): every further moment
+            # in flight tightens it, so only the fixed time's jitter needs the margin.
+            return self.config.stall_factor * self._fixed_s()
         return self.config.stall_factor * (8.0 * up_bytes / math.exp(self._level) + self._fixed_s())
 
     def observe_stall(self, up_bytes: int, elapsed_s: float, now_s: float) -> bool:
@@ -228,7 +269,25 @@ class LinkMonitor:
         self._last_sample_s = now_s
         self._level = x
         self._bounded = True
+        self._bound_s = now_s
         self._reset_sums()
+        self._last_change_s = now_s
+        self._changes += 1
+        return True
+
+    def observe_unreachable(self, now_s: float) -> bool:
+        """A reachability check on an idle link got no answer; see [Note: link estimation].
+        Returns True when it started a run of failures (a change)."""
+        self._unreachable += 1
+        if self._level is None:
+            return False
+        c = self.config
+        self._level = max(self._level - math.log(c.outage_decay), math.log(c.floor_bps))
+        self._bounded = True
+        self._bound_s = now_s
+        self._reset_sums()
+        if self._unreachable > 1:
+            return False
         self._last_change_s = now_s
         self._changes += 1
         return True
@@ -249,4 +308,5 @@ class LinkMonitor:
             last_sample_s=self._last_sample_s,
             last_change_s=self._last_change_s,
             changes=self._changes,
+            unreachable=self._unreachable,
         )

@@ -28,6 +28,16 @@ takes u ms loads it to rho = rps * u / 1000 and waits u * rho / (2 (1 - rho)) mo
    again" (the app's window ties its rate to the latency) then settles instead of
    flipping every dwell. Only an unavailable option or a missed SLO switches without
    it. An option held for `flap_window_s` beyond its back-off clears the count.
+5. Trials: while the current option is local and a remote target is predicted at least
+   `trial_ratio` times faster but hysteresis, dwell or back-off hold it back, one
+   request every `trial_every_s` goes remote as a trial without moving the state. Its
+   measured time refreshes the remote correction (a ratio learnt on a link that has
+   since recovered would otherwise keep the agent local for good), and `after_trial`
+   clears the back-off when the trial beat local by the hysteresis margin: a measured
+   answer, not a prediction, says the remote path is better now.
+A decision with `Health.request` False is a re-evaluation without a request (on a
+timer, or when the estimate moved): it may switch, so a step reaches the plan as soon
+as it is detected, but it takes no trial and no breaker probe.
 Predictions are corrected by measurement: `Health.local_ms` is the profile's time times
 the agent's measured/predicted ratio of local answers, and every remote option's time is
 multiplied by `Health.remote_factor`, the same ratio of remote answers.
@@ -47,7 +57,7 @@ from dataclasses import dataclass, field
 from edge_agent.monitor import LinkEstimate
 from planner import Encoding, Frontier, Objective
 
-__all__ = ["Action", "Health", "PolicyConfig", "PolicyState", "policy", "LOCAL", "OFFLOAD"]
+__all__ = ["Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "LOCAL", "OFFLOAD"]
 
 LOCAL, OFFLOAD = "local", "offload"
 _MAX_UTILISATION = 0.9
@@ -71,6 +81,10 @@ class PolicyConfig:
     """Holding an option this long beyond its back-off dwell clears the reversals."""
     max_backoff: int = 4
     """The dwell before a return doubles per reversal, at most 2**max_backoff times."""
+    trial_ratio: float = 1.5
+    """While local, a remote target predicted this many times faster gets trial requests."""
+    trial_every_s: float = 2.0
+    """Least time between two trials."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,8 @@ class Health:
     """Measured / predicted time of recent remote answers; scales every remote option's time."""
     local_factor: float = 1.0
     """Measured / predicted time of recent local answers (already in `local_ms`; for the reason text)."""
+    request: bool = True
+    """This decision places a request (False: a re-evaluation; no trial, no probe)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,8 @@ class Action:
     """This action changed the current option (log it)."""
     probe: bool = False
     """A breaker probe (the state did not move)."""
+    trial: bool = False
+    """A remote trial while local is current (the option did not move); see [Note: policy] 5."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -140,6 +158,8 @@ class PolicyState:
     """plan_key of the option in use before the current one."""
     reversals: int = 0
     """Recent returns to the option just left; see [Note: policy] 4."""
+    trial_s: float | None = None
+    """When the last remote trial was let through."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -214,7 +234,8 @@ def _switch(state: PolicyState, to: str, now_s: float, cfg: PolicyConfig) -> Pol
     held_s = math.inf if state.switched_s is None else now_s - state.switched_s
     flip = bool(state.current) and to == state.previous and held_s < cfg.flap_window_s
     reversals = _reversals(state, now_s, cfg) + (1 if flip else 0)
-    return PolicyState(to, now_s, state.switches + (1 if state.current else 0), state.current, reversals)
+    return PolicyState(to, now_s, state.switches + (1 if state.current else 0), state.current, reversals,
+                       state.trial_s)
 
 
 def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, state: PolicyState,
@@ -232,10 +253,10 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     if math.isfinite(local.ms):
         options[LOCAL] = local
 
-    def act(o: _Option, reason: str, switched: bool, probe: bool = False) -> Action:
-        return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe)
+    def act(o: _Option, reason: str, switched: bool, probe: bool = False, trial: bool = False) -> Action:
+        return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe, trial)
 
-    if health.probe and best_remote is not None and (
+    if health.probe and health.request and best_remote is not None and (
             not math.isfinite(local.ms) or best_remote.cost <= local.cost):
         return act(best_remote, f"breaker probe ({_show(estimate)})", False, True), state
 
@@ -283,4 +304,19 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
                   f"{'; forced' if forced else ''}{_show_factors(health)} ({_show(estimate)})")
         return act(target, reason, True), _switch(state, target.key, now_s, config)
     hold = "within hysteresis" if not better else f"dwell {dwell_s:g} s not over"
+    if (health.request and current.kind == LOCAL and target.kind == OFFLOAD
+            and target.cost * config.trial_ratio <= current.cost
+            and (state.trial_s is None or now_s - state.trial_s >= config.trial_every_s)):
+        reason = (f"trial {target.key} ({target.ms:.0f} ms) while keeping local ({current.ms:.0f} ms, {hold})"
+                  f"{_show_factors(health)} ({_show(estimate)})")
+        return act(target, reason, False, trial=True), dataclasses.replace(state, trial_s=now_s)
     return act(current, f"keep {current.key}: {hold} ({_show(estimate)})", False), state
+
+
+def after_trial(state: PolicyState, measured_ms: float, local_ms: float, *,
+                config: PolicyConfig = PolicyConfig()) -> PolicyState:
+    """The state after a trial answered in `measured_ms`: one that beat local (`local_ms`, measured-
+    corrected) by the hysteresis margin clears the back-off; see [Note: policy] 5."""
+    if state.reversals and measured_ms < local_ms * (1.0 - config.hysteresis):
+        return dataclasses.replace(state, reversals=0)
+    return state

@@ -48,7 +48,7 @@ from edge_agent.engines import CutEngines, ModelSet
 from edge_agent.errors import RequestError
 from edge_agent.flow import RequestFlow, Step
 from edge_agent.monitor import LinkMonitor, MonitorConfig
-from edge_agent.policy import LOCAL, OFFLOAD, Action, Health, PolicyConfig, PolicyState, policy
+from edge_agent.policy import LOCAL, OFFLOAD, Action, Health, PolicyConfig, PolicyState, after_trial, policy
 from edge_agent.transport import Remote, RemoteResult
 from planner import Frontier
 from workers.errors import InputError, WorkerError
@@ -64,6 +64,9 @@ _PROBE_TIMEOUT_S = 5.0
 """Least time a link probe waits: on a slow link a probe cut off at the request budget
 bounds the rate only by its bytes over that budget (602 kB in 0.84 s: 5.7 Mbit/s, above
 the demo's 1.1), while one given the time measures it."""
+_CHECK_TIMEOUT_S = 0.5
+"""Least time a reachability check waits (at least 4 RTTs): longer would slow the decay in an
+outage; a blackholed check still completes if the link returns while it waits."""
 _FACTOR_ALPHA = 0.3
 _FACTOR_RANGE = {"local": (0.5, 4.0), "remote": (0.5, 3.0)}
 
@@ -98,6 +101,10 @@ class Counters:
     remote_errors: dict[str, int] = field(default_factory=dict)
     switches: int = 0
     probes: int = 0
+    trials: int = 0
+    """Requests sent remote as trials while local was the plan."""
+    reachability_failures: int = 0
+    """Idle-link health checks that got no answer."""
     inflight: int = 0
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
 
@@ -150,6 +157,9 @@ class Runner:
         self.factors = {"local": 1.0, "remote": 1.0}
         """Measured / predicted latency per path; see [Note: measured correction]."""
         self._logged_factors = dict(self.factors)
+        self.switch_events: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=256)
+        """(monotonic s, plan_key, reason) of recent switches, by requests and re-evaluations."""
+        self._last_check_s = 0.0
         self._changes_seen = 0
         self._probe_ok: bool | None = None
 
@@ -164,27 +174,54 @@ class Runner:
             before = self.breaker.state
             remote_ok, self.breaker = B.allow(self.breaker, now_s, self.breaker_config)
             probe = remote_ok and before != B.CLOSED
+        action = self._policy(now_s, remote_ok, probe, request=True)
+        if probe and not action.probe:
+            # The policy kept this request local (the link as estimated does not pay): the
+            # probe slot stays free, and the idle link probe tests the link instead.
+            self.breaker = unprobed
+        if action.probe:
+            self.counters.probes += 1
+        if action.trial:
+            self.counters.trials += 1
+            logger.info("remote trial: %s", action.reason)
+        self.last_action = action
+        return action
+
+    def reevaluate(self, now_s: float | None = None) -> Action | None:
+        """The policy again without a request (a timer, or the estimate moved), so a detected step
+        moves the plan before the next request arrives; see [Note: policy]. Returns the action if
+        it switched. Takes no breaker probe and no trial, and counts no arrival."""
+        if self.last_action is None:
+            return None  # nothing planned yet: the first request decides
+        now_s = time.monotonic() if now_s is None else now_s
+        remote_ok = (self.remote is not None and self.frontier is not None and self.breaker.state == B.CLOSED)
+        action = self._policy(now_s, remote_ok, False, request=False)
+        if not action.switched:
+            return None
+        self.last_action = action
+        return action
+
+    def _policy(self, now_s: float, remote_ok: bool, probe: bool, *, request: bool) -> Action:
         warm = frozenset(k for k in self.models.cuts if k not in self.unusable_cuts)
         est = self.monitor.estimate()
         if est.changes != self._changes_seen:
             self._changes_seen = est.changes
             self.factors["remote"] = 1.0
         health = Health(remote_ok, probe, self.breaker.state, self.local_ms * self.factors["local"], warm,
-                        self._arrival_rps(now_s), remote_factor=self.factors["remote"],
-                        local_factor=self.factors["local"])
+                        self._arrival_rps(now_s, count=request), remote_factor=self.factors["remote"],
+                        local_factor=self.factors["local"], request=request)
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
-        if probe and not action.probe:
-            # The policy kept this request local (the link as estimated does not pay): the
-            # probe slot stays free, and the idle link probe tests the link instead.
-            self.breaker = unprobed
         if action.switched:
             self.counters.switches += 1
-            logger.info("switch: %s", action.reason)
-        if action.probe:
-            self.counters.probes += 1
-        self.last_action = action
+            self.switch_events.append((now_s, action.plan_key, action.reason))
+            logger.info("switch%s: %s", "" if request else " (re-evaluated, no request waiting)", action.reason)
         return action
+
+    def _estimate_moved(self) -> None:
+        """Called after a monitor update: a detected step re-plans at once, not at the next request."""
+        if self.monitor.estimate().changes != self._changes_seen:
+            self.reevaluate()
 
     def _observe_latency(self, path: str, measured_ms: float, predicted_ms: float) -> None:
         """One measured answer against its prediction; see [Note: measured correction]."""
@@ -198,14 +235,16 @@ class Runner:
             logger.info("%s answers take x%.2f the predicted time (last %.0f ms, predicted %.0f ms); "
                         "the policy now scales %s predictions by it", path, f, measured_ms, predicted_ms, path)
 
-    def _arrival_rps(self, now_s: float) -> float:
-        """Requests per second over the last `_RATE_WINDOW_S` (this one not counted)."""
+    def _arrival_rps(self, now_s: float, *, count: bool = True) -> float:
+        """Requests per second over the last `_RATE_WINDOW_S` before now; `count` records an arrival now."""
         q = self._arrivals
-        q.append(now_s)
         while q and now_s - q[0] > _RATE_WINDOW_S:
             q.popleft()
         # Over the whole window, not the span of the arrivals: a burst of five is 2.5 rps, not 500.
-        return (len(q) - 1) / _RATE_WINDOW_S
+        rps = len(q) / _RATE_WINDOW_S
+        if count:
+            q.append(now_s)
+        return rps
 
     def _remote_budget_s(self, start_s: float, ce: CutEngines) -> float:
         cap = self.config.remote_timeout_ms / 1e3
@@ -354,6 +393,7 @@ class Runner:
             timed_out = True
             self._abandoned.add(task)
             self._remote_failed("timeout", action, request.tensor_bytes() * share, time.monotonic() - sent_s)
+            self._estimate_moved()
             step = flow.fire("remote_timeout")
             if step.delivers:  # fallback 'none'
                 deliver(step, TimeoutError(f"no answer from the gateway within {budget_s * 1e3:.0f} ms"), "remote")
@@ -381,6 +421,9 @@ class Runner:
                     self.counters.late_dropped += 1
                 deliver(step, outs, "remote")
                 self._observe_latency("remote", (now - start) * 1e3, raw_predicted_ms)
+                if action.trial:
+                    self._trial_answered((now - start) * 1e3, step.late)
+                self._estimate_moved()
                 return
             assert exc is not None
             self.last_remote_s = now
@@ -389,6 +432,7 @@ class Runner:
             elif _error_kind(exc) == "DeadlineExceeded":
                 # Still unanswered at its gRPC deadline, well past the budget: a tighter bound.
                 self.monitor.observe_timeout(request.tensor_bytes() * share, now - sent_s, now)
+            self._estimate_moved()
             if flow.state != "remote":
                 flow.fire(kind)  # already falling back or answered: nothing to do
                 return
@@ -407,6 +451,15 @@ class Runner:
         task.add_done_callback(on_remote)
         self._watch_stall(task, request.tensor_bytes() * share, sent_s)
         return await answer
+
+    def _trial_answered(self, measured_ms: float, late: bool) -> None:
+        """A trial's answer: it may clear the back-off that kept the agent local; see [Note: policy] 5."""
+        local_ms = self.local_ms * self.factors["local"]
+        before = self.state
+        self.state = after_trial(self.state, measured_ms, local_ms, config=self.policy_config)
+        logger.info("remote trial answered in %.0f ms%s against local %.0f ms: %s", measured_ms,
+                    " (late: the local answer was sent)" if late else "", local_ms,
+                    "back-off cleared" if self.state != before else "no change")
 
     def _sharing(self, now_s: float) -> int:
         """How many uploads share the link with one sent now (itself included).
@@ -444,6 +497,8 @@ class Runner:
             if self.monitor.observe_stall(up_bytes, now - sent_s, now):
                 logger.info("link: a %d-byte transfer still in flight after %.0f ms: up at most %.2f Mbit/s",
                             up_bytes, (now - sent_s) * 1e3, (self.monitor.estimate().up_bps or 0.0) / 1e6)
+                # No re-evaluation here: a transfer a little late on a busy host often answers a
+                # moment later and replaces the bound; the next request or the daemon's tick acts on it.
             handle[:] = [loop.call_later(_STALL_CHECK_S, check)]
 
         handle.append(loop.call_later(after_s, check))
@@ -473,20 +528,58 @@ class Runner:
 
     # -- probing ------------------------------------------------------------------------
 
+    def _recovering(self) -> bool:
+        """Requests run locally (or the breaker keeps them off the network): only probes see the link."""
+        a = self.last_action
+        return (a is not None and a.kind == LOCAL) or self.breaker.state != B.CLOSED
+
+    def _uploading(self) -> bool:
+        return any(not t.done() for t in self._remote_tasks)
+
     def link_idle(self) -> bool:
         """No remote call in flight and none for `probe_interval_s`: a probe competes with nothing.
 
         While requests run locally (or the breaker is open) probes are the only samples of the
         link, and how soon a recovery is seen depends on them: the quiet time is then halved.
         """
-        interval_s = self.config.probe_interval_s
-        a = self.last_action
-        if (a is not None and a.kind == LOCAL) or self.breaker.state != B.CLOSED:
-            interval_s /= 2
-        quiet = time.monotonic() - self.last_remote_s >= interval_s
-        return quiet and not any(not t.done() for t in self._remote_tasks)
+        interval_s = self.config.probe_interval_s / (2 if self._recovering() else 1)
+        return time.monotonic() - self.last_remote_s >= interval_s and not self._uploading()
 
-    async def probe_rtt(self) -> bool:
+    def wants_reachability_check(self, now_s: float) -> bool:
+        """While running locally, a health check (a few hundred bytes) every `recovery_probe_s` on a
+        link nothing else uses: the cheapest way to see an outage end, and its silence the evidence
+        that one goes on. A check queued behind an upload would prove nothing, so none then."""
+        return (self.remote is not None and self._recovering() and not self._uploading()
+                and now_s - self._last_check_s >= self.config.recovery_probe_s)
+
+    def _check_timeout_s(self) -> float:
+        rtt_ms = self.monitor.estimate().rtt_ms or 0.0
+        return max(_CHECK_TIMEOUT_S, 4.0 * rtt_ms / 1e3)
+
+    async def check_reachable(self) -> bool:
+        """A reachability check. No answer: the estimate decays (see [Note: link estimation]). The
+        first answer after failures is followed at once by a bandwidth probe, which measures the
+        link that came back; the estimate then re-plans without waiting for a request."""
+        was_down = self.monitor.estimate().unreachable > 0
+        ok = await self.probe_rtt(timeout_s=self._check_timeout_s())
+        self._last_check_s = time.monotonic()
+        if not ok:
+            self._unreachable()
+            return False
+        if was_down:
+            logger.info("link: the gateway answers again after %d failed checks; measuring the link",
+                        self.counters.reachability_failures)
+            await self.probe(check=False)
+        return True
+
+    def _unreachable(self) -> None:
+        self.counters.reachability_failures += 1
+        if self.monitor.observe_unreachable(time.monotonic()):
+            logger.info("link: no answer on an idle link; the estimate (%.3g Mbit/s before) decays while it lasts",
+                        (self.monitor.estimate().up_bps or 0.0) / 1e6 * self.monitor.config.outage_decay)
+        self._estimate_moved()
+
+    async def probe_rtt(self, timeout_s: float = 2.0) -> bool:
         """A health check as an RTT sample; False when the gateway did not answer.
 
         Before the first sample it checks twice and keeps the second: the first also
@@ -496,19 +589,24 @@ class Runner:
             return False
         for i in range(2 if self.monitor.estimate().rtt_ms is None else 1):
             try:
-                _, rtt_ms = await self.remote.health(timeout_s=2.0)
+                _, rtt_ms = await self.remote.health(timeout_s=timeout_s)
             except ClusterError:
                 return False
         self.monitor.observe_rtt(rtt_ms, time.monotonic())
         return True
 
-    async def probe(self) -> None:
-        """An active probe, for idle times: RTT by health check, then the last boundary again.
+    async def probe(self, *, check: bool = True) -> None:
+        """An active probe, for idle times: RTT by health check (unless `check` is False: one just
+        answered), then the last boundary again.
 
         Its outcome also moves an open or half-open breaker: while requests run locally
         (breaker open, or no plan fits the link) only a probe can show the link is back.
         """
-        if not await self.probe_rtt():
+        # Before any RTT is known the check also sets up the connection: give it time.
+        first = self.monitor.estimate().rtt_ms is None
+        if check and not await self.probe_rtt(timeout_s=2.0 if first else self._check_timeout_s()):
+            self._last_check_s = time.monotonic()
+            self._unreachable()
             self._probe_outcome(False, "the health check got no answer")
             return
         timeout_s = max(self.config.remote_timeout_ms / 1e3, _PROBE_TIMEOUT_S)
@@ -519,8 +617,12 @@ class Runner:
                            cut_id=req.cut_id, deadline_unix_ms=int((time.time() + timeout_s) * 1000),
                            tensors=req.tensors, device_id=req.device_id)
         t0 = time.monotonic()
+        # Watched like a request's upload: a probe stuck in an outage that began under it bounds
+        # the rate lower every check, instead of holding the estimate until its timeout.
+        call = asyncio.ensure_future(self.remote.infer(req, timeout_s=timeout_s))
+        self._watch_stall(call, req.tensor_bytes(), t0)
         try:
-            r = await self.remote.infer(req, timeout_s=timeout_s)
+            r = await call
         except ClusterError as e:
             now = time.monotonic()
             self.last_remote_s = now
@@ -528,6 +630,7 @@ class Runner:
             if self.breaker.state == B.HALF_OPEN:
                 self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
             self._probe_outcome(False, f"{_error_kind(e)} after {(now - t0) * 1e3:.0f} ms")
+            self._estimate_moved()
             return
         self.counters.probes += 1
         if self.breaker.state != B.CLOSED:
@@ -535,6 +638,7 @@ class Runner:
         self.last_remote_s = time.monotonic()
         self.monitor.observe_transfer(r.up_bytes, r.down_bytes, r.elapsed_s, r.server_ms, time.monotonic())
         self._probe_outcome(True, f"{r.up_bytes} bytes in {r.elapsed_s * 1e3:.0f} ms")
+        self._estimate_moved()
 
     def _probe_outcome(self, ok: bool, what: str) -> None:
         """Logs a probe at INFO when its outcome changed (the link came back or went), else at DEBUG."""

@@ -97,3 +97,11 @@ def test_file_errors(tmp_path):
 def test_encodings_list():
     c = config_from_dict(BASE | {"encodings": ["fp16", "int8"]})
     assert c.encodings == ("fp16", "int8") and EdgeConfig.from_json(c.to_json()) == c
+
+
+def test_recovery_probe_s_defaults_and_is_checked():
+    base = {"gateway": "127.0.0.1:50051", "model": "m@1"}
+    assert config_from_dict(base).recovery_probe_s == 0.5
+    assert config_from_dict({**base, "recoveryProbeS": 1}).recovery_probe_s == 1.0
+    with pytest.raises(ConfigError, match="recovery_probe_s"):
+        config_from_dict({**base, "recovery_probe_s": 0})

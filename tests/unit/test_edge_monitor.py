@@ -202,3 +202,82 @@ def test_the_first_measurement_after_a_bound_replaces_it_either_side():
     assert mon.estimate().up_bps < 0.5e6
     mon.observe_rate(5.85e6, 45.0)
     assert mon.estimate().up_bps == pytest.approx(5.85e6)
+
+
+# -- silence during an outage, and the return ------------------------------------------------
+
+def test_silence_on_an_idle_link_decays_the_estimate_towards_zero_and_the_return_is_a_step_up():
+    mon = LinkMonitor()
+    _feed(mon, [1.1e6] * 20, t0=12.0)
+    before = mon.estimate()
+    changed = [mon.observe_unreachable(24.0 + 0.5 * i) for i in range(20)]
+    assert changed[0] and not any(changed[1:])  # one change: the silence began
+    ups = []
+    mon2 = LinkMonitor()
+    _feed(mon2, [1.1e6] * 20, t0=12.0)
+    for i in range(3):
+        mon2.observe_unreachable(24.0 + 0.5 * i)
+        ups.append(mon2.estimate().up_bps)
+    assert ups == pytest.approx([1.1e6 / 2, 1.1e6 / 4, 1.1e6 / 8])
+    est = mon.estimate()
+    assert est.unreachable == 20 and est.changes == before.changes + 1 and est.last_change_s == 24.0
+    assert est.up_bps == pytest.approx(MonitorConfig().floor_bps)  # 1.1e6 / 2^20 is below the floor
+    assert LinkEstimate.from_json(est.to_json()) == est
+    # The link answers again: a health check ends the run of failures but says nothing of the rate.
+    mon.observe_rtt(50.0, 34.2)
+    assert mon.estimate().unreachable == 0 and mon.estimate().up_bps == est.up_bps
+    # The probe's measurement replaces the decayed bound, and it is a step up (a change).
+    assert mon.observe_rate(5.85e6, 34.4) is True
+    est = mon.estimate()
+    assert est.up_bps == pytest.approx(5.85e6) and est.changes == before.changes + 2 and est.last_change_s == 34.4
+
+
+def test_a_measurement_below_a_bound_refines_it_without_a_new_change():
+    mon = _demo_monitor()
+    mon.observe_timeout(2 * BOUNDARY_BYTES, 2.0, 12.0)
+    changes = mon.estimate().changes
+    assert mon.observe_rate(1.1e6, 13.0) is False and mon.estimate().changes == changes
+
+
+def test_an_rtt_dominated_first_call_gives_a_level_from_below():
+    mon = LinkMonitor()
+    mon.observe_rtt(40.0, 0.0)
+    mon.observe_transfer(32_928, 100, 0.048, 0.1, 0.1)  # 32 kB in 48 ms with a 40 ms RTT
+    up = mon.estimate().up_bps
+    assert up is not None and up >= 8 * 32_928 / 0.048
+
+
+def test_bad_decay_settings_are_refused():
+    with pytest.raises(ValueError, match="outage_decay"):
+        MonitorConfig(outage_decay=0.5)
+
+
+def test_a_stuck_upload_keeps_tightening_its_own_bound_within_about_a_second():
+    """ResNet50's int8 input (150 kB) at 18.88 Mbit/s, 20 ms RTT and 200 ms server time; the link
+    steps to 1.1 Mbit/s as it is sent. Once the first bound is set, each 0.2 s check tightens it
+    (the margin covers only the fixed time), so the estimate is near 1.1 Mbit/s ~1.2 s in."""
+    mon = LinkMonitor()
+    mon.observe_rtt(20.0, 0.0)
+    for i in range(10):
+        mon.observe_transfer(150_528, 4000, 150_528 * 8 / 18.88e6 + 0.22, 200.0, float(i))
+    first = mon.stall_after_s(150_528)
+    assert mon.observe_stall(150_528, first + 0.05, 12.0 + first) is True
+    ups = [mon.estimate().up_bps]
+    for k in range(1, 4):
+        mon.observe_stall(150_528, first + 0.05 + 0.2 * k, 12.0 + first + 0.2 * k)
+        ups.append(mon.estimate().up_bps)
+    assert ups[-1] < ups[0] / 2 and ups[-1] < 1.5e6  # about 1.2 s into the upload
+    assert all(b <= a for a, b in zip(ups, ups[1:]))
+
+
+def test_a_transfer_begun_before_the_bound_cannot_lift_it_but_a_later_one_can():
+    mon = _demo_monitor()
+    mon.observe_stall(BOUNDARY_BYTES, 3.0, 13.0)  # the step to 1.1 Mbit/s, bounded at t=13
+    bound = mon.estimate().up_bps
+    assert bound < 2.5e6
+    # A call sent at t=11.9, mostly before the step, completes at 13.2 averaging 8 Mbit/s: stale.
+    assert mon.observe_transfer(BOUNDARY_BYTES, 4000, 1.3, 340.0, 13.2) is False
+    assert mon.estimate().up_bps == bound
+    # One sent after the bound measures the link as it is now, either side of the bound.
+    mon.observe_transfer(BOUNDARY_BYTES, 4000, 8 * BOUNDARY_BYTES / 5.85e6 + 0.36, 340.0, 16.0)
+    assert mon.estimate().up_bps == pytest.approx(5.85e6, rel=0.05)

@@ -6,7 +6,7 @@ import math
 import random
 
 from edge_agent.monitor import LinkEstimate
-from edge_agent.policy import LOCAL, OFFLOAD, Action, Health, PolicyConfig, PolicyState, policy
+from edge_agent.policy import LOCAL, OFFLOAD, Action, Health, PolicyConfig, PolicyState, after_trial, policy
 from partitioner import Cut
 from planner import Breakdown, Encoding, Frontier, FrontierEntry, Link, LinkRange, Objective, Plan
 
@@ -227,3 +227,91 @@ def test_breaker_probe_is_declined_when_local_is_predicted_cheaper():
     assert slow.kind == LOCAL and not slow.probe and state2 == state
     fast, _ = policy(_est(18.88e6), FRONT, probe, state, 5.0, config=CFG)
     assert fast.kind == OFFLOAD and fast.probe
+
+
+# -- trials, re-evaluation without a request, and recovery after an outage ---------------------
+
+def _backed_off_local(t=0.0):
+    """Local after two quick reversals: a return to A now waits 4 s (dwell x 2^2)."""
+    return PolicyState(current=LOCAL, switched_s=t, switches=4, previous=A.key, reversals=2)
+
+
+def test_a_held_back_remote_option_gets_one_trial_request_per_interval():
+    state, h = _backed_off_local(), Health(local_ms=400.0)  # A at 5.85 Mbit/s: ~93 ms, over 4x faster
+    a, s1 = policy(_est(5.85e6), CLOUD_ONLY, h, state, 1.5, config=CFG)
+    assert a.kind == OFFLOAD and a.trial and not a.switched and a.plan_key == A.key
+    assert "trial" in a.reason and "5.85 Mbit/s" in a.reason
+    assert (s1.current, s1.reversals, s1.switched_s, s1.trial_s) == (LOCAL, 2, 0.0, 1.5)
+    b, s2 = policy(_est(5.85e6), CLOUD_ONLY, h, s1, 2.0, config=CFG)  # inside trial_every_s
+    assert b.kind == LOCAL and not b.trial and s2 == s1
+    c, _ = policy(_est(5.85e6), CLOUD_ONLY, h, s1, 1.5 + CFG.trial_every_s, config=CFG)
+    assert c.trial and Action.from_json(c.to_json()) == c
+
+
+def test_no_trial_without_a_request_or_without_a_clear_win():
+    state = _backed_off_local()
+    r, s = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=400.0, request=False), state, 1.5, config=CFG)
+    assert r.kind == LOCAL and not r.trial and s == state
+    # 120 ms local vs A's ~93 ms: better by the hysteresis, but not 1.5x: the back-off holds, no trial.
+    m, s = policy(_est(5.85e6), CLOUD_ONLY, Health(local_ms=120.0), state, 1.5, config=CFG)
+    assert m.kind == LOCAL and not m.trial and s == state and "dwell 4 s" in m.reason
+
+
+def test_a_trial_that_beats_local_clears_the_back_off_and_the_next_request_switches():
+    h = Health(local_ms=400.0)
+    a, state = policy(_est(5.85e6), CLOUD_ONLY, h, _backed_off_local(), 1.5, config=CFG)
+    assert a.trial
+    assert after_trial(state, 380.0, 400.0, config=CFG) == state  # not 15 % better: proves nothing
+    won = after_trial(state, 120.0, 400.0, config=CFG)
+    assert won.reversals == 0 and won.current == LOCAL
+    b, s = policy(_est(5.85e6), CLOUD_ONLY, h, won, 1.6, config=CFG)
+    assert b.kind == OFFLOAD and b.switched and s.current == A.key
+
+
+def test_a_reevaluation_without_a_request_switches_after_a_step_and_takes_no_probe():
+    _, state = policy(_est(18.88e6), FRONT, HEALTH, PolicyState(), 0.0, config=CFG)
+    a, state = policy(_est(1.1e6), FRONT, dataclasses.replace(HEALTH, request=False), state, 5.0, config=CFG)
+    assert a.switched and a.plan_key == B.key and state.current == B.key and state.switched_s == 5.0
+    probe = Health(probe=True, breaker="half_open", local_ms=400.0, request=False)
+    p, s = policy(_est(18.88e6), FRONT, probe, state, 5.1, config=CFG)
+    assert not p.probe and s == state  # within the dwell: kept, and no probe spent
+
+
+def test_scripted_outage_and_recovery_through_the_monitor_and_the_policy():
+    """18.88 -> 1.1 -> outage -> 5.85 Mbit/s: samples while offloading, failed reachability checks
+    while local, then one probe sample; the plan follows each step at the sample that shows it."""
+    from edge_agent.monitor import LinkMonitor
+
+    mon, state, t, plans = LinkMonitor(), PolicyState(), 0.0, []
+
+    def decide(now, remote_allowed=True, request=True):
+        nonlocal state
+        h = Health(remote_allowed=remote_allowed, local_ms=400.0, request=request)
+        a, state = policy(mon.estimate(), FRONT, h, state, now, config=CFG)
+        plans.append((now, a.plan_key, a.switched))
+        return a
+
+    for i in range(30):  # 18.88 Mbit/s: 10 Hz samples
+        t = i / 10
+        mon.observe_rate(18.88e6, t)
+        assert decide(t).plan_key == A.key
+    for i in range(5):  # 1.1 Mbit/s: the CUSUM sees it at the first sample
+        t = 3.0 + i / 10
+        mon.observe_rate(1.1e6, t)
+        assert decide(t).plan_key == B.key
+    # Outage: the breaker opens (local), and the idle-link checks fail every half second.
+    assert decide(4.0, remote_allowed=False).plan_key == LOCAL
+    ups = []
+    for i in range(20):
+        mon.observe_unreachable(4.0 + 0.5 * i)
+        ups.append(mon.estimate().up_bps)
+        assert decide(4.0 + 0.5 * i, remote_allowed=False, request=False).plan_key == LOCAL
+    assert all(b < a for a, b in zip(ups, ups[1:10])) and ups[-1] < 1.1e6 / 1000  # towards 0
+    # The link is back: a check answers, the probe measures 5.85 Mbit/s, and a re-evaluation (no
+    # request waiting) switches at that instant: B at 5.85 (~67 ms) is over 5x faster than local.
+    mon.observe_rtt(50.0, 14.2)
+    assert mon.observe_rate(5.85e6, 14.3) is True
+    a = decide(14.3, request=False)
+    assert a.switched and a.plan_key == B.key and "5.85 Mbit/s" in a.reason
+    assert decide(14.4).plan_key == B.key
+    assert [k for _, k, s in plans if s] == [A.key, B.key, LOCAL, B.key]
