@@ -97,7 +97,7 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
         "reps": a.reps or base["reps"], "max_chain": a.max_chain or base["max_chain"],
         "profile_runs": a.profile_runs or base["profile_runs"], "edge_cpus": a.edge_cpus, "down_ratio": 4.0,
         "load_mbps": [] if a.load_mbps == "none" else _floats(a.load_mbps, base["load_mbps"], "load-mbps"),
-        "load_n": a.load_n or base["load_n"],
+        "load_n": a.load_n or base["load_n"], "load_max_s": 30.0,
     }
     if cfg["reps"] < 1 or cfg["max_chain"] < 1 or cfg["profile_runs"] < 2:
         raise SystemExit("--reps and --max-chain must be >= 1 and --profile-runs >= 2")
