@@ -206,7 +206,7 @@ class EdgeAgent:
             if self._inflight == 0:
                 self._idle.set()
         return {"id": ans.request_id, "outputs": ans.outputs, "served_by": ans.served_by, "cut_id": ans.cut_id,
-                "latency_ms": ans.latency_ms, "fallback_reason": ans.fallback_reason}
+                "latency_ms": ans.latency_ms, "fallback_reason": ans.fallback_reason, "encoding": ans.encoding}
 
     def status(self) -> dict[str, Any]:
         base = {"ready": self.is_ready(), "artifacts": self.artifacts_source, "profile": self.profile_source,

@@ -84,6 +84,9 @@ class Answer:
     latency_ms: float
     fallback_reason: str = ""
     """Why a request planned for the cloud finished locally."""
+    encoding: str = "fp32"
+    """How the boundary crossed the link (`planner.Encoding.key`) when the cloud answered;
+    fp32 otherwise (a local tail reads the head's own output)."""
 
 
 @dataclass
@@ -305,13 +308,13 @@ class Runner:
         return ans
 
     def _answered(self, rid: str, out: Mapping[str, np.ndarray], by: str, cut_id: str, start: float,
-                  why: str = "") -> Answer:
+                  why: str = "", encoding: str = "fp32") -> Answer:
         ms = (time.monotonic() - start) * 1e3
         self.counters.answered += 1
         setattr(self.counters, by, getattr(self.counters, by) + 1)
         self.counters.observe(by, ms)
         ordered = {k: out[k] for k in self.models.output_names if k in out}
-        return Answer(rid, ordered, by, cut_id, ms, why)
+        return Answer(rid, ordered, by, cut_id, ms, why, encoding)
 
     def _make_request(self, action: Action, ce: CutEngines, boundary: Mapping[str, np.ndarray], rid: str,
                       timeout_s: float) -> InferRequest:
@@ -356,7 +359,8 @@ class Runner:
                 if isinstance(value, BaseException):
                     answer.set_exception(value)
                 else:
-                    answer.set_result(self._answered(rid, {**kept, **value}, by, ce.cut_id, start, why))
+                    enc = action.encoding.key if by == "remote" else "fp32"
+                    answer.set_result(self._answered(rid, {**kept, **value}, by, ce.cut_id, start, why, enc))
 
         def start_local_tail(why: str) -> None:
             async def tail() -> None:

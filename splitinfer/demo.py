@@ -142,7 +142,8 @@ async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
     _say(f"sent {c['sent']}, answered {c['answered']}, lost {c['lost']}, doubled {c['doubled']}; served remote "
          f"{c['served_remote']}, local {c['served_local']}, fallback {c['served_fallback']}; "
          f"{v['checked']} answers equal the whole model (max relative error {v['max_rel_err']:.1e}, "
-         f"{v['mismatched']} outside {v['tolerance']:g})")
+         f"{v['mismatched']} outside their encoding's tolerance: fp32 {v['tolerance']:g}, fp16 "
+         f"{v['tolerances']['fp16']:g})")
     _say(f"report: {page} (done in {time.monotonic() - t0:.0f} s)")
     ok = c["lost"] == 0 and c["doubled"] == 0 and c["answered"] == c["sent"] and v["mismatched"] == 0
     return 0 if ok else 1

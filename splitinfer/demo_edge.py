@@ -26,9 +26,13 @@ from typing import Any
 
 import yaml
 
-__all__ = ["CpuQuota", "EdgeProcess", "ThrottledTimer"]
+__all__ = ["ENCODINGS", "CpuQuota", "EdgeProcess", "ThrottledTimer"]
 
 logger = logging.getLogger(__name__)
+
+# The boundary encodings the demo's agent may choose: fp16 halves what crosses the link
+# for an output within 1e-2 of the whole model's (`demo_stream.REL_TOL`).
+ENCODINGS = ("fp32", "fp16")
 
 _V2_ROOT = "/sys/fs/cgroup"
 _V1_ROOT = "/sys/fs/cgroup/cpu"
@@ -123,7 +127,7 @@ class EdgeProcess:
         self.config = {
             "gateway": gateway, "model": f"{model}@1", "api_socket": self.socket_path,
             "cache_dir": os.path.join(work_dir, "edge-cache"), "device_profile": device_profile_path,
-            "device_id": "demo-device", "intra_op_threads": 1, "encodings": ["fp32"],
+            "device_id": "demo-device", "intra_op_threads": 1, "encodings": list(ENCODINGS),
             "remote_timeout_ms": remote_timeout_ms, "probe_interval_s": 1.0, "dwell_s": 1.0,
             "breaker_open_s": 2.0, "startup_timeout_s": 30.0,
         }

@@ -20,7 +20,7 @@ import yaml
 from partitioner import Cut, LayerGraph, boundary_bytes, build_graph
 from partitioner.zoo import load_zoo
 from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
-from splitinfer.demo_edge import CpuQuota, ThrottledTimer
+from splitinfer.demo_edge import ENCODINGS, CpuQuota, ThrottledTimer
 
 __all__ = ["DemoModel", "LINK_RANGE", "VERSION", "describe_frontier", "predicted_ms", "prepare", "slow_down"]
 
@@ -195,11 +195,11 @@ def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = Non
             timer.close()
     dev_path = _write_profiles(registry, name, dev, cloud)
     say(f"[3/6] registry {registry}: {name}/{VERSION}/{{model.onnx, model.yaml, profiles/device.json, cloud.json}}")
-    front = frontier(graph, [dev, cloud], LINK_RANGE, "latency", encodings=(Encoding(),))
+    front = frontier(graph, [dev, cloud], LINK_RANGE, "latency", encodings=tuple(Encoding(e) for e in ENCODINGS))
     return DemoModel(name, model, graph, registry, model_path, dev_path, dev, cloud, source, dev_ms, cloud_ms, front)
-def predicted_ms(dm: DemoModel, cut: Cut, link: Link) -> float:
+def predicted_ms(dm: DemoModel, cut: Cut, link: Link, encoding: Encoding | None = None) -> float:
     """The planner's latency for `cut` on `link` with the profiles measured in this run."""
-    return evaluate(dm.graph, cut, [dm.device, dm.cloud], link, Encoding()).total_ms
+    return evaluate(dm.graph, cut, [dm.device, dm.cloud], link, encoding or Encoding()).total_ms
 
 
 def _fmt_bytes(n: float) -> str:
@@ -215,15 +215,16 @@ def describe_frontier(dm: DemoModel) -> list[dict[str, Any]]:
     g = dm.graph
     rows = []
     for e in dm.front.entries:
-        cut = e.plan.cut
+        cut, enc = e.plan.cut, e.plan.encoding
         n_dev = len(cut.device)
         where = "cloud-only" if n_dev == 0 else "edge-only" if n_dev == len(g) else f"cut after {n_dev} layers"
-        sent = 0 if n_dev == len(g) else boundary_bytes(g, cut)
+        # fp32 tensors cross as 2-byte halves under fp16; the model's other dtypes as they are
+        sent = 0 if n_dev == len(g) else boundary_bytes(g, cut) // (2 if enc.precision == "fp16" else 1)
         mid = (e.up_lo_bps * e.up_hi_bps) ** 0.5
         rows.append({
-            "cut_id": cut.key, "where": where, "device_layers": n_dev, "up_lo_bps": e.up_lo_bps,
+            "cut_id": cut.key, "encoding": enc.key, "where": where, "device_layers": n_dev, "up_lo_bps": e.up_lo_bps,
             "up_hi_bps": e.up_hi_bps, "boundary": list(e.plan.boundary), "sends_bytes": sent,
-            "sends": _fmt_bytes(sent) if sent else "nothing (outputs stay here)",
-            "predicted_ms_mid": predicted_ms(dm, cut, LINK_RANGE.at(mid)), "mid_up_bps": mid,
+            "sends": f"{_fmt_bytes(sent)} {enc.key}" if sent else "nothing (outputs stay here)",
+            "predicted_ms_mid": predicted_ms(dm, cut, LINK_RANGE.at(mid), enc), "mid_up_bps": mid,
         })
     return rows

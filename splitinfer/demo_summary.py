@@ -14,7 +14,7 @@ import numpy as np
 from partitioner import Cut
 from planner import Link
 from splitinfer.demo_setup import DemoModel, describe_frontier, predicted_ms
-from splitinfer.demo_stream import FP32_REL_TOL, StreamResult
+from splitinfer.demo_stream import REL_TOL, StreamResult
 from splitinfer.netem import TraceStep
 
 __all__ = ["LOCAL_LABEL", "make_cut_labeler", "plan_labels", "summarize"]
@@ -61,10 +61,10 @@ def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, a
                      "served_by": r.served_by, "cut_id": r.cut_id, "ran_as": ran_as,
                      "latency_ms": round(r.latency_ms, 2), "agent_latency_ms": _finite(round(r.agent_latency_ms, 2)),
                      "link_up_bps": r.link_up_bps, "fallback_reason": r.fallback_reason,
-                     "rel_err": _finite(r.rel_err)})
+                     "rel_err": _finite(r.rel_err), "encoding": r.encoding})
     all_dev = Cut(frozenset(range(len(dm.graph))))
     cloud_only = Cut(frozenset())
-    front_cuts = [e.plan.cut for e in dm.front.entries]
+    front_plans = [(e.plan.cut, e.plan.encoding) for e in dm.front.entries]
     phases, pred_edge, pred_cloud, pred_best, meas = [], [], [], [], []
     for a, b in zip(trace, trace[1:]):
         s = a.setting
@@ -78,7 +78,7 @@ def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, a
         else:
             link = Link(s.up_bps, s.down_bps, s.rtt_ms)
             pred_cloud.append(predicted_ms(dm, cloud_only, link))
-            pred_best.append(min([edge] + [predicted_ms(dm, c, link) for c in front_cuts]))
+            pred_best.append(min([edge] + [predicted_ms(dm, c, link, enc) for c, enc in front_plans]))
         lats = [r.latency_ms for r in res.records if a.t_s <= r.sent_s < b.t_s and r.served_by != "error"]
         meas.append(float(np.median(lats)) if lats else None)
 
@@ -101,9 +101,11 @@ def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, a
         "agent_probes": c.get("probes", 0),
         "gateway_calls": gateway_calls,
     }
-    errs = [r.rel_err for r in res.records if r.served_by != "error" and math.isfinite(r.rel_err)]
-    verification = {"checked": len(errs), "mismatched": sum(e > FP32_REL_TOL for e in errs),
-                    "max_rel_err": max(errs, default=0.0), "tolerance": FP32_REL_TOL,
+    checked = [r for r in res.records if r.served_by != "error" and math.isfinite(r.rel_err)]
+    errs = [r.rel_err for r in checked]
+    verification = {"checked": len(errs), "mismatched": sum(r.rel_err > r.tolerance for r in checked),
+                    "max_rel_err": max(errs, default=0.0), "tolerance": REL_TOL["fp32"], "tolerances": REL_TOL,
+                    "by_encoding": {e: sum(r.encoding == e for r in checked) for e in sorted({r.encoding for r in checked})},
                     "against": "the whole model in one ONNX Runtime session on this host"}
     front = describe_frontier(dm)
     for row in front:

@@ -184,7 +184,9 @@ dots are measured.</p>
 <img src="compare.png" alt="comparison">
 <h2>Counts</h2>{counts}
 <p>Answers checked against the whole model on this host: {v['checked']} checked, {v['mismatched']} outside
-the fp32 tolerance (max relative error {v['max_rel_err']:.2g}, tolerance {v['tolerance']:g}).</p>
+their encoding's tolerance (max relative error {v['max_rel_err']:.2g}; tolerance {v['tolerance']:g} for an fp32
+boundary, {v.get('tolerances', {}).get('fp16', v['tolerance']):g} for fp16; answers by encoding:
+{', '.join(f'{k} {n}' for k, n in v.get('by_encoding', {}).items()) or 'none'}).</p>
 <h2>Plan frontier</h2><p>The plans that are optimal somewhere in the uplink range, as the planner computed them
 before the stream. The agent switches between these as its link estimate moves.</p>{front}
 <h2>Set-up</h2>{setup}

@@ -22,6 +22,7 @@ from edge_agent.engines import ModelSet
 from edge_agent.runner import Counters, Runner
 from edge_agent.transport import Remote
 from partitioner import prefix_cut
+from planner import Encoding
 from splitinfer.netem import LinkEmulator, LinkSetting, OutageMode
 from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, write_model
 
@@ -49,7 +50,7 @@ def _ref(path, x):
 
 @contextlib.asynccontextmanager
 async def _stack(model_dir, *, remote_timeout_ms=400.0, outage_mode=OutageMode.BLACKHOLE, fallback="local",
-                 slo_ms=None):
+                 slo_ms=None, encoding=Encoding()):
     d, path, models, cut = model_dir
     backend = TailBackend(path, cache_dir=str(d / "server-cache"))
     backend._engine(cut.key)  # the tail is warm, as a gateway's frontier tails are
@@ -61,7 +62,7 @@ async def _stack(model_dir, *, remote_timeout_ms=400.0, outage_mode=OutageMode.B
                             "remoteTimeoutMs": remote_timeout_ms, "fallback": fallback, "sloMs": slo_ms,
                             "cacheDir": str(d / "cache"), "breakerFailures": 100})
     remote = Remote(cfg.gateway)
-    runner = Runner(models, fixed_frontier(models.graph, cut), remote, cfg, local_ms=1000.0)
+    runner = Runner(models, fixed_frontier(models.graph, cut, encoding=encoding), remote, cfg, local_ms=1000.0)
     # Warm the channel and connection (on a loaded 2-core machine the first call can miss a short budget).
     for _ in range(3):
         await remote.infer(runner._make_request(runner.decide(0.0), models.cuts[cut.key], {
@@ -95,8 +96,26 @@ def test_remote_answer_is_the_answer(model_dir):
 
     ans, c, served = asyncio.run(go())
     _check_one(ans, path, _x(), "remote")
-    assert ans.cut_id == model_dir[3].key and served == 1
+    assert ans.cut_id == model_dir[3].key and served == 1 and ans.encoding == "fp32"
     assert (c.answered, c.remote, c.local_tail, c.late_dropped) == (1, 1, 0, 0)
+
+
+def test_an_fp16_answer_says_so_and_a_local_tail_is_fp32(model_dir):
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir, encoding=Encoding("fp16")) as (runner, backend, _):
+            remote = await runner.infer({"x": _x(3)}, request_id="half")
+            backend.fail = Unavailable(reason="pool restarting")
+            local = await runner.infer({"x": _x(3)}, request_id="tail")
+            return remote, local
+
+    remote, local = asyncio.run(go())
+    assert (remote.served_by, remote.encoding) == ("remote", "fp16")
+    # the boundary crossed in halves: close to the whole model, not necessarily equal
+    np.testing.assert_allclose(remote.outputs["y"], _ref(path, _x(3)), rtol=1e-2, atol=1e-2)
+    assert (local.served_by, local.encoding) == ("local_tail", "fp32")
+    _check_one(local, path, _x(3), "local_tail")
 
 
 def test_remote_error_finishes_locally_from_the_head_output(model_dir):
