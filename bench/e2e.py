@@ -1,9 +1,9 @@
 """End to end: our planner's cut against the research baselines and a measured oracle.
 
 Run: ``python -m bench.e2e --quick`` (about 10 minutes on 2 cores; also
-``splitinfer bench e2e --quick``). Writes ``bench/results/e2e.json`` and
-``e2e_regret.png``, ``e2e_speedup.png``, ``e2e_error.png``. Without ``--quick`` it runs the
-full grid (nine zoo models, seven uplinks, three RTTs) into ``e2e_full.json``, saving
+``splitinfer bench e2e --quick``). Writes ``bench/results/e2e_quick.json`` and
+``e2e_quick_regret.png``, ``e2e_quick_speedup.png``, ``e2e_quick_error.png``. Without ``--quick``
+it runs the full grid (nine zoo models, seven uplinks, three RTTs) into ``e2e.json``, saving
 after every model; ``--resume`` skips the models already there, and ``--models`` runs a
 few at a time.
 
@@ -40,12 +40,12 @@ logger = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 QUICK = {"models": ["squeezenet", "resnet50", "inception_v1"], "uplinks_mbps": [1.1, 5.85, 18.88, 100.0],
-         "rtts_ms": [20.0], "reps": 5, "max_chain": 6, "profile_runs": 4, "stem": "e2e",
+         "rtts_ms": [20.0], "reps": 5, "max_chain": 6, "profile_runs": 4, "stem": "e2e_quick",
          "load_mbps": [18.88], "load_n": 20}
 FULL = {"models": ["bvlc_alexnet", "zfnet512", "vgg19", "resnet50", "densenet121", "inception_v1", "inception_v2",
                    "shufflenet", "squeezenet"],
         "uplinks_mbps": [0.13, 1.1, 5.85, 18.88, 50.0, 100.0, 300.0], "rtts_ms": [5.0, 20.0, 50.0], "reps": 5,
-        "max_chain": 10, "profile_runs": 8, "stem": "e2e_full",
+        "max_chain": 10, "profile_runs": 8, "stem": "e2e",
         "load_mbps": [18.88, 100.0], "load_n": 40}
 
 
@@ -62,7 +62,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="uplinks (Mbit/s, among the grid's) with a Poisson-load throughput run; 'none' for none")
     p.add_argument("--load-n", type=int, default=None, help="requests per strategy in a load run")
     p.add_argument("--edge-cpus", type=float, default=0.2, help="the edge's cgroup CPU quota (default 0.2)")
-    p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e.json or e2e_full.json)")
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e.json, or e2e_quick.json with --quick)")
     p.add_argument("--resume", action="store_true", help="keep the models already in --out, run the rest")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("--markdown", action="store_true",
