@@ -17,8 +17,10 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,6 +55,31 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+_INTERRUPTED = threading.Event()
+
+
+def _catch_ctrl_c() -> None:
+    """Ctrl-C sets `_INTERRUPTED` and cancels the demo's main task.
+
+    asyncio.run's own handler cancels the task and nothing more; a cancellation that lands
+    while a library call swallows it (it happened once in CI: the demo ran to the end and
+    exited 0) would be lost. The flag is also checked by the stream loop, and `main` turns
+    it into exit code 130 however the task ended. The task is cancelled once only, so its
+    clean-up (`finally`) is never cut short.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_sigint() -> None:
+        if not _INTERRUPTED.is_set():
+            _INTERRUPTED.set()
+            task.cancel()
+
+    if threading.current_thread() is threading.main_thread():
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+
+
 async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
     from splitinfer import demo_stack
     from splitinfer.demo_setup import prepare
@@ -60,6 +87,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
     from splitinfer.demo_summary import make_cut_labeler, summarize
     from splitinfer.report import write_report
 
+    _catch_ctrl_c()
     t0 = time.monotonic()
     out = os.path.abspath(a.out)
     work = tempfile.mkdtemp(prefix="splitinfer-demo-")
@@ -109,7 +137,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
         res = await stream(socket_path=stack.edge.socket_path, inputs=inputs, refs=refs, duration_s=dur, fps=a.fps,
                            window=a.window,
                            start_trace=stack.start_trace, link_now=stack.link_now, status=stack.status,
-                           label_cut=label, say=_say)
+                           label_cut=label, say=_say, stop=_INTERRUPTED.is_set)
         agent_status = await stack.status()
         calls = stack.gateway.backend_calls
     finally:
@@ -186,9 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from splitinfer.demo_edge import CpuQuota
 
     quota = CpuQuota(a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
+    _INTERRUPTED.clear()
     try:
-        return asyncio.run(_run(a, quota))
-    except KeyboardInterrupt:
+        try:
+            rc = asyncio.run(_run(a, quota))
+            if not _INTERRUPTED.is_set():
+                return rc
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            pass
         print("interrupted: everything the demo started has been stopped", file=sys.stderr, flush=True)
         return 130
     finally:

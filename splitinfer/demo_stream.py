@@ -128,8 +128,10 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
                  refs: Sequence[Mapping[str, np.ndarray]],
                  duration_s: float, fps: float, window: int, start_trace: Callable[[], None],
                  link_now: Callable[[], dict[str, Any]], status: Callable[[], Awaitable[dict[str, Any]]],
-                 label_cut: Callable[[str], str], say: Callable[[str], None] = print) -> StreamResult:
-    """Sends frames for `duration_s` and prints one line per second; returns what happened."""
+                 label_cut: Callable[[str], str], say: Callable[[str], None] = print,
+                 stop: Callable[[], bool] = lambda: False) -> StreamResult:
+    """Sends frames for `duration_s` and prints one line per second; returns what happened.
+    `stop()` true ends it early by cancellation (the demo's Ctrl-C)."""
     loop = asyncio.get_running_loop()
     sender = _Sender(socket_path, window)
     records: list[Record] = []
@@ -165,6 +167,8 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
     next_tick, next_line, i, last_n = t0, t0 + 1.0, 0, 0
     try:
         while True:
+            if stop():
+                raise asyncio.CancelledError("stopped")
             now = time.monotonic()
             if now - t0 >= duration_s:
                 break
