@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import partitioner
+from tests.integration._squeezenet_tail import reference, tail  # noqa: F401 - fixtures
 from workers._pool import PoolConfig, check_inputs, make_segment_key, pick_replica, to_monotonic_deadline
 from workers.engine import EngineConfig, TensorSpec
 from workers.errors import (
@@ -102,26 +102,6 @@ def test_registry_paths_stay_inside_the_registry(tmp_path):
 
 
 # -- models -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tail():
-    model = partitioner.load_zoo("squeezenet", random_weights=True)
-    graph = partitioner.build_graph(model)
-    _, t = partitioner.split(model, partitioner.prefix_cut(graph, 28), graph=graph)
-    return t.model
-
-
-@pytest.fixture(scope="module")
-def reference(tail):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(tail.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-    def run(inputs):
-        return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
-
-    return run
 
 
 def _data_inputs(model):

@@ -11,10 +11,9 @@ import asyncio
 import time
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-import partitioner
+from tests.integration._squeezenet_tail import reference, tail  # noqa: F401 - fixtures
 from workers._pool import PoolConfig, make_segment_key
 from workers.engine import EngineConfig
 from workers.errors import DeadlineExceededError, InputError, ReplicaUnavailableError
@@ -24,23 +23,6 @@ ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 KEY = make_segment_key("squeezenet", 1, "c28")
-
-
-@pytest.fixture(scope="module")
-def tail():
-    model = partitioner.load_zoo("squeezenet", random_weights=True)
-    graph = partitioner.build_graph(model)
-    _, t = partitioner.split(model, partitioner.prefix_cut(graph, 28), graph=graph)
-    return t.model
-
-
-@pytest.fixture(scope="module")
-def reference(tail):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(tail.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return lambda inputs: dict(zip(names, sess.run(None, inputs)))
 
 
 @pytest.fixture(scope="module")
