@@ -66,7 +66,7 @@ class RayPool:
     """One tail on a ReplicaPool of SegmentWorker actors (batching happens inside each actor)."""
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
-                 metrics: GatewayMetrics | None = None, fast_path: bool = True) -> None:
+                 metrics: GatewayMetrics | None = None, direct: bool = True) -> None:
         from workers._pool import PoolConfig
         from workers.actors import ReplicaPool
         from workers.batcher import BatcherConfig
@@ -80,7 +80,7 @@ class RayPool:
             model = fh.read()
         self.pool = ReplicaPool(
             {self.segment_key: model},
-            config=PoolConfig(num_replicas=config.replicas, fast_path=fast_path),
+            config=PoolConfig(num_replicas=config.replicas, direct=direct),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
                                        batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
@@ -118,13 +118,13 @@ class RayPool:
 class RayPoolFactory:
     """Pools of Ray actors; call `connect(address)` first."""
 
-    def __init__(self, *, provider: str = "auto", fast_path: bool = True) -> None:
+    def __init__(self, *, provider: str = "auto", direct: bool = True) -> None:
         self.provider = provider
-        self.fast_path = fast_path
-        """Let a request that finds its replica idle skip the worker's batcher
-        (workers.PoolConfig.fast_path); off, every request goes through the batcher."""
+        self.direct = direct
+        """Send requests to same-node workers over their direct channel
+        (workers.PoolConfig.direct); off, every request is a plain Ray actor call."""
 
     def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> RayPool:
         if not ray.is_initialized():
             raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
-        return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, fast_path=self.fast_path)
+        return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, direct=self.direct)

@@ -194,13 +194,11 @@ class PoolConfig:
     workers/actors.py); 1 sends every request in its own call."""
     sends_per_replica: int = 2
     """Actor calls in flight per replica before further requests wait to be batched."""
-    fast_path: bool = False
-    """Send a request that finds its replica idle through a compiled graph to that
-    replica instead of a plain actor call (see [Note: fast path] in workers/actors.py);
-    plain calls remain the path under load and after any failure. A latency mode for
-    lightly loaded pools on spare CPU: it takes a plain call's 2.5-10 ms off each lone
-    request, but the graph's reader in each replica busy-waits (about 0.6 of a core
-    while idle, measured), which slows CPU engines on a small machine."""
+    direct: bool = True
+    """Send requests to same-node replicas over a direct channel (a Unix-domain
+    socket; see [Note: direct channel] in workers/_channel.py) instead of plain actor
+    calls; replicas on other nodes, and any replica until its channel is open, get
+    plain calls. ``False`` sends everything by plain calls."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -335,8 +333,8 @@ class PoolStats:
     """Requests in flight per replica now."""
     routed: tuple[int, ...] = ()
     """Actor calls per replica so far (retries included); one call carries a batch."""
-    fast_path_calls: int = 0
-    """Requests answered over a compiled graph to an idle replica (see PoolConfig.fast_path)."""
+    direct_calls: int = 0
+    """Requests answered over a replica's direct channel (see PoolConfig.direct)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from workers._pool import SegmentStats, WorkerStats, check_inputs, to_monotonic_deadline
 from workers.batcher import Batcher, BatcherConfig
 from workers.engine import Engine, EngineConfig
-from workers.errors import ActorConfigError, DeadlineExceededError, InputError, SegmentNotLoadedError, WorkerError
+from workers.errors import ActorConfigError, InputError, SegmentNotLoadedError, WorkerError
 from workers.pipeline import StageSpan
 
 __all__ = ["DEFAULT_BATCHER_CONFIG", "ModelSource", "SegmentHost", "register_error_pickling"]
@@ -66,15 +65,6 @@ def register_error_pickling() -> None:
 register_error_pickling()
 
 
-def _detached(error: WorkerError) -> WorkerError:
-    """``error`` without its traceback and chained exceptions, whose frames hold the
-    request's arrays (views of a compiled graph's channel buffer, which would stay
-    locked and stall the graph's next execution until its submit time-out)."""
-    error.__traceback__ = None
-    error.__context__ = error.__cause__ = None
-    return error
-
-
 class _Hosted:
     """One segment in a worker: its engine, its batcher and its counters."""
 
@@ -87,8 +77,6 @@ class _Hosted:
         self.completed = 0
         self.input_errors = 0
         self.failed = 0
-        self.direct_batches: Counter[int] = Counter()
-        """Batch size -> batches run by ``run_direct`` (outside the batcher)."""
 
     def _run_batch(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return self.engine.run_batch(payloads, loop_fallback=True)
@@ -99,8 +87,7 @@ class _Hosted:
             key=self.key, provider=e.provider, batch_safe=e.batch_safe, max_batch=self.engine.max_batch,
             requests=self.requests, completed=self.completed, input_errors=self.input_errors,
             failed=self.failed, engine_median_ms=e.median_ms,
-            batches_formed=b.batches_formed + sum(self.direct_batches.values()),
-            batch_size_histogram=dict(sorted((Counter(b.batch_size_histogram) + self.direct_batches).items())),
+            batches_formed=b.batches_formed, batch_size_histogram=dict(sorted(b.batch_size_histogram.items())),
         )
 
 
@@ -261,67 +248,6 @@ class SegmentHost:
               for r, d, p in zip(requests, deadlines_unix_ms, priorities)),
             return_exceptions=True,
         ))
-
-    def run_direct(
-        self, packet: tuple[str, list[Mapping[str, np.ndarray]], list[float | None]]
-    ) -> tuple[list[dict[str, np.ndarray] | WorkerError], float, int] | WorkerError:
-        """Runs ``(key, requests, deadlines_unix_ms)`` at once as one batch, without the
-        batcher; returns ``(one outputs dict or error per request, run_s, batch_size)``.
-
-        The compiled-graph fast path of :class:`workers.actors.ReplicaPool` calls this
-        (see [Note: fast path] in workers/actors.py): a lone request, or a batch the
-        caller has already formed, has nothing to wait for, so it skips the batcher's
-        event-loop hops and the executor's thread hand-off. Synchronous because
-        compiled graphs call only synchronous methods. Domain errors come back as
-        values, per request, so the graph stays usable; a bad request fails alone.
-        The outputs are private copies because a batch on the event loop may reuse
-        the engine's buffers before the graph's channel has taken them. The inputs
-        are views of the graph's input channel, which stays locked while they live, so
-        nothing returned may keep them (an exception's traceback would: see
-        :func:`_detached`).
-        """
-        key, requests, deadlines_unix_ms = packet
-        try:
-            hosted = self._get(key)
-        except SegmentNotLoadedError as e:
-            return _detached(e)
-        hosted.requests += len(requests)
-        results: list[Any] = [None] * len(requests)
-        runnable: list[int] = []
-        now_unix_s = time.time()
-        for i, (inputs, deadline_unix_ms) in enumerate(zip(requests, deadlines_unix_ms)):
-            try:
-                check_inputs(hosted.engine.inputs, inputs, max_batch=hosted.engine.max_batch, name=key)
-            except InputError as e:
-                hosted.input_errors += 1
-                results[i] = _detached(e)
-                continue
-            if deadline_unix_ms is not None and deadline_unix_ms <= now_unix_s * 1e3:
-                hosted.failed += 1
-                now_s = time.monotonic()
-                results[i] = DeadlineExceededError(  # made here: no traceback to detach
-                    f"deadline_unix_ms={deadline_unix_ms:.3f} had passed when {key} was about to run "
-                    f"(now {now_unix_s * 1e3:.3f}); send a later deadline or add capacity",
-                    deadline_s=now_s + (deadline_unix_ms / 1e3 - now_unix_s), now_s=now_s, model=key,
-                )
-                continue
-            runnable.append(i)
-        start = time.monotonic()
-        if runnable:
-            try:
-                if len(runnable) == 1:
-                    outs = [hosted.engine.run(requests[runnable[0]], copy=True)]
-                else:
-                    outs = hosted.engine.run_batch([requests[i] for i in runnable], loop_fallback=True)
-            except WorkerError as e:
-                hosted.failed += len(runnable)
-                outs = [_detached(e)] * len(runnable)
-            else:
-                hosted.completed += len(runnable)
-            hosted.direct_batches[len(runnable)] += 1
-            for i, out in zip(runnable, outs):
-                results[i] = out
-        return results, time.monotonic() - start, len(runnable)
 
     def run_stage(self, key: str, packet: tuple[int, Mapping[str, np.ndarray]]) -> tuple[int, dict[str, np.ndarray]]:
         """Runs ``(frame, inputs)`` through segment ``key`` at once, without the batcher.

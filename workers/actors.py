@@ -12,46 +12,25 @@ parts (routing, deadlines, input checks, stage cuts) are in :mod:`workers._pool`
 
 [Note: transport]
 A plain actor call pickles its arguments, puts arrays over 100 KiB in the object store
-and goes through the raylet's task machinery: 5-10 ms to echo 1 MiB on a loaded
-2-core machine. A compiled graph (``ray.dag`` + ``experimental_compile``) sets up
-shared-memory channels between fixed actors once, and each execution only writes the
-channel: 1-1.5 ms for the same echo, measured side by side in bench/workers.py.
-Its results are views of the channel buffer, which stays locked while they live, so
-:class:`Pipeline` copies them out. Compiled graphs are static (fixed
-actors, one execution at a time per actor, in order), support only synchronous
-methods, and a dead actor breaks the whole graph until it is compiled again. So:
+and goes through the raylet's task machinery: 2.5 ms to echo 4 B and about 10 ms to
+echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
 
-* the pipeline, a fixed chain of actors, uses a compiled graph (``transport="compiled"``);
-* the replica pool uses plain calls, because it routes each request to a different
-  replica, batches requests from many callers inside the actor, and must survive a
-  replica's death and restart; with ``PoolConfig(fast_path=True)`` a request that
-  finds its replica idle takes a compiled graph to it instead (see [Note: fast path]).
-
-[Note: fast path]
-At concurrency 1 there is nothing to batch with, and a plain call's fixed cost (1.5-2.5
-ms, and 8-13 ms for a 1 MiB echo here) is most of the added latency. So each replica
-may also get a one-node compiled graph to its synchronous ``run_direct`` (one engine
-run, no batcher), built in the background on first use. A request goes over it,
-skipping the caller-side batcher too, only when this pool has nothing in flight on the
-replica that routing picked and the graph is free; everything else goes the plain way.
-Sending the caller-side batches over the graph as well was tried and measured worse
-under load (DenseNet121 tail at concurrency 32: 226 against 282 requests/s, side by
-side). A graph's readers busy-wait (Ray's channel read spins on ``sched_yield``): the
-replica's loop waiting for the next request takes about 0.6 of a core even when idle,
-and the caller's read spins while the engine runs, so the caller sleeps through most
-of the expected run before it reads. That CPU is why the fast path is off by default:
-on a 2-core machine it slows every CPU engine near it.
-
-A graph that fails (the replica died or restarted, a channel error, a time-out) is
-torn down off the event loop; the failure counts as a replica failure and a retry, the
-request goes the plain way (which retries and counts as before), and the graph is
-rebuilt after ``down_s``. Domain errors (InputError, deadline) come back as values, so
-they do not break the graph. Outputs are copied out of the channel buffer, which stays
-locked while views of it live; the worker must not keep views of its inputs either.
-An actor takes part in one compiled graph at a time (a second one hangs), so replicas
-are never also pipeline stages. Ray 2.60 aborts the caller's process when it first
-reads a channel whose writer (the replica) has died, so each graph is read once, with
-a no-op, as soon as it is built.
+* the replica pool sends requests over each same-node replica's direct channel, a
+  Unix-domain socket that the replica opens on request (``open_channel``; see
+  [Note: direct channel] in workers/_channel.py); Ray still creates, places, restarts
+  and kills the replicas, and plain calls carry loads, stats and health. Until a
+  channel is open, for replicas on other nodes, and with ``PoolConfig(direct=False)``,
+  requests go by plain calls, batched on the caller's side (see [Note: caller-side
+  batching]);
+* the pipeline, a fixed chain of actors, uses a compiled graph (``ray.dag`` +
+  ``experimental_compile``: shared-memory channels set up once, 0.8-0.9 ms to echo
+  1 MiB here). Its results are views of the channel buffer, which stays locked while
+  they live, so :class:`Pipeline` copies them out. Compiled graphs are static, call
+  only synchronous methods, and a dead actor breaks the graph until it is compiled
+  again; and their readers spin on ``sched_yield`` (about 0.6 of a core per idle
+  reader, measured), which is why the pool no longer uses them: an earlier fast path
+  that sent lone requests over a graph to an idle replica added 2.2-4.9 ms at
+  concurrency 1 and slowed the engines beside it.
 
 [Note: fault tolerance]
 Replicas are created with ``max_restarts`` and ``max_task_retries=0``: Ray restarts a
@@ -59,15 +38,17 @@ dead replica (re-running its constructor, which reloads the segments it was crea
 with), and the pool, not Ray, decides about retries so it can send the request to a
 *different* replica and count it. A request whose replica dies is sent again up to
 ``PoolConfig.max_retries`` times; after that it fails with the retry-able
-:class:`ReplicaUnavailableError`. Every request ends in exactly one of the pool's
+:class:`ReplicaUnavailableError`. A request whose replica's direct channel closes
+under it counts the same way and is sent again by a plain call, avoiding that replica
+while it restarts; the channel reconnects after ``down_s``. Every request ends in exactly one of the pool's
 ``completed``, ``failed`` and ``errors`` counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -76,6 +57,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
+from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
 from workers.batcher import Batcher, BatcherConfig
@@ -124,6 +106,16 @@ class _TimingHost(SegmentHost):
     def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
         return _TimedHosted(key, Engine(self._resolve(source), config, name=key), self._batcher_config)
 
+    async def infer_timed(
+        self, key: str, inputs: Any, deadline_unix_ms: float | None, priority: int
+    ) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
+        """``infer`` with the request's RequestTiming."""
+        if isinstance(inputs, Mapping):
+            inputs = _TimedInputs(inputs)
+            inputs.arrival_s, inputs.timing = time.monotonic(), None
+        out = await self.infer(key, inputs, deadline_unix_ms=deadline_unix_ms, priority=priority)
+        return out, getattr(inputs, "timing", None)
+
     async def infer_batch_timed(
         self,
         key: str,
@@ -132,16 +124,17 @@ class _TimingHost(SegmentHost):
         priorities: list[int],
     ) -> list[tuple[dict[str, np.ndarray], RequestTiming | None] | BaseException]:
         """``infer_batch`` with each result paired with its RequestTiming."""
-
-        async def one(inputs: Any, deadline: float | None, priority: int) -> tuple:
-            if isinstance(inputs, Mapping):
-                inputs = _TimedInputs(inputs)
-                inputs.arrival_s, inputs.timing = time.monotonic(), None
-            out = await self.infer(key, inputs, deadline_unix_ms=deadline, priority=priority)
-            return out, getattr(inputs, "timing", None)
-
         return list(await asyncio.gather(
-            *(one(r, d, p) for r, d, p in zip(requests, deadlines_unix_ms, priorities)), return_exceptions=True))
+            *(self.infer_timed(key, r, d, p) for r, d, p in zip(requests, deadlines_unix_ms, priorities)),
+            return_exceptions=True))
+
+    async def open_channel(self) -> dict:
+        """Starts this worker's direct channel once (see [Note: direct channel] in
+        workers/_channel.py); returns where it listens and which node this is."""
+        if getattr(self, "_channel", None) is None:
+            self._channel = await open_channel_server(self.infer_timed)
+        return {"path": self._channel.path, "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid()}
 
 
 SegmentWorker = ray.remote(_TimingHost)
@@ -181,124 +174,76 @@ def make_worker(
     )
 
 
-_FAST_PATH_TIMEOUT_S = 30.0
-"""Longest a fast-path call waits without a deadline; then the graph counts as broken."""
-_FAST_PATH_BUFFER_BYTES = 8 << 20
-"""Size of a fast path's channels. Ray grows a channel for a larger frame, but growing
-the replica's output channel makes the caller register a new buffer that the replica
-owns, and that aborts the caller's process if the replica has died meanwhile (see
-[Note: fast path]); so start large enough for any tail's outputs."""
+class _DirectLink:
+    """A pool's direct channel to one replica (see [Note: direct channel] in
+    workers/_channel.py), connected in the background on first use and again after
+    the replica restarts. ``remote`` is set for a replica on another node: plain calls
+    serve it for good."""
 
-
-class _FastPath:
-    """A compiled graph from the caller to one replica's ``run_direct`` (see [Note: fast path]).
-
-    Every graph call (compile, execute, read, teardown) blocks, so all of them run on
-    this fast path's own thread, one at a time, which also keeps the graph's
-    executions in order.
-    """
-
-    def __init__(self, actor) -> None:
+    def __init__(self, actor, caller_node_id: str) -> None:
         self._actor = actor
-        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-path")
-        self._dag = None
-        self._build_failures = 0
-        self._run_ema_s = 0.0
-        self.state = "idle"
-        """idle (no graph) -> building -> ready <-> busy; broken -> idle after a teardown;
-        closed at the end."""
+        self._caller_node_id = caller_node_id
+        self._client: ChannelClient | None = None
+        self._connecting: asyncio.Task | None = None
+        self._failures = 0
         self.not_before_s = 0.0
-        """Monotonic time before which no new graph is built (back-off after failures)."""
+        self.remote = False
 
-    def build(self) -> None:
-        """Compiles the graph on the fast path's thread; ``state`` says when it is ready."""
-        self.state = "building"
-        self._thread.submit(self._build).add_done_callback(self._built)
+    def client(self) -> ChannelClient | None:
+        """The connected channel on the running loop, or ``None`` (then connects, if due)."""
+        loop = asyncio.get_running_loop()
+        client = self._client
+        if client is not None and not client.closed and client.loop is loop:
+            return client
+        if client is not None:
+            self._drop()
+        if self._connecting is None and not self.remote and time.monotonic() >= self.not_before_s:
+            self._connecting = loop.create_task(self._connect())
+        return None
 
-    def _build(self) -> None:
-        from ray.dag import InputNode
-
-        with InputNode() as packet:
-            node = self._actor.run_direct.bind(packet)
-        ray.get(self._actor.health.remote())
-        dag = node.experimental_compile(_buffer_size_bytes=_FAST_PATH_BUFFER_BYTES, _max_inflight_executions=1)
-        self._dag = dag
-        # The first read registers this process as the reader of the replica's output
-        # channel, which the replica owns; registering after the replica died aborts
-        # this process (Ray 2.60), so do it now, while it is known to be up.
-        ray.get(dag.execute((None, [], [])), timeout=_FAST_PATH_TIMEOUT_S)
-
-    def _built(self, fut: concurrent.futures.Future) -> None:
-        if self.state != "building":  # closed meanwhile
-            return
-        if fut.exception() is not None:
-            self._build_failures += 1
-            backoff_s = min(60.0, 2.0 ** self._build_failures)
-            self.not_before_s = time.monotonic() + backoff_s
-            logger.warning("fast path to a replica not built (%r); plain calls serve it, next try in %.0f s",
-                           fut.exception(), backoff_s)
-            self.state = "broken"
-            self._teardown_later()
-        else:
-            self.state = "ready"
-
-    def _call(self, packet: tuple, timeout_s: float) -> object:
-        ref = self._dag.execute(packet)
-        if self._run_ema_s > 2e-3:
-            # A channel read busy-waits (sched_yield) until the result is written, and
-            # that takes CPU from the replica's engine on a small machine: sleep through
-            # most of the expected run first.
-            time.sleep(0.8 * self._run_ema_s)
-        out = ray.get(ref, timeout=timeout_s)
-        if isinstance(out, tuple):
-            results, run_s, batch_size = out
-            if batch_size:
-                self._run_ema_s = run_s if not self._run_ema_s else 0.8 * self._run_ema_s + 0.2 * run_s
-            # Views of the channel buffer, which stays locked while they live: copy out.
-            results = [{k: np.array(v, copy=True) for k, v in r.items()} if isinstance(r, dict) else r
-                       for r in results]
-            return results, run_s, batch_size
-        return out
-
-    async def run(self, packet: tuple, timeout_s: float) -> object:
-        """``run_direct``'s answer: ``(results, run_s, batch_size)`` or a WorkerError value.
-
-        Raises whatever broke the graph; the graph is then torn down and ``state``
-        is ``broken`` until that is done.
-        """
-        self.state = "busy"
-        fut = self._thread.submit(self._call, packet, timeout_s)
-
-        def done(f: concurrent.futures.Future) -> None:
-            if self.state != "busy":
+    async def _connect(self) -> None:
+        try:
+            info = await self._actor.open_channel.remote()
+            if info["node_id"] != self._caller_node_id:
+                self.remote = True
+                logger.info("replica pid %s is on another node; plain actor calls serve it", info["pid"])
                 return
-            if f.cancelled() or f.exception() is not None:
-                self.state = "broken"
-                self._teardown_later()
-            else:
-                self.state = "ready"
+            self._client = await ChannelClient.connect(info["path"])
+            self._failures = 0
+        except Exception as e:  # noqa: BLE001 - plain calls serve the replica meanwhile
+            self._failures += 1
+            backoff_s = min(30.0, 0.5 * 2.0 ** self._failures)
+            self.not_before_s = time.monotonic() + backoff_s
+            logger.warning("direct channel to a replica not opened (%r); plain calls serve it, next try in %.1f s",
+                           e, backoff_s)
+        finally:
+            self._connecting = None
 
-        fut.add_done_callback(done)
-        # Shielded: a cancelled caller must not leave the graph with an unread result.
-        return await asyncio.shield(asyncio.wrap_future(fut))
+    def lost(self, down_s: float) -> None:
+        """The channel broke (the replica died or restarted): reconnect after ``down_s``."""
+        self._drop()
+        self.not_before_s = time.monotonic() + down_s
 
-    def _teardown_later(self) -> None:
-        self._thread.submit(self._teardown)
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is None or client.closed or client.loop.is_closed():
+            return
+        if client.loop is asyncio.get_running_loop():
+            client.close()
+        else:
+            client.loop.call_soon_threadsafe(client.close)
 
-    def _teardown(self) -> None:
-        dag, self._dag = self._dag, None
-        if dag is not None:
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and not client.closed and not client.loop.is_closed():
             try:
-                dag.teardown()
-            except Exception as e:  # noqa: BLE001 - a broken graph may fail to tear down; it is dropped either way
-                logger.debug("fast path teardown: %r", e)
-        if self.state == "broken":
-            self.state = "idle"
-
-    def close(self, *, wait: bool) -> None:
-        self.state = "closed"
-        self._thread.submit(self._teardown)
-        self._thread.shutdown(wait=wait)
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if client.loop is running:
+                client.close()
+            else:
+                client.loop.call_soon_threadsafe(client.close)
 
 
 class ReplicaPool:
@@ -336,8 +281,9 @@ class ReplicaPool:
         self._requests = self._completed = self._retries = self._failed = self._errors = 0
         self._replica_failures = 0
         self._batchers: dict[str, tuple[asyncio.AbstractEventLoop, Batcher]] = {}
-        self._fast = [_FastPath(r) for r in self.replicas] if cfg.fast_path else []
-        self._fast_calls = 0
+        node_id = ray.get_runtime_context().get_node_id()
+        self._links = [_DirectLink(r, node_id) for r in self.replicas] if cfg.direct else []
+        self._direct_calls = 0
 
     async def ready(self) -> list[dict]:
         """Waits until every replica has loaded its segments; returns their health."""
@@ -383,7 +329,7 @@ class ReplicaPool:
             deadline_unix_ms = d if deadline_unix_ms is None else min(deadline_unix_ms, d)
         request = (inputs, deadline_unix_ms, priority)
         try:
-            result = await self._try_fast(key, request) if self._fast else None
+            result = await self._try_direct(key, request) if self._links else None
             if result is None and self.config.caller_batch_size > 1:
                 result = await self._batcher(key).submit(request, priority=priority)
             elif result is None:
@@ -400,60 +346,39 @@ class ReplicaPool:
         self._completed += 1
         return result
 
-    async def _try_fast(self, key: str, request: tuple) -> object | None:
-        """Serves a lone request over an idle replica's compiled graph, skipping the
-        caller-side batcher; ``None`` when it must go the usual way (see [Note: fast path])."""
+    async def _try_direct(self, key: str, request: tuple) -> object | None:
+        """Sends one request over the least-loaded replica's direct channel, skipping the
+        caller-side batcher (the replica's own batcher batches); ``None`` when it must go
+        the plain way (no channel yet, the replica is remote, or the segment needs a reload)."""
         now_s = time.monotonic()
         i = pick_replica(self._in_flight, self._down_until_s, now_s, start=self._next)
-        if i is None or self._in_flight[i] or self._down_until_s[i] > now_s:
+        if i is None or self._down_until_s[i] > now_s:
             return None
-        results = await self._send_fast(i, key, [request])
-        return None if results is None else results[0]
-
-    def _fast_ready(self, i: int) -> bool:
-        """Whether replica ``i``'s graph can take a call now; starts building it if due."""
-        fast = self._fast[i]
-        if fast.state == "idle" and time.monotonic() >= fast.not_before_s:
-            fast.build()
-        return fast.state == "ready"
-
-    async def _send_fast(self, i: int, key: str, requests: list[tuple]) -> list | None:
-        """Sends requests as one batch over replica ``i``'s compiled graph (one, today).
-
-        Returns one (outputs, RequestTiming) or exception per request, or ``None`` when
-        the graph is not ready or failed (the caller then sends them the plain way).
-        """
-        if not self._fast or not self._fast_ready(i):
+        client = self._links[i].client()
+        if client is None:
             return None
-        n = len(requests)
-        deadlines = [r[1] for r in requests]
-        timeout_s = _FAST_PATH_TIMEOUT_S
-        if all(d is not None for d in deadlines):
-            # The worker refuses expired requests itself; this only bounds the wait.
-            timeout_s = max(1.0, min(timeout_s, max(deadlines) / 1e3 - time.time() + 1.0))
         self._next = (i + 1) % len(self.replicas)
-        self._in_flight[i] += n
+        self._in_flight[i] += 1
         self._routed[i] += 1
         try:
-            out = await self._fast[i].run((key, [r[0] for r in requests], deadlines), timeout_s)
-        except Exception as e:  # noqa: BLE001 - any graph failure: the plain path serves the requests
+            result = await client.call(key, *request)
+        except ChannelClosedError:
             self._replica_failures += 1
-            self._retries += n
-            self._fast[i].not_before_s = time.monotonic() + self.config.down_s
-            logger.warning("fast path to replica %d failed on %s (%s, %d requests); sending the plain way",
-                           i, key, type(e).__name__, n)
-            return None
+            self._retries += 1
+            self._down_until_s[i] = time.monotonic() + self.config.down_s
+            self._links[i].lost(self.config.down_s)
+            logger.warning("replica %d's direct channel closed with a request for %s in flight; retrying it "
+                           "by a plain call", i, key)
+            [result] = await self._send(key, [request], exclude=i, attempts=1)
+            return result
+        except SegmentNotLoadedError:
+            return None  # a restarted replica: the plain path reloads the segment
+        except Exception as e:  # noqa: BLE001 - the worker's answer for this request, raised by the caller
+            return e
         finally:
-            self._in_flight[i] -= n
-        if isinstance(out, SegmentNotLoadedError):
-            return None  # the plain path reloads the segment
-        if isinstance(out, BaseException):
-            return [out] * n
-        self._fast_calls += n
-        results, run_s, batch_size = out
-        timings = iter(range(batch_size))
-        return [r if isinstance(r, BaseException) else (r, RequestTiming(0.0, run_s, batch_size, next(timings) == 0))
-                for r in results]
+            self._in_flight[i] -= 1
+        self._direct_calls += 1
+        return result
 
     def _batcher(self, key: str) -> Batcher:
         """The caller-side batcher of ``key`` on the running event loop.
@@ -480,13 +405,12 @@ class ReplicaPool:
             entry = self._batchers[key] = (loop, batcher)
         return entry[1]
 
-    async def _send(self, key: str, requests: list[tuple]) -> list:
+    async def _send(self, key: str, requests: list[tuple], *, exclude: int | None = None, attempts: int = 0) -> list:
         """Sends requests in one call to the least-loaded replica, retrying on replica loss.
 
-        Returns one (outputs, RequestTiming) or exception per request (the worker's ``infer_batch_timed``).
+        Returns one (outputs, RequestTiming) or exception per request (the worker's
+        ``infer_batch_timed``). ``exclude`` and ``attempts`` carry over a failed first try.
         """
-        exclude: int | None = None
-        attempts = 0
         reloaded = False
         n = len(requests)
         args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
@@ -527,7 +451,7 @@ class ReplicaPool:
         return PoolStats(
             requests=self._requests, completed=self._completed, retries=self._retries,
             failed=self._failed, errors=self._errors, replica_failures=self._replica_failures,
-            in_flight=tuple(self._in_flight), routed=tuple(self._routed), fast_path_calls=self._fast_calls,
+            in_flight=tuple(self._in_flight), routed=tuple(self._routed), direct_calls=self._direct_calls,
         )
 
     async def worker_stats(self) -> list[WorkerStats]:
@@ -564,10 +488,8 @@ class ReplicaPool:
             logger.warning("ReplicaPool.shutdown() left the caller-side batchers of %s open; "
                            "await aclose() instead to close them", ", ".join(live))
         self._batchers = {}
-        for fast in self._fast:
-            # A graph is torn down while its replica lives (quick); one still waiting
-            # on a call is left to fail when the replica goes.
-            fast.close(wait=fast.state != "busy")
+        for link in self._links:
+            link.close()
         for r in self.replicas:
             ray.kill(r, no_restart=True)
 

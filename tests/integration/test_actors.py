@@ -231,8 +231,9 @@ def test_worker_loads_and_unloads_segments_by_path(worker, tail, reference, tmp_
 def test_pool_routes_batches_and_counts_errors(ray_local, tail, reference, engine_config):
     from workers.actors import ReplicaPool
 
-    pool = ReplicaPool({KEY: tail.SerializeToString()}, config=PoolConfig(num_replicas=2, max_restarts=0),
-                       engine_config=engine_config)
+    # Plain actor calls, batched on the caller's side (the direct channel has its own tests).
+    pool = ReplicaPool({KEY: tail.SerializeToString()},
+                       config=PoolConfig(num_replicas=2, max_restarts=0, direct=False), engine_config=engine_config)
     frames = _frames(tail, 32, seed=6)
     name = next(iter(frames[0]))
     bad = {name: frames[0][name].astype(np.float16)}
@@ -258,11 +259,12 @@ def test_pool_routes_batches_and_counts_errors(ray_local, tail, reference, engin
 
 @pytest.mark.ray
 @pytest.mark.chaos
-def test_replica_killed_mid_load_loses_no_request(ray_local, tail, reference, engine_config):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-channel", "plain-calls"])
+def test_replica_killed_mid_load_loses_no_request(ray_local, tail, reference, engine_config, direct):
     from workers.actors import ReplicaPool
 
     pool = ReplicaPool({KEY: tail.SerializeToString()},
-                       config=PoolConfig(num_replicas=2, max_restarts=2, max_retries=1, down_s=5.0),
+                       config=PoolConfig(num_replicas=2, max_restarts=2, max_retries=1, down_s=5.0, direct=direct),
                        engine_config=engine_config)
     frames = _frames(tail, 8, seed=4)
     refs = [reference(x) for x in frames]
@@ -323,6 +325,7 @@ def test_replica_killed_mid_load_loses_no_request(ray_local, tail, reference, en
     assert stats.completed + stats.failed == n_requests
     assert stats.replica_failures >= 1 and stats.retries >= 1
     assert stats.in_flight == (0, 0)
+    assert (stats.direct_calls > 0) == direct
 
 
 @pytest.mark.ray

@@ -36,8 +36,8 @@ def test_ray_pools_serve_the_frontier_tails(tmp_path, ray_local):
     onnx.save(conv_bn_relu_chain(3), str(d / "model.onnx"))
     (d / "model.yaml").write_text("max_queue_delay_ms: 300\nmax_batch_size: 8\nfrontier: {default_cut_count: 1}\n")
     registry = Registry(str(tmp_path / "repo"))
-    # Without the idle-replica fast path every request meets the worker's batcher (and its wait).
-    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu", fast_path=False))
+    # Every request meets the worker's batcher (and its 300 ms wait), over the direct channel.
+    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
     registry.load_all()
     assert gateway.readiness()[0]
     lv = registry.resolve("m", "1")

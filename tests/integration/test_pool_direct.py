@@ -1,8 +1,8 @@
-"""ReplicaPool's compiled-graph fast path (see [Note: fast path] in workers/actors.py).
+"""ReplicaPool's direct channel (see [Note: direct channel] in workers/_channel.py).
 
-A request that finds its replica idle goes over a compiled graph to the replica's
-``run_direct``; busy replicas, failures and restarts go the plain way. Real local Ray,
-a real SqueezeNet tail, a plain ONNX Runtime session as the reference.
+Requests to a same-node replica travel over a Unix-domain socket that the replica
+opens; until it is open, and after the replica dies, they go by plain actor calls.
+Real local Ray, a real SqueezeNet tail, a plain ONNX Runtime session as the reference.
 """
 
 from __future__ import annotations
@@ -53,47 +53,55 @@ def _assert_equal(got, want):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
 
 
-async def _until_fast(pool, frame, *, before: int, tries: int = 300) -> None:
-    """Sends lone requests until one goes over the fast path (it is built in the background)."""
+async def _until_direct(pool, frame, *, before: int, tries: int = 300) -> None:
+    """Sends lone requests until one goes over a direct channel (it opens in the background)."""
     for _ in range(tries):
         await pool.infer(KEY, frame)
-        if pool.stats().fast_path_calls > before:
+        if pool.stats().direct_calls > before:
             return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"no request took the fast path in {tries} tries: {pool.stats()}")
+    raise AssertionError(f"no request took a direct channel in {tries} tries: {pool.stats()}")
 
 
-def test_lone_requests_take_the_fast_path_and_errors_stay_per_request(ray_local, tail, reference, frames,
-                                                                       engine_config):
+def test_requests_take_the_direct_channel_and_errors_stay_per_request(ray_local, tail, reference, frames,
+                                                                      engine_config):
     from workers.actors import ReplicaPool
 
     pool = ReplicaPool({KEY: tail.SerializeToString()},
-                       config=PoolConfig(num_replicas=1, max_restarts=0, fast_path=True), engine_config=engine_config)
+                       config=PoolConfig(num_replicas=2, max_restarts=0), engine_config=engine_config)
     name = next(iter(frames[0]))
 
     async def main():
         await pool.ready()
-        await _until_fast(pool, frames[0], before=0)
-        fast_before = pool.stats().fast_path_calls
-        for x in frames:  # one at a time: each finds the replica idle
+        await _until_direct(pool, frames[0], before=0)
+        await _until_direct(pool, frames[0], before=pool.stats().direct_calls)  # both replicas' channels
+        direct_before = pool.stats().direct_calls
+        for x in frames:
             out, timing = await pool.infer_timed(KEY, x)
             _assert_equal(out, reference(x))
             assert timing is not None and timing.batch_size == 1 and timing.first_in_batch
-        assert pool.stats().fast_path_calls == fast_before + len(frames)
-        # Domain errors come back as values: the request fails alone, the graph keeps serving.
+            assert out[next(iter(out))].flags.writeable  # received into the caller's own memory
+        assert pool.stats().direct_calls == direct_before + len(frames)
+        # Domain errors come back per request; the channel keeps serving.
         with pytest.raises(InputError, match=name) as bad:
             await pool.infer(KEY, {name: frames[0][name].astype(np.float64)})
         assert bad.value.input_name == name
-        with pytest.raises(DeadlineExceededError, match="deadline_unix_ms"):
+        with pytest.raises(DeadlineExceededError, match="deadline"):
             await pool.infer(KEY, frames[0], deadline_unix_ms=time.time() * 1e3 - 1.0)
         _assert_equal(await pool.infer(KEY, frames[1]), reference(frames[1]))
-        fast_after_errors = pool.stats().fast_path_calls
-        assert fast_after_errors == fast_before + len(frames) + 3
-        # Concurrent requests: the idle replica takes one over the graph, the rest go plain.
-        outs = await asyncio.gather(*(pool.infer(KEY, x) for x in frames * 4))
-        for x, out in zip(frames * 4, outs):
+        after_errors = pool.stats().direct_calls
+        # Concurrent requests all go direct, and the replicas' own batchers batch them.
+        batch = frames * 6
+        outs = await asyncio.gather(*(pool.infer_timed(KEY, x) for x in batch))
+        for x, (out, _) in zip(batch, outs):
             _assert_equal(out, reference(x))
-        assert pool.stats().fast_path_calls - fast_after_errors < len(frames) * 4
+        assert pool.stats().direct_calls == after_errors + len(batch)
+        assert max(t.batch_size for _, t in outs) > 1
+        # A cancelled caller loses nothing else: its late answer is dropped.
+        task = asyncio.ensure_future(pool.infer(KEY, frames[2]))
+        await asyncio.sleep(0)
+        task.cancel()
+        _assert_equal(await pool.infer(KEY, frames[3]), reference(frames[3]))
 
     try:
         asyncio.run(main())
@@ -102,19 +110,18 @@ def test_lone_requests_take_the_fast_path_and_errors_stay_per_request(ray_local,
     finally:
         pool.shutdown()
     assert stats.requests == stats.completed + stats.errors + stats.failed
-    assert (stats.errors, stats.failed, stats.replica_failures, stats.in_flight) == (2, 0, 0, (0,))
-    seg = workers[0].segments[0]
-    assert seg.input_errors == 1 and seg.completed == stats.completed
+    # Errors: the bad dtype, the expired deadline and the cancelled request.
+    assert (stats.errors, stats.failed, stats.replica_failures, stats.in_flight) == (3, 0, 0, (0, 0))
+    assert min(stats.routed) >= 1
+    assert sum(w.segments[0].input_errors for w in workers) == 1
 
 
-def test_fast_path_is_off_by_default_and_then_everything_goes_the_plain_way(ray_local, tail, reference, frames,
-                                                                           engine_config):
+def test_direct_false_sends_everything_by_plain_calls(ray_local, tail, reference, frames, engine_config):
     from workers.actors import ReplicaPool
 
-    cfg = PoolConfig(num_replicas=1, max_restarts=0)
-    assert not cfg.fast_path  # opt-in: the graph's reader busy-waits in the replica
+    assert PoolConfig().direct  # the default
+    cfg = PoolConfig(num_replicas=1, max_restarts=0, direct=False)
     assert PoolConfig.from_json(cfg.to_json()) == cfg
-    assert PoolConfig.from_json(PoolConfig(fast_path=True).to_json()).fast_path
     pool = ReplicaPool({KEY: tail.SerializeToString()}, config=cfg, engine_config=engine_config)
 
     async def main():
@@ -127,38 +134,44 @@ def test_fast_path_is_off_by_default_and_then_everything_goes_the_plain_way(ray_
         stats = pool.stats()
     finally:
         pool.shutdown()
-    assert stats.fast_path_calls == 0 and stats.completed == len(frames)
+    assert stats.direct_calls == 0 and stats.completed == len(frames)
 
 
 @pytest.mark.chaos
-def test_fast_path_falls_back_when_its_replica_dies_and_is_rebuilt_after_restart(
+def test_direct_channel_falls_back_when_its_replica_dies_and_reconnects_after_restart(
     ray_local, tail, reference, frames, engine_config
 ):
     from workers.actors import ReplicaPool
 
     pool = ReplicaPool({KEY: tail.SerializeToString()},
-                       config=PoolConfig(num_replicas=1, max_restarts=2, max_retries=1, down_s=0.2, fast_path=True),
+                       config=PoolConfig(num_replicas=1, max_restarts=2, max_retries=1, down_s=0.2),
                        engine_config=engine_config)
-    outcomes: list[object] = []
+    outcomes: list[tuple[int, object]] = []
 
     async def main():
         [before] = await pool.ready()
-        await _until_fast(pool, frames[0], before=0)
-        ray.kill(pool.replicas[0], no_restart=False)
-        # Lone requests right after the kill: the graph is broken, so they go the plain
-        # way, which retries and fails clearly while the replica restarts.
-        for k in range(40):
+        await _until_direct(pool, frames[0], before=0)
+
+        async def one(k: int) -> None:
             try:
                 outcomes.append((k, await pool.infer(KEY, frames[k % len(frames)])))
             except ReplicaUnavailableError as e:
                 outcomes.append((k, e))
-                await asyncio.sleep(0.1)
-            if pool.stats().replica_failures and isinstance(outcomes[-1][1], dict):
+
+        # Requests in flight on the channel when the replica dies: each is retried by a
+        # plain call or fails clearly, none is lost.
+        flight = [asyncio.ensure_future(one(k)) for k in range(12)]
+        await asyncio.sleep(0)
+        ray.kill(pool.replicas[0], no_restart=False)
+        await asyncio.gather(*flight)
+        for k in range(12, 60):
+            await one(k)
+            if isinstance(outcomes[-1][1], dict) and pool.stats().replica_failures:
                 break
+            await asyncio.sleep(0.1)
         [after] = await pool.ready()
         assert after["pid"] != before["pid"]
-        fast = pool.stats().fast_path_calls
-        await _until_fast(pool, frames[1], before=fast)  # rebuilt on the restarted replica
+        await _until_direct(pool, frames[1], before=pool.stats().direct_calls)  # reopened on the new replica
         _assert_equal(await pool.infer(KEY, frames[2]), reference(frames[2]))
 
     try:
@@ -166,10 +179,11 @@ def test_fast_path_falls_back_when_its_replica_dies_and_is_rebuilt_after_restart
         stats = pool.stats()
     finally:
         pool.shutdown()
+    assert sorted(k for k, _ in outcomes) == list(range(len(outcomes)))
     assert stats.replica_failures >= 1 and stats.retries >= 1
     assert stats.requests == stats.completed + stats.failed + stats.errors and stats.errors == 0
     for k, out in outcomes:
         if isinstance(out, dict):
             _assert_equal(out, reference(frames[k % len(frames)]))
         else:
-            assert out.retryable
+            assert out.retryable and out.attempts == 2
