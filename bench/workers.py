@@ -19,21 +19,21 @@ on all of them alike):
 1. raw ORT: one InferenceSession on the Engine's optimised artefact (the same graph
    every contender runs), called in a loop in this process at batch 1 and batch 8:
    the limit, with no serving at all;
-2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay,
-   caller-side batching of actor calls), called by closed-loop asyncio clients at
-   concurrency 1, 8 and 32; and ours at concurrency 1 with the compiled-graph fast
-   path on (``PoolConfig(fast_path=True)``: a lone request goes over a compiled graph,
-   not a plain actor call). That pool lives only for its slice of each round, because
-   its replica's graph reader busy-waits and would take CPU from every other point.
-   At concurrency 1 the pool reports each request's engine run time in the worker, so
-   ``overhead_p50_ms`` (latency minus that run, paired per request) is the serving
-   overhead alone, free of the noise in the run itself;
+2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay),
+   requests over the replica's direct channel (a Unix-domain socket, the default),
+   called by closed-loop asyncio clients at concurrency 1, 8 and 32; and "ours plain",
+   the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
+   the caller's side) at concurrency 1 and 32. At concurrency 1 the pool reports each
+   request's engine run time in the worker, so ``overhead_p50_ms`` (latency minus that
+   run, paired per request) is the serving overhead alone, free of the noise in the
+   run itself;
 3. Ray Serve: one replica of a deployment running the same artefact in an ORT session
    behind ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0)``, called through a
    DeploymentHandle by the same clients.
 
-Before that, the transport alone: a plain actor call against a compiled graph
-(``ray.dag`` + ``experimental_compile``) carrying 1 MiB to an actor and back.
+Before that, the transport alone, carrying 4 B and 1 MiB to an actor and back: a plain
+actor call, a compiled graph (``ray.dag`` + ``experimental_compile``) and our direct
+channel, against a 1 MiB memcpy.
 
 Every process uses 2 ORT intra-op threads. The machine is shared, so quote ratios;
 the absolute times say little.
@@ -203,75 +203,64 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     key = f"{name}@1@tail"
     tail_bytes = tail.SerializeToString()
     pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0), engine_config=config)
+    plain = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, direct=False),
+                        engine_config=config)
     handle = _serve_app(model_path)
     points: dict[str, _Point] = {}
-    fast_calls: list[int] = []
 
     def point(label: str) -> _Point:
         return points.setdefault(label, _Point())
 
     async def main() -> None:
         await pool.ready()
+        await plain.ready()
+        for _ in range(200):  # the direct channel opens in the background
+            await pool.infer(key, feed1)
+            if pool.stats().direct_calls >= 3:
+                break
+            await asyncio.sleep(0.02)
         for _ in range(3):  # warm every path
             sess.run(None, feed1)
-            await pool.infer(key, feed1)
+            await plain.infer(key, feed1)
             await handle.remote(x1)
         for r in range(rounds):
             print(f"{name}: round {r + 1}/{rounds}", flush=True)
             _serial(lambda: sess.run(None, feed1), 1, slice_s, point("raw_b1"))
             if engine.batch_safe:
                 _serial(lambda: sess.run(None, feed8), MAX_BATCH, slice_s, point("raw_b8"))
-            fast_calls.append(await _fast_slice(key, tail_bytes, config, feed1, slice_s, point("ours_fast_c1")))
             for c in CONCURRENCY:
                 call = (lambda: pool.infer_timed(key, feed1)) if c == 1 else (lambda: pool.infer(key, feed1))
                 await _closed_loop(call, c, slice_s, point(f"ours_c{c}"))
+                if c != 8:
+                    call = (lambda: plain.infer_timed(key, feed1)) if c == 1 else (lambda: plain.infer(key, feed1))
+                    await _closed_loop(call, c, slice_s, point(f"ours_plain_c{c}"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
 
     try:
         asyncio.run(main())
         hist = _worker_histogram(pool)
+        stats = pool.stats()
     finally:
         pool.shutdown()
+        plain.shutdown()
         serve.delete("peer")
     for label, p in points.items():
         entry[label] = p.summary()
     entry["ours_batch_size_histogram"] = hist
-    entry["ours_fast_c1_fast_path_calls"] = sum(fast_calls)
+    entry["ours_requests_over_direct_channel"] = f"{stats.direct_calls} of {stats.requests}"
     limit = entry.get("raw_b8", entry["raw_b1"])["throughput_per_s"]
     raw1 = entry["raw_b1"]["p50_ms"]
     entry["ratios"] = {
         "ours_c32_over_raw_batched_throughput": entry["ours_c32"]["throughput_per_s"] / limit,
         "ours_c32_over_serve_c32_throughput": entry["ours_c32"]["throughput_per_s"] / entry["serve_c32"]["throughput_per_s"],
+        "ours_plain_c32_over_raw_batched_throughput": entry["ours_plain_c32"]["throughput_per_s"] / limit,
         "ours_c1_added_p50_ms": entry["ours_c1"]["p50_ms"] - raw1,
         "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
-        "ours_fast_c1_added_p50_ms": entry["ours_fast_c1"]["p50_ms"] - raw1,
-        "ours_fast_c1_overhead_p50_ms": entry["ours_fast_c1"]["overhead_p50_ms"],
+        "ours_plain_c1_added_p50_ms": entry["ours_plain_c1"]["p50_ms"] - raw1,
+        "ours_plain_c1_overhead_p50_ms": entry["ours_plain_c1"]["overhead_p50_ms"],
         "serve_c1_added_p50_ms": entry["serve_c1"]["p50_ms"] - raw1,
     }
     return entry
-
-
-async def _fast_slice(key: str, tail_bytes: bytes, config: EngineConfig, feed: dict, slice_s: float,
-                      point: _Point) -> int:
-    """One slice of ours at concurrency 1 with the fast path, on a pool started for it
-    (its graph is built before the slice starts); returns the requests it served."""
-    from workers._pool import PoolConfig
-    from workers.actors import ReplicaPool
-
-    pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, fast_path=True),
-                       engine_config=config)
-    try:
-        await pool.ready()
-        for _ in range(200):
-            await pool.infer(key, feed)
-            if pool.stats().fast_path_calls >= 3:
-                break
-            await asyncio.sleep(0.02)
-        before = pool.stats().fast_path_calls
-        await _closed_loop(lambda: pool.infer_timed(key, feed), 1, slice_s, point)
-        return pool.stats().fast_path_calls - before
-    finally:
-        await pool.aclose()
 
 
 def _worker_histogram(pool) -> dict[str, int]:
@@ -318,10 +307,56 @@ def bench_transport(iters: int) -> dict:
         res["compiled_graph_4b_ms"] = timed(lambda: np.array(ray.get(dag.execute(small))))
     finally:
         dag.teardown()
+    res.update(_direct_channel_echo(x, small, iters))
     res["memcpy_1mib_ms"] = timed(lambda: x.copy())
     res["compiled_over_plain_1mib"] = res["compiled_graph_1mib_ms"] / res["plain_call_1mib_ms"]
+    res["direct_over_plain_1mib"] = res["direct_channel_1mib_ms"] / res["plain_call_1mib_ms"]
     ray.kill(worker)
     return res
+
+
+def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
+    """The direct channel's round trip to an actor that echoes (no engine, no batcher)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class EchoChannel:
+        async def open(self) -> str:
+            from workers._channel import open_channel_server
+
+            async def echo(key, inputs, deadline_unix_ms, priority):
+                return inputs, None
+
+            self.server = await open_channel_server(echo)
+            return self.server.path
+
+    actor = EchoChannel.remote()
+    path = ray.get(actor.open.remote())
+
+    async def main() -> dict:
+        from workers._channel import ChannelClient
+
+        client = await ChannelClient.connect(path)
+
+        async def timed(value: np.ndarray) -> float:
+            for _ in range(5):
+                await client.call("echo", value, None, 0)
+            samples = []
+            for _ in range(iters):
+                t = time.perf_counter()
+                await client.call("echo", value, None, 0)
+                samples.append(time.perf_counter() - t)
+            return statistics.median(samples) * 1e3
+
+        try:
+            return {"direct_channel_1mib_ms": await timed(x), "direct_channel_4b_ms": await timed(small)}
+        finally:
+            client.close()
+
+    try:
+        return asyncio.run(main())
+    finally:
+        ray.kill(actor)
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -367,10 +402,11 @@ def _plot(results: dict, path: str) -> None:
     names = list(results["models"])
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.1
-    series = [("raw ORT b1", lambda m: m["raw_b1"]), ("raw ORT b8", lambda m: m.get("raw_b8")),
-              ("ours c1, fast path", lambda m: m["ours_fast_c1"])]
+    series = [("raw ORT b1", lambda m: m["raw_b1"]), ("raw ORT b8", lambda m: m.get("raw_b8"))]
     for c in CONCURRENCY:
         series.append((f"ours c{c}", lambda m, c=c: m[f"ours_c{c}"]))
+    for c in (1, 32):
+        series.append((f"ours plain calls c{c}", lambda m, c=c: m[f"ours_plain_c{c}"]))
     for c in CONCURRENCY:
         series.append((f"Serve c{c}", lambda m, c=c: m[f"serve_c{c}"]))
     for k, (label, get) in enumerate(series):
@@ -385,8 +421,8 @@ def _plot(results: dict, path: str) -> None:
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=7, ncol=2)
     t = results["transport"]
-    fig.suptitle(f"tails on 2 CPUs; 1 MiB actor call {t['plain_call_1mib_ms']:.2f} ms plain vs "
-                 f"{t['compiled_graph_1mib_ms']:.2f} ms compiled graph")
+    fig.suptitle(f"tails on 2 CPUs; 1 MiB round trip to an actor: plain call {t['plain_call_1mib_ms']:.2f} ms, "
+                 f"compiled graph {t['compiled_graph_1mib_ms']:.2f} ms, direct channel {t['direct_channel_1mib_ms']:.2f} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -47,6 +47,13 @@ def test_arrays_round_trip_and_answers_match_their_requests():
             assert out[k].dtype == v.dtype and out[k].shape == v.shape
             np.testing.assert_array_equal(out[k], v)
         assert out["big"].flags.writeable
+        # Frames larger than the socket buffer wait in the backlog, in order.
+        huge = [np.full((3 << 20,), i, np.float32) for i in range(3)]  # 12 MiB each
+        outs = await asyncio.gather(*(client.call("m", {"x": h}, None, 0) for h in huge))
+        assert [float(o[0]["x"][-1]) for o in outs] == [0.0, 1.0, 2.0]
+        many = {f"x{i}": np.full(2, i) for i in range(300)}  # more parts than one sendmsg takes
+        out, _ = await client.call("m", many, None, 0)
+        assert all(int(out[k][0]) == int(k[1:]) for k in many)
         # Many in flight at once, answered out of order (priority 2 sleeps least).
         results = await asyncio.gather(*(client.call("slow", {"x": np.full(3, i)}, None, i % 3) for i in range(9)))
         assert [int(r[0]["x"][0]) for r in results] == list(range(9))
