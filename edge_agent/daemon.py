@@ -267,7 +267,7 @@ class EdgeAgent:
                     continue
                 now = time.monotonic()
                 r.reevaluate(now)
-                if probing is not None and not probing.done():
+                if (probing is not None and not probing.done()) or not r.offload_enabled:
                     continue
                 # Probe when the link is idle: nothing offloaded for a while (the app may be busy
                 # running locally, which is exactly when only a probe can say the link came back).

@@ -4,7 +4,8 @@ Each request is a `flow.RequestFlow`. The remote call, its timer and the local t
 are separate callbacks racing on one event loop; every result goes through
 `flow.fire`, and only the event it marks as delivering sets the answer. A remote
 answer after the local one is dropped and counted (`late_dropped`); it still feeds
-the link monitor, because a slow answer is the best evidence of a slow link.
+the link monitor, because a slow answer is the best evidence of a slow link. Probing
+the link while no request uses it is `probing.LinkProbing`, which `Runner` mixes in.
 
 [Note: remote budget]
 A request waits for the cloud until its budget: with an SLO, the SLO minus the time
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.errors import ClusterError, EncodingError, Unauthenticated, UnknownCutError
+from cluster.errors import EncodingError, Unauthenticated, UnknownCutError
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EncodedTensor
@@ -48,7 +49,8 @@ from edge_agent.engines import CutEngines, ModelSet
 from edge_agent.errors import RequestError
 from edge_agent.flow import RequestFlow, Step
 from edge_agent.monitor import LinkMonitor, MonitorConfig
-from edge_agent.policy import LOCAL, OFFLOAD, Action, Health, PolicyConfig, PolicyState, after_trial, policy
+from edge_agent.policy import LOCAL, Action, Health, PolicyConfig, PolicyState, after_trial, policy
+from edge_agent.probing import LinkProbing
 from edge_agent.transport import Remote, RemoteResult
 from planner import Frontier
 from workers.errors import InputError, WorkerError
@@ -60,13 +62,6 @@ _WINDOW = 2048
 _RATE_WINDOW_S = 2.0
 _STALL_CHECK_S = 0.2
 """How often an overdue transfer re-checks whether it bounds the link rate."""
-_PROBE_TIMEOUT_S = 5.0
-"""Least time a link probe waits: on a slow link a probe cut off at the request budget
-bounds the rate only by its bytes over that budget (602 kB in 0.84 s: 5.7 Mbit/s, above
-the demo's 1.1), while one given the time measures it."""
-_CHECK_TIMEOUT_S = 0.5
-"""Least time a reachability check waits (at least 4 RTTs): longer would slow the decay in an
-outage; a blackholed check still completes if the link returns while it waits."""
 _FACTOR_ALPHA = 0.3
 _FACTOR_RANGE = {"local": (0.5, 4.0), "remote": (0.5, 3.0)}
 
@@ -124,8 +119,8 @@ def _error_kind(e: BaseException) -> str:
     return type(e).__name__
 
 
-class Runner:
-    """The online core: one per agent, on one event loop."""
+class Runner(LinkProbing):
+    """The online core: one per agent, on one event loop. Link probing is `probing.LinkProbing`."""
 
     def __init__(self, models: ModelSet, frontier: Frontier | None, remote: Remote | None, config: EdgeConfig,
                  *, executor: concurrent.futures.Executor | None = None, local_ms: float | None = None) -> None:
@@ -165,12 +160,15 @@ class Runner:
         self._last_check_s = 0.0
         self._changes_seen = 0
         self._probe_ok: bool | None = None
+        self.offload_enabled = True
+        """False: every request runs the whole model here and the link is left alone (no probes or
+        checks): the agent as a plain local model server, e.g. as a benchmark's local baseline."""
 
     # -- deciding -----------------------------------------------------------------------
 
     def decide(self, now_s: float) -> Action:
         """Breaker, then policy; logs every switch once with its reason."""
-        remote_ok = self.remote is not None and self.frontier is not None
+        remote_ok = self.offload_enabled and self.remote is not None and self.frontier is not None
         probe = False
         unprobed = self.breaker
         if remote_ok:
@@ -197,7 +195,8 @@ class Runner:
         if self.last_action is None:
             return None  # nothing planned yet: the first request decides
         now_s = time.monotonic() if now_s is None else now_s
-        remote_ok = (self.remote is not None and self.frontier is not None and self.breaker.state == B.CLOSED)
+        remote_ok = (self.offload_enabled and self.remote is not None and self.frontier is not None
+                     and self.breaker.state == B.CLOSED)
         action = self._policy(now_s, remote_ok, False, request=False)
         if not action.switched:
             return None
@@ -530,136 +529,6 @@ class Runner:
         else:
             logger.debug("remote %s for cut %s after %.0f ms", kind, action.cut_id, elapsed_s * 1e3)
 
-    # -- probing ------------------------------------------------------------------------
-
-    def _recovering(self) -> bool:
-        """Requests run locally (or the breaker keeps them off the network): only probes see the link."""
-        a = self.last_action
-        return (a is not None and a.kind == LOCAL) or self.breaker.state != B.CLOSED
-
-    def _uploading(self) -> bool:
-        return any(not t.done() for t in self._remote_tasks)
-
-    def link_idle(self) -> bool:
-        """No remote call in flight and none for `probe_interval_s`: a probe competes with nothing.
-
-        While requests run locally (or the breaker is open) probes are the only samples of the
-        link, and how soon a recovery is seen depends on them: the quiet time is then halved.
-        """
-        interval_s = self.config.probe_interval_s / (2 if self._recovering() else 1)
-        return time.monotonic() - self.last_remote_s >= interval_s and not self._uploading()
-
-    def wants_reachability_check(self, now_s: float) -> bool:
-        """While running locally, a health check (a few hundred bytes) every `recovery_probe_s` on a
-        link nothing else uses: the cheapest way to see an outage end, and its silence the evidence
-        that one goes on. A check queued behind an upload would prove nothing, so none then."""
-        return (self.remote is not None and self._recovering() and not self._uploading()
-                and now_s - self._last_check_s >= self.config.recovery_probe_s)
-
-    def _check_timeout_s(self) -> float:
-        rtt_ms = self.monitor.estimate().rtt_ms or 0.0
-        return max(_CHECK_TIMEOUT_S, 4.0 * rtt_ms / 1e3)
-
-    async def check_reachable(self) -> bool:
-        """A reachability check. No answer: the estimate decays (see [Note: link estimation]). The
-        first answer after failures is followed at once by a bandwidth probe, which measures the
-        link that came back; the estimate then re-plans without waiting for a request."""
-        was_down = self.monitor.estimate().unreachable > 0
-        ok = await self.probe_rtt(timeout_s=self._check_timeout_s())
-        self._last_check_s = time.monotonic()
-        if not ok:
-            self._unreachable()
-            return False
-        if was_down:
-            logger.info("link: the gateway answers again after %d failed checks; measuring the link",
-                        self.counters.reachability_failures)
-            await self.probe(check=False)
-        return True
-
-    def _unreachable(self) -> None:
-        self.counters.reachability_failures += 1
-        if self.monitor.observe_unreachable(time.monotonic()):
-            logger.info("link: no answer on an idle link; the estimate (%.3g Mbit/s before) decays while it lasts",
-                        (self.monitor.estimate().up_bps or 0.0) / 1e6 * self.monitor.config.outage_decay)
-        self._estimate_moved()
-
-    async def probe_rtt(self, timeout_s: float = 2.0) -> bool:
-        """A health check as an RTT sample; False when the gateway did not answer.
-
-        Before the first sample it checks twice and keeps the second: the first also
-        pays the connection set-up, which is not the link's RTT.
-        """
-        if self.remote is None:
-            return False
-        for i in range(2 if self.monitor.estimate().rtt_ms is None else 1):
-            try:
-                _, rtt_ms = await self.remote.health(timeout_s=timeout_s)
-            except ClusterError:
-                return False
-        self.monitor.observe_rtt(rtt_ms, time.monotonic())
-        return True
-
-    async def probe(self, *, check: bool = True) -> None:
-        """An active probe, for idle times: RTT by health check (unless `check` is False: one just
-        answered), then the last boundary again.
-
-        Its outcome also moves an open or half-open breaker: while requests run locally
-        (breaker open, or no plan fits the link) only a probe can show the link is back.
-        """
-        # Before any RTT is known the check also sets up the connection: give it time.
-        first = self.monitor.estimate().rtt_ms is None
-        if check and not await self.probe_rtt(timeout_s=2.0 if first else self._check_timeout_s()):
-            self._last_check_s = time.monotonic()
-            self._unreachable()
-            self._probe_outcome(False, "the health check got no answer")
-            return
-        timeout_s = max(self.config.remote_timeout_ms / 1e3, _PROBE_TIMEOUT_S)
-        req = self._last_request or self._zero_request(timeout_s)
-        if req is None:
-            return
-        req = InferRequest(request_id=req.request_id + "-probe", model=req.model, version=req.version,
-                           cut_id=req.cut_id, deadline_unix_ms=int((time.time() + timeout_s) * 1000),
-                           tensors=req.tensors, device_id=req.device_id)
-        t0 = time.monotonic()
-        # Watched like a request's upload: a probe stuck in an outage that began under it bounds
-        # the rate lower every check, instead of holding the estimate until its timeout.
-        call = asyncio.ensure_future(self.remote.infer(req, timeout_s=timeout_s))
-        self._watch_stall(call, req.tensor_bytes(), t0)
-        try:
-            r = await call
-        except ClusterError as e:
-            now = time.monotonic()
-            self.last_remote_s = now
-            self.monitor.observe_timeout(req.tensor_bytes(), now - t0, now)
-            if self.breaker.state == B.HALF_OPEN:
-                self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
-            self._probe_outcome(False, f"{_error_kind(e)} after {(now - t0) * 1e3:.0f} ms")
-            self._estimate_moved()
-            return
-        self.counters.probes += 1
-        if self.breaker.state != B.CLOSED:
-            self.breaker = B.on_success(self.breaker, time.monotonic(), self.breaker_config)
-        self.last_remote_s = time.monotonic()
-        self.monitor.observe_transfer(r.up_bytes, r.down_bytes, r.elapsed_s, r.server_ms, time.monotonic())
-        self._probe_outcome(True, f"{r.up_bytes} bytes in {r.elapsed_s * 1e3:.0f} ms")
-        self._estimate_moved()
-
-    def _probe_outcome(self, ok: bool, what: str) -> None:
-        """Logs a probe at INFO when its outcome changed (the link came back or went), else at DEBUG."""
-        est = self.monitor.estimate()
-        level = logging.INFO if ok != self._probe_ok else logging.DEBUG
-        self._probe_ok = ok
-        logger.log(level, "link probe %s: %s; estimate up %.2f Mbit/s, rtt %s ms", "ok" if ok else "failed", what,
-                   (est.up_bps or 0.0) / 1e6, "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f}")
-
-    def _zero_request(self, timeout_s: float) -> InferRequest | None:
-        """A boundary of zeros for the first warm cut: measures the link before any request offloaded."""
-        ce = next((c for k, c in self.models.cuts.items() if k not in self.unusable_cuts), None)
-        if ce is None:
-            return None
-        zeros = {s.name: np.zeros(tuple(d or 1 for d in s.shape), np.dtype(s.dtype)) for s in ce.tail.inputs}
-        return self._make_request(Action(OFFLOAD, ce.cut_id), ce, zeros, "probe", timeout_s)
-
     def status(self) -> dict[str, Any]:
         est = self.monitor.estimate()
         a = self.last_action
@@ -669,7 +538,7 @@ class Runner:
                                               "predicted_ms": a.predicted_ms if math.isfinite(a.predicted_ms) else None,
                                               "reason": a.reason},
             "link": {"up_bps": est.up_bps, "rtt_ms": est.rtt_ms, "samples": est.samples, "changes": est.changes},
-            "breaker": self.breaker.state,
+            "breaker": self.breaker.state, "offload_enabled": self.offload_enabled,
             "local_ms": self.local_ms, "measured_local_ms": self.models.local_ms,
             "latency_factors": dict(self.factors),
             "warm_cuts": sorted(k for k in self.models.cuts if k not in self.unusable_cuts),

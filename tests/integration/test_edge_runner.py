@@ -8,7 +8,6 @@ checks the app got exactly one correct answer and the late result was dropped.
 
 import asyncio
 import contextlib
-import os
 
 import numpy as np
 import onnxruntime as ort
@@ -194,6 +193,31 @@ def test_outage_through_the_emulator_is_answered_locally_once(model_dir, mode):
         _check_one(ans, path, _x(5 + i), ans.served_by)
         assert ans.served_by in ("local_tail", "local")
     assert c.answered == 4 and c.requests == 4 and c.failed == 0
+
+
+def test_offload_disabled_runs_locally_and_leaves_the_link_alone(model_dir):
+    """`offload_enabled = False` (the adaptation benchmark's local baseline): requests run the
+    whole model here, nothing reaches the gateway, no probe or check is wanted; set back, the
+    next request offloads again."""
+    path = model_dir[1]
+
+    async def go():
+        async with _stack(model_dir) as (runner, backend, _):
+            runner.offload_enabled = False
+            runner.last_remote_s = 0.0  # the link has been quiet for ages: a probe would be due
+            off = [await runner.infer({"x": _x(i)}, request_id=f"off{i}") for i in range(3)]
+            wants = runner.link_idle(), runner.wants_reachability_check(1e9), runner.status()["offload_enabled"]
+            calls_off = backend.calls
+            runner.offload_enabled = True
+            on = await runner.infer({"x": _x(7)}, request_id="on")
+            return off, wants, calls_off, on, backend.calls
+
+    off, wants, calls_off, on, calls_on = asyncio.run(go())
+    for i, ans in enumerate(off):
+        _check_one(ans, path, _x(i), "local")
+    assert wants == (False, False, False) and calls_off == 0
+    _check_one(on, path, _x(7), "remote")
+    assert calls_on == 1
 
 
 def test_fallback_none_returns_the_error(model_dir):
