@@ -5,7 +5,8 @@
 Writes bench/results/transport.json and bench/results/transport.png. Everything
 runs on 127.0.0.1 in this one process (servers on background threads), and
 every comparison is interleaved sample by sample so that load from other
-processes hits both sides alike. Quote the ratios; absolute times depend on
+processes hits both sides alike. Round-trip ratios are taken within each round
+and the headline is their median. Quote the ratios; absolute times depend on
 the machine and its load.
 
 1. codec: frame encode+decode throughput of an fp32 tensor vs np.copyto of the
@@ -58,16 +59,20 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
-def _interleaved(fns: dict[str, Callable[[], Any]], n: int, warmup: int = 3, block: int = 1) -> dict[str, float]:
+def _interleaved(fns: dict[str, Callable[[], Any]], n: int, warmup: int = 20, block: int = 1) -> dict[str, float]:
     """Runs each fn n times, round-robin in blocks of `block` calls, and returns the
     median ms of each. Blocks let each function reach its steady state (allocator
-    reuse) while load from other processes still hits all of them alike."""
+    reuse) while load from other processes still hits all of them alike. The
+    round-robin starts one place later on every pass, so no function always
+    follows the same other one (each leaves caches and threads in its own state)."""
+    items = list(fns.items())
     for _ in range(warmup):
-        for f in fns.values():
+        for _, f in items:
             f()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(max(1, n // block)):
-        for k, f in fns.items():
+    for i in range(max(1, n // block)):
+        j = i % len(items)
+        for k, f in items[j:] + items[:j]:
             for _ in range(block):
                 t0 = time.perf_counter()
                 f()
@@ -289,23 +294,35 @@ def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
                 fns["codec_only_aio"] = lambda: call_codec(frame, timeout=30)
                 fns["ours_server_raw_client"] = lambda: ours.infer_raw(frame, timeout_s=30)
             # Several rounds: the machine is shared, so report the spread of the ratio too.
-            rounds = [_interleaved(fns, _reps(size, quick)) for _ in range(1 if quick else 3)]
+            # Small frames are cheap and the noisiest relative to their time: more rounds.
+            n_rounds = 1 if quick else 5 if size <= 64 << 10 else 3
+            rounds = [_interleaved(fns, _reps(size, quick)) for _ in range(n_rounds)]
             med = {k: statistics.median(r[k] for r in rounds) for k in fns}
-            best = min(med[k] for k in peers)
-            per_round = [r["ours_infer"] / min(r[k] for k in peers) for r in rounds]
+
+            def ratio(peer_of: Callable[[dict[str, float]], float]) -> tuple[float, list[float]]:
+                # Each ratio is taken within a round (both sides measured side by side),
+                # and the headline is the median of those: the same statistic for both
+                # sides, unlike a ratio of medians taken over the rounds separately.
+                per = [r["ours_infer"] / peer_of(r) for r in rounds]
+                return statistics.median(per), per
+
+            best, per_round = ratio(lambda r: min(r[k] for k in peers))
             row = {
                 "size_bytes": size,
                 "median_ms": med,
                 "rounds": len(rounds),
                 "event_loop": same_loop,
+                "loadavg_1min": os.getloadavg()[0],
                 "ours_vs_best_grpc_msgpack_per_round": per_round,
-                "ours_vs_grpc_msgpack_sync": med["ours_infer"] / med["grpc_msgpack_sync"],
-                "ours_vs_grpc_msgpack_aio": med["ours_infer"] / med["grpc_msgpack_aio"],
-                "ours_vs_best_grpc_msgpack": med["ours_infer"] / best,
-                "ours_vs_tcp": med["ours_infer"] / med["tcp_echo"],
+                "ours_vs_grpc_msgpack_sync": ratio(lambda r: r["grpc_msgpack_sync"])[0],
+                "ours_vs_grpc_msgpack_aio": ratio(lambda r: r["grpc_msgpack_aio"])[0],
+                "ours_vs_best_grpc_msgpack": best,
+                "ours_vs_tcp": ratio(lambda r: r["tcp_echo"])[0],
             }
             if call_same is not None:
-                row["ours_vs_grpc_msgpack_aio_same_loop"] = med["ours_infer"] / med["grpc_msgpack_aio_uvloop"]
+                same, same_per_round = ratio(lambda r: r["grpc_msgpack_aio_uvloop"])
+                row["ours_vs_grpc_msgpack_aio_same_loop"] = same
+                row["ours_vs_grpc_msgpack_aio_same_loop_per_round"] = same_per_round
             if breakdown:
                 aio_same_ms = med.get("grpc_msgpack_aio_uvloop", med["grpc_msgpack_aio"])
                 # Each step adds one piece to the one before it (ms, medians of the same run).
@@ -544,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         m = r["median_ms"]
         print(f"rtt {r['size_bytes']:>8} B: ours {m['ours_infer']:.3f} ms, grpc+msgpack sync {m['grpc_msgpack_sync']:.3f} / "
               f"aio {m['grpc_msgpack_aio']:.3f} / aio on {r['event_loop']} {m.get('grpc_msgpack_aio_uvloop', float('nan')):.3f}, "
-              f"tcp {m['tcp_echo']:.3f}; ours/best grpc {r['ours_vs_best_grpc_msgpack']:.2f}")
+              f"tcp {m['tcp_echo']:.3f}; ours/best grpc {r['ours_vs_best_grpc_msgpack']:.2f} "
+              f"(rounds {min(r['ours_vs_best_grpc_msgpack_per_round']):.2f}-{max(r['ours_vs_best_grpc_msgpack_per_round']):.2f}), "
+              f"ours/aio same loop {r.get('ours_vs_grpc_msgpack_aio_same_loop', float('nan')):.2f}")
         if "breakdown_ms" in r:
             print("  breakdown (ms): " + ", ".join(f"{k} {v:+.3f}" for k, v in r["breakdown_ms"].items()))
     for r in res["stream"]:

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
+import heapq
+import itertools
 import logging
 import os
 import threading
@@ -29,6 +32,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cluster.errors import DeadlineExceeded, NotSupported, ProtocolError
+from cluster.protocol import _small
 from cluster.protocol import status as _status
 from cluster.protocol._msgpack import SMALL_FRAME_BYTES, Writer, pack_small
 from cluster.protocol.messages import (
@@ -138,17 +142,83 @@ def _error_info(exc: BaseException, method: str) -> ErrorInfo:
     return ErrorInfo(code=_status.code_number(code), error=name, message=message, fields=fields)
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    out = {}
-    for key, value in context.invocation_metadata() or ():
-        if isinstance(value, str):
-            out[key] = value
-    return out
+def _metadata(pairs: Any) -> dict[str, str]:
+    return {key: value for key, value in pairs or () if isinstance(value, str)}
 
 
-def _expire(task: asyncio.Task[Any], fired: list[bool]) -> None:
-    fired.append(True)
-    task.cancel()
+class _CallContext(RequestContext):
+    """A RequestContext whose `metadata` dict is built on first read: most backends
+    (and every call without auth) never read it, and building it per call shows in
+    the 4 KiB round trip. Until then it holds gRPC's metadata pairs, a plain
+    tuple: it must not hold gRPC's servicer context, whose call state may only be
+    freed while gRPC is still up (a backend may keep a context after the server stopped)."""
+
+    @property  # type: ignore[override]
+    def metadata(self) -> Mapping[str, str]:
+        d = self.__dict__
+        md = d.get("_metadata")
+        if md is None:
+            md = d["_metadata"] = _metadata(d.pop("_pairs", ()))
+        return md
+
+    @metadata.setter
+    def metadata(self, value: Mapping[str, str]) -> None:
+        # The frozen dataclass __init__ (dataclasses.replace) sets fields with object.__setattr__.
+        self.__dict__["_metadata"] = value
+
+
+class _Deadlines:
+    """Cancels in-flight backend calls at their deadlines with one loop timer.
+
+    [Note: deadline timer] A timer per call (call_later, then cancel) cost more
+    than the rest of the server shell in the 4 KiB round trip; here a call costs
+    a heap push and, when it ends, a pop. Entries are lists
+    [deadline_monotonic_s, seq, task, fired]: `task` is None once the call ended,
+    and `fired` is True when this timer cancelled it, so that only that
+    cancellation becomes DEADLINE_EXCEEDED (a client that went away stays a
+    cancellation). Calls end in about deadline order, so ended entries mostly
+    sit at the top of the heap and leave it at once; any others leave when the
+    timer passes their deadline. Used on the loop's thread only.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    def add(self, deadline: float, task: asyncio.Task[Any]) -> list[Any]:
+        entry = [deadline, next(self._seq), task, False]
+        heapq.heappush(self._heap, entry)
+        if deadline < self._timer_at:
+            self._arm(deadline)
+        return entry
+
+    def done(self, entry: list[Any]) -> None:
+        entry[2] = None
+        heap = self._heap
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - time.monotonic()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        heap, now = self._heap, time.monotonic()
+        while heap and (heap[0][2] is None or heap[0][0] <= now):
+            entry = heapq.heappop(heap)
+            task = entry[2]
+            if task is not None:
+                entry[2], entry[3] = None, True
+                task.cancel()
+        if heap:
+            # The loop's clock may run a little ahead of time.monotonic(): a timer
+            # that fired early is simply armed again for what is left.
+            self._arm(heap[0][0])
 
 
 class _Service:
@@ -158,6 +228,7 @@ class _Service:
         self.backend = backend
         self.window = window
         self.chunk_bytes = chunk_bytes
+        self.deadlines = _Deadlines()
 
     # -- shared pieces -----------------------------------------------------------------
 
@@ -166,45 +237,39 @@ class _Service:
     ) -> RequestContext:
         # Filled directly: the frozen dataclass __init__ costs a setattr per field on
         # every call, and every field is given here.
-        ctx = object.__new__(RequestContext)
+        ctx = object.__new__(_CallContext)
         ctx.__dict__.update(method=method, received_monotonic_s=received, deadline_monotonic_s=deadline,
-                            peer=context.peer() or "", metadata=_metadata(context))
+                            peer=context.peer() or "", _pairs=context.invocation_metadata())
         return ctx
-
-    @staticmethod
-    def _deadline(req: InferRequest, context: grpc.aio.ServicerContext, now_mono: float) -> float:
-        remaining_s = req.deadline_unix_ms / 1000.0 - time.time()
-        grpc_left = context.time_remaining()
-        if grpc_left is not None:
-            remaining_s = min(remaining_s, grpc_left)
-        if remaining_s <= 0:
-            raise DeadlineExceeded(where="before the request reached the backend", overdue_ms=-remaining_s * 1e3)
-        return now_mono + remaining_s
 
     async def _run_infer(
         self, req: InferRequest, context: grpc.aio.ServicerContext, method: str, received: float
     ) -> InferResponse:
-        deadline = self._deadline(req, context, time.monotonic())
+        # The deadline is the earlier of the request's and gRPC's.
+        remaining_s = req.deadline_unix_ms / 1000.0 - time.time()
+        grpc_left = context.time_remaining()
+        if grpc_left is not None and grpc_left < remaining_s:
+            remaining_s = grpc_left
+        if remaining_s <= 0:
+            raise DeadlineExceeded(where="before the request reached the backend", overdue_ms=-remaining_s * 1e3)
+        deadline = time.monotonic() + remaining_s
         ctx = self._context(method, context, received, deadline)
-        # [Note: deadline timer] One loop timer that cancels this task at the deadline:
-        # what asyncio.timeout does, without its context-manager machinery on the hot
-        # path. Only a cancellation this timer made becomes DEADLINE_EXCEEDED; any
-        # other (the client went away) stays a cancellation.
+        # [Note: deadline timer] in _Deadlines: the service's one timer cancels this
+        # task at the deadline, as asyncio.timeout would, at less cost per call.
         task = asyncio.current_task()
         assert task is not None  # handlers always run in a task
-        fired: list[bool] = []
         base = task.cancelling()
-        timer = asyncio.get_running_loop().call_later(deadline - time.monotonic(), _expire, task, fired)
+        entry = self.deadlines.add(deadline, task)
         try:
             resp = await self.backend.infer(req, ctx)
         except asyncio.CancelledError as e:
-            if fired and task.uncancel() <= base:
+            if entry[3] and task.uncancel() <= base:
                 raise DeadlineExceeded(
                     where="while the backend ran", overdue_ms=(time.monotonic() - deadline) * 1e3
                 ) from e
             raise
         finally:
-            timer.cancel()
+            self.deadlines.done(entry)
         if not isinstance(resp, InferResponse):
             raise TypeError(f"backend.infer returned {type(resp).__name__}, not InferResponse")
         return resp
@@ -214,6 +279,11 @@ class _Service:
         t0 = time.perf_counter()
         timings = dict(resp.timings_ms)
         timings["decode"] = decode_ms
+        # [Note: small-frame fast path] in cluster.protocol._small; None means the general path.
+        fast = _small.encode_response(resp, timings, t0, (lambda p: {"v": list(PROTOCOL_VERSION), "seq": seq, "response": p})
+                                      if stream else None)
+        if fast is not None:
+            return fast
         # [Note: encode time] covers framing and packing up to the last step, which
         # packs (small frames) or joins the parts with one copy (big frames): that
         # step makes the bytes that carry the number, so it cannot be in it.
@@ -440,6 +510,10 @@ async def serve(
     return RunningServer(server=server, port=bound, host=host, health=h, _health_servicer=servicer)
 
 
+async def _collect() -> None:
+    gc.collect()
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The event loop to serve on: uvloop's where it is installed, else asyncio's.
 
@@ -502,6 +576,11 @@ class ThreadedServer:
         if self._running is None or not self._thread.is_alive():
             return
         asyncio.run_coroutine_threadsafe(self._running.stop(grace_s), self._loop).result()
+        # gRPC call state that reference cycles still hold (errors' tracebacks hold
+        # handler frames) is freed here, while this loop runs: freed later by the
+        # cyclic GC, after the loop closed, it crashed the process with a segfault
+        # (test_grpc_server.py run before test_gateway*.py in one pytest process).
+        asyncio.run_coroutine_threadsafe(_collect(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

@@ -63,14 +63,14 @@ def make_request(
 ) -> InferRequest:
     """An InferRequest with a fresh id and a deadline `timeout_s` from now."""
     return InferRequest(
-        request_id=request_id or new_request_id(),
-        model=model,
-        version=version,
-        cut_id=cut_id,
-        deadline_unix_ms=int((time.time() + timeout_s) * 1000),
-        tensors=dict(tensors),
-        priority=priority,
-        device_id=device_id,
+        request_id or f"{_ID_PREFIX}-{next(_ids)}",
+        model,
+        version,
+        cut_id,
+        int((time.time() + timeout_s) * 1000),
+        dict(tensors),
+        priority,
+        device_id,
     )
 
 
@@ -255,7 +255,11 @@ class SyncInferenceClient:
             raise _error_of_rpc(e) from e
 
     def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
-        raw = self.infer_raw(request.to_msgpack(), timeout_s=_grpc_timeout(request, timeout_s))
+        data = request.to_msgpack()
+        try:
+            raw = self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error_of_rpc(e) from e
         return InferResponse.from_msgpack(raw)
 
     def infer_stream(

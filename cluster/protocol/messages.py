@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 
 from cluster.errors import ProtocolError, VersionMismatch
+from cluster.protocol import _small
 from cluster.protocol._msgpack import SMALL_FRAME_BYTES, Writer, pack_small, unpackb
 from cluster.protocol.tensors import EncodedTensor, read_ext, tensor_nbytes, write_tensor
 
@@ -329,7 +330,7 @@ class _Message:
         return cls.from_dict(unpackb(data, read_ext))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class InferRequest(_Message):
     """Boundary tensors of one sample (or batch) for the tail of `model@version` at `cut_id`."""
 
@@ -363,8 +364,24 @@ class InferRequest(_Message):
         ("device_id", "str", ""),
     )
 
+    def __init__(self, request_id: str, model: str, version: str, cut_id: str, deadline_unix_ms: int,
+                 tensors: Mapping[str, Tensor], priority: int = 0, device_id: str = "",
+                 v: tuple[int, int] = PROTOCOL_VERSION) -> None:
+        # Written out: the frozen dataclass __init__ pays a setattr per field, per request.
+        self.__dict__.update(request_id=request_id, model=model, version=version, cut_id=cut_id,
+                             deadline_unix_ms=deadline_unix_ms, tensors=tensors, priority=priority,
+                             device_id=device_id, v=v)
 
-@dataclass(frozen=True, eq=False)
+    # Small frames take _small's fast path first (see [Note: small-frame fast path]).
+    def to_msgpack(self) -> bytes:
+        return _small.encode_request(self) or super().to_msgpack()
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> InferRequest:
+        return _small.decode_request(cls, data, SUPPORTED_MAJORS) or super().from_msgpack(data)
+
+
+@dataclass(frozen=True, eq=False, init=False)
 class InferResponse(_Message):
     """The tail's outputs for one InferRequest."""
 
@@ -385,6 +402,16 @@ class InferResponse(_Message):
         ("timings_ms", "timings", dict),
         ("served_by", "str", ""),
     )
+
+    def __init__(self, request_id: str, outputs: Mapping[str, Tensor], timings_ms: Mapping[str, float] | None = None,
+                 served_by: str = "", v: tuple[int, int] = PROTOCOL_VERSION) -> None:
+        # Written out, as InferRequest's; no timings_ms means a new empty dict.
+        self.__dict__.update(request_id=request_id, outputs=outputs,
+                             timings_ms={} if timings_ms is None else timings_ms, served_by=served_by, v=v)
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> InferResponse:
+        return _small.decode_response(cls, data, SUPPORTED_MAJORS) or super().from_msgpack(data)
 
 
 @dataclass(frozen=True)
@@ -449,6 +476,10 @@ class StreamFrame:
                 body.write(w)
 
     def to_msgpack(self) -> bytes:
+        if self.request is not None:  # [Note: small-frame fast path] in _small
+            plain = _small.request_plain(self.request)
+            if plain is not None:
+                return pack_small({"v": list(self.v), "seq": self.seq, "request": plain}, "StreamFrame")
         body = self.request or self.response or self.error
         assert body is not None
         kind = "request" if self.request else "response" if self.response else "error"
@@ -477,7 +508,8 @@ class StreamFrame:
 
     @classmethod
     def from_msgpack(cls, data: bytes) -> StreamFrame:
-        return cls.from_dict(unpackb(data, read_ext))
+        fast = _small.decode_stream_frame(cls, data, SUPPORTED_MAJORS, InferRequest, InferResponse)
+        return fast or cls.from_dict(unpackb(data, read_ext))
 
 
 @dataclass(frozen=True)
