@@ -362,7 +362,7 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
 # -- main ---------------------------------------------------------------------------------
 
 
-def run(quick: bool, models: list[str] | None = None) -> dict:
+def run(quick: bool, models: list[str] | None = None, *, allow_spinning: bool = True) -> dict:
     import ray
 
     rounds, slice_s = (2, 0.6) if quick else (5, 1.0)
@@ -372,11 +372,13 @@ def run(quick: bool, models: list[str] | None = None) -> dict:
 
     serve.start(proxy_location="Disabled")
     cache_dir = tempfile.mkdtemp(prefix="bench-workers-")
-    config = EngineConfig(intra_op_threads=THREADS, cache_dir=cache_dir, share_weights=False)
+    config = EngineConfig(intra_op_threads=THREADS, cache_dir=cache_dir, share_weights=False,
+                          allow_spinning=allow_spinning)
     results: dict = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
                     "ray": ray.__version__},
         "settings": {"rounds": rounds, "slice_s": slice_s, "threads": THREADS, "max_batch": MAX_BATCH,
+                     "ours_allow_spinning": allow_spinning, "raw_allow_spinning": True,
                      "concurrency": list(CONCURRENCY)},
         "transport": bench_transport(60 if quick else 300),
         "models": {},
@@ -427,12 +429,53 @@ def _plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+_ROWS = [("raw_b1", "raw ORT b1 (limit)"), ("raw_b8", "raw ORT b8 (limit)"), ("ours_c1", "ours c1"),
+         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_plain_c1", "ours c1, plain calls"),
+         ("ours_plain_c32", "ours c32, plain calls"), ("serve_c1", "Ray Serve c1"), ("serve_c8", "Ray Serve c8"),
+         ("serve_c32", "Ray Serve c32")]
+
+
+def markdown(results: dict) -> str:
+    """The per-model tables of docs/workers.md, from a results JSON."""
+    t = results["transport"]
+    out = [f"Transport alone, round trip to an actor (median): 4 B plain call {t['plain_call_4b_ms']:.2f} ms, "
+           f"compiled graph {t['compiled_graph_4b_ms']:.2f} ms, direct channel {t['direct_channel_4b_ms']:.2f} ms; "
+           f"1 MiB each way: {t['plain_call_1mib_ms']:.2f} / {t['compiled_graph_1mib_ms']:.2f} / "
+           f"{t['direct_channel_1mib_ms']:.2f} ms (memcpy of 1 MiB {t['memcpy_1mib_ms']:.3f} ms).", ""]
+    for name, m in results["models"].items():
+        out += [f"**{name}** (input {m['input_bytes'] / 1024:.0f} KiB; ours' batch sizes "
+                f"{m['ours_batch_size_histogram']}; over the direct channel: {m['ours_requests_over_direct_channel']})",
+                "", "| contender | throughput /s | p50 ms | p99 ms | p50 serving overhead, ms |", "|---|---|---|---|---|"]
+        for key, label in _ROWS:
+            if key in m:
+                p = m[key]
+                over = f"{p['overhead_p50_ms']:.2f}" if "overhead_p50_ms" in p else ""
+                out.append(f"| {label} | {p['throughput_per_s']:.1f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {over} |")
+        r = m["ratios"]
+        out += ["", f"ours c32 / raw b8 throughput **{r['ours_c32_over_raw_batched_throughput']:.2f}** (target >= 0.9; "
+                f"plain calls {r['ours_plain_c32_over_raw_batched_throughput']:.2f}); ours c32 / Serve c32 "
+                f"**{r['ours_c32_over_serve_c32_throughput']:.2f}** (target >= 1.5); at c1, serving overhead (p50 of "
+                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (plain calls "
+                f"{r['ours_plain_c1_overhead_p50_ms']:.2f} ms); p50 over raw b1: ours +{r['ours_c1_added_p50_ms']:.1f} ms, "
+                f"plain calls +{r['ours_plain_c1_added_p50_ms']:.1f} ms, Serve +{r['serve_c1_added_p50_ms']:.1f} ms "
+                "(target <= 0.5 ms)", ""]
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1.5 s per point instead of 5 s")
     parser.add_argument("--models", default="", help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--no-spinning", action="store_true",
+                        help="stop our engines' ORT threads spinning after a run (EngineConfig.allow_spinning=False)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print docs/workers.md's tables from bench/results/workers.json and exit")
     args = parser.parse_args()
-    results = run(args.quick, [m for m in args.models.split(",") if m])
+    if args.markdown:
+        with open(os.path.join(RESULTS_DIR, "workers.json")) as f:
+            print(markdown(json.load(f)))
+        return
+    results = run(args.quick, [m for m in args.models.split(",") if m], allow_spinning=not args.no_spinning)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     with open(os.path.join(RESULTS_DIR, "workers.json"), "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)

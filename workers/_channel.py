@@ -16,10 +16,10 @@ in the event loop while nothing arrives.
 
 A frame is ``<u32 meta_bytes><u32 n_buffers><u64 buffer_bytes>*n``, the metadata, then
 the raw buffers: pickle protocol 5 with out-of-band buffers, so an array's bytes are
-never copied into the pickle. Requests are ``(id, key, inputs, deadline_unix_ms,
-priority)``; answers are ``(id, True, (outputs, timing))`` or ``(id, False, error)``.
-Many requests are in flight on one connection at once; the worker's batcher batches
-them as it batches plain calls.
+never copied into the pickle. Requests are ``(id, args)``, answered with
+``(id, True, handler(*args))`` or ``(id, False, error)``. Many requests are in flight
+on one connection at once. The replica pool sends the batches it forms on the caller's
+side (``infer_batch_timed``'s arguments), as it would send them by plain calls.
 
 Pickle executes what it reads, so only processes of the same user may connect: the
 socket lives in a fresh directory of mode 0700. A node's workers and its gateway are
@@ -57,8 +57,8 @@ _MAX_BUFFERS = 1 << 16
 _MAX_PARTS_PER_SEND = 256
 """Below the kernel's IOV_MAX (1024); frames with more parts go through the backlog."""
 
-Handler = Callable[[str, Any, float | None, int], Awaitable[tuple[Any, Any]]]
-"""``(key, inputs, deadline_unix_ms, priority) -> (outputs, timing)``; raises domain errors."""
+Handler = Callable[..., Awaitable[Any]]
+"""Called with a request's arguments; its result or error goes back to the caller."""
 
 
 class ChannelClosedError(WorkerError):
@@ -211,9 +211,10 @@ class ChannelServer:
             conn.close()
 
     async def _answer(self, conn: _Connection, request: Any) -> None:
-        request_id, key, inputs, deadline_unix_ms, priority = request
+        request_id, args = request
+        key = str(args[0]) if args else None
         try:
-            reply: tuple = (request_id, True, await self._handler(key, inputs, deadline_unix_ms, priority))
+            reply: tuple = (request_id, True, await self._handler(*args))
         except Exception as e:  # noqa: BLE001 - every error goes back to its caller as a value
             e.__traceback__ = e.__context__ = e.__cause__ = None
             reply = (request_id, False, e)
@@ -301,8 +302,8 @@ class ChannelClient:
                     "restarted); retry-able: the pool sends it again by a plain call",
                     path=self.path, detail=repr(exc) if exc else None))
 
-    async def call(self, key: str, inputs: Any, deadline_unix_ms: float | None, priority: int) -> tuple[Any, Any]:
-        """``(outputs, timing)`` of one request; raises the worker's error, or
+    async def call(self, *args: Any) -> Any:
+        """The worker's ``handler(*args)``; raises the worker's error, or
         ChannelClosedError when the connection is lost meanwhile."""
         if self.closed:
             raise ChannelClosedError(f"the direct channel {self.path} is closed; reconnect or send by a plain call",
@@ -312,7 +313,7 @@ class ChannelClient:
         self._pending[request_id] = fut
         try:
             try:
-                self._conn.send((request_id, key, inputs, deadline_unix_ms, priority))
+                self._conn.send((request_id, args))
             except OSError as e:
                 self._reader.cancel()
                 raise ChannelClosedError(f"sending on the direct channel {self.path} failed ({e!r}); "

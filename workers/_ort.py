@@ -126,6 +126,7 @@ def make_session_options(
     opt_level: str,
     log_severity: int,
     disable_prepacking: bool = False,
+    allow_spinning: bool = True,
 ) -> ort.SessionOptions:
     """Session options with every setting that affects speed pinned explicitly."""
     so = ort.SessionOptions()
@@ -134,6 +135,8 @@ def make_session_options(
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL if inter_op_threads <= 1 else ort.ExecutionMode.ORT_PARALLEL
     so.graph_optimization_level = OPT_LEVELS[opt_level]
     so.log_severity_level = log_severity
+    if not allow_spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if disable_prepacking:
         # Pre-packing copies Gemm/MatMul weights into a private per-session layout,
         # which would defeat weight sharing; see [Note: weight sharing] in workers/engine.py.

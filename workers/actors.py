@@ -15,13 +15,12 @@ A plain actor call pickles its arguments, puts arrays over 100 KiB in the object
 and goes through the raylet's task machinery: 2.5 ms to echo 4 B and about 10 ms to
 echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
 
-* the replica pool sends requests over each same-node replica's direct channel, a
-  Unix-domain socket that the replica opens on request (``open_channel``; see
-  [Note: direct channel] in workers/_channel.py); Ray still creates, places, restarts
-  and kills the replicas, and plain calls carry loads, stats and health. Until a
-  channel is open, for replicas on other nodes, and with ``PoolConfig(direct=False)``,
-  requests go by plain calls, batched on the caller's side (see [Note: caller-side
-  batching]);
+* the replica pool sends its batches (see [Note: caller-side batching]) over each
+  same-node replica's direct channel, a Unix-domain socket that the replica opens on
+  request (``open_channel``; see [Note: direct channel] in workers/_channel.py); Ray
+  still creates, places, restarts and kills the replicas, and plain calls carry
+  loads, stats and health. Until a channel is open, for replicas on other nodes, and
+  with ``PoolConfig(direct=False)``, the same batches go by plain calls;
 * the pipeline, a fixed chain of actors, uses a compiled graph (``ray.dag`` +
   ``experimental_compile``: shared-memory channels set up once, 0.8-0.9 ms to echo
   1 MiB here). Its results are views of the channel buffer, which stays locked while
@@ -124,6 +123,11 @@ class _TimingHost(SegmentHost):
         priorities: list[int],
     ) -> list[tuple[dict[str, np.ndarray], RequestTiming | None] | BaseException]:
         """``infer_batch`` with each result paired with its RequestTiming."""
+        if len(requests) == 1:  # a lone request: no gather, whose task costs an event-loop hop
+            try:
+                return [await self.infer_timed(key, requests[0], deadlines_unix_ms[0], priorities[0])]
+            except Exception as e:  # noqa: BLE001 - per-request errors are values, as gather returns them
+                return [e]
         return list(await asyncio.gather(
             *(self.infer_timed(key, r, d, p) for r, d, p in zip(requests, deadlines_unix_ms, priorities)),
             return_exceptions=True))
@@ -132,7 +136,7 @@ class _TimingHost(SegmentHost):
         """Starts this worker's direct channel once (see [Note: direct channel] in
         workers/_channel.py); returns where it listens and which node this is."""
         if getattr(self, "_channel", None) is None:
-            self._channel = await open_channel_server(self.infer_timed)
+            self._channel = await open_channel_server(self.infer_batch_timed)
         return {"path": self._channel.path, "node_id": ray.get_runtime_context().get_node_id(),
                 "pid": os.getpid()}
 
@@ -284,6 +288,8 @@ class ReplicaPool:
         node_id = ray.get_runtime_context().get_node_id()
         self._links = [_DirectLink(r, node_id) for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
+        self._sending = 0
+        """Sends in flight (batches or lone requests), on every replica."""
 
     async def ready(self) -> list[dict]:
         """Waits until every replica has loaded its segments; returns their health."""
@@ -329,10 +335,11 @@ class ReplicaPool:
             deadline_unix_ms = d if deadline_unix_ms is None else min(deadline_unix_ms, d)
         request = (inputs, deadline_unix_ms, priority)
         try:
-            result = await self._try_direct(key, request) if self._links else None
-            if result is None and self.config.caller_batch_size > 1:
+            if self.config.caller_batch_size > 1 and self._sending:
                 result = await self._batcher(key).submit(request, priority=priority)
-            elif result is None:
+            else:
+                # Nothing in flight: there is nothing to batch with, so skip the
+                # caller-side batcher's event-loop hops (see [Note: caller-side batching]).
                 [result] = await self._send(key, [request])
         except ReplicaUnavailableError:
             self._failed += 1
@@ -346,47 +353,15 @@ class ReplicaPool:
         self._completed += 1
         return result
 
-    async def _try_direct(self, key: str, request: tuple) -> object | None:
-        """Sends one request over the least-loaded replica's direct channel, skipping the
-        caller-side batcher (the replica's own batcher batches); ``None`` when it must go
-        the plain way (no channel yet, the replica is remote, or the segment needs a reload)."""
-        now_s = time.monotonic()
-        i = pick_replica(self._in_flight, self._down_until_s, now_s, start=self._next)
-        if i is None or self._down_until_s[i] > now_s:
-            return None
-        client = self._links[i].client()
-        if client is None:
-            return None
-        self._next = (i + 1) % len(self.replicas)
-        self._in_flight[i] += 1
-        self._routed[i] += 1
-        try:
-            result = await client.call(key, *request)
-        except ChannelClosedError:
-            self._replica_failures += 1
-            self._retries += 1
-            self._down_until_s[i] = time.monotonic() + self.config.down_s
-            self._links[i].lost(self.config.down_s)
-            logger.warning("replica %d's direct channel closed with a request for %s in flight; retrying it "
-                           "by a plain call", i, key)
-            [result] = await self._send(key, [request], exclude=i, attempts=1)
-            return result
-        except SegmentNotLoadedError:
-            return None  # a restarted replica: the plain path reloads the segment
-        except Exception as e:  # noqa: BLE001 - the worker's answer for this request, raised by the caller
-            return e
-        finally:
-            self._in_flight[i] -= 1
-        self._direct_calls += 1
-        return result
-
     def _batcher(self, key: str) -> Batcher:
         """The caller-side batcher of ``key`` on the running event loop.
 
         [Note: caller-side batching]
-        Requests that wait while every send slot is busy leave together in one actor
-        call (``infer_batch``), so a busy pool pays Ray's per-call cost once per batch
-        instead of once per request. With no queue delay a lone request leaves at once.
+        Requests that wait while every send slot is busy leave together in one send
+        (``infer_batch_timed``'s arguments, over the direct channel or a plain call), so
+        a busy pool pays the per-send cost (Python on both sides, and Ray's machinery
+        for a plain call) once per batch instead of once per request. With no queue
+        delay a lone request leaves at once.
         """
         loop = asyncio.get_running_loop()
         entry = self._batchers.get(key)
@@ -411,6 +386,13 @@ class ReplicaPool:
         Returns one (outputs, RequestTiming) or exception per request (the worker's
         ``infer_batch_timed``). ``exclude`` and ``attempts`` carry over a failed first try.
         """
+        self._sending += 1
+        try:
+            return await self._send_with_retries(key, requests, exclude, attempts)
+        finally:
+            self._sending -= 1
+
+    async def _send_with_retries(self, key: str, requests: list[tuple], exclude: int | None, attempts: int) -> list:
         reloaded = False
         n = len(requests)
         args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
@@ -421,11 +403,18 @@ class ReplicaPool:
             self._in_flight[i] += n
             self._routed[i] += 1
             attempts += 1
+            client = self._links[i].client() if self._links else None
             try:
-                results = await self.replicas[i].infer_batch_timed.remote(key, *args)
-            except RayActorError as e:
+                if client is not None:
+                    results = await client.call(key, *args)
+                    self._direct_calls += n
+                else:
+                    results = await self.replicas[i].infer_batch_timed.remote(key, *args)
+            except (RayActorError, ChannelClosedError) as e:
                 self._replica_failures += 1
                 self._down_until_s[i] = time.monotonic() + self.config.down_s
+                if isinstance(e, ChannelClosedError):
+                    self._links[i].lost(self.config.down_s)
                 logger.warning("replica %d failed on %s (attempt %d, %d requests): %s",
                                i, key, attempts, n, type(e).__name__)
                 if attempts > self.config.max_retries:

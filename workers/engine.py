@@ -89,6 +89,12 @@ class EngineConfig:
     """Apply ORT's BERT fusions to graphs that look like transformer blocks."""
     log_severity: int = 3
     """ORT log level (0 verbose ... 4 fatal)."""
+    allow_spinning: bool = True
+    """Let ORT's intra-op threads spin after a run, waiting for more work (ORT's own
+    default). Measured both ways on a served tail (bench/workers.py, docs/workers.md):
+    off made batch-8 runs up to 1.2x slower (DenseNet121 tail) and did not lower the
+    serving overhead at concurrency 1. Turn it off where other processes need the cores
+    between runs (an app beside the edge agent, say)."""
 
     def __post_init__(self) -> None:
         def bad(field: str, value, fix: str) -> EngineLoadError:
@@ -357,6 +363,7 @@ class Engine:
             opt_level=level,
             log_severity=cfg.log_severity,
             disable_prepacking=cfg.share_weights,
+            allow_spinning=cfg.allow_spinning,
         )
         weights = None
         if cfg.share_weights:
