@@ -3,9 +3,10 @@
     python -m bench.transport [--quick]
 
 Writes bench/results/transport.json and bench/results/transport.png. Everything
-runs on 127.0.0.1 in this one process (servers on background threads), and
-every comparison is interleaved sample by sample so that load from other
-processes hits both sides alike. Round-trip ratios are taken within each round
+runs on 127.0.0.1; the round trip runs twice, with every server in its own process
+(the headline, as a gateway is deployed) and with the servers on threads of the
+client's process (see [Note: servers in their own processes]). Every comparison is
+interleaved sample by sample so that load from other processes hits both sides alike. Round-trip ratios are taken within each round
 and the headline is their median. Quote the ratios; absolute times depend on
 the machine and its load.
 
@@ -32,6 +33,7 @@ import platform
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -52,6 +54,7 @@ from cluster.server import _Service, new_event_loop, serve_in_thread
 
 SIZES_BYTES = (4 << 10, 1 << 20, 8 << 20)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OPTS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
@@ -173,14 +176,15 @@ class _TcpEcho:
         except (ConnectionError, OSError):
             conn.close()
 
-    def client(self) -> Callable[[bytes], bytes]:
-        c = socket.create_connection(("127.0.0.1", self.port))
+    @classmethod
+    def client(cls, port: int) -> Callable[[bytes], bytes]:
+        c = socket.create_connection(("127.0.0.1", port))
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def call(payload: bytes) -> bytes:
             c.sendall(struct.pack("<Q", len(payload)) + payload)
-            (n,) = struct.unpack("<Q", self._recv_exact(c, 8))
-            return bytes(self._recv_exact(c, n))
+            (n,) = struct.unpack("<Q", cls._recv_exact(c, 8))
+            return bytes(cls._recv_exact(c, n))
 
         return call
 
@@ -231,34 +235,95 @@ class _PlainAio:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
-    def echo(raw: bytes, ctx: Any) -> bytes:
-        return msgpack.packb(msgpack.unpackb(raw))
+_SERVER_KINDS = ("sync", "aio", "aio_same_loop", "codec", "ours", "tcp")
 
-    sync_srv = grpc.server(futures.ThreadPoolExecutor(4), options=_OPTS)
-    sync_srv.add_generic_rpc_handlers((_plain_handler(echo),))
-    sync_port = sync_srv.add_insecure_port("127.0.0.1:0")
-    sync_srv.start()
-    aio_srv = _PlainAio()
-    # Our server runs on new_event_loop() (uvloop where installed): the same loop for a fair peer.
-    same_loop = type(new_event_loop()).__module__.split(".")[0]
-    aio_same = _PlainAio(new_event_loop()) if same_loop != "asyncio" else None
-    codec_srv = _PlainAio(new_event_loop(), echo=_codec_only)
+
+def _echo_sync(raw: bytes, ctx: Any) -> bytes:
+    return msgpack.packb(msgpack.unpackb(raw))
+
+
+def _start_server(kind: str) -> tuple[int, Callable[[], None]]:
+    """Starts one echo server of ``kind`` in this process: its port and how to stop it."""
+    if kind == "sync":
+        srv = grpc.server(futures.ThreadPoolExecutor(4), options=_OPTS)
+        srv.add_generic_rpc_handlers((_plain_handler(_echo_sync),))
+        port = srv.add_insecure_port("127.0.0.1:0")
+        srv.start()
+        return port, lambda: srv.stop(0)
+    if kind in ("aio", "aio_same_loop", "codec"):
+        # Our server runs on new_event_loop() (uvloop where installed): the same loop for a fair peer.
+        aio = _PlainAio(None if kind == "aio" else new_event_loop(), echo=_codec_only if kind == "codec" else _plain_echo)
+        return aio.port, aio.close
+    if kind == "ours":
+        ours = serve_in_thread(EchoBackend())
+        return int(ours.address.rsplit(":", 1)[1]), ours.stop
     tcp = _TcpEcho()
-    ours_srv = serve_in_thread(EchoBackend())
-    ours = SyncInferenceClient(ours_srv.address)
-    ch_sync = grpc.insecure_channel(f"127.0.0.1:{sync_port}", options=_OPTS)
-    ch_aio = grpc.insecure_channel(f"127.0.0.1:{aio_srv.port}", options=_OPTS)
-    call_sync = ch_sync.unary_unary("/plain.Echo/Echo")
-    call_aio = ch_aio.unary_unary("/plain.Echo/Echo")
-    channels = [ch_sync, ch_aio]
-    call_same = None
-    if aio_same is not None:
-        channels.append(grpc.insecure_channel(f"127.0.0.1:{aio_same.port}", options=_OPTS))
-        call_same = channels[-1].unary_unary("/plain.Echo/Echo")
-    channels.append(grpc.insecure_channel(f"127.0.0.1:{codec_srv.port}", options=_OPTS))
-    call_codec = channels[-1].unary_unary("/plain.Echo/Echo")
-    tcp_call = tcp.client()
+    return tcp.port, tcp.close
+
+
+def _child_server(kind: str) -> None:
+    """``--child-server KIND``: serve until the parent closes our stdin."""
+    port, stop = _start_server(kind)
+    print(port, flush=True)
+    sys.stdin.read()
+    stop()
+
+
+class _Servers:
+    """The round trip's servers, in this process (threads) or one process each.
+
+    [Note: servers in their own processes]
+    In one process the servers' threads and the client share one interpreter lock, and
+    a server whose threads compete with the client for it (grpc.aio's poller thread
+    more than the sync server's pool, measured: aio 1.12x sync in one process, equal
+    in separate ones) pays for that in the round trip. A gateway runs in its own
+    process, so the headline is taken with every server in its own; the one-process run
+    is kept beside it.
+    """
+
+    def __init__(self, separate: bool) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.stops: list[Callable[[], None]] = []
+        self.ports: dict[str, int] = {}
+        same_loop_is_asyncio = type(new_event_loop()).__module__.split(".")[0] == "asyncio"
+        for kind in _SERVER_KINDS:
+            if kind == "aio_same_loop" and same_loop_is_asyncio:
+                continue
+            if separate:
+                p = subprocess.Popen([sys.executable, "-m", "bench.transport", "--child-server", kind],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     cwd=_ROOT)
+                self.procs.append(p)
+                self.ports[kind] = int(p.stdout.readline())
+            else:
+                self.ports[kind], stop = _start_server(kind)
+                self.stops.append(stop)
+
+    def close(self) -> None:
+        for stop in self.stops:
+            stop()
+        for p in self.procs:
+            p.stdin.close()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def bench_round_trip(quick: bool, *, separate: bool = True) -> list[dict[str, Any]]:
+    servers = _Servers(separate)
+    same_loop = type(new_event_loop()).__module__.split(".")[0]
+    ours = SyncInferenceClient(f"127.0.0.1:{servers.ports['ours']}")
+
+    def channel(kind: str) -> Any:
+        ch = grpc.insecure_channel(f"127.0.0.1:{servers.ports[kind]}", options=_OPTS)
+        channels.append(ch)
+        return ch.unary_unary("/plain.Echo/Echo")
+
+    channels: list[grpc.Channel] = []
+    call_sync, call_aio, call_codec = channel("sync"), channel("aio"), channel("codec")
+    call_same = channel("aio_same_loop") if "aio_same_loop" in servers.ports else None
+    tcp_call = _TcpEcho.client(servers.ports["tcp"])
     rows = []
     try:
         for size in SIZES_BYTES:
@@ -313,6 +378,7 @@ def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
                 "rounds": len(rounds),
                 "event_loop": same_loop,
                 "loadavg_1min": os.getloadavg()[0],
+                "servers": "one process each" if separate else "threads of the client's process",
                 "ours_vs_best_grpc_msgpack_per_round": per_round,
                 "ours_vs_grpc_msgpack_sync": ratio(lambda r: r["grpc_msgpack_sync"])[0],
                 "ours_vs_grpc_msgpack_aio": ratio(lambda r: r["grpc_msgpack_aio"])[0],
@@ -337,14 +403,9 @@ def bench_round_trip(quick: bool) -> list[dict[str, Any]]:
             rows.append(row)
     finally:
         ours.close()
-        ours_srv.stop()
         for ch in channels:
             ch.close()
-        sync_srv.stop(0)
-        for srv in (aio_srv, aio_same, codec_srv):
-            if srv is not None:
-                srv.close()
-        tcp.close()
+        servers.close()
     return rows
 
 
@@ -537,15 +598,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ap.add_argument("--out", default=RESULTS_DIR, help="directory for transport.json and transport.png")
+    ap.add_argument("--child-server", choices=_SERVER_KINDS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_server:
+        _child_server(args.child_server)
+        return 0
     os.makedirs(args.out, exist_ok=True)
     res: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_start": os.getloadavg()},
         "quick": args.quick,
     }
-    for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip), ("stream", bench_stream),
-                    ("encodings", bench_encodings)):
+    for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip),
+                    ("round_trip_in_process", lambda quick: bench_round_trip(quick, separate=False)),
+                    ("stream", bench_stream), ("encodings", bench_encodings)):
         t0 = time.perf_counter()
         res[key] = fn(args.quick)
         print(f"{key}: done in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -557,9 +623,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"codec {r['size_bytes']:>8} B: frame {r['throughput_GBps']['frame']:.2f} GB/s, "
               f"memcpy {r['throughput_GBps']['memcpy']:.2f} GB/s (ratio {r['frame_vs_memcpy']:.2f}), "
               f"alloc+copy {r['throughput_GBps']['alloc_copy']:.2f} GB/s (ratio {r['frame_vs_alloc_copy']:.2f})")
-    for r in res["round_trip"]:
+    for r in res["round_trip"] + res["round_trip_in_process"]:
         m = r["median_ms"]
-        print(f"rtt {r['size_bytes']:>8} B: ours {m['ours_infer']:.3f} ms, grpc+msgpack sync {m['grpc_msgpack_sync']:.3f} / "
+        print(f"rtt ({r['servers']}) {r['size_bytes']:>8} B: ours {m['ours_infer']:.3f} ms, grpc+msgpack sync {m['grpc_msgpack_sync']:.3f} / "
               f"aio {m['grpc_msgpack_aio']:.3f} / aio on {r['event_loop']} {m.get('grpc_msgpack_aio_uvloop', float('nan')):.3f}, "
               f"tcp {m['tcp_echo']:.3f}; ours/best grpc {r['ours_vs_best_grpc_msgpack']:.2f} "
               f"(rounds {min(r['ours_vs_best_grpc_msgpack_per_round']):.2f}-{max(r['ours_vs_best_grpc_msgpack_per_round']):.2f}), "
