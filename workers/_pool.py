@@ -270,9 +270,9 @@ class SegmentStats:
     engine_median_ms: float
     """Median engine run time over its recent runs."""
     batches_formed: int
-    """Batches run: those the batcher formed, and the fast path's direct runs."""
+    """Batches the segment's batcher formed and ran."""
     batch_size_histogram: Mapping[int, int] = field(default_factory=dict)
-    """Batch size -> number of batches (both kinds)."""
+    """Batch size -> number of batches."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
