@@ -328,15 +328,15 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
                 return inputs, None
 
             self.server = await open_channel_server(echo)
-            return self.server.path
+            return self.server.path, self.server.token
 
     actor = EchoChannel.remote()
-    path = ray.get(actor.open.remote())
+    path, token = ray.get(actor.open.remote())
 
     async def main() -> dict:
         from workers._channel import ChannelClient
 
-        client = await ChannelClient.connect(path)
+        client = await ChannelClient.connect(path, token)
 
         async def timed(value: np.ndarray) -> float:
             for _ in range(5):

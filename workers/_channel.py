@@ -21,20 +21,25 @@ never copied into the pickle. Requests are ``(id, args)``, answered with
 on one connection at once. The replica pool sends the batches it forms on the caller's
 side (``infer_batch_timed``'s arguments), as it would send them by plain calls.
 
-Pickle executes what it reads, so only processes of the same user may connect: the
-socket lives in a fresh directory of mode 0700. A node's workers and its gateway are
-one trusted deployment (Ray itself pickles between them). Workers on other nodes get
-no channel and are reached by plain calls.
+Pickle executes what it reads, so nothing unauthenticated may connect: the socket
+lives in a fresh directory of mode 0700, and every connection must first send the
+channel's 32-byte random token, which the worker hands out only through Ray (an actor
+call, ``open_channel``), i.e. to whoever may call the actor anyway. Workers on other
+nodes are reached the same way over TCP on the worker's node address, token first;
+like Ray's own traffic between nodes it is not encrypted, so a cluster network that
+others can watch needs Ray's TLS and ``PoolConfig(direct=False)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import itertools
 import logging
 import os
 import pickle
+import secrets
 import shutil
 import socket
 import struct
@@ -51,6 +56,9 @@ logger = logging.getLogger(__name__)
 _HEAD = struct.Struct("<II")
 _LEN = struct.Struct("<Q")
 _SOCKET_BUFFER_BYTES = 4 << 20
+_TOKEN_BYTES = 32
+_TOKEN_WAIT_S = 10.0
+"""A connection that has not sent its token by then is closed."""
 _MAX_FRAME_BYTES = 1 << 31
 """Larger declared sizes mean a garbled frame: refused before anything is allocated."""
 _MAX_BUFFERS = 1 << 16
@@ -94,6 +102,8 @@ class _Connection:
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             # The default (~200 KiB) splits a 1 MiB frame into several wake-ups of both
             # processes; the kernel caps this at net.core.wmem_max / rmem_max.
@@ -177,7 +187,11 @@ class ChannelServer:
         self._handler = handler
         self._directory = directory
         self.path = os.path.join(directory, "channel.sock")
-        self._listener: socket.socket | None = None
+        self.tcp_address: tuple[str, int] | None = None
+        """Where the TCP listener is, when one was asked for."""
+        self.token = secrets.token_bytes(_TOKEN_BYTES)
+        """What every connection must send first; hand it out only over an authenticated path."""
+        self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
 
     def _spawn(self, coro: Awaitable) -> None:
@@ -185,26 +199,37 @@ class ChannelServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _start(self) -> None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.path)
-        listener.listen(64)
-        listener.setblocking(False)
-        self._listener = listener
-        self._spawn(self._accept())
+    async def _start(self, tcp_host: str | None) -> None:
+        listeners = [(socket.AF_UNIX, self.path)]
+        if tcp_host is not None:
+            listeners.append((socket.AF_INET6 if ":" in tcp_host else socket.AF_INET, (tcp_host, 0)))
+        for family, address in listeners:
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            self._listeners.append(listener)
+            listener.bind(address)
+            listener.listen(64)
+            listener.setblocking(False)
+            if family != socket.AF_UNIX:
+                self.tcp_address = listener.getsockname()[:2]
+            self._spawn(self._accept(listener))
 
-    async def _accept(self) -> None:
+    async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            sock, _ = await loop.sock_accept(self._listener)
+            sock, _ = await loop.sock_accept(listener)
             self._spawn(self._serve(_Connection(sock)))
 
     async def _serve(self, conn: _Connection) -> None:
         try:
+            token = bytearray(_TOKEN_BYTES)
+            await asyncio.wait_for(conn._recv_into(memoryview(token)), _TOKEN_WAIT_S)
+            if not hmac.compare_digest(bytes(token), self.token):
+                logger.warning("direct channel %s: a connection sent a wrong token; closed", self.path)
+                return
             while True:
                 self._spawn(self._answer(conn, await conn.recv()))
-        except ConnectionError:
-            pass  # the pool closed it, or died
+        except (ConnectionError, TimeoutError):
+            pass  # the pool closed it, or died, or never sent its token
         except Exception as e:  # noqa: BLE001 - a garbled frame ends its connection, never the worker
             logger.error("direct channel %s: a frame did not decode (%r); closing that connection", self.path, e)
         finally:
@@ -229,21 +254,22 @@ class ChannelServer:
             pass  # the pool went away; it has counted this request already
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         for task in self._tasks:
             task.cancel()
         shutil.rmtree(self._directory, ignore_errors=True)
 
 
-async def open_channel_server(handler: Handler) -> ChannelServer:
-    """Listens on a new socket in a private directory; ``server.path`` says where."""
+async def open_channel_server(handler: Handler, *, tcp_host: str | None = None) -> ChannelServer:
+    """Listens on a new socket in a private directory (``server.path``) and, given
+    ``tcp_host``, on a TCP port of that address too (``server.tcp_address``)."""
     directory = tempfile.mkdtemp(prefix="splitinfer-ch-")  # mode 0700: see [Note: direct channel]
     server = ChannelServer(handler, directory)
     try:
-        await server._start()
+        await server._start(tcp_host)
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        server.close()
         raise
     return server
 
@@ -263,15 +289,22 @@ class ChannelClient:
         self._reader = self.loop.create_task(self._read())
 
     @classmethod
-    async def connect(cls, path: str) -> ChannelClient:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    async def connect(cls, address: str | tuple[str, int], token: bytes) -> ChannelClient:
+        """Connects to a socket path, or a ``(host, port)`` over TCP, and sends the token."""
+        if isinstance(address, str):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        else:
+            address = (address[0], int(address[1]))
+            sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        loop = asyncio.get_running_loop()
         try:
             sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, path)
+            await loop.sock_connect(sock, address)
+            await loop.sock_sendall(sock, token)
         except BaseException:
             sock.close()
             raise
-        return cls(path, _Connection(sock))
+        return cls(address if isinstance(address, str) else f"{address[0]}:{address[1]}", _Connection(sock))
 
     async def _read(self) -> None:
         exc: BaseException | None = None

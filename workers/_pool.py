@@ -195,10 +195,13 @@ class PoolConfig:
     sends_per_replica: int = 2
     """Actor calls in flight per replica before further requests wait to be batched."""
     direct: bool = True
-    """Send requests to same-node replicas over a direct channel (a Unix-domain
-    socket; see [Note: direct channel] in workers/_channel.py) instead of plain actor
-    calls; replicas on other nodes, and any replica until its channel is open, get
-    plain calls. ``False`` sends everything by plain calls."""
+    """Send requests to replicas over a direct channel (a Unix-domain socket on the
+    caller's node, TCP to other nodes; see [Note: direct channel] in
+    workers/_channel.py) instead of plain actor calls; a replica gets plain calls until
+    its channel is open. ``False`` sends everything by plain calls."""
+    direct_over_tcp: bool = False
+    """Use the TCP form of the channel for same-node replicas too (where the caller
+    cannot reach the replica's temporary directory, e.g. another container)."""
 
     def __post_init__(self) -> None:
         checks = (

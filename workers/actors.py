@@ -16,11 +16,12 @@ and goes through the raylet's task machinery: 2.5 ms to echo 4 B and about 10 ms
 echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
 
 * the replica pool sends its batches (see [Note: caller-side batching]) over each
-  same-node replica's direct channel, a Unix-domain socket that the replica opens on
-  request (``open_channel``; see [Note: direct channel] in workers/_channel.py); Ray
-  still creates, places, restarts and kills the replicas, and plain calls carry
-  loads, stats and health. Until a channel is open, for replicas on other nodes, and
-  with ``PoolConfig(direct=False)``, the same batches go by plain calls;
+  replica's direct channel, a socket that the replica opens on request
+  (``open_channel``; a Unix-domain socket on the caller's node, TCP across nodes; see
+  [Note: direct channel] in workers/_channel.py); Ray still creates, places,
+  restarts and kills the replicas, and plain calls carry loads, stats and health.
+  Until a channel is open, and with ``PoolConfig(direct=False)``, the same batches go
+  by plain calls;
 * the pipeline, a fixed chain of actors, uses a compiled graph (``ray.dag`` +
   ``experimental_compile``: shared-memory channels set up once, 0.8-0.9 ms to echo
   1 MiB here). Its results are views of the channel buffer, which stays locked while
@@ -136,9 +137,9 @@ class _TimingHost(SegmentHost):
         """Starts this worker's direct channel once (see [Note: direct channel] in
         workers/_channel.py); returns where it listens and which node this is."""
         if getattr(self, "_channel", None) is None:
-            self._channel = await open_channel_server(self.infer_batch_timed)
-        return {"path": self._channel.path, "node_id": ray.get_runtime_context().get_node_id(),
-                "pid": os.getpid()}
+            self._channel = await open_channel_server(self.infer_batch_timed, tcp_host=ray.util.get_node_ip_address())
+        return {"path": self._channel.path, "tcp": self._channel.tcp_address, "token": self._channel.token,
+                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
 SegmentWorker = ray.remote(_TimingHost)
@@ -181,17 +182,17 @@ def make_worker(
 class _DirectLink:
     """A pool's direct channel to one replica (see [Note: direct channel] in
     workers/_channel.py), connected in the background on first use and again after
-    the replica restarts. ``remote`` is set for a replica on another node: plain calls
-    serve it for good."""
+    the replica restarts: its Unix socket when the replica is on the caller's node
+    (unless ``over_tcp``), its TCP port otherwise."""
 
-    def __init__(self, actor, caller_node_id: str) -> None:
+    def __init__(self, actor, caller_node_id: str, *, over_tcp: bool) -> None:
         self._actor = actor
         self._caller_node_id = caller_node_id
+        self._over_tcp = over_tcp
         self._client: ChannelClient | None = None
         self._connecting: asyncio.Task | None = None
         self._failures = 0
         self.not_before_s = 0.0
-        self.remote = False
 
     def client(self) -> ChannelClient | None:
         """The connected channel on the running loop, or ``None`` (then connects, if due)."""
@@ -201,19 +202,17 @@ class _DirectLink:
             return client
         if client is not None:
             self._drop()
-        if self._connecting is None and not self.remote and time.monotonic() >= self.not_before_s:
+        if self._connecting is None and time.monotonic() >= self.not_before_s:
             self._connecting = loop.create_task(self._connect())
         return None
 
     async def _connect(self) -> None:
         try:
             info = await self._actor.open_channel.remote()
-            if info["node_id"] != self._caller_node_id:
-                self.remote = True
-                logger.info("replica pid %s is on another node; plain actor calls serve it", info["pid"])
-                return
-            self._client = await ChannelClient.connect(info["path"])
+            local = info["node_id"] == self._caller_node_id and not self._over_tcp
+            self._client = await ChannelClient.connect(info["path"] if local else tuple(info["tcp"]), info["token"])
             self._failures = 0
+            logger.info("direct channel to replica pid %s open (%s)", info["pid"], "unix" if local else "tcp")
         except Exception as e:  # noqa: BLE001 - plain calls serve the replica meanwhile
             self._failures += 1
             backoff_s = min(30.0, 0.5 * 2.0 ** self._failures)
@@ -286,7 +285,7 @@ class ReplicaPool:
         self._replica_failures = 0
         self._batchers: dict[str, tuple[asyncio.AbstractEventLoop, Batcher]] = {}
         node_id = ray.get_runtime_context().get_node_id()
-        self._links = [_DirectLink(r, node_id) for r in self.replicas] if cfg.direct else []
+        self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp) for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
         self._sending = 0
         """Sends in flight (batches or lone requests), on every replica."""

@@ -187,3 +187,28 @@ def test_direct_channel_falls_back_when_its_replica_dies_and_reconnects_after_re
             _assert_equal(out, reference(frames[k % len(frames)]))
         else:
             assert out.retryable and out.attempts == 2
+
+
+def test_the_channel_over_tcp_serves_like_the_unix_socket(ray_local, tail, reference, frames, engine_config):
+    # The form replicas on other nodes get; forced here on one node.
+    from workers.actors import ReplicaPool
+
+    pool = ReplicaPool({KEY: tail.SerializeToString()},
+                       config=PoolConfig(num_replicas=1, max_restarts=0, direct_over_tcp=True),
+                       engine_config=engine_config)
+
+    async def main():
+        await pool.ready()
+        await _until_direct(pool, frames[0], before=0)
+        outs = await asyncio.gather(*(pool.infer(KEY, x) for x in frames * 3))
+        for x, out in zip(frames * 3, outs):
+            _assert_equal(out, reference(x))
+        with pytest.raises(InputError):
+            await pool.infer(KEY, {k: v.astype(np.float64) for k, v in frames[0].items()})
+
+    try:
+        asyncio.run(main())
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert stats.direct_calls >= len(frames) * 3 and stats.errors == 1 and stats.failed == 0

@@ -30,10 +30,12 @@ def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-def test_arrays_round_trip_and_answers_match_their_requests():
+def round_trip_arrays(over: str) -> None:
+    """Also run over TCP by tests/integration/test_channel_tcp.py (unit tests use no network)."""
     async def main():
-        server = await open_channel_server(_echo)
-        client = await ChannelClient.connect(server.path)
+        server = await open_channel_server(_echo, tcp_host="127.0.0.1" if over == "tcp" else None)
+        address = server.path if over == "unix" else server.tcp_address
+        client = await ChannelClient.connect(address, server.token)
         rng = np.random.default_rng(0)
         inputs = {
             "big": rng.standard_normal((2, 512, 512)).astype(np.float32),  # 2 MiB: received in place
@@ -63,10 +65,14 @@ def test_arrays_round_trip_and_answers_match_their_requests():
     _run(main())
 
 
+def test_arrays_round_trip_and_answers_match_their_requests():
+    round_trip_arrays("unix")
+
+
 def test_worker_errors_come_back_with_their_fields_and_the_channel_keeps_serving():
     async def main():
         server = await open_channel_server(_echo)
-        client = await ChannelClient.connect(server.path)
+        client = await ChannelClient.connect(server.path, server.token)
         with pytest.raises(InputError, match="send float32") as e:
             await client.call("bad", {}, None, 0)
         assert (e.value.input_name, e.value.given, e.value.model) == ("x", "float64[1]", "bad")
@@ -83,7 +89,7 @@ def test_worker_errors_come_back_with_their_fields_and_the_channel_keeps_serving
 def test_garbage_on_the_socket_closes_only_that_connection():
     async def main():
         server = await open_channel_server(_echo)
-        good = await ChannelClient.connect(server.path)
+        good = await ChannelClient.connect(server.path, server.token)
         loop = asyncio.get_running_loop()
         for garbage in (b"\x05\x00\x00\x00\x00\x00\x00\x00hello",  # not a pickle
                         b"\x02\x00\x00\x00\x01\x00\x00\x00" + b"\x00" * 8,  # a pickle too short
@@ -92,7 +98,7 @@ def test_garbage_on_the_socket_closes_only_that_connection():
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             raw.setblocking(False)
             await loop.sock_connect(raw, server.path)
-            await loop.sock_sendall(raw, garbage + b"\x00" * 64)
+            await loop.sock_sendall(raw, server.token + garbage + b"\x00" * 64)
             try:  # the worker hangs up: end of stream, or a reset when our bytes were left unread
                 assert await asyncio.wait_for(loop.sock_recv(raw, 16), 10) == b""
             except ConnectionResetError:
@@ -110,7 +116,7 @@ def test_a_lost_worker_fails_calls_in_flight_with_a_retryable_error():
         server = await open_channel_server(_echo)
         directory = os.path.dirname(server.path)
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700  # only this user may connect
-        client = await ChannelClient.connect(server.path)
+        client = await ChannelClient.connect(server.path, server.token)
         in_flight = asyncio.ensure_future(client.call("slow", {"x": np.ones(1)}, None, 0))
         await asyncio.sleep(0.01)
         server.close()  # as if the worker died: its connections close with the answer unsent
@@ -124,3 +130,30 @@ def test_a_lost_worker_fails_calls_in_flight_with_a_retryable_error():
             await client.call("ok", {}, None, 0)
 
     _run(main())
+
+
+def refuses_a_wrong_token(over: str) -> None:
+    async def main():
+        seen = []
+
+        async def handler(*args):
+            seen.append(args)
+            return None
+
+        server = await open_channel_server(handler, tcp_host="127.0.0.1" if over == "tcp" else None)
+        assert len(server.token) == 32
+        address = server.path if over == "unix" else server.tcp_address
+        with pytest.raises(ChannelClosedError):
+            client = await ChannelClient.connect(address, bytes(32))
+            await client.call("k", {"x": np.ones(1)}, None, 0)
+        assert seen == []  # nothing reached the worker
+        good = await ChannelClient.connect(address, server.token)
+        await good.call("k")
+        assert seen == [("k",)]
+        server.close()
+
+    _run(main())
+
+
+def test_a_connection_without_the_token_is_closed_before_any_frame_is_read():
+    refuses_a_wrong_token("unix")
