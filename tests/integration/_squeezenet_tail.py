@@ -1,5 +1,6 @@
-"""Module-scoped fixtures shared by the Ray worker tests: a SqueezeNet tail after layer 28
-and a plain single-thread ONNX Runtime session of it as the reference."""
+"""Module-scoped fixtures shared by the Ray worker tests: a local Ray started for the
+module, an engine config with one shared artefact cache, a SqueezeNet tail after layer
+28 and a plain single-thread ONNX Runtime session of it as the reference."""
 
 from __future__ import annotations
 
@@ -7,6 +8,22 @@ import onnxruntime as ort
 import pytest
 
 import partitioner
+from workers.engine import EngineConfig
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine_config(tmp_path_factory):
+    # A shared artefact cache: replicas (and restarted replicas) load without rebuilding.
+    return EngineConfig(intra_op_threads=1, cache_dir=str(tmp_path_factory.mktemp("artefacts")))
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import partitioner
-from tests.integration._squeezenet_tail import reference, tail  # noqa: F401 - fixtures
+from tests.integration._squeezenet_tail import engine_config, ray_local, reference, tail  # noqa: F401 - fixtures
 from workers._pool import PoolConfig, check_inputs, make_segment_key, pick_replica, to_monotonic_deadline
-from workers.engine import EngineConfig, TensorSpec
+from workers.engine import TensorSpec
 from workers.errors import (
     ActorConfigError,
     DeadlineExceededError,
@@ -133,20 +133,6 @@ def test_make_stages_cuts_at_chain_points(tail):
 
 
 # -- Ray --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def engine_config(tmp_path_factory):
-    # A shared artefact cache: replicas (and restarted replicas) load without rebuilding.
-    return EngineConfig(intra_op_threads=1, cache_dir=str(tmp_path_factory.mktemp("artefacts")))
 
 
 @pytest.fixture(scope="module")

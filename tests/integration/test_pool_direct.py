@@ -1,7 +1,8 @@
 """ReplicaPool's direct channel (see [Note: direct channel] in workers/_channel.py).
 
-Requests to a same-node replica travel over a Unix-domain socket that the replica
-opens; until it is open, and after the replica dies, they go by plain actor calls.
+Requests travel over a socket that the replica opens (Unix-domain on the caller's
+node, TCP otherwise); until it is open, and after the replica dies, they go by plain
+actor calls.
 Real local Ray, a real SqueezeNet tail, a plain ONNX Runtime session as the reference.
 """
 
@@ -13,9 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.integration._squeezenet_tail import reference, tail  # noqa: F401 - fixtures
+from tests.integration._squeezenet_tail import engine_config, ray_local, reference, tail  # noqa: F401 - fixtures
 from workers._pool import PoolConfig, make_segment_key
-from workers.engine import EngineConfig
 from workers.errors import DeadlineExceededError, InputError, ReplicaUnavailableError
 
 ray = pytest.importorskip("ray")
@@ -32,19 +32,6 @@ def frames(tail):
     shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
     rng = np.random.default_rng(7)
     return [{inp.name: rng.standard_normal(shape).astype(np.float32)} for _ in range(6)]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def engine_config(tmp_path_factory):
-    return EngineConfig(intra_op_threads=1, cache_dir=str(tmp_path_factory.mktemp("artefacts")))
 
 
 def _assert_equal(got, want):

@@ -13,18 +13,11 @@ import onnxruntime as ort
 import pytest
 
 from tests.integration._edge_support import write_model
+from tests.integration._squeezenet_tail import ray_local  # noqa: F401 - fixture
 
 ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def _run_and_close_loop(coro_fn):
