@@ -201,7 +201,7 @@ class _DirectLink:
         if client is not None and not client.closed and client.loop is loop:
             return client
         if client is not None:
-            self._drop()
+            self.close()
         if self._connecting is None and time.monotonic() >= self.not_before_s:
             self._connecting = loop.create_task(self._connect())
         return None
@@ -224,29 +224,22 @@ class _DirectLink:
 
     def lost(self, down_s: float) -> None:
         """The channel broke (the replica died or restarted): reconnect after ``down_s``."""
-        self._drop()
+        self.close()
         self.not_before_s = time.monotonic() + down_s
 
-    def _drop(self) -> None:
+    def close(self) -> None:
+        """Drops the connection (the client closes on its own loop)."""
         client, self._client = self._client, None
         if client is None or client.closed or client.loop.is_closed():
             return
-        if client.loop is asyncio.get_running_loop():
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if client.loop is running:
             client.close()
         else:
             client.loop.call_soon_threadsafe(client.close)
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None and not client.closed and not client.loop.is_closed():
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if client.loop is running:
-                client.close()
-            else:
-                client.loop.call_soon_threadsafe(client.close)
 
 
 class ReplicaPool:
@@ -287,8 +280,6 @@ class ReplicaPool:
         node_id = ray.get_runtime_context().get_node_id()
         self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp) for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
-        self._sending = 0
-        """Sends in flight (batches or lone requests), on every replica."""
 
     async def ready(self) -> list[dict]:
         """Waits until every replica has loaded its segments; returns their health."""
@@ -334,7 +325,7 @@ class ReplicaPool:
             deadline_unix_ms = d if deadline_unix_ms is None else min(deadline_unix_ms, d)
         request = (inputs, deadline_unix_ms, priority)
         try:
-            if self.config.caller_batch_size > 1 and self._sending:
+            if self.config.caller_batch_size > 1 and any(self._in_flight):
                 result = await self._batcher(key).submit(request, priority=priority)
             else:
                 # Nothing in flight: there is nothing to batch with, so skip the
@@ -379,19 +370,14 @@ class ReplicaPool:
             entry = self._batchers[key] = (loop, batcher)
         return entry[1]
 
-    async def _send(self, key: str, requests: list[tuple], *, exclude: int | None = None, attempts: int = 0) -> list:
+    async def _send(self, key: str, requests: list[tuple]) -> list:
         """Sends requests in one call to the least-loaded replica, retrying on replica loss.
 
         Returns one (outputs, RequestTiming) or exception per request (the worker's
-        ``infer_batch_timed``). ``exclude`` and ``attempts`` carry over a failed first try.
+        ``infer_batch_timed``).
         """
-        self._sending += 1
-        try:
-            return await self._send_with_retries(key, requests, exclude, attempts)
-        finally:
-            self._sending -= 1
-
-    async def _send_with_retries(self, key: str, requests: list[tuple], exclude: int | None, attempts: int) -> list:
+        exclude: int | None = None
+        attempts = 0
         reloaded = False
         n = len(requests)
         args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
