@@ -20,10 +20,13 @@ on all of them alike):
    every contender runs), called in a loop in this process at batch 1 and batch 8:
    the limit, with no serving at all;
 2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay),
-   requests over the replica's direct channel (a Unix-domain socket, the default),
+   requests over the replica's direct channel (a Unix-domain socket and, for arrays of
+   32 KiB and more, memory shared with the worker: the default),
    called by closed-loop asyncio clients at concurrency 1, 8 and 32; and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
-   the caller's side) at concurrency 1 and 32. At concurrency 1 the pool reports each
+   the caller's side) at concurrency 1 and 32, and "ours socket only", the direct
+   channel with ``PoolConfig(shared_memory=False)`` (every byte through the socket, as
+   before the arenas) at concurrency 1 and 32. At concurrency 1 the pool reports each
    request's engine run time in the worker, so ``overhead_p50_ms`` (latency minus that
    run, paired per request) is the serving overhead alone, free of the noise in the
    run itself;
@@ -205,6 +208,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0), engine_config=config)
     plain = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, direct=False),
                         engine_config=config)
+    socket_only = ReplicaPool({key: tail_bytes}, engine_config=config,
+                              config=PoolConfig(num_replicas=1, max_restarts=0, shared_memory=False))
     handle = _serve_app(model_path)
     points: dict[str, _Point] = {}
 
@@ -214,11 +219,13 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     async def main() -> None:
         await pool.ready()
         await plain.ready()
-        for _ in range(200):  # the direct channel opens in the background
-            await pool.infer(key, feed1)
-            if pool.stats().direct_calls >= 3:
-                break
-            await asyncio.sleep(0.02)
+        await socket_only.ready()
+        for direct in (pool, socket_only):
+            for _ in range(200):  # the direct channel opens in the background
+                await direct.infer(key, feed1)
+                if direct.stats().direct_calls >= 3:
+                    break
+                await asyncio.sleep(0.02)
         for _ in range(3):  # warm every path
             sess.run(None, feed1)
             await plain.infer(key, feed1)
@@ -232,8 +239,9 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 call = (lambda: pool.infer_timed(key, feed1)) if c == 1 else (lambda: pool.infer(key, feed1))
                 await _closed_loop(call, c, slice_s, point(f"ours_c{c}"))
                 if c != 8:
-                    call = (lambda: plain.infer_timed(key, feed1)) if c == 1 else (lambda: plain.infer(key, feed1))
-                    await _closed_loop(call, c, slice_s, point(f"ours_plain_c{c}"))
+                    for other, label in ((plain, "ours_plain"), (socket_only, "ours_socket_only")):
+                        call = (lambda: other.infer_timed(key, feed1)) if c == 1 else (lambda: other.infer(key, feed1))
+                        await _closed_loop(call, c, slice_s, point(f"{label}_c{c}"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
 
     try:
@@ -243,6 +251,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     finally:
         pool.shutdown()
         plain.shutdown()
+        socket_only.shutdown()
         serve.delete("peer")
     for label, p in points.items():
         entry[label] = p.summary()
@@ -258,6 +267,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
         "ours_plain_c1_added_p50_ms": entry["ours_plain_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_overhead_p50_ms": entry["ours_plain_c1"]["overhead_p50_ms"],
+        "ours_socket_only_c32_over_raw_batched_throughput": entry["ours_socket_only_c32"]["throughput_per_s"] / limit,
+        "ours_socket_only_c1_overhead_p50_ms": entry["ours_socket_only_c1"]["overhead_p50_ms"],
         "serve_c1_added_p50_ms": entry["serve_c1"]["p50_ms"] - raw1,
     }
     return entry
@@ -337,21 +348,26 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
         from workers._channel import ChannelClient
 
         client = await ChannelClient.connect(path, token)
+        socket_only = await ChannelClient.connect(path, token, shared_memory=False)
 
-        async def timed(value: np.ndarray) -> float:
-            for _ in range(5):
-                await client.call("echo", value, None, 0)
-            samples = []
-            for _ in range(iters):
-                t = time.perf_counter()
-                await client.call("echo", value, None, 0)
-                samples.append(time.perf_counter() - t)
-            return statistics.median(samples) * 1e3
+        async def timed(value: np.ndarray) -> tuple[float, float]:
+            """Medians through shared memory and through the socket only, interleaved."""
+            samples: tuple[list[float], list[float]] = ([], [])
+            for i in range(5 + iters):
+                for c, into in ((client, samples[0]), (socket_only, samples[1])):
+                    t = time.perf_counter()
+                    await c.call("echo", value, None, 0)
+                    if i >= 5:
+                        into.append(time.perf_counter() - t)
+            return statistics.median(samples[0]) * 1e3, statistics.median(samples[1]) * 1e3
 
         try:
-            return {"direct_channel_1mib_ms": await timed(x), "direct_channel_4b_ms": await timed(small)}
+            big, big_socket = await timed(x)
+            return {"direct_channel_1mib_ms": big, "direct_channel_socket_only_1mib_ms": big_socket,
+                    "direct_channel_4b_ms": (await timed(small))[0]}
         finally:
             client.close()
+            socket_only.close()
 
     try:
         return asyncio.run(main())
@@ -408,6 +424,8 @@ def _plot(results: dict, path: str) -> None:
     for c in CONCURRENCY:
         series.append((f"ours c{c}", lambda m, c=c: m[f"ours_c{c}"]))
     for c in (1, 32):
+        series.append((f"ours socket only c{c}", lambda m, c=c: m.get(f"ours_socket_only_c{c}")))
+    for c in (1, 32):
         series.append((f"ours plain calls c{c}", lambda m, c=c: m[f"ours_plain_c{c}"]))
     for c in CONCURRENCY:
         series.append((f"Serve c{c}", lambda m, c=c: m[f"serve_c{c}"]))
@@ -424,13 +442,15 @@ def _plot(results: dict, path: str) -> None:
     axes[0].legend(fontsize=7, ncol=2)
     t = results["transport"]
     fig.suptitle(f"tails on 2 CPUs; 1 MiB round trip to an actor: plain call {t['plain_call_1mib_ms']:.2f} ms, "
-                 f"compiled graph {t['compiled_graph_1mib_ms']:.2f} ms, direct channel {t['direct_channel_1mib_ms']:.2f} ms")
+                 f"compiled graph {t['compiled_graph_1mib_ms']:.2f} ms, direct channel {t['direct_channel_1mib_ms']:.2f} ms "
+                 f"(socket only {t.get('direct_channel_socket_only_1mib_ms', float('nan')):.2f} ms)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 _ROWS = [("raw_b1", "raw ORT b1 (limit)"), ("raw_b8", "raw ORT b8 (limit)"), ("ours_c1", "ours c1"),
-         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_plain_c1", "ours c1, plain calls"),
+         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_socket_only_c1", "ours c1, socket only"),
+         ("ours_socket_only_c32", "ours c32, socket only"), ("ours_plain_c1", "ours c1, plain calls"),
          ("ours_plain_c32", "ours c32, plain calls"), ("serve_c1", "Ray Serve c1"), ("serve_c8", "Ray Serve c8"),
          ("serve_c32", "Ray Serve c32")]
 
@@ -441,7 +461,9 @@ def markdown(results: dict) -> str:
     out = [f"Transport alone, round trip to an actor (median): 4 B plain call {t['plain_call_4b_ms']:.2f} ms, "
            f"compiled graph {t['compiled_graph_4b_ms']:.2f} ms, direct channel {t['direct_channel_4b_ms']:.2f} ms; "
            f"1 MiB each way: {t['plain_call_1mib_ms']:.2f} / {t['compiled_graph_1mib_ms']:.2f} / "
-           f"{t['direct_channel_1mib_ms']:.2f} ms (memcpy of 1 MiB {t['memcpy_1mib_ms']:.3f} ms).", ""]
+           f"{t['direct_channel_1mib_ms']:.2f} ms (socket only "
+           f"{t.get('direct_channel_socket_only_1mib_ms', float('nan')):.2f} ms; memcpy of 1 MiB {t['memcpy_1mib_ms']:.3f} ms).",
+           ""]
     for name, m in results["models"].items():
         out += [f"**{name}** (input {m['input_bytes'] / 1024:.0f} KiB; ours' batch sizes "
                 f"{m['ours_batch_size_histogram']}; over the direct channel: {m['ours_requests_over_direct_channel']})",
@@ -453,9 +475,11 @@ def markdown(results: dict) -> str:
                 out.append(f"| {label} | {p['throughput_per_s']:.1f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {over} |")
         r = m["ratios"]
         out += ["", f"ours c32 / raw b8 throughput **{r['ours_c32_over_raw_batched_throughput']:.2f}** (target >= 0.9; "
+                f"socket only {r.get('ours_socket_only_c32_over_raw_batched_throughput', float('nan')):.2f}, "
                 f"plain calls {r['ours_plain_c32_over_raw_batched_throughput']:.2f}); ours c32 / Serve c32 "
                 f"**{r['ours_c32_over_serve_c32_throughput']:.2f}** (target >= 1.5); at c1, serving overhead (p50 of "
-                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (plain calls "
+                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (socket only "
+                f"{r.get('ours_socket_only_c1_overhead_p50_ms', float('nan')):.2f} ms, plain calls "
                 f"{r['ours_plain_c1_overhead_p50_ms']:.2f} ms); p50 over raw b1: ours +{r['ours_c1_added_p50_ms']:.1f} ms, "
                 f"plain calls +{r['ours_plain_c1_added_p50_ms']:.1f} ms, Serve +{r['serve_c1_added_p50_ms']:.1f} ms "
                 "(target <= 0.5 ms)", ""]
@@ -470,16 +494,18 @@ def main() -> None:
                         help="stop our engines' ORT threads spinning after a run (EngineConfig.allow_spinning=False)")
     parser.add_argument("--markdown", action="store_true",
                         help="print docs/workers.md's tables from bench/results/workers.json and exit")
+    parser.add_argument("--out", default=RESULTS_DIR,
+                        help="where workers.json and workers.png go (a partial or quick run: not bench/results)")
     args = parser.parse_args()
     if args.markdown:
         with open(os.path.join(RESULTS_DIR, "workers.json")) as f:
             print(markdown(json.load(f)))
         return
     results = run(args.quick, [m for m in args.models.split(",") if m], allow_spinning=not args.no_spinning)
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    with open(os.path.join(RESULTS_DIR, "workers.json"), "w") as f:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "workers.json"), "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)
-    _plot(results, os.path.join(RESULTS_DIR, "workers.png"))
+    _plot(results, os.path.join(args.out, "workers.png"))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ into the buffers that become the receiver's arrays, the reader asleep in the eve
 loop while nothing arrives (0.43 ms for 4 B and 1.0 ms for 1 MiB each way, measured
 beside the two above).
 
-A frame is ``<u32 meta_bytes><u32 n_buffers><u64 buffer_bytes>*n``, the metadata, then
-the raw buffers: pickle protocol 5 with out-of-band buffers, so an array's bytes are
-never copied into the pickle. Requests are ``(id, args)``, answered with
-``(id, True, handler(*args))`` or ``(id, False, error)``. Many requests are in flight
+A frame is ``<u32 meta_bytes><u32 n_buffers><u32 n_released>``, then per buffer
+``<u64 bytes><u64 arena_offset>`` (all ones: the buffer follows in the frame), then
+``<u64 arena_offset>`` per region of the receiver's arena handed back, the metadata,
+and the buffers that follow in the frame: pickle protocol 5 with out-of-band buffers,
+so an array's bytes are never copied into the pickle. On a Unix-domain socket the two
+ends share arenas (a ``memfd`` each, passed after the token) and large buffers go
+through them instead (see [Note: channel arena] in workers/_arena.py). Requests are
+``(id, args)``, answered with ``(id, True, handler(*args))`` or ``(id, False, error)``. Many requests are in flight
 on one connection at once. The replica pool sends the batches it forms on the caller's
 side (``infer_batch_timed``'s arguments), as it would send them by plain calls.
 
@@ -49,14 +53,18 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from workers._arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
 from workers.errors import WorkerError
 
 __all__ = ["ChannelClient", "ChannelClosedError", "ChannelServer", "open_channel_server"]
 
 logger = logging.getLogger(__name__)
 
-_HEAD = struct.Struct("<II")
+_HEAD = struct.Struct("<III")
+_BUF = struct.Struct("<QQ")
 _LEN = struct.Struct("<Q")
+_IN_FRAME = (1 << 64) - 1
+"""A buffer's place when it follows in the frame rather than in the sender's arena."""
 _SOCKET_BUFFER_BYTES = 4 << 20
 _TOKEN_BYTES = 32
 _TOKEN_WAIT_S = 10.0
@@ -80,13 +88,26 @@ class ChannelClosedError(WorkerError):
         self.path = path
 
 
-def encode_frame(obj: Any) -> list:
-    """``obj`` as the byte strings of one frame (see [Note: direct channel])."""
+def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tuple = ()) -> list:
+    """``obj`` as the byte strings of one frame (see [Note: direct channel]); its large
+    buffers go into ``arena`` where it has room, and the frame hands back the peer's
+    arena regions at ``releases`` (see [Note: channel arena] in workers/_arena.py)."""
     buffers: list[pickle.PickleBuffer] = []
     meta = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    head = _HEAD.pack(len(meta), len(raws)) + b"".join(_LEN.pack(r.nbytes) for r in raws)
-    return [head, meta, *raws]
+    places = []
+    in_frame = []
+    for b in buffers:
+        raw = b.raw()
+        where = None
+        if arena is not None and raw.nbytes >= ARENA_MIN_BYTES:
+            where = arena.put(raw)
+        if where is None:
+            in_frame.append(raw)
+            where = _IN_FRAME
+        places.append(_BUF.pack(raw.nbytes, where))
+    head = (_HEAD.pack(len(meta), len(places), len(releases)) + b"".join(places)
+            + b"".join(_LEN.pack(r) for r in releases))
+    return [head, meta, *in_frame]
 
 
 class _Connection:
@@ -102,7 +123,7 @@ class _Connection:
     drains in order; later frames queue behind it.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, copy_arena_buffers: bool) -> None:
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -116,12 +137,62 @@ class _Connection:
         self._writer: asyncio.Task | None = None
         self.error: OSError | None = None
         """Why sending failed, once it has: the connection is then unusable."""
+        self.arena: Arena | None = None
+        self.peer: PeerArena | None = None
+        self._copy_arena_buffers = copy_arena_buffers
+        self._releases: list[int] = []
+        """Regions of the peer's arena this end is done with; they go back with the next frame."""
+
+    async def share_arenas(self, *, offer: bool, share: bool = True) -> None:
+        """The arena handshake on a Unix-domain socket, right after the token: the
+        connecting end (``offer``) sends its arena's fd, or "none" (``share=False``), and
+        gets the other's back; arenas are shared only where both ends offer one."""
+        can = share and arenas_supported()
+        if offer:
+            self._send_arena(can)
+            self.peer = await self._recv_arena()
+        else:
+            self.peer = await self._recv_arena()
+            self._send_arena(can and self.peer is not None)
+
+    def _send_arena(self, share: bool) -> None:
+        # One byte (and the fd) on a fresh connection: the socket buffer takes it at once.
+        if share:
+            self.arena = Arena()
+            socket.send_fds(self.sock, [b"A"], [self.arena.fd])
+        else:
+            self.sock.send(b"N")
+
+    async def _recv_arena(self) -> PeerArena | None:
+        while True:
+            try:
+                marker, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+                break
+            except (BlockingIOError, InterruptedError):
+                ready = self._loop.create_future()
+                self._loop.add_reader(self.sock.fileno(), lambda: ready.done() or ready.set_result(None))
+                try:
+                    await ready
+                finally:
+                    self._loop.remove_reader(self.sock.fileno())
+        if marker == b"A" and len(fds) == 1:
+            return PeerArena(fds[0])
+        for fd in fds:
+            os.close(fd)
+        if marker == b"N":
+            return None
+        raise ConnectionResetError(f"arena handshake sent {marker!r}, not b'A' with one fd or b'N'")
+
+    def hand_back(self, regions: list[int]) -> None:
+        """Returns regions of the peer's arena with the next frame this end sends."""
+        self._releases.extend(regions)
 
     def send(self, obj: Any) -> None:
         """Queues one frame; raises OSError when the connection has failed."""
         if self.error is not None:
             raise self.error
-        parts = [memoryview(p).cast("B") for p in encode_frame(obj)]
+        parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, self._releases)]
+        self._releases = []
         if not self._backlog and len(parts) <= _MAX_PARTS_PER_SEND:
             try:
                 sent = self.sock.sendmsg(parts)
@@ -158,28 +229,51 @@ class _Connection:
                 raise ConnectionResetError("the peer closed the direct channel")
             view = view[n:]
 
-    async def recv(self) -> Any:
-        """The next frame, decoded; raises ConnectionError when the peer has gone."""
+    async def recv(self) -> tuple[Any, list[int]]:
+        """The next frame, decoded, and the regions of the peer's arena that its arrays
+        use in place (to :meth:`hand_back` when done; none where this end copies them
+        out). Raises ConnectionError when the peer has gone, ValueError on garbage."""
         head = bytearray(_HEAD.size)
         await self._recv_into(memoryview(head))
-        meta_bytes, n = _HEAD.unpack(head)
-        if meta_bytes > _MAX_FRAME_BYTES or n > _MAX_BUFFERS:
-            raise ValueError(f"frame head declares {meta_bytes} metadata bytes and {n} buffers; not a channel frame")
-        rest = memoryview(bytearray(_LEN.size * n + meta_bytes))  # the lengths, then the metadata
+        meta_bytes, n, n_released = _HEAD.unpack(head)
+        if meta_bytes > _MAX_FRAME_BYTES or n > _MAX_BUFFERS or n_released > _MAX_BUFFERS:
+            raise ValueError(f"frame head declares {meta_bytes} metadata bytes, {n} buffers and {n_released} "
+                             "released regions; not a channel frame")
+        places_end = _BUF.size * n
+        released_end = places_end + _LEN.size * n_released
+        rest = memoryview(bytearray(released_end + meta_bytes))  # places, releases, then the metadata
         await self._recv_into(rest)
-        lengths, meta = rest[:_LEN.size * n], rest[_LEN.size * n:]
-        buffers = []
-        sizes = [size for (size,) in _LEN.iter_unpack(lengths)]
-        if sum(sizes) > _MAX_FRAME_BYTES:
-            raise ValueError(f"frame declares {sum(sizes)} buffer bytes (limit {_MAX_FRAME_BYTES}); not a channel frame")
-        for size in sizes:
-            buffer = bytearray(size)
-            await self._recv_into(memoryview(buffer))
+        places = list(_BUF.iter_unpack(rest[:places_end]))
+        meta = rest[released_end:]
+        in_frame = sum(size for size, where in places if where == _IN_FRAME)
+        if in_frame > _MAX_FRAME_BYTES:
+            raise ValueError(f"frame declares {in_frame} buffer bytes (limit {_MAX_FRAME_BYTES}); not a channel frame")
+        if n_released:
+            if self.arena is None:
+                raise ValueError("frame releases arena regions, but this end lent none; not a channel frame")
+            for (offset,) in _LEN.iter_unpack(rest[places_end:released_end]):
+                self.arena.release(offset)
+        buffers: list = []
+        held: list[int] = []
+        for size, where in places:
+            if where == _IN_FRAME:
+                buffer = bytearray(size)
+                await self._recv_into(memoryview(buffer))
+            elif self.peer is None:
+                raise ValueError("frame places a buffer in an arena, but none was shared; not a channel frame")
+            elif self._copy_arena_buffers:
+                buffer = bytearray(self.peer.region(where, size))
+                self._releases.append(where)
+            else:
+                buffer = self.peer.region(where, size)
+                held.append(where)
             buffers.append(buffer)
-        return pickle.loads(meta, buffers=buffers)
+        return pickle.loads(meta, buffers=buffers), held
 
     def close(self) -> None:
         self.sock.close()
+        if self.arena is not None:
+            self.arena.close()
 
 
 class ChannelServer:
@@ -195,6 +289,12 @@ class ChannelServer:
         """What every connection must send first; hand it out only over an authenticated path."""
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
+        self._connections: set[_Connection] = set()
+
+    @property
+    def arena_lent_bytes(self) -> int:
+        """Bytes of this worker's arenas that callers have not handed back yet."""
+        return sum(c.arena.lent_bytes for c in self._connections if c.arena is not None)
 
     def _spawn(self, coro: Awaitable) -> None:
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -219,25 +319,29 @@ class ChannelServer:
         loop = asyncio.get_running_loop()
         while True:
             sock, _ = await loop.sock_accept(listener)
-            self._spawn(self._serve(_Connection(sock)))
+            self._spawn(self._serve(_Connection(sock, copy_arena_buffers=False)))
 
     async def _serve(self, conn: _Connection) -> None:
+        self._connections.add(conn)
         try:
             token = bytearray(_TOKEN_BYTES)
             await asyncio.wait_for(conn._recv_into(memoryview(token)), _TOKEN_WAIT_S)
             if not hmac.compare_digest(bytes(token), self.token):
                 logger.warning("direct channel %s: a connection sent a wrong token; closed", self.path)
                 return
+            if conn.sock.family == socket.AF_UNIX:
+                await asyncio.wait_for(conn.share_arenas(offer=False), _TOKEN_WAIT_S)
             while True:
-                self._spawn(self._answer(conn, await conn.recv()))
+                self._spawn(self._answer(conn, *await conn.recv()))
         except (ConnectionError, TimeoutError):
             pass  # the pool closed it, or died, or never sent its token
         except Exception as e:  # noqa: BLE001 - a garbled frame ends its connection, never the worker
             logger.error("direct channel %s: a frame did not decode (%r); closing that connection", self.path, e)
         finally:
+            self._connections.discard(conn)
             conn.close()
 
-    async def _answer(self, conn: _Connection, request: Any) -> None:
+    async def _answer(self, conn: _Connection, request: Any, held: list[int]) -> None:
         request_id, args = request
         key = str(args[0]) if args else None
         try:
@@ -245,6 +349,8 @@ class ChannelServer:
         except Exception as e:  # noqa: BLE001 - every error goes back to its caller as a value
             e.__traceback__ = e.__context__ = e.__cause__ = None
             reply = (request_id, False, e)
+        # The request's arrays are done with once it is answered (see [Note: channel arena]).
+        conn.hand_back(held)
         try:
             try:
                 conn.send(reply)
@@ -291,28 +397,53 @@ class ChannelClient:
         self._reader = self.loop.create_task(self._read())
 
     @classmethod
-    async def connect(cls, address: str | tuple[str, int], token: bytes) -> ChannelClient:
-        """Connects to a socket path, or a ``(host, port)`` over TCP, and sends the token."""
+    async def connect(
+        cls, address: str | tuple[str, int], token: bytes, *, shared_memory: bool = True
+    ) -> ChannelClient:
+        """Connects to a socket path, or a ``(host, port)`` over TCP, and sends the token;
+        over a socket path, offers to share arenas unless ``shared_memory`` is False."""
         if isinstance(address, str):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         else:
             address = (address[0], int(address[1]))
             sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
         loop = asyncio.get_running_loop()
+        conn = None
         try:
             sock.setblocking(False)
             await loop.sock_connect(sock, address)
             await loop.sock_sendall(sock, token)
+            conn = _Connection(sock, copy_arena_buffers=True)
+            if sock.family == socket.AF_UNIX:
+                try:
+                    await conn.share_arenas(offer=True, share=shared_memory)
+                except ConnectionError as e:
+                    raise ChannelClosedError(
+                        f"the worker closed the direct channel {address} at its handshake ({e!r}): a wrong "
+                        "token, or the worker is going away; the pool sends by plain calls meanwhile",
+                        path=address, detail=repr(e)) from e
         except BaseException:
+            if conn is not None:
+                conn.close()
             sock.close()
             raise
-        return cls(address if isinstance(address, str) else f"{address[0]}:{address[1]}", _Connection(sock))
+        return cls(address if isinstance(address, str) else f"{address[0]}:{address[1]}", conn)
+
+    @property
+    def arena_lent_bytes(self) -> int:
+        """Bytes of this end's arena that the worker holds (requests it has not answered)."""
+        return self._conn.arena.lent_bytes if self._conn.arena is not None else 0
+
+    @property
+    def arena_fallbacks(self) -> int:
+        """Large buffers sent in the frame because the arena was full."""
+        return self._conn.arena.fallbacks if self._conn.arena is not None else 0
 
     async def _read(self) -> None:
         exc: BaseException | None = None
         try:
             while True:
-                request_id, ok, value = await self._conn.recv()
+                (request_id, ok, value), _ = await self._conn.recv()
                 fut = self._pending.pop(request_id, None)
                 if fut is None or fut.done():
                     self.late_answers += 1

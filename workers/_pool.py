@@ -202,6 +202,10 @@ class PoolConfig:
     direct_over_tcp: bool = False
     """Use the TCP form of the channel for same-node replicas too (where the caller
     cannot reach the replica's temporary directory, e.g. another container)."""
+    shared_memory: bool = True
+    """On a Unix-domain channel, carry arrays of 32 KiB and more through memory shared
+    with the replica rather than through the socket (see [Note: channel arena] in
+    workers/_arena.py); ``False`` sends every byte through the socket."""
 
     def __post_init__(self) -> None:
         checks = (

@@ -185,10 +185,11 @@ class _DirectLink:
     the replica restarts: its Unix socket when the replica is on the caller's node
     (unless ``over_tcp``), its TCP port otherwise."""
 
-    def __init__(self, actor, caller_node_id: str, *, over_tcp: bool) -> None:
+    def __init__(self, actor, caller_node_id: str, *, over_tcp: bool, shared_memory: bool) -> None:
         self._actor = actor
         self._caller_node_id = caller_node_id
         self._over_tcp = over_tcp
+        self._shared_memory = shared_memory
         self._client: ChannelClient | None = None
         self._connecting: asyncio.Task | None = None
         self._failures = 0
@@ -210,7 +211,8 @@ class _DirectLink:
         try:
             info = await self._actor.open_channel.remote()
             local = info["node_id"] == self._caller_node_id and not self._over_tcp
-            self._client = await ChannelClient.connect(info["path"] if local else tuple(info["tcp"]), info["token"])
+            self._client = await ChannelClient.connect(info["path"] if local else tuple(info["tcp"]), info["token"],
+                                                       shared_memory=self._shared_memory)
             self._failures = 0
             logger.info("direct channel to replica pid %s open (%s)", info["pid"], "unix" if local else "tcp")
         except Exception as e:  # noqa: BLE001 - plain calls serve the replica meanwhile
@@ -278,7 +280,8 @@ class ReplicaPool:
         self._replica_failures = 0
         self._batchers: dict[str, tuple[asyncio.AbstractEventLoop, Batcher]] = {}
         node_id = ray.get_runtime_context().get_node_id()
-        self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp) for r in self.replicas] if cfg.direct else []
+        self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp, shared_memory=cfg.shared_memory)
+                       for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
 
     async def ready(self) -> list[dict]:

@@ -7,10 +7,12 @@ import asyncio
 import os
 import socket
 import stat
+import struct
 
 import numpy as np
 import pytest
 
+from workers._arena import Arena
 from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
 from workers.errors import InputError, WorkerError
 
@@ -91,18 +93,25 @@ def test_garbage_on_the_socket_closes_only_that_connection():
         server = await open_channel_server(_echo)
         good = await ChannelClient.connect(server.path, server.token)
         loop = asyncio.get_running_loop()
-        for garbage in (b"\x05\x00\x00\x00\x00\x00\x00\x00hello",  # not a pickle
-                        b"\x02\x00\x00\x00\x01\x00\x00\x00" + b"\x00" * 8,  # a pickle too short
-                        b"\xff" * 8,  # 4 GiB of metadata declared: refused before allocating
-                        b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"\xff" * 8):  # an 18 EB buffer
+        head = struct.Struct("<III").pack
+        for garbage in (b"N" + head(5, 0, 0) + b"hello",  # not a pickle
+                        b"N" + head(2, 1, 0) + struct.pack("<QQ", 8, 2**64 - 1) + b"\x00" * 8,  # too short
+                        b"N" + b"\xff" * 12,  # 4 GiB of metadata declared: refused before allocating
+                        b"N" + head(1, 1, 0) + struct.pack("<QQ", 2**64 - 2, 2**64 - 1),  # an 18 EB buffer
+                        b"N" + head(1, 1, 0) + struct.pack("<QQ", 64, 0),  # in an arena never shared
+                        b"N" + head(1, 0, 1) + struct.pack("<Q", 0),  # releases what was never lent
+                        b"X"):  # not an arena handshake
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             raw.setblocking(False)
             await loop.sock_connect(raw, server.path)
             await loop.sock_sendall(raw, server.token + garbage + b"\x00" * 64)
+            got = b""
             try:  # the worker hangs up: end of stream, or a reset when our bytes were left unread
-                assert await asyncio.wait_for(loop.sock_recv(raw, 16), 10) == b""
+                while chunk := await asyncio.wait_for(loop.sock_recv(raw, 16), 10):
+                    got += chunk
             except ConnectionResetError:
                 pass
+            assert got in (b"", b"N")  # at most its half of the handshake ("no arena"), then nothing
             raw.close()
         out, _ = await good.call("ok", {"x": np.arange(3)}, None, 0)
         np.testing.assert_array_equal(out["x"], np.arange(3))
@@ -157,3 +166,143 @@ def refuses_a_wrong_token(over: str) -> None:
 
 def test_a_connection_without_the_token_is_closed_before_any_frame_is_read():
     refuses_a_wrong_token("unix")
+
+
+# -- shared arenas (see [Note: channel arena] in workers/_arena.py) ------------------------
+
+
+def test_arena_lends_first_fit_merges_what_comes_back_and_refuses_strangers():
+    arena = Arena(size_bytes=1 << 20)
+    try:
+        a = arena.put(memoryview(bytes(300 << 10)))
+        b = arena.put(memoryview(b"\x01" * (300 << 10)))
+        c = arena.put(memoryview(bytes(300 << 10)))
+        assert (a, b) == (0, 300 << 10) and c == 600 << 10
+        assert arena.put(memoryview(bytes(300 << 10))) is None and arena.fallbacks == 1  # full: in the frame
+        arena.release(b)
+        assert arena.put(memoryview(bytes(400 << 10))) is None  # the hole is 300 KiB
+        arena.release(a)
+        assert arena.put(memoryview(bytes(600 << 10))) == 0  # a and b merged into one region
+        arena.release(0)
+        arena.release(c)
+        assert arena.lent_bytes == 0 and arena.put(memoryview(bytes(1 << 20))) == 0  # all of it, whole again
+        with pytest.raises(ValueError, match="not lent"):
+            arena.release(12345)
+    finally:
+        arena.close()
+
+
+def test_large_arrays_go_through_the_arenas_and_every_region_comes_back():
+    async def main():
+        gate = asyncio.Event()
+        lent_during_call = []
+
+        async def handler(key, inputs, *_):
+            if key == "hold":
+                await gate.wait()
+            return {k: v * 2 for k, v in inputs.items()}, None
+
+        server = await open_channel_server(handler)
+        client = await ChannelClient.connect(server.path, server.token)
+        x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: placed in the client's arena
+        call = asyncio.ensure_future(client.call("hold", {"x": x, "small": np.ones(3)}, None, 0))
+        await asyncio.sleep(0.05)
+        lent_during_call.append(client.arena_lent_bytes)
+        gate.set()
+        first, _ = await call
+        assert lent_during_call == [x.nbytes]  # only the large array went into the arena
+        assert client.arena_lent_bytes == 0  # the worker handed it back with its answer
+        assert server.arena_lent_bytes == x.nbytes  # its answer's array, until the client's next frame
+        np.testing.assert_array_equal(first["x"], x * 2)
+        assert first["x"].flags.writeable
+        # Later answers reuse the worker's region: what the caller already holds is its own copy.
+        for i in range(3):
+            out, _ = await client.call("ok", {"x": np.full(1 << 18, i, np.float32)}, None, 0)
+            np.testing.assert_array_equal(out["x"], np.full(1 << 18, 2 * i, np.float32))
+        np.testing.assert_array_equal(first["x"], x * 2)
+        assert client.arena_lent_bytes == 0 and server.arena_lent_bytes == x.nbytes
+        # Many in flight, answered out of order: every answer matches its request.
+        outs = await asyncio.gather(*(client.call("ok", {"x": np.full(1 << 16, i, np.float32)}, None, 0)
+                                      for i in range(24)))
+        assert [float(o[0]["x"][-1]) for o in outs] == [2.0 * i for i in range(24)]
+        client.close()
+        server.close()
+
+    _run(main())
+
+
+def test_a_caller_that_declines_shared_memory_sends_every_byte_through_the_socket():
+    async def main():
+        server = await open_channel_server(_echo)
+        client = await ChannelClient.connect(server.path, server.token, shared_memory=False)
+        x = np.arange(1 << 18, dtype=np.float32)
+        out, _ = await client.call("ok", {"x": x}, None, 0)
+        np.testing.assert_array_equal(out["x"], x)
+        assert client._conn.arena is None and client._conn.peer is None  # neither end shared one
+        assert server.arena_lent_bytes == 0
+        client.close()
+        server.close()
+
+    _run(main())
+
+
+def test_a_full_arena_sends_in_the_frame(monkeypatch):
+    import workers._channel as channel
+
+    monkeypatch.setattr(channel, "Arena", lambda: Arena(size_bytes=1 << 20))  # room for two 512 KiB arrays
+
+    async def main():
+        gate = asyncio.Event()
+
+        async def handler(key, inputs, *_):
+            await gate.wait()
+            return dict(inputs), None
+
+        server = await open_channel_server(handler)
+        client = await ChannelClient.connect(server.path, server.token)
+        calls = [asyncio.ensure_future(client.call("k", {"x": np.full(1 << 17, i, np.float32)}, None, 0))
+                 for i in range(5)]
+        await asyncio.sleep(0.05)
+        assert client.arena_lent_bytes == 1 << 20
+        gate.set()
+        outs = await asyncio.gather(*calls)
+        assert [float(o[0]["x"][0]) for o in outs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert client.arena_fallbacks == 3 and client.arena_lent_bytes == 0
+        client.close()
+        server.close()
+
+    _run(main())
+
+
+def test_frames_that_point_outside_the_shared_arena_close_only_that_connection():
+    async def main():
+        server = await open_channel_server(_echo)
+        good = await ChannelClient.connect(server.path, server.token)
+        head = struct.Struct("<III").pack
+        for garbage in (head(1, 1, 0) + struct.pack("<QQ", 1 << 20, 64 << 10),  # past the arena's end
+                        head(1, 1, 0) + struct.pack("<QQ", 64, 3),  # not where a region starts
+                        head(0, 0, 1) + struct.pack("<Q", 0)):  # hands back a region never lent
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            arena = Arena(size_bytes=1 << 20)
+            try:
+                # Blocking calls on a thread: the worker answers on this loop.
+                raw.settimeout(10)
+                await asyncio.to_thread(raw.connect, server.path)
+                await asyncio.to_thread(raw.sendall, server.token)
+                await asyncio.to_thread(socket.send_fds, raw, [b"A"], [arena.fd])
+                marker, fds, _, _ = await asyncio.to_thread(socket.recv_fds, raw, 1, 1)
+                assert marker == b"A" and len(fds) == 1  # the worker shared its arena back
+                os.close(fds[0])
+                await asyncio.to_thread(raw.sendall, garbage + b"\x00" * 64)
+                try:
+                    assert await asyncio.to_thread(raw.recv, 16) == b""
+                except ConnectionResetError:
+                    pass
+            finally:
+                raw.close()
+                arena.close()
+        out, _ = await good.call("ok", {"x": np.arange(1 << 16)}, None, 0)
+        np.testing.assert_array_equal(out["x"], np.arange(1 << 16))
+        server.close()
+
+    _run(main())

@@ -1,0 +1,124 @@
+"""Shared memory that one end of a direct channel lends to the other.
+
+[Note: channel arena]
+Over a Unix-domain socket both ends run on one machine, so an array need not travel
+through the kernel's socket buffers (a copy in, a copy out, and a wake-up of both
+processes per socket buffer's worth): the sender copies it once into a region of its
+arena, a ``memfd`` that the peer mapped when the connection opened, and the frame
+carries only where it lies. The receiver reads the region in place until it hands it
+back: a frame lists the peer's regions that its sender is done with.
+
+The worker holds the pool's regions as its requests' input arrays (no copy: the
+engine copies them into its own buffers anyway) and returns them with the answer;
+the pool copies an answer's arrays out at once (its callers own what they get) and
+returns them with its next frame. An arena that is full, or a buffer under
+``ARENA_MIN_BYTES``, travels in the frame as before; so does everything over TCP.
+Nobody else can reach an arena: the fd is passed over the connection, after its
+token, and the memory is never named in a file system.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+
+__all__ = ["ARENA_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "arenas_supported"]
+
+ARENA_BYTES = 256 << 20
+"""Address space per arena. A memfd is sparse: only the pages ever used take memory,
+and first-fit keeps reuse at the low end, so what is resident tracks the most bytes
+in flight at once."""
+ARENA_MIN_BYTES = 32 << 10
+"""Smaller buffers go in the frame: copying them through the socket costs less than
+the bookkeeping."""
+_ALIGN = 64
+
+
+def arenas_supported() -> bool:
+    return hasattr(os, "memfd_create") and hasattr(mmap, "MAP_SHARED")
+
+
+class Arena:
+    """The sender's side: regions are allocated, filled, lent, and freed when the peer
+    hands them back. Used from one event loop thread only."""
+
+    def __init__(self, size_bytes: int = ARENA_BYTES) -> None:
+        self.fd = os.memfd_create("splitinfer-channel", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size_bytes)
+            self._map = mmap.mmap(self.fd, size_bytes)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size_bytes = size_bytes
+        self._view = memoryview(self._map)
+        self._free_offsets = [0]  # sorted; _free_sizes[i] belongs to _free_offsets[i]
+        self._free_sizes = [size_bytes]
+        self._lent: dict[int, int] = {}
+        self.fallbacks = 0
+        """Buffers sent in the frame because the arena had no room."""
+
+    @property
+    def lent_bytes(self) -> int:
+        return sum(self._lent.values())
+
+    def put(self, data: memoryview) -> int | None:
+        """Copies ``data`` (bytes, contiguous) into a free region and returns its
+        offset, or None when no region is large enough."""
+        need = -(-data.nbytes // _ALIGN) * _ALIGN
+        for i, size in enumerate(self._free_sizes):
+            if size >= need:
+                offset = self._free_offsets[i]
+                if size == need:
+                    del self._free_offsets[i], self._free_sizes[i]
+                else:
+                    self._free_offsets[i] += need
+                    self._free_sizes[i] -= need
+                self._lent[offset] = need
+                self._view[offset:offset + data.nbytes] = data
+                return offset
+        self.fallbacks += 1
+        return None
+
+    def release(self, offset: int) -> None:
+        """The peer is done with the region at ``offset``; raises ValueError for an
+        offset that is not lent (a garbled frame)."""
+        size = self._lent.pop(offset, None)
+        if size is None:
+            raise ValueError(f"released arena offset {offset} is not lent; not a channel frame")
+        i = bisect.bisect_left(self._free_offsets, offset)
+        # Merge with the free neighbours so that large regions form again.
+        if i < len(self._free_offsets) and offset + size == self._free_offsets[i]:
+            size += self._free_sizes[i]
+            del self._free_offsets[i], self._free_sizes[i]
+        if i > 0 and self._free_offsets[i - 1] + self._free_sizes[i - 1] == offset:
+            self._free_sizes[i - 1] += size
+        else:
+            self._free_offsets.insert(i, offset)
+            self._free_sizes.insert(i, size)
+
+    def close(self) -> None:
+        """Closes the fd; the mapping goes when the last view of it does."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class PeerArena:
+    """The receiver's mapping of the other end's arena."""
+
+    def __init__(self, fd: int) -> None:
+        try:
+            self.size_bytes = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, self.size_bytes)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map)
+
+    def region(self, offset: int, nbytes: int) -> memoryview:
+        """The region in place; raises ValueError when it lies outside the arena."""
+        if offset + nbytes > self.size_bytes or offset % _ALIGN:
+            raise ValueError(f"frame places {nbytes} bytes at arena offset {offset}, outside the "
+                             f"{self.size_bytes}-byte arena; not a channel frame")
+        return self._view[offset:offset + nbytes]
