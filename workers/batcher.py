@@ -483,22 +483,7 @@ class Batcher:
     async def _schedule_forever(self) -> None:
         assert self._wakeup is not None
         while True:
-            now_s = self._clock()
-            decision = _next_batch(self._queues, now_s, self._config, flush=self._closing)
-            for request in decision.expired:
-                self._remove(request)
-                self._rejected[_REJECT_DEADLINE] += 1
-                self._fail(request, DeadlineExceededError(
-                    f"deadline_s={request.deadline_s:.6f} passed after "
-                    f"{(now_s - request.arrival_s) * 1e3:.3f} ms in the queue, before the "
-                    "request could run; send a later deadline or add capacity",
-                    deadline_s=request.deadline_s,
-                    now_s=now_s,
-                ))
-            free = len(self._batch_tasks) < self._config.max_concurrent_batches
-            if decision.batch and free:
-                self._dispatch(decision.batch)
-                continue
+            decision, now_s = self._start_ready()
             if self._closing and self._depth == 0:
                 return
             if decision.batch:
@@ -514,6 +499,27 @@ class Batcher:
             except TimeoutError:
                 pass
 
+    def _start_ready(self) -> tuple[_Decision, float]:
+        """Fails the expired requests and starts batches while an instance is free;
+        returns the decision that started none, and when it was made."""
+        while True:
+            now_s = self._clock()
+            decision = _next_batch(self._queues, now_s, self._config, flush=self._closing)
+            for request in decision.expired:
+                self._remove(request)
+                self._rejected[_REJECT_DEADLINE] += 1
+                self._fail(request, DeadlineExceededError(
+                    f"deadline_s={request.deadline_s:.6f} passed after "
+                    f"{(now_s - request.arrival_s) * 1e3:.3f} ms in the queue, before the "
+                    "request could run; send a later deadline or add capacity",
+                    deadline_s=request.deadline_s,
+                    now_s=now_s,
+                ))
+            if decision.batch and len(self._batch_tasks) < self._config.max_concurrent_batches:
+                self._dispatch(decision.batch)
+                continue
+            return decision, now_s
+
     def _dispatch(self, batch: tuple[_Request, ...]) -> None:
         for request in batch:
             self._remove(request)
@@ -521,7 +527,12 @@ class Batcher:
         self._histogram[len(batch)] += 1
         logger.debug("batch formed: size=%d shape_key=%r queue_depth=%d",
                      len(batch), batch[0].shape_key, self._depth)
-        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        loop = asyncio.get_running_loop()
+        payloads = [r.payload for r in batch]
+        # A plain run_batch starts on the executor now rather than in the task's first
+        # step, an event-loop iteration later (see [Note: back-to-back batches]).
+        running = None if self._is_async else loop.run_in_executor(None, self._run_batch, payloads)
+        task = loop.create_task(self._execute(batch, payloads, running))
         self._batch_tasks.add(task)
         task.add_done_callback(self._batch_done)
 
@@ -530,14 +541,29 @@ class Batcher:
         if self._wakeup is not None:
             self._wakeup.set()
 
-    async def _execute(self, batch: tuple[_Request, ...]) -> None:
-        payloads = [r.payload for r in batch]
+    def _start_next(self) -> None:
+        """Frees the current batch's instance and starts the next batch on it.
+
+        [Note: back-to-back batches]
+        A finished batch first starts the next one, then answers its own callers.
+        Left to the scheduling loop, the next batch would start only after the wake-ups
+        of every caller in this batch had run (they are queued on the event loop before
+        the loop's own): measured 0.9 ms between batch-8 runs of the DenseNet121 tail
+        on 2 cores with the next batch already waiting, 10 % of the engine's time.
+        """
+        self._batch_tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         try:
-            if self._is_async:
+            self._start_ready()
+        except Exception:  # noqa: BLE001 - this batch is answered regardless; the
+            # scheduling loop, woken by _batch_done, meets the same failure and fails the queue.
+            pass
+
+    async def _execute(self, batch: tuple[_Request, ...], payloads: list[Any], running: Any) -> None:
+        try:
+            if running is None:
                 results = await self._run_batch(payloads)
             else:
-                loop = asyncio.get_running_loop()
-                results = await loop.run_in_executor(None, self._run_batch, payloads)
+                results = await running
                 if inspect.isawaitable(results):
                     results = await results
             results = list(results)
@@ -560,9 +586,11 @@ class Batcher:
             self._failed_batches += 1
             logger.warning("run_batch failed for a batch of %d (shape_key=%r): %r",
                            len(batch), batch[0].shape_key, e)
+            self._start_next()
             for request in batch:
                 self._fail(request, e)
             return
+        self._start_next()
         for request, result in zip(batch, results):
             if request.future is not None and not request.future.done():
                 request.future.set_result(result)

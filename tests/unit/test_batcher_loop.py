@@ -80,6 +80,47 @@ def test_sync_run_batch_runs_off_the_loop():
     assert loop_thread and loop_thread[0] != threading.get_ident()
 
 
+def test_a_finished_batch_starts_the_next_before_answering_its_callers():
+    # [Note: back-to-back batches]: the engine must not idle while callers wake up.
+    events: list[tuple] = []
+
+    async def run_batch(payloads):
+        events.append(("start", tuple(payloads)))
+        await asyncio.sleep(0)
+        return payloads
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0, max_concurrent_batches=1))
+
+        async def call(x):
+            await b.submit(x)
+            events.append(("answered", x))
+
+        await asyncio.gather(*(call(x) for x in (1, 2, 3, 4)))
+        await b.close()
+
+    _run(main())
+    assert events == [("start", (1, 2)), ("start", (3, 4)), ("answered", 1), ("answered", 2),
+                      ("answered", 3), ("answered", 4)]
+
+
+def test_sync_run_batch_starts_the_next_batch_after_a_failed_one():
+    def run_batch(payloads):
+        if 1 in payloads:
+            raise RuntimeError("bad batch")
+        return [p + 1 for p in payloads]
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0, max_concurrent_batches=1))
+        out = await asyncio.gather(b.submit(1), b.submit(2), b.submit(3), return_exceptions=True)
+        await b.close()
+        return out, b.stats()
+
+    out, stats = _run(main())
+    assert isinstance(out[0], RuntimeError) and out[1:] == [3, 4]
+    assert stats.failed_batches == 1 and stats.completed == 2 and stats.in_flight_batches == 0
+
+
 def test_max_delay_forms_a_partial_batch_after_the_delay():
     delay_ms = 20.0
 
