@@ -548,8 +548,12 @@ class Batcher:
         A finished batch first starts the next one, then answers its own callers.
         Left to the scheduling loop, the next batch would start only after the wake-ups
         of every caller in this batch had run (they are queued on the event loop before
-        the loop's own): measured 0.9 ms between batch-8 runs of the DenseNet121 tail
-        on 2 cores with the next batch already waiting, 10 % of the engine's time.
+        the loop's own): measured 0.9 ms (p50) between batch-8 runs of the DenseNet121
+        tail at concurrency 32 on 2 cores with the next batch already waiting, 10 % of
+        the engine's time. With this order it measured 0.54-0.87 ms over five runs on a
+        noisy machine: most of the gap is the hand-off from the executor thread to the
+        loop and back (an empty ``run_in_executor`` takes 0.2 ms here) and the loop's
+        other Python work, which holds the GIL the engine thread needs to start.
         """
         self._batch_tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         try:
