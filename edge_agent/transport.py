@@ -31,13 +31,24 @@ __all__ = ["Remote", "RemoteResult", "make_credentials", "SERVER_TIME_KEYS"]
 #: timings_ms keys that are time spent in the server (not on the link).
 SERVER_TIME_KEYS = ("decode", "decode_tensors", "queue", "compute", "encode")
 _MAX_MESSAGE_BYTES = 64 << 20
+_CONNECT_TIMEOUT_MS = 5000
+"""Least time one connection attempt may take; see [Note: connect timeout]."""
 _OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", _CONNECT_TIMEOUT_MS),
 ]
+# [Note: connect timeout]
+# gRPC core reads `grpc.min_reconnect_backoff_ms` as the minimum *connect timeout* of an
+# attempt (its deadline is the larger of it and the next back-off), not as a back-off.
+# Set to 100 ms, a connection had to finish TCP, TLS and the HTTP/2 SETTINGS exchange
+# within the back-off (100 ms at first, growing to 1 s): on a 300 ms RTT link the first
+# calls failed UNAVAILABLE at once, over a handshake longer than 1 s the agent never
+# connected, and on a loaded host even loopback through the link emulator missed it.
+# The short initial and maximum back-offs keep retries quick after an outage; 5 s lets
+# a slow handshake finish and still retries an attempt stuck in a blackhole within 5 s.
 
 
 def make_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials | None:
