@@ -8,6 +8,8 @@ reference is a plain ONNX Runtime session on the same tail.
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import numpy as np
 import pytest
@@ -314,19 +316,43 @@ def test_replica_killed_mid_load_loses_no_request(ray_local, tail, reference, en
     assert (stats.direct_calls > 0) == direct
 
 
+def _graph_semaphores() -> set[str]:
+    """The POSIX semaphores of this session's compiled-graph channels: Ray names them after
+    the raylet that created them (sem.hdr<pid>-<ns>, sem.obj<pid>-<ns>), so other clusters'
+    files on the machine are not counted. See [Note: channel semaphores] in workers/actors.py."""
+    from ray._private import worker as ray_worker
+
+    pid = ray_worker._global_node.all_processes["raylet"][0].process.pid
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {n for n in os.listdir("/dev/shm") if n.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-"))}
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("transport", ["compiled", "calls"])
 def test_pipeline_equals_unsplit_tail_and_overlaps(ray_local, tail, reference, engine_config, transport):
     from workers.actors import Pipeline
 
     stages = [s.SerializeToString() for s in make_stages(tail, 2)]
+    before = _graph_semaphores()
     pipe = Pipeline(stages, engine_configs=[engine_config] * 2, transport=transport, max_inflight=4)
     try:
         frames = _frames(tail, 12, seed=5)
         outs = pipe.run_many(frames)
         spans = pipe.spans()
+        made = _graph_semaphores() - before
     finally:
         pipe.shutdown()
+    # The stages exit gracefully, and their exits unlink the channels' semaphores (a
+    # killed stage left them in /dev/shm for good); the exits finish a moment after
+    # shutdown() returns, so wait for them.
+    if transport == "compiled" and os.path.isdir("/dev/shm"):
+        assert made, "a compiled graph's channels should hold semaphores in /dev/shm"
+        for _ in range(600):
+            if not made & _graph_semaphores():
+                break
+            time.sleep(0.05)
+        assert not made & _graph_semaphores()
     for x, out in zip(frames, outs):
         _assert_equal(out, reference(x))
     assert sorted((s.frame, s.stage) for s in spans) == [(f, s) for f in range(12) for s in (0, 1)]
