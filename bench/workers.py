@@ -24,9 +24,10 @@ on all of them alike):
    32 KiB and more, memory shared with the worker: the default),
    called by closed-loop asyncio clients at concurrency 1, 8 and 32; and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
-   the caller's side) at concurrency 1 and 32, and "ours socket only", the direct
-   channel with ``PoolConfig(shared_memory=False)`` (every byte through the socket, as
-   before the arenas) at concurrency 1 and 32. At concurrency 1 the pool reports each
+   the caller's side) at concurrency 1 and 32, and "ours socket + engine thread", the
+   direct channel with ``PoolConfig(shared_memory=False)`` (every byte through the
+   socket) and every batch on the engine thread (``inline_max_ms=0``): session 3's path
+   but for the batcher's order of work, at concurrency 1 and 32. At concurrency 1 the pool reports each
    request's engine run time in the worker, so ``overhead_p50_ms`` (latency minus that
    run, paired per request) is the serving overhead alone, free of the noise in the
    run itself;
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -194,7 +196,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     from ray import serve
 
     from workers._pool import PoolConfig
-    from workers.actors import ReplicaPool
+    from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool
 
     engine = Engine(tail, config, name=name)
     feed1, feed8 = _inputs(engine, 1), _inputs(engine, MAX_BATCH)
@@ -208,8 +210,10 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0), engine_config=config)
     plain = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, direct=False),
                         engine_config=config)
-    socket_only = ReplicaPool({key: tail_bytes}, engine_config=config,
-                              config=PoolConfig(num_replicas=1, max_restarts=0, shared_memory=False))
+    # Every byte through the socket, every batch on the engine thread (session 3's path).
+    socket_thread = ReplicaPool({key: tail_bytes}, engine_config=config,
+                              config=PoolConfig(num_replicas=1, max_restarts=0, shared_memory=False),
+                              batcher_config=dataclasses.replace(DEFAULT_BATCHER_CONFIG, inline_max_ms=0.0))
     handle = _serve_app(model_path)
     points: dict[str, _Point] = {}
 
@@ -219,8 +223,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     async def main() -> None:
         await pool.ready()
         await plain.ready()
-        await socket_only.ready()
-        for direct in (pool, socket_only):
+        await socket_thread.ready()
+        for direct in (pool, socket_thread):
             for _ in range(200):  # the direct channel opens in the background
                 await direct.infer(key, feed1)
                 if direct.stats().direct_calls >= 3:
@@ -239,7 +243,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 call = (lambda: pool.infer_timed(key, feed1)) if c == 1 else (lambda: pool.infer(key, feed1))
                 await _closed_loop(call, c, slice_s, point(f"ours_c{c}"))
                 if c != 8:
-                    for other, label in ((plain, "ours_plain"), (socket_only, "ours_socket_only")):
+                    for other, label in ((plain, "ours_plain"), (socket_thread, "ours_socket_thread")):
                         call = (lambda: other.infer_timed(key, feed1)) if c == 1 else (lambda: other.infer(key, feed1))
                         await _closed_loop(call, c, slice_s, point(f"{label}_c{c}"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
@@ -251,7 +255,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     finally:
         pool.shutdown()
         plain.shutdown()
-        socket_only.shutdown()
+        socket_thread.shutdown()
         serve.delete("peer")
     for label, p in points.items():
         entry[label] = p.summary()
@@ -267,8 +271,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
         "ours_plain_c1_added_p50_ms": entry["ours_plain_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_overhead_p50_ms": entry["ours_plain_c1"]["overhead_p50_ms"],
-        "ours_socket_only_c32_over_raw_batched_throughput": entry["ours_socket_only_c32"]["throughput_per_s"] / limit,
-        "ours_socket_only_c1_overhead_p50_ms": entry["ours_socket_only_c1"]["overhead_p50_ms"],
+        "ours_socket_thread_c32_over_raw_batched_throughput": entry["ours_socket_thread_c32"]["throughput_per_s"] / limit,
+        "ours_socket_thread_c1_overhead_p50_ms": entry["ours_socket_thread_c1"]["overhead_p50_ms"],
         "serve_c1_added_p50_ms": entry["serve_c1"]["p50_ms"] - raw1,
     }
     return entry
@@ -424,7 +428,7 @@ def _plot(results: dict, path: str) -> None:
     for c in CONCURRENCY:
         series.append((f"ours c{c}", lambda m, c=c: m[f"ours_c{c}"]))
     for c in (1, 32):
-        series.append((f"ours socket only c{c}", lambda m, c=c: m.get(f"ours_socket_only_c{c}")))
+        series.append((f"ours socket + engine thread c{c}", lambda m, c=c: m.get(f"ours_socket_thread_c{c}")))
     for c in (1, 32):
         series.append((f"ours plain calls c{c}", lambda m, c=c: m[f"ours_plain_c{c}"]))
     for c in CONCURRENCY:
@@ -449,8 +453,8 @@ def _plot(results: dict, path: str) -> None:
 
 
 _ROWS = [("raw_b1", "raw ORT b1 (limit)"), ("raw_b8", "raw ORT b8 (limit)"), ("ours_c1", "ours c1"),
-         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_socket_only_c1", "ours c1, socket only"),
-         ("ours_socket_only_c32", "ours c32, socket only"), ("ours_plain_c1", "ours c1, plain calls"),
+         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_socket_thread_c1", "ours c1, socket + engine thread"),
+         ("ours_socket_thread_c32", "ours c32, socket + engine thread"), ("ours_plain_c1", "ours c1, plain calls"),
          ("ours_plain_c32", "ours c32, plain calls"), ("serve_c1", "Ray Serve c1"), ("serve_c8", "Ray Serve c8"),
          ("serve_c32", "Ray Serve c32")]
 
@@ -475,11 +479,11 @@ def markdown(results: dict) -> str:
                 out.append(f"| {label} | {p['throughput_per_s']:.1f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {over} |")
         r = m["ratios"]
         out += ["", f"ours c32 / raw b8 throughput **{r['ours_c32_over_raw_batched_throughput']:.2f}** (target >= 0.9; "
-                f"socket only {r.get('ours_socket_only_c32_over_raw_batched_throughput', float('nan')):.2f}, "
+                f"socket + engine thread {r.get('ours_socket_thread_c32_over_raw_batched_throughput', float('nan')):.2f}, "
                 f"plain calls {r['ours_plain_c32_over_raw_batched_throughput']:.2f}); ours c32 / Serve c32 "
                 f"**{r['ours_c32_over_serve_c32_throughput']:.2f}** (target >= 1.5); at c1, serving overhead (p50 of "
-                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (socket only "
-                f"{r.get('ours_socket_only_c1_overhead_p50_ms', float('nan')):.2f} ms, plain calls "
+                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (socket + engine thread "
+                f"{r.get('ours_socket_thread_c1_overhead_p50_ms', float('nan')):.2f} ms, plain calls "
                 f"{r['ours_plain_c1_overhead_p50_ms']:.2f} ms); p50 over raw b1: ours +{r['ours_c1_added_p50_ms']:.1f} ms, "
                 f"plain calls +{r['ours_plain_c1_added_p50_ms']:.1f} ms, Serve +{r['serve_c1_added_p50_ms']:.1f} ms "
                 "(target <= 0.5 ms)", ""]

@@ -68,7 +68,7 @@ class RayPool:
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
                  metrics: GatewayMetrics | None = None, direct: bool = True) -> None:
         from workers._pool import PoolConfig
-        from workers.actors import ReplicaPool
+        from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
 
@@ -85,7 +85,8 @@ class RayPool:
                                        batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
                                          max_queue_delay_ms=config.max_queue_delay_ms,
-                                         max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS),
+                                         max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS,
+                                         inline_max_ms=DEFAULT_BATCHER_CONFIG.inline_max_ms),
         )
         # Block until the replicas have loaded the tail: readiness means "can serve now".
         try:

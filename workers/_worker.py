@@ -28,10 +28,13 @@ __all__ = ["DEFAULT_BATCHER_CONFIG", "ModelSource", "SegmentHost", "register_err
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCHER_CONFIG = BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0, num_priority_levels=4)
+DEFAULT_BATCHER_CONFIG = BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0, num_priority_levels=4,
+                                       inline_max_ms=20.0)
 """No waiting for company: a lone request runs at once, and requests that arrive while
 a batch runs form the next batch (up to 8). That batches under load without adding
-latency at concurrency 1."""
+latency at concurrency 1. A lone request whose runs take up to 20 ms runs on the
+worker's event loop thread (see [Note: inline runs] in workers/batcher.py): a worker
+serves nothing but its segments, so the loop can wait that long."""
 
 ModelSource = bytes | str
 """Serialized ONNX bytes, or a path (relative to the worker's registry directory)."""

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import dataclasses
 import inspect
 import itertools
-import json
 import logging
 import time
 from collections import Counter
@@ -33,6 +31,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from workers._batcher_config import BatcherConfig, BatcherStats
 from workers.errors import (
     BatcherClosedError,
     BatcherConfigError,
@@ -67,128 +66,6 @@ _REJECT_DEADLINE = "deadline"
 _REJECT_QUEUE_FULL = "queue_full"
 _REJECT_CANCELLED = "cancelled"
 _REJECT_CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    """How the dynamic batcher groups requests. Limits are checked on construction."""
-
-    max_batch_size: int = 8
-    """Most requests in one batch; a batch forms at once when this many are waiting."""
-
-    max_queue_delay_ms: float = 2.0
-    """Longest the oldest waiting request waits for company before its batch forms,
-    even if it is smaller than any preferred size. 0 dispatches at once."""
-
-    preferred_batch_sizes: tuple[int, ...] = ()
-    """Batch sizes the model runs best at (for example 4 and 8 on a GPU). As soon as
-    one of them is reachable a batch of the largest reachable one forms, without
-    waiting for the delay. Each must lie in [1, max_batch_size]."""
-
-    max_queue_size: int = 1024
-    """Most requests waiting (not yet running). Beyond it ``submit`` raises the
-    retry-able QueueFullError instead of queueing forever."""
-
-    num_priority_levels: int = 1
-    """Priority levels; ``submit(priority=p)`` takes p in [0, num_priority_levels) and
-    larger p is batched first."""
-
-    max_concurrent_batches: int = 1
-    """Batches running at once (one per model instance). While all are busy, requests
-    keep queueing, so the next batch can grow."""
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise BatcherConfigError(
-                f"max_batch_size={self.max_batch_size} must be >= 1; use 1 to disable batching",
-                field_name="max_batch_size",
-                value=self.max_batch_size,
-            )
-        if not self.max_queue_delay_ms >= 0.0:
-            raise BatcherConfigError(
-                f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0; "
-                "use 0 to dispatch without waiting",
-                field_name="max_queue_delay_ms",
-                value=self.max_queue_delay_ms,
-            )
-        sizes = tuple(self.preferred_batch_sizes)
-        bad = [s for s in sizes if not 1 <= s <= self.max_batch_size]
-        if bad:
-            raise BatcherConfigError(
-                f"preferred_batch_sizes={sizes} has {bad} outside [1, max_batch_size="
-                f"{self.max_batch_size}]; drop them or raise max_batch_size",
-                field_name="preferred_batch_sizes",
-                value=sizes,
-            )
-        # Sorted and deduplicated so that equal configs compare equal.
-        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(set(sizes))))
-        if self.max_queue_size < 1:
-            raise BatcherConfigError(
-                f"max_queue_size={self.max_queue_size} must be >= 1",
-                field_name="max_queue_size",
-                value=self.max_queue_size,
-            )
-        if self.num_priority_levels < 1:
-            raise BatcherConfigError(
-                f"num_priority_levels={self.num_priority_levels} must be >= 1",
-                field_name="num_priority_levels",
-                value=self.num_priority_levels,
-            )
-        if self.max_concurrent_batches < 1:
-            raise BatcherConfigError(
-                f"max_concurrent_batches={self.max_concurrent_batches} must be >= 1",
-                field_name="max_concurrent_batches",
-                value=self.max_concurrent_batches,
-            )
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> BatcherConfig:
-        data = json.loads(text)
-        data["preferred_batch_sizes"] = tuple(data.get("preferred_batch_sizes", ()))
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class BatcherStats:
-    """A snapshot of the batcher's counters."""
-
-    batches_formed: int
-    """Batches handed to run_batch."""
-
-    batch_size_histogram: Mapping[int, int]
-    """Batch size -> number of batches of that size."""
-
-    rejected: Mapping[str, int]
-    """Reason ('deadline', 'queue_full', 'cancelled', 'closed') -> requests rejected."""
-
-    failed_batches: int
-    """Batches whose run_batch raised."""
-
-    completed: int
-    """Requests answered with a result."""
-
-    queue_depth: int
-    """Requests waiting now (not yet in a batch)."""
-
-    in_flight_batches: int
-    """Batches running now."""
-
-    def to_json(self) -> str:
-        data = dataclasses.asdict(self)
-        data["batch_size_histogram"] = {str(k): v for k, v in self.batch_size_histogram.items()}
-        data["rejected"] = dict(self.rejected)
-        return json.dumps(data, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> BatcherStats:
-        data = json.loads(text)
-        data["batch_size_histogram"] = {
-            int(k): v for k, v in data["batch_size_histogram"].items()
-        }
-        return cls(**data)
 
 
 @dataclass(eq=False)
@@ -283,7 +160,8 @@ class Batcher:
 
     ``run_batch`` takes a list of payloads and returns a list of results of the same
     length. An ``async def`` one is awaited on the loop; a plain one runs in the
-    loop's default executor so the loop keeps accepting requests meanwhile. An
+    loop's default executor so the loop keeps accepting requests meanwhile (a short
+    lone request may run on the loop itself: ``BatcherConfig.inline_max_ms``). An
     exception from it fails exactly the requests of that batch, with that exception.
 
     Use it from one event loop. It starts on the first ``submit``; ``close()`` stops it.
@@ -316,6 +194,9 @@ class Batcher:
         self._completed = 0
         self._histogram: Counter[int] = Counter()
         self._rejected: Counter[str] = Counter()
+        self._lone_run_s: float | None = None
+        self._inline_runs = 0
+        """How long the last batch of one took (on the executor: with the hand-offs)."""
 
     @property
     def config(self) -> BatcherConfig:
@@ -330,6 +211,7 @@ class Batcher:
             completed=self._completed,
             queue_depth=self._depth,
             in_flight_batches=len(self._batch_tasks),
+            inline_runs=self._inline_runs,
         )
 
     async def submit(
@@ -529,10 +411,21 @@ class Batcher:
                      len(batch), batch[0].shape_key, self._depth)
         loop = asyncio.get_running_loop()
         payloads = [r.payload for r in batch]
-        # A plain run_batch starts on the executor now rather than in the task's first
-        # step, an event-loop iteration later (see [Note: back-to-back batches]).
-        running = None if self._is_async else loop.run_in_executor(None, self._run_batch, payloads)
-        task = loop.create_task(self._execute(batch, payloads, running))
+        cfg = self._config
+        # [Note: inline runs]
+        # Handing a batch to the executor and its results back to the loop wakes a
+        # sleeping thread each way: 0.2 ms each on 2 cores here, a third of what serving
+        # adds to a lone request. A lone request whose runs are short runs on the loop
+        # instead; the loop takes nothing in meanwhile, and what arrives waits in the
+        # socket and forms the next batch, as it would have waited for the engine anyway.
+        # Never with company waiting or another instance running: there, overlapping the
+        # run with the loop's work is worth more than the hand-offs.
+        inline = (not self._is_async and len(batch) == 1 and self._depth == 0 and cfg.max_concurrent_batches == 1
+                  and self._lone_run_s is not None and self._lone_run_s * 1e3 <= cfg.inline_max_ms)
+        # Otherwise a plain run_batch starts on the executor now rather than in the task's
+        # first step, an event-loop iteration later (see [Note: back-to-back batches]).
+        running = None if self._is_async or inline else loop.run_in_executor(None, self._run_batch, payloads)
+        task = loop.create_task(self._execute(batch, payloads, running, inline))
         self._batch_tasks.add(task)
         task.add_done_callback(self._batch_done)
 
@@ -562,12 +455,19 @@ class Batcher:
             # scheduling loop, woken by _batch_done, meets the same failure and fails the queue.
             pass
 
-    async def _execute(self, batch: tuple[_Request, ...], payloads: list[Any], running: Any) -> None:
+    async def _execute(self, batch: tuple[_Request, ...], payloads: list[Any], running: Any, inline: bool) -> None:
         try:
-            if running is None:
+            start_s = time.perf_counter()
+            if inline:
+                results = self._run_batch(payloads)
+            elif running is None:
                 results = await self._run_batch(payloads)
             else:
                 results = await running
+            if not self._is_async:
+                if len(batch) == 1:
+                    self._lone_run_s = time.perf_counter() - start_s
+                    self._inline_runs += inline
                 if inspect.isawaitable(results):
                     results = await results
             results = list(results)

@@ -13,6 +13,7 @@ from workers.batcher import (
     Batcher,
     BatcherClosedError,
     BatcherConfig,
+    BatcherConfigError,
     BatchSizeMismatchError,
     DeadlineExceededError,
     BatcherRequestError,
@@ -119,6 +120,58 @@ def test_sync_run_batch_starts_the_next_batch_after_a_failed_one():
     out, stats = _run(main())
     assert isinstance(out[0], RuntimeError) and out[1:] == [3, 4]
     assert stats.failed_batches == 1 and stats.completed == 2 and stats.in_flight_batches == 0
+
+
+def test_a_short_lone_request_runs_on_the_loop_thread_and_company_goes_to_the_executor():
+    # [Note: inline runs]
+    threads: list[tuple[tuple, bool]] = []
+    loop_thread = threading.get_ident()
+
+    def run_batch(payloads):
+        threads.append((tuple(payloads), threading.get_ident() == loop_thread))
+        return [p + 1 for p in payloads]
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0, inline_max_ms=50.0))
+        outs = [await b.submit(1), await b.submit(2)]  # the first run is timed on the executor
+        outs += await asyncio.gather(b.submit(3), b.submit(4))  # together: one batch of two
+        outs.append(await b.submit(5))
+        await b.close()
+        return outs, b.stats()
+
+    outs, stats = _run(main())
+    assert outs == [2, 3, 4, 5, 6]
+    assert threads == [((1,), False), ((2,), True), ((3, 4), False), ((5,), True)]
+    assert stats.inline_runs == 2
+
+
+def test_lone_requests_with_long_runs_or_company_waiting_stay_on_the_executor():
+    loop_thread = threading.get_ident()
+    on_loop: list[bool] = []
+
+    def run_batch(payloads):
+        on_loop.append(threading.get_ident() == loop_thread)
+        if payloads[0] == "slow":
+            time.sleep(0.03)
+        return payloads
+
+    async def main():
+        slow = Batcher(run_batch, BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0, inline_max_ms=10.0))
+        for _ in range(3):
+            await slow.submit("slow")  # 30 ms runs, above the 10 ms limit
+        await slow.close()
+        queued = Batcher(run_batch, BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0, inline_max_ms=50.0))
+        await queued.submit("warm")
+        await asyncio.gather(*(queued.submit(i) for i in range(3)))  # batches of one, with company waiting
+        await queued.close()
+        return slow.stats(), queued.stats()
+
+    slow_stats, queued_stats = _run(main())
+    assert on_loop[:3] == [False, False, False] and slow_stats.inline_runs == 0
+    # "warm" is the first lone run (not yet timed); of the three, the last is alone by then.
+    assert on_loop[3:] == [False, False, False, True] and queued_stats.inline_runs == 1
+    with pytest.raises(BatcherConfigError, match="inline_max_ms"):
+        BatcherConfig(inline_max_ms=-1.0)
 
 
 def test_max_delay_forms_a_partial_batch_after_the_delay():
