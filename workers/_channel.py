@@ -151,6 +151,10 @@ class _Connection:
         if offer:
             self._send_arena(can)
             self.peer = await self._recv_arena()
+            if self.peer is None and self.arena is not None:
+                # The worker declined (or could not map ours): nothing may go through it.
+                self.arena.close()
+                self.arena = None
         else:
             self.peer = await self._recv_arena()
             self._send_arena(can and self.peer is not None)
@@ -158,7 +162,11 @@ class _Connection:
     def _send_arena(self, share: bool) -> None:
         # One byte (and the fd) on a fresh connection: the socket buffer takes it at once.
         if share:
-            self.arena = Arena()
+            try:
+                self.arena = Arena()
+            except OSError as e:  # e.g. memfd_create refused by a sandbox: the socket carries everything
+                logger.warning("direct channel: no shared arena (%r); arrays go through the socket", e)
+        if self.arena is not None:
             socket.send_fds(self.sock, [b"A"], [self.arena.fd])
         else:
             self.sock.send(b"N")
@@ -176,7 +184,11 @@ class _Connection:
                 finally:
                     self._loop.remove_reader(self.sock.fileno())
         if marker == b"A" and len(fds) == 1:
-            return PeerArena(fds[0])
+            try:
+                return PeerArena(fds[0])
+            except OSError as e:  # answered "N": the peer then sends everything through the socket
+                logger.warning("direct channel: the peer's arena could not be mapped (%r); not shared", e)
+                return None
         for fd in fds:
             os.close(fd)
         if marker == b"N":

@@ -246,6 +246,49 @@ def test_a_caller_that_declines_shared_memory_sends_every_byte_through_the_socke
     _run(main())
 
 
+def test_an_arena_the_worker_cannot_map_is_not_used(monkeypatch):
+    import workers._channel as channel
+
+    def refuse(fd):
+        os.close(fd)
+        raise OSError("mmap refused")
+
+    monkeypatch.setattr(channel, "PeerArena", refuse)
+
+    async def main():
+        server = await open_channel_server(_echo)
+        client = await ChannelClient.connect(server.path, server.token)
+        x = np.arange(1 << 18, dtype=np.float32)
+        out, _ = await client.call("ok", {"x": x}, None, 0)
+        np.testing.assert_array_equal(out["x"], x)
+        assert client._conn.arena is None and client._conn.peer is None  # both ends fell back to the socket
+        client.close()
+        server.close()
+
+    _run(main())
+
+
+def test_a_sandbox_without_memfd_serves_through_the_socket(monkeypatch):
+    import workers._channel as channel
+
+    def no_memfd():
+        raise PermissionError("memfd_create: operation not permitted")
+
+    monkeypatch.setattr(channel, "Arena", no_memfd)
+
+    async def main():
+        server = await open_channel_server(_echo)
+        client = await ChannelClient.connect(server.path, server.token)
+        x = np.arange(1 << 18, dtype=np.float32)
+        out, _ = await client.call("ok", {"x": x}, None, 0)
+        np.testing.assert_array_equal(out["x"], x)
+        assert client._conn.arena is None and server.arena_lent_bytes == 0
+        client.close()
+        server.close()
+
+    _run(main())
+
+
 def test_a_full_arena_sends_in_the_frame(monkeypatch):
     import workers._channel as channel
 
