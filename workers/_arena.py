@@ -8,6 +8,9 @@ arena, a ``memfd`` that the peer mapped when the connection opened, and the fram
 carries only where it lies. The receiver reads the region in place until it hands it
 back: a frame lists the peer's regions that its sender is done with.
 
+An arena is sparse: it takes the memory of the most bytes in flight at once, and
+when nothing is lent it gives back what lies above ``ARENA_KEEP_BYTES``.
+
 The worker holds the pool's regions as its requests' input arrays (no copy: the
 engine copies them into its own buffers anyway) and returns them with the answer;
 the pool copies an answer's arrays out at once (its callers own what they get) and
@@ -23,7 +26,7 @@ import bisect
 import mmap
 import os
 
-__all__ = ["ARENA_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "arenas_supported"]
+__all__ = ["ARENA_BYTES", "ARENA_KEEP_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "arenas_supported"]
 
 ARENA_BYTES = 256 << 20
 """Address space per arena. A memfd is sparse: only the pages ever used take memory,
@@ -32,11 +35,15 @@ in flight at once."""
 ARENA_MIN_BYTES = 32 << 10
 """Smaller buffers go in the frame: copying them through the socket costs less than
 the bookkeeping."""
+ARENA_KEEP_BYTES = 32 << 20
+"""Memory an idle arena keeps: when nothing is lent, the pages above this are given
+back to the system (a burst of large requests does not stay resident for the
+connection's life)."""
 _ALIGN = 64
 
 
 def arenas_supported() -> bool:
-    return hasattr(os, "memfd_create") and hasattr(mmap, "MAP_SHARED")
+    return hasattr(os, "memfd_create") and hasattr(mmap, "MADV_REMOVE")
 
 
 class Arena:
@@ -56,6 +63,8 @@ class Arena:
         self._free_offsets = [0]  # sorted; _free_sizes[i] belongs to _free_offsets[i]
         self._free_sizes = [size_bytes]
         self._lent: dict[int, int] = {}
+        self._touched = 0
+        """End of the highest region used since the arena last gave memory back."""
         self.fallbacks = 0
         """Buffers sent in the frame because the arena had no room."""
 
@@ -76,6 +85,7 @@ class Arena:
                     self._free_offsets[i] += need
                     self._free_sizes[i] -= need
                 self._lent[offset] = need
+                self._touched = max(self._touched, offset + need)
                 self._view[offset:offset + data.nbytes] = data
                 return offset
         self.fallbacks += 1
@@ -97,6 +107,16 @@ class Arena:
         else:
             self._free_offsets.insert(i, offset)
             self._free_sizes.insert(i, size)
+        if not self._lent and self._touched > ARENA_KEEP_BYTES:
+            # Idle after a burst: the pages above the keep go back (the peer's mapping
+            # reads zeros there until they are written again).
+            self._map.madvise(mmap.MADV_REMOVE, ARENA_KEEP_BYTES, self._touched - ARENA_KEEP_BYTES)
+            self._touched = ARENA_KEEP_BYTES
+
+    @property
+    def resident_bytes(self) -> int:
+        """Memory the arena holds now (pages written and not given back)."""
+        return os.fstat(self.fd).st_blocks * 512
 
     def close(self) -> None:
         """Closes the fd; the mapping goes when the last view of it does."""

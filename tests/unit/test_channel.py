@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from workers._arena import Arena
+from workers._arena import ARENA_KEEP_BYTES, Arena
 from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
 from workers.errors import InputError, WorkerError
 
@@ -188,6 +188,22 @@ def test_arena_lends_first_fit_merges_what_comes_back_and_refuses_strangers():
         assert arena.lent_bytes == 0 and arena.put(memoryview(bytes(1 << 20))) == 0  # all of it, whole again
         with pytest.raises(ValueError, match="not lent"):
             arena.release(12345)
+    finally:
+        arena.close()
+
+
+def test_an_idle_arena_gives_back_what_a_burst_took():
+    arena = Arena(size_bytes=128 << 20)
+    try:
+        burst = [arena.put(memoryview(np.full(1 << 20, i, np.float64)).cast("B")) for i in range(8)]  # 64 MiB
+        assert None not in burst and arena.resident_bytes >= 64 << 20
+        for offset in burst[:-1]:
+            arena.release(offset)
+        assert arena.resident_bytes >= 64 << 20  # one region still lent: nothing given back yet
+        arena.release(burst[-1])
+        assert arena.resident_bytes <= ARENA_KEEP_BYTES
+        again = arena.put(memoryview(np.full(1 << 20, 7.0)).cast("B"))
+        assert again == 0 and arena.resident_bytes >= 8 << 20  # reused from the bottom
     finally:
         arena.close()
 
