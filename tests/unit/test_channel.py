@@ -247,19 +247,26 @@ def test_large_arrays_go_through_the_arenas_and_every_region_comes_back():
     _run(main())
 
 
-def test_a_caller_that_declines_shared_memory_sends_every_byte_through_the_socket():
+def _echo_one_mib(**connect_kwargs) -> tuple:
+    """Echoes 1 MiB on a fresh server and client; returns what the client's connection
+    shares (its arena, the worker's) and the bytes the worker's arenas still lend."""
     async def main():
         server = await open_channel_server(_echo)
-        client = await ChannelClient.connect(server.path, server.token, shared_memory=False)
-        x = np.arange(1 << 18, dtype=np.float32)
-        out, _ = await client.call("ok", {"x": x}, None, 0)
-        np.testing.assert_array_equal(out["x"], x)
-        assert client._conn.arena is None and client._conn.peer is None  # neither end shared one
-        assert server.arena_lent_bytes == 0
-        client.close()
-        server.close()
+        client = await ChannelClient.connect(server.path, server.token, **connect_kwargs)
+        try:
+            x = np.arange(1 << 18, dtype=np.float32)
+            out, _ = await client.call("ok", {"x": x}, None, 0)
+            np.testing.assert_array_equal(out["x"], x)
+            return client._conn.arena, client._conn.peer, server.arena_lent_bytes
+        finally:
+            client.close()
+            server.close()
 
-    _run(main())
+    return _run(main())
+
+
+def test_a_caller_that_declines_shared_memory_sends_every_byte_through_the_socket():
+    assert _echo_one_mib(shared_memory=False) == (None, None, 0)  # neither end shared one
 
 
 def test_an_arena_the_worker_cannot_map_is_not_used(monkeypatch):
@@ -270,18 +277,7 @@ def test_an_arena_the_worker_cannot_map_is_not_used(monkeypatch):
         raise OSError("mmap refused")
 
     monkeypatch.setattr(channel, "PeerArena", refuse)
-
-    async def main():
-        server = await open_channel_server(_echo)
-        client = await ChannelClient.connect(server.path, server.token)
-        x = np.arange(1 << 18, dtype=np.float32)
-        out, _ = await client.call("ok", {"x": x}, None, 0)
-        np.testing.assert_array_equal(out["x"], x)
-        assert client._conn.arena is None and client._conn.peer is None  # both ends fell back to the socket
-        client.close()
-        server.close()
-
-    _run(main())
+    assert _echo_one_mib() == (None, None, 0)  # both ends fell back to the socket
 
 
 def test_a_sandbox_without_memfd_serves_through_the_socket(monkeypatch):
@@ -291,18 +287,7 @@ def test_a_sandbox_without_memfd_serves_through_the_socket(monkeypatch):
         raise PermissionError("memfd_create: operation not permitted")
 
     monkeypatch.setattr(channel, "Arena", no_memfd)
-
-    async def main():
-        server = await open_channel_server(_echo)
-        client = await ChannelClient.connect(server.path, server.token)
-        x = np.arange(1 << 18, dtype=np.float32)
-        out, _ = await client.call("ok", {"x": x}, None, 0)
-        np.testing.assert_array_equal(out["x"], x)
-        assert client._conn.arena is None and server.arena_lent_bytes == 0
-        client.close()
-        server.close()
-
-    _run(main())
+    assert _echo_one_mib() == (None, None, 0)
 
 
 def test_a_full_arena_sends_in_the_frame(monkeypatch):
