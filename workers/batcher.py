@@ -195,8 +195,8 @@ class Batcher:
         self._histogram: Counter[int] = Counter()
         self._rejected: Counter[str] = Counter()
         self._lone_run_s: float | None = None
-        self._inline_runs = 0
         """How long the last batch of one took (on the executor: with the hand-offs)."""
+        self._inline_runs = 0
 
     @property
     def config(self) -> BatcherConfig:
