@@ -46,20 +46,14 @@ class BatcherConfig:
     when the last such run took at most this long (see [Note: inline runs] in
     workers/batcher.py). 0 never does; every batch then runs on the executor."""
 
+    def _at_least(self, name: str, minimum: int, fix: str = "") -> None:
+        value = getattr(self, name)
+        if not value >= minimum:  # `not >=` also refuses NaN
+            raise BatcherConfigError(f"{name}={value} must be >= {minimum}{fix}", field_name=name, value=value)
+
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise BatcherConfigError(
-                f"max_batch_size={self.max_batch_size} must be >= 1; use 1 to disable batching",
-                field_name="max_batch_size",
-                value=self.max_batch_size,
-            )
-        if not self.max_queue_delay_ms >= 0.0:
-            raise BatcherConfigError(
-                f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0; "
-                "use 0 to dispatch without waiting",
-                field_name="max_queue_delay_ms",
-                value=self.max_queue_delay_ms,
-            )
+        self._at_least("max_batch_size", 1, "; use 1 to disable batching")
+        self._at_least("max_queue_delay_ms", 0, "; use 0 to dispatch without waiting")
         sizes = tuple(self.preferred_batch_sizes)
         bad = [s for s in sizes if not 1 <= s <= self.max_batch_size]
         if bad:
@@ -71,30 +65,10 @@ class BatcherConfig:
             )
         # Sorted and deduplicated so that equal configs compare equal.
         object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(set(sizes))))
-        if self.max_queue_size < 1:
-            raise BatcherConfigError(
-                f"max_queue_size={self.max_queue_size} must be >= 1",
-                field_name="max_queue_size",
-                value=self.max_queue_size,
-            )
-        if self.num_priority_levels < 1:
-            raise BatcherConfigError(
-                f"num_priority_levels={self.num_priority_levels} must be >= 1",
-                field_name="num_priority_levels",
-                value=self.num_priority_levels,
-            )
-        if self.max_concurrent_batches < 1:
-            raise BatcherConfigError(
-                f"max_concurrent_batches={self.max_concurrent_batches} must be >= 1",
-                field_name="max_concurrent_batches",
-                value=self.max_concurrent_batches,
-            )
-        if not self.inline_max_ms >= 0.0:
-            raise BatcherConfigError(
-                f"inline_max_ms={self.inline_max_ms} must be >= 0; use 0 to run every batch on the executor",
-                field_name="inline_max_ms",
-                value=self.inline_max_ms,
-            )
+        self._at_least("max_queue_size", 1)
+        self._at_least("num_priority_levels", 1)
+        self._at_least("max_concurrent_batches", 1)
+        self._at_least("inline_max_ms", 0, "; use 0 to run every batch on the executor")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
