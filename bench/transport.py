@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     res: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "loadavg_start": os.getloadavg()},
+                    "grpcio": grpc.__version__, "loadavg_start": os.getloadavg()},
         "quick": args.quick,
     }
     for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip),
