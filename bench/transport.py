@@ -50,7 +50,8 @@ from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.protocol.encoding import decode, encode, measure_codec
 from cluster.protocol.messages import InferRequest, InferResponse
 from cluster.protocol.testing import EchoBackend
-from cluster.server import _Service, new_event_loop, serve_in_thread
+from cluster.server import _Service, ignore_poller_race, new_event_loop, serve, serve_in_thread
+from workers._malloc import keep_freed_memory
 
 SIZES_BYTES = (4 << 10, 1 << 20, 8 << 20)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -213,6 +214,7 @@ class _PlainAio:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None, echo: Any = _plain_echo) -> None:
         self.loop = loop or asyncio.new_event_loop()
+        self.loop.set_exception_handler(ignore_poller_race)
         ready = threading.Event()
 
         async def start() -> None:
@@ -262,11 +264,39 @@ def _start_server(kind: str) -> tuple[int, Callable[[], None]]:
 
 
 def _child_server(kind: str) -> None:
-    """``--child-server KIND``: serve until the parent closes our stdin."""
+    """``--child-server KIND``: serve until the parent closes our stdin.
+
+    Every kind keeps its freed buffers, as our server does ([Note: fresh pages] in
+    workers/_malloc.py): the peers get the same allocator, so the ratio is the
+    protocol's and the server's, not glibc's.
+    """
+    keep_freed_memory()
+    if kind in ("aio", "aio_same_loop", "codec", "ours"):
+        # On the main thread, as `splitinfer gateway` serves: glibc treats the main
+        # thread's heap differently from a thread's ([Note: fresh pages]).
+        loop = asyncio.new_event_loop() if kind == "aio" else new_event_loop()
+        loop.set_exception_handler(ignore_poller_race)
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(_serve_until_stdin_closes(kind))
+        return
     port, stop = _start_server(kind)
     print(port, flush=True)
     sys.stdin.read()
     stop()
+
+
+async def _serve_until_stdin_closes(kind: str) -> None:
+    if kind == "ours":
+        running = await serve(EchoBackend())
+        server, port = running.server, running.port
+    else:
+        server = grpc.aio.server(options=_OPTS)
+        server.add_generic_rpc_handlers((_plain_handler(_codec_only if kind == "codec" else _plain_echo),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+    print(port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
 
 
 class _Servers:
@@ -606,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     res: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "grpcio": grpc.__version__, "loadavg_start": os.getloadavg()},
+                    "grpcio": grpc.__version__, "loadavg_start": os.getloadavg(),
+                    "servers_keep_freed_memory": os.environ.get("SPLITINFER_KEEP_FREED_MEMORY", "1") != "0"},
         "quick": args.quick,
     }
     for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip),

@@ -47,6 +47,7 @@ from cluster.protocol.messages import (
     PlanResponse,
     StreamFrame,
 )
+from workers._malloc import keep_freed_memory
 
 __all__ = [
     "SERVICE_NAME",
@@ -474,9 +475,12 @@ async def serve(
     `stream_window` bounds the unanswered frames per InferStream call;
     `max_message_bytes` bounds each message both ways (larger ones get
     RESOURCE_EXHAUSTED from gRPC). `ready` is the initial health status.
+    The process keeps freed buffers instead of returning them to the OS
+    (`workers._malloc.keep_freed_memory`; SPLITINFER_KEEP_FREED_MEMORY=0 opts out).
     """
     if stream_window < 1:
         raise ValueError(f"stream_window={stream_window} must be >= 1 (frames in flight per stream)")
+    keep_freed_memory()  # [Note: fresh pages] (workers/_malloc.py)
     if max_message_bytes < 1024:
         raise ValueError(f"max_message_bytes={max_message_bytes} is too small; use at least 1024")
     for name in ("infer",):
@@ -523,14 +527,31 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     an edge install without it gets asyncio's loop. SPLITINFER_EVENT_LOOP=asyncio
     forces asyncio's loop (to rule uvloop out when debugging).
     """
+    loop = None
     if os.environ.get("SPLITINFER_EVENT_LOOP", "").lower() != "asyncio":
         try:
             import uvloop
         except ImportError:
             pass
         else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
+            loop = uvloop.new_event_loop()
+    loop = loop or asyncio.new_event_loop()
+    loop.set_exception_handler(ignore_poller_race)
+    return loop
+
+
+def ignore_poller_race(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """An event-loop exception handler that drops grpc.aio's harmless poller race.
+
+    [Note: poller race] Where several event loops in one process use grpc.aio (tests,
+    benchmarks, a server and a client on different threads), each loop watches the
+    same completion-queue wake-up socket; all are woken, one reads the byte, and the
+    others' reads fail with BlockingIOError, which grpcio (1.78) lets reach the loop's
+    exception handler. Nothing is lost. Everything else goes to the default handler.
+    """
+    if isinstance(context.get("exception"), BlockingIOError) and "_handle_events" in repr(context.get("handle")):
+        return
+    loop.default_exception_handler(context)
 
 
 class ThreadedServer:

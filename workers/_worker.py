@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from workers._malloc import keep_freed_memory
 from workers._pool import SegmentStats, WorkerStats, check_inputs, to_monotonic_deadline
 from workers.batcher import Batcher, BatcherConfig
 from workers.engine import Engine, EngineConfig
@@ -116,6 +117,7 @@ class SegmentHost:
         registry_dir: str | None = None,
     ) -> None:
         register_error_pickling()
+        keep_freed_memory()  # [Note: fresh pages] (workers/_malloc.py)
         self._engine_config = engine_config or EngineConfig()
         self._batcher_config = batcher_config or DEFAULT_BATCHER_CONFIG
         self._registry_dir = registry_dir
