@@ -6,21 +6,23 @@ the Python bytes, the decoded and encoded frames. With glibc's default settings
 each buffer of 128 KiB or more is freed back to the kernel (an munmap, or a trim
 of the heap's top), so the next message writes into fresh pages and takes a page
 fault for every 4 KiB of them. On the 2-core virtual machine this project is
-measured on, those faults are most of a large round trip: a plain grpc.aio
-msgpack echo of 1 MiB took 8.2 ms, and 3.2 ms once freed memory stayed in the
-process; ours took 7.6 ms and 3.3 ms, the sync grpcio server 4.6 and 3.3 ms
-(servers in their own processes, one run, side by side; docs/protocol.md,
-"Fresh pages"). Profiles show the faults as time in libc's copy routines.
+measured on, those faults were most of a large round trip. bench/transport.py,
+servers in their own processes, run twice in a row with this on and off for
+every server: our 1 MiB Infer took 3.10 ms against 5.46 ms, 8 MiB 20.9 against
+35.9 ms; a plain grpc.aio msgpack echo 3.04 against 5.72 ms at 1 MiB; the sync
+grpcio server 2.91 against 3.24 ms (docs/protocol.md, "Measured cost").
+An earlier native profile of a grpc.aio server put this time in libc's copy
+routines, which is where a fault taken while copying into a fresh page is counted.
 
 `keep_freed_memory()` raises glibc's mmap threshold to its ceiling (32 MiB on
 64-bit builds, so buffers below it come from the heap) and its trim threshold
 to 256 MiB (so up to that much free memory stays mapped). Both must move
-together: setting either one turns off glibc's own adaptive threshold, and the
-mmap threshold alone, or the trim threshold alone, made every round trip
-slower (1 MiB: 10.2 and 8.4 ms in that run). The cost is resident memory: a
-process keeps up to 256 MiB of freed memory per malloc arena. Processes that
-move large tensors call it once at start (the gateway, the test and bench
-servers, Ray workers); SPLITINFER_KEEP_FREED_MEMORY=0 turns it off.
+together: setting either one turns off glibc's own adaptive threshold, and
+either one alone made round trips slower than glibc's defaults (1 MiB: about
+10 ms for every server, with client and servers all set that way). The cost is
+resident memory: a process keeps up to 256 MiB of freed memory per malloc arena.
+`cluster.server.serve` (the gateway, and every test and bench server) and
+`SegmentHost` (Ray workers) call it; SPLITINFER_KEEP_FREED_MEMORY=0 turns it off.
 """
 
 from __future__ import annotations
