@@ -22,7 +22,6 @@ import json, resource, sys
 from workers._malloc import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "tune" else False
 again = keep_freed_memory() if sys.argv[1] == "tune" else False
-keep = []
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def burst():  # what a message's trip through a server leaves: a few 1 MiB buffers at once
