@@ -51,7 +51,7 @@ from cluster.protocol.encoding import decode, encode, measure_codec
 from cluster.protocol.messages import InferRequest, InferResponse
 from cluster.protocol.testing import EchoBackend
 from cluster.server import _Service, ignore_poller_race, new_event_loop, serve, serve_in_thread
-from workers._malloc import keep_freed_memory
+from workers._malloc import freed_memory_kept_by_default, keep_freed_memory
 
 SIZES_BYTES = (4 << 10, 1 << 20, 8 << 20)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -209,19 +209,33 @@ async def _codec_only(raw: bytes, ctx: Any) -> bytes:
     return _Service._encode_response(resp, 0.0)
 
 
+async def _start_plain_aio(echo: Any) -> tuple[grpc.aio.Server, int]:
+    """A started grpc.aio server answering plain.Echo with ``echo``, and its port."""
+    server = grpc.aio.server(options=_OPTS)
+    server.add_generic_rpc_handlers((_plain_handler(echo),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+def _plain_loop(kind: str) -> asyncio.AbstractEventLoop:
+    """"aio" runs on asyncio's own loop; the other servers on ours (uvloop where installed)."""
+    if kind != "aio":
+        return new_event_loop()
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(ignore_poller_race)  # new_event_loop() does this itself
+    return loop
+
+
 class _PlainAio:
     """grpc.aio + msgpack echo: the same server machinery as ours, without our protocol."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, echo: Any = _plain_echo) -> None:
-        self.loop = loop or asyncio.new_event_loop()
-        self.loop.set_exception_handler(ignore_poller_race)
+    def __init__(self, loop: asyncio.AbstractEventLoop, echo: Any = _plain_echo) -> None:
+        self.loop = loop
         ready = threading.Event()
 
         async def start() -> None:
-            self.server = grpc.aio.server(options=_OPTS)
-            self.server.add_generic_rpc_handlers((_plain_handler(echo),))
-            self.port = self.server.add_insecure_port("127.0.0.1:0")
-            await self.server.start()
+            self.server, self.port = await _start_plain_aio(echo)
 
         def main() -> None:
             asyncio.set_event_loop(self.loop)
@@ -254,7 +268,7 @@ def _start_server(kind: str) -> tuple[int, Callable[[], None]]:
         return port, lambda: srv.stop(0)
     if kind in ("aio", "aio_same_loop", "codec"):
         # Our server runs on new_event_loop() (uvloop where installed): the same loop for a fair peer.
-        aio = _PlainAio(None if kind == "aio" else new_event_loop(), echo=_codec_only if kind == "codec" else _plain_echo)
+        aio = _PlainAio(_plain_loop(kind), echo=_codec_only if kind == "codec" else _plain_echo)
         return aio.port, aio.close
     if kind == "ours":
         ours = serve_in_thread(EchoBackend())
@@ -274,8 +288,7 @@ def _child_server(kind: str) -> None:
     if kind in ("aio", "aio_same_loop", "codec", "ours"):
         # On the main thread, as `splitinfer gateway` serves: glibc treats the main
         # thread's heap differently from a thread's ([Note: fresh pages]).
-        loop = asyncio.new_event_loop() if kind == "aio" else new_event_loop()
-        loop.set_exception_handler(ignore_poller_race)
+        loop = _plain_loop(kind)
         asyncio.set_event_loop(loop)
         loop.run_until_complete(_serve_until_stdin_closes(kind))
         return
@@ -290,10 +303,7 @@ async def _serve_until_stdin_closes(kind: str) -> None:
         running = await serve(EchoBackend())
         server, port = running.server, running.port
     else:
-        server = grpc.aio.server(options=_OPTS)
-        server.add_generic_rpc_handlers((_plain_handler(_codec_only if kind == "codec" else _plain_echo),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        server, port = await _start_plain_aio(_codec_only if kind == "codec" else _plain_echo)
     print(port, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
@@ -637,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
                     "grpcio": grpc.__version__, "loadavg_start": os.getloadavg(),
-                    "servers_keep_freed_memory": os.environ.get("SPLITINFER_KEEP_FREED_MEMORY", "1") != "0"},
+                    "servers_keep_freed_memory": freed_memory_kept_by_default()},
         "quick": args.quick,
     }
     for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip),

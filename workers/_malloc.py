@@ -32,7 +32,7 @@ import logging
 import os
 import platform
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "keep_freed_memory"]
+__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "freed_memory_kept_by_default", "keep_freed_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,11 @@ _M_MMAP_THRESHOLD = -3
 _applied: bool | None = None
 
 
+def freed_memory_kept_by_default() -> bool:
+    """Whether this environment lets `keep_freed_memory` act (SPLITINFER_KEEP_FREED_MEMORY is not 0)."""
+    return os.environ.get("SPLITINFER_KEEP_FREED_MEMORY", "1") != "0"
+
+
 def keep_freed_memory() -> bool:
     """Applies [Note: fresh pages] to this process once; True if glibc took both settings.
 
@@ -57,7 +62,7 @@ def keep_freed_memory() -> bool:
     if _applied is not None:
         return _applied
     _applied = False
-    if os.environ.get("SPLITINFER_KEEP_FREED_MEMORY", "1") == "0":
+    if not freed_memory_kept_by_default():
         logger.info("allocator left at glibc's defaults (SPLITINFER_KEEP_FREED_MEMORY=0)")
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
