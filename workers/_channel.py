@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from workers._arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
+from workers.batcher import NOT_NOW
 from workers.errors import WorkerError
 
 __all__ = ["ChannelClient", "ChannelClosedError", "ChannelServer", "open_channel_server"]
@@ -77,6 +78,9 @@ _MAX_PARTS_PER_SEND = 256
 
 Handler = Callable[..., Awaitable[Any]]
 """Called with a request's arguments; its result or error goes back to the caller."""
+NowHandler = Callable[..., Any]
+"""Called first, synchronously, for a request with nothing behind it in the socket: its
+result goes back at once, or it returns ``NOT_NOW`` (workers.batcher) for ``Handler``."""
 
 
 class ChannelClosedError(WorkerError):
@@ -218,7 +222,10 @@ class _Connection:
             if not parts:
                 return
             parts[0] = parts[0][sent:]
-        self._backlog.extend(parts)
+        # The backlog outlives this call, and a part may be a view of memory its owner
+        # reuses once the frame is sent (an engine's output buffer: [Note: answered at
+        # once]): the backlog keeps copies.
+        self._backlog.extend(memoryview(bytes(p)) for p in parts)
         if self._writer is None:
             self._writer = self._loop.create_task(self._drain())
 
@@ -288,11 +295,22 @@ class _Connection:
             self.arena.close()
 
 
+def _more_waiting(sock: socket.socket) -> bool:
+    """Whether more bytes wait in the socket (a frame behind the one just read)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True  # let the reader meet the error in its usual place
+
+
 class ChannelServer:
     """A worker's end: answers each request on its connections with ``handler``."""
 
-    def __init__(self, handler: Handler, directory: str) -> None:
+    def __init__(self, handler: Handler, directory: str, now: NowHandler | None = None) -> None:
         self._handler = handler
+        self._now = now
         self._directory = directory
         self.path = os.path.join(directory, "channel.sock")
         self.tcp_address: tuple[str, int] | None = None
@@ -344,7 +362,22 @@ class ChannelServer:
             if conn.sock.family == socket.AF_UNIX:
                 await asyncio.wait_for(conn.share_arenas(offer=False), _TOKEN_WAIT_S)
             while True:
-                self._spawn(self._answer(conn, *await conn.recv()))
+                request, held = await conn.recv()
+                if self._now is not None and not _more_waiting(conn.sock):
+                    # [Note: answered at once]
+                    # A request with nothing behind it may be answered right here, with
+                    # no task and no event-loop iteration (its batcher runs it inline
+                    # anyway: [Note: run now] in workers/batcher.py). With more frames
+                    # waiting it goes the usual way, so that they can batch with it.
+                    request_id, args = request
+                    try:
+                        ok, value = True, self._now(*args)
+                    except Exception as e:  # noqa: BLE001 - as in _answer
+                        ok, value = False, e
+                    if value is not NOT_NOW:
+                        self._reply(conn, request_id, args, ok, value, held)
+                        continue
+                self._spawn(self._answer(conn, request, held))
         except (ConnectionError, TimeoutError):
             pass  # the pool closed it, or died, or never sent its token
         except Exception as e:  # noqa: BLE001 - a garbled frame ends its connection, never the worker
@@ -355,18 +388,25 @@ class ChannelServer:
 
     async def _answer(self, conn: _Connection, request: Any, held: list[int]) -> None:
         request_id, args = request
-        key = str(args[0]) if args else None
         try:
-            reply: tuple = (request_id, True, await self._handler(*args))
+            ok, value = True, await self._handler(*args)
         except Exception as e:  # noqa: BLE001 - every error goes back to its caller as a value
-            e.__traceback__ = e.__context__ = e.__cause__ = None
-            reply = (request_id, False, e)
+            ok, value = False, e
+        self._reply(conn, request_id, args, ok, value, held)
+
+    @staticmethod
+    def _reply(conn: _Connection, request_id: Any, args: tuple, ok: bool, value: Any, held: list[int]) -> None:
+        """Sends the handler's result (``ok``) or error to the caller of ``request_id``."""
+        if not ok:
+            value.__traceback__ = value.__context__ = value.__cause__ = None
+        reply = (request_id, ok, value)
         # The request's arrays are done with once it is answered (see [Note: channel arena]).
         conn.hand_back(held)
         try:
             try:
                 conn.send(reply)
             except (pickle.PicklingError, TypeError, AttributeError) as e:
+                key = str(args[0]) if args else None
                 conn.send((request_id, False, WorkerError(
                     f"the answer to request {request_id} for {key} could not be sent ({e!r}); "
                     "report this: worker results must be picklable", model=key, detail=repr(e))))
@@ -381,11 +421,14 @@ class ChannelServer:
         shutil.rmtree(self._directory, ignore_errors=True)
 
 
-async def open_channel_server(handler: Handler, *, tcp_host: str | None = None) -> ChannelServer:
+async def open_channel_server(
+    handler: Handler, *, now: NowHandler | None = None, tcp_host: str | None = None
+) -> ChannelServer:
     """Listens on a new socket in a private directory (``server.path``) and, given
-    ``tcp_host``, on a TCP port of that address too (``server.tcp_address``)."""
+    ``tcp_host``, on a TCP port of that address too (``server.tcp_address``). ``now``, if
+    given, is tried first for requests with nothing behind them (see [Note: answered at once])."""
     directory = tempfile.mkdtemp(prefix="splitinfer-ch-")  # mode 0700: see [Note: direct channel]
-    server = ChannelServer(handler, directory)
+    server = ChannelServer(handler, directory, now)
     try:
         await server._start(tcp_host)
     except BaseException:

@@ -20,7 +20,7 @@ import numpy as np
 
 from workers._malloc import keep_freed_memory
 from workers._pool import SegmentStats, WorkerStats, check_inputs, to_monotonic_deadline
-from workers.batcher import Batcher, BatcherConfig
+from workers.batcher import NOT_NOW, Batcher, BatcherConfig
 from workers.engine import Engine, EngineConfig
 from workers.errors import ActorConfigError, InputError, SegmentNotLoadedError, WorkerError
 from workers.pipeline import StageSpan
@@ -84,6 +84,13 @@ class _Hosted:
 
     def _run_batch(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return self.engine.run_batch(payloads, loop_fallback=True)
+
+    def run_lone_views(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Runs one request and returns views of the engine's output buffers, valid until
+        its next run: only for a caller that has sent them on before anything else can
+        run (the direct channel's answer at once, [Note: answered at once])."""
+        [inputs] = payloads
+        return [self.engine.run(inputs)]
 
     def stats(self) -> SegmentStats:
         e, b = self.engine.stats(), self.batcher.stats()
@@ -201,6 +208,20 @@ class SegmentHost:
 
     # -- serving --------------------------------------------------------------------
 
+    def _admit(self, hosted: _Hosted, inputs: Mapping[str, np.ndarray], deadline_unix_ms: float | None,
+               budget_ms: float | None) -> float | None:
+        """Counts and checks one request for ``hosted``; returns its monotonic deadline."""
+        hosted.requests += 1
+        try:
+            check_inputs(hosted.engine.inputs, inputs, max_batch=hosted.engine.max_batch, name=hosted.key)
+        except InputError:
+            hosted.input_errors += 1
+            raise
+        return to_monotonic_deadline(
+            deadline_unix_ms=deadline_unix_ms, budget_ms=budget_ms,
+            now_unix_s=time.time(), now_monotonic_s=time.monotonic(),
+        )
+
     async def infer(
         self,
         key: str,
@@ -217,18 +238,36 @@ class SegmentHost:
         worker keeps serving after any of them.
         """
         hosted = self._get(key)
-        hosted.requests += 1
-        try:
-            check_inputs(hosted.engine.inputs, inputs, max_batch=hosted.engine.max_batch, name=key)
-        except InputError:
-            hosted.input_errors += 1
-            raise
-        deadline_s = to_monotonic_deadline(
-            deadline_unix_ms=deadline_unix_ms, budget_ms=budget_ms,
-            now_unix_s=time.time(), now_monotonic_s=time.monotonic(),
-        )
+        deadline_s = self._admit(hosted, inputs, deadline_unix_ms, budget_ms)
         try:
             out = await hosted.batcher.submit(inputs, deadline_s=deadline_s, priority=priority)
+        except Exception:
+            hosted.failed += 1
+            raise
+        hosted.completed += 1
+        return out
+
+    def infer_now(
+        self, key: str, inputs: Mapping[str, np.ndarray], deadline_unix_ms: float | None, priority: int,
+        *, views: bool = False,
+    ) -> Any:
+        """Runs one request at once when its batcher is idle and would run it on the event
+        loop anyway (see [Note: run now] in workers/batcher.py); returns ``NOT_NOW``
+        (nothing counted, nothing run) otherwise. Raises what :meth:`infer` raises.
+        ``views=True`` returns views of the engine's output buffers, valid until its next
+        run (:meth:`_Hosted.run_lone_views`): send them on before returning to the loop.
+
+        For a caller that knows the request came alone (a frame of one on the direct
+        channel, with nothing behind it); :meth:`infer` leaves the batching decision to
+        the batcher's scheduling loop, so that requests arriving together still batch.
+        """
+        hosted = self._get(key)
+        if not hosted.batcher.can_run_now():
+            return NOT_NOW
+        run = hosted.run_lone_views if views else None
+        deadline_s = self._admit(hosted, inputs, deadline_unix_ms, None)
+        try:
+            out = hosted.batcher.run_now(inputs, deadline_s=deadline_s, priority=priority, run=run)
         except Exception:
             hosted.failed += 1
             raise
@@ -246,13 +285,42 @@ class SegmentHost:
 
         The caller-side batching of :class:`workers.actors.ReplicaPool` sends these, so
         that one actor call carries up to a batch. The requests enter the batcher
-        together and so run as one batch; one bad request fails alone.
+        together, with one wake-up of its scheduling loop and no task each, and so run
+        as one batch; one bad request fails alone.
         """
-        return list(await asyncio.gather(
-            *(self.infer(key, r, deadline_unix_ms=d, priority=p)
-              for r, d, p in zip(requests, deadlines_unix_ms, priorities)),
-            return_exceptions=True,
-        ))
+        try:
+            hosted = self._get(key)
+        except SegmentNotLoadedError as e:
+            return [e] * len(requests)
+        results: list[Any] = [None] * len(requests)
+        queued = []
+        for i, (inputs, d, p) in enumerate(zip(requests, deadlines_unix_ms, priorities)):
+            try:
+                deadline_s = self._admit(hosted, inputs, d, None)
+            except Exception as e:  # noqa: BLE001 - per-request errors are values
+                results[i] = e
+                continue
+            try:
+                queued.append((i, hosted.batcher.enqueue(inputs, deadline_s=deadline_s, priority=p)))
+            except Exception as e:  # noqa: BLE001
+                hosted.failed += 1
+                results[i] = e
+        try:
+            for i, request in queued:
+                try:
+                    results[i] = await request.future  # a batch answers its requests together: one suspension
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    hosted.failed += 1
+                    results[i] = e
+                else:
+                    hosted.completed += 1
+        except asyncio.CancelledError:
+            for _, request in queued:
+                hosted.batcher.withdraw(request)
+            raise
+        return results
 
     def run_stage(self, key: str, packet: tuple[int, Mapping[str, np.ndarray]]) -> tuple[int, dict[str, np.ndarray]]:
         """Runs ``(frame, inputs)`` through segment ``key`` at once, without the batcher.

@@ -60,7 +60,7 @@ from ray.exceptions import RayActorError
 from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
-from workers.batcher import Batcher, BatcherConfig
+from workers.batcher import NOT_NOW, Batcher, BatcherConfig
 from workers.engine import Engine, EngineConfig
 from workers.errors import ActorConfigError, ReplicaUnavailableError, SegmentNotLoadedError
 from workers.pipeline import StageSpan
@@ -83,8 +83,15 @@ class _TimedInputs(dict):
 
 class _TimedHosted(_Hosted):
     def _run_batch(self, payloads: list) -> list:
+        return self._stamped(super()._run_batch, payloads)
+
+    def run_lone_views(self, payloads: list) -> list:
+        return self._stamped(super().run_lone_views, payloads)
+
+    @staticmethod
+    def _stamped(run, payloads: list) -> list:
         start = time.monotonic()
-        outs = super()._run_batch(payloads)
+        outs = run(payloads)
         compute_s = time.monotonic() - start
         for i, p in enumerate(payloads):
             if isinstance(p, _TimedInputs):
@@ -106,13 +113,18 @@ class _TimingHost(SegmentHost):
     def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
         return _TimedHosted(key, Engine(self._resolve(source), config, name=key), self._batcher_config)
 
+    @staticmethod
+    def _timed(inputs: Any) -> Any:
+        if isinstance(inputs, Mapping):
+            inputs = _TimedInputs(inputs)
+            inputs.arrival_s, inputs.timing = time.monotonic(), None
+        return inputs
+
     async def infer_timed(
         self, key: str, inputs: Any, deadline_unix_ms: float | None, priority: int
     ) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
         """``infer`` with the request's RequestTiming."""
-        if isinstance(inputs, Mapping):
-            inputs = _TimedInputs(inputs)
-            inputs.arrival_s, inputs.timing = time.monotonic(), None
+        inputs = self._timed(inputs)
         out = await self.infer(key, inputs, deadline_unix_ms=deadline_unix_ms, priority=priority)
         return out, getattr(inputs, "timing", None)
 
@@ -124,20 +136,36 @@ class _TimingHost(SegmentHost):
         priorities: list[int],
     ) -> list[tuple[dict[str, np.ndarray], RequestTiming | None] | BaseException]:
         """``infer_batch`` with each result paired with its RequestTiming."""
-        if len(requests) == 1:  # a lone request: no gather, whose task costs an event-loop hop
-            try:
-                return [await self.infer_timed(key, requests[0], deadlines_unix_ms[0], priorities[0])]
-            except Exception as e:  # noqa: BLE001 - per-request errors are values, as gather returns them
-                return [e]
-        return list(await asyncio.gather(
-            *(self.infer_timed(key, r, d, p) for r, d, p in zip(requests, deadlines_unix_ms, priorities)),
-            return_exceptions=True))
+        timed = [self._timed(r) for r in requests]
+        results = await self.infer_batch(key, timed, deadlines_unix_ms, priorities)
+        return [r if isinstance(r, BaseException) else (r, getattr(t, "timing", None)) for r, t in zip(results, timed)]
+
+    def infer_batch_now(
+        self,
+        key: str,
+        requests: list[Mapping[str, np.ndarray]],
+        deadlines_unix_ms: list[float | None],
+        priorities: list[int],
+    ) -> Any:
+        """``infer_batch_timed`` answered at once, for a lone request that the batcher can
+        run now (see :meth:`SegmentHost.infer_now`); ``NOT_NOW`` otherwise. The direct
+        channel calls it first."""
+        if len(requests) != 1:
+            return NOT_NOW
+        inputs = self._timed(requests[0])
+        try:
+            # Views: the channel sends the answer on before anything else can run.
+            out = self.infer_now(key, inputs, deadlines_unix_ms[0], priorities[0], views=True)
+        except Exception as e:  # noqa: BLE001 - per-request errors are values, as infer_batch returns them
+            return [e]
+        return out if out is NOT_NOW else [(out, getattr(inputs, "timing", None))]
 
     async def open_channel(self) -> dict:
         """Starts this worker's direct channel once (see [Note: direct channel] in
         workers/_channel.py); returns where it listens and which node this is."""
         if getattr(self, "_channel", None) is None:
-            self._channel = await open_channel_server(self.infer_batch_timed, tcp_host=ray.util.get_node_ip_address())
+            self._channel = await open_channel_server(self.infer_batch_timed, now=self.infer_batch_now,
+                                                      tcp_host=ray.util.get_node_ip_address())
         return {"path": self._channel.path, "tcp": self._channel.tcp_address, "token": self._channel.token,
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 

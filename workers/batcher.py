@@ -52,6 +52,7 @@ __all__ = [
     "BatcherRequestError",
     "BatcherStats",
     "DeadlineExceededError",
+    "NOT_NOW",
     "QueueFullError",
     "RunBatch",
 ]
@@ -60,6 +61,9 @@ logger = logging.getLogger(__name__)
 
 RunBatch = Callable[[list[Any]], Sequence[Any] | Awaitable[Sequence[Any]]]
 """Runs one batch: takes the payloads in order, returns one result per payload."""
+
+NOT_NOW: Any = type("NotNow", (), {"__repr__": lambda self: "NOT_NOW"})()
+"""What :meth:`Batcher.run_now` returns when the request must be submitted instead."""
 
 # Reasons used in ``BatcherStats.rejected``.
 _REJECT_DEADLINE = "deadline"
@@ -197,6 +201,8 @@ class Batcher:
         self._lone_run_s: float | None = None
         """How long the last batch of one took (on the executor: with the hand-offs)."""
         self._inline_runs = 0
+        self._plain_results = False
+        """Whether a lone run returned its results directly (not an awaitable): run_now needs that."""
 
     @property
     def config(self) -> BatcherConfig:
@@ -230,6 +236,120 @@ class Batcher:
         ``close()``, or whatever ``run_batch`` raised for this request's batch.
         Cancelling the call removes the request from the queue.
         """
+        request = self.enqueue(payload, deadline_s=deadline_s, priority=priority, shape_key=shape_key)
+        assert request.future is not None
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self.withdraw(request)
+            raise
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        deadline_s: float | None = None,
+        priority: int = 0,
+        shape_key: Hashable = None,
+    ) -> _Request:
+        """``submit`` without waiting: queues the request and returns it; its ``future``
+        gets the result. Raises at once what ``submit`` raises at once. A caller that
+        stops waiting must :meth:`withdraw` it.
+
+        Several requests enqueued in one go cost one wake-up of the scheduling loop and
+        no task each (a frame of requests from a pool: ``SegmentHost.infer_batch``).
+        """
+        now_s = self._admit(deadline_s, priority, shape_key)
+        if self._depth >= self._config.max_queue_size:
+            self._rejected[_REJECT_QUEUE_FULL] += 1
+            raise QueueFullError(
+                f"queue full: {self._depth} requests waiting, limit max_queue_size="
+                f"{self._config.max_queue_size}; retry-able: retry after a back-off, or "
+                "raise max_queue_size",
+                queue_size=self._depth,
+                max_queue_size=self._config.max_queue_size,
+            )
+        request = _Request(
+            seq=next(self._seq),
+            payload=payload,
+            shape_key=shape_key,
+            priority=priority,
+            arrival_s=now_s,
+            deadline_s=deadline_s,
+            future=asyncio.get_running_loop().create_future(),
+        )
+        queue = self._queues.setdefault(shape_key, [])
+        bisect.insort(queue, request, key=lambda r: r.sort_key)
+        self._depth += 1
+        self._ensure_running()
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return request
+
+    def withdraw(self, request: _Request) -> bool:
+        """Takes back a request from :meth:`enqueue` that has not run; False if it already
+        ran or was rejected. Its future is left as it is."""
+        if self._remove(request):
+            self._rejected[_REJECT_CANCELLED] += 1
+            return True
+        return False
+
+    def run_now(
+        self,
+        payload: Any,
+        *,
+        deadline_s: float | None = None,
+        priority: int = 0,
+        shape_key: Hashable = None,
+        run: Callable[[list[Any]], Sequence[Any]] | None = None,
+    ) -> Any:
+        """Runs a lone request at once, on the calling thread, when the batcher is idle and
+        a lone request would run on the event loop anyway ([Note: inline runs]); returns
+        :data:`NOT_NOW` otherwise, and the caller then submits it. ``run`` (default: the
+        batcher's ``run_batch``) runs it, given the one-payload list.
+
+        [Note: run now]
+        Through ``submit`` a lone request still takes three event-loop iterations before
+        and after its inline run (the scheduling loop's wake-up, the batch's task, the
+        caller's wake-up). Here it takes none. The request counts as a batch of one in
+        the stats, and raises at once what ``submit`` would raise for it.
+        """
+        if not self.can_run_now():
+            return NOT_NOW
+        self._admit(deadline_s, priority, shape_key)
+        self._batches_formed += 1
+        self._histogram[1] += 1
+        start_s = time.perf_counter()
+        try:
+            results = (run or self._run_batch)([payload])
+        except Exception as e:
+            self._failed_batches += 1
+            logger.warning("run_batch failed for a batch of 1 (shape_key=%r): %r", shape_key, e)
+            raise
+        finally:
+            self._lone_run_s = time.perf_counter() - start_s
+        self._inline_runs += 1
+        results = list(results)  # type: ignore[arg-type] # _plain_results: run_batch returns results, not awaitables
+        if len(results) != 1:
+            self._failed_batches += 1
+            raise BatchSizeMismatchError(
+                f"run_batch returned {len(results)} results for a batch of 1 request; it must "
+                "return exactly one result per payload, in order",
+                batch_size=1,
+                num_results=len(results),
+            )
+        self._completed += 1
+        return results[0]
+
+    def can_run_now(self) -> bool:
+        """Whether :meth:`run_now` would run a request now (idle, and lone runs are short)."""
+        cfg = self._config
+        return not (self._depth or self._batch_tasks or self._closing or not self._plain_results
+                    or cfg.max_concurrent_batches != 1 or self._lone_run_s is None
+                    or self._lone_run_s * 1e3 > cfg.inline_max_ms)
+
+    def _admit(self, deadline_s: float | None, priority: int, shape_key: Hashable) -> float:
+        """Checks a new request (closed, priority, shape key, deadline); returns now."""
         if self._closing:
             self._rejected[_REJECT_CLOSED] += 1
             raise BatcherClosedError(
@@ -261,38 +381,7 @@ class Batcher:
                 deadline_s=deadline_s,
                 now_s=now_s,
             )
-        if self._depth >= self._config.max_queue_size:
-            self._rejected[_REJECT_QUEUE_FULL] += 1
-            raise QueueFullError(
-                f"queue full: {self._depth} requests waiting, limit max_queue_size="
-                f"{self._config.max_queue_size}; retry-able: retry after a back-off, or "
-                "raise max_queue_size",
-                queue_size=self._depth,
-                max_queue_size=self._config.max_queue_size,
-            )
-        loop = asyncio.get_running_loop()
-        request = _Request(
-            seq=next(self._seq),
-            payload=payload,
-            shape_key=shape_key,
-            priority=priority,
-            arrival_s=now_s,
-            deadline_s=deadline_s,
-            future=loop.create_future(),
-        )
-        queue = self._queues.setdefault(shape_key, [])
-        bisect.insort(queue, request, key=lambda r: r.sort_key)
-        self._depth += 1
-        self._ensure_running()
-        assert self._wakeup is not None
-        self._wakeup.set()
-        assert request.future is not None
-        try:
-            return await request.future
-        except asyncio.CancelledError:
-            if self._remove(request):
-                self._rejected[_REJECT_CANCELLED] += 1
-            raise
+        return now_s
 
     async def close(self, *, drain: bool = True) -> None:
         """Stops taking requests. ``drain=True`` runs everything queued first, without
@@ -468,6 +557,7 @@ class Batcher:
                 if len(batch) == 1:
                     self._lone_run_s = time.perf_counter() - start_s
                     self._inline_runs += inline
+                    self._plain_results = not inspect.isawaitable(results)
                 if inspect.isawaitable(results):
                     results = await results
             results = list(results)

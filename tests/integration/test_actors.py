@@ -137,6 +137,44 @@ def test_make_stages_cuts_at_chain_points(tail):
 # -- Ray --------------------------------------------------------------------------------
 
 
+def test_host_serves_a_frame_of_requests_and_lone_ones_at_once_counting_each(tail, reference, engine_config):
+    # No Ray: the SegmentHost class that the actor runs, on this process's event loop.
+    from workers._worker import SegmentHost
+    from workers.batcher import NOT_NOW
+
+    host = SegmentHost({KEY: tail.SerializeToString()}, engine_config=engine_config)
+    x1, x2, x3 = _frames(tail, 3, seed=7)
+    [name] = x1
+    bad = {name: x1[name].astype(np.float64)}
+
+    async def main():
+        frame = await host.infer_batch(KEY, [x1, bad, x2, x3], [None, None, None, time.time() * 1e3 - 1.0],
+                                       [0, 0, 1, 0])
+        missing = await host.infer_batch("nope@1@c0", [x1, x2], [None, None], [0, 0])
+        before_lone = host.infer_now(KEY, x1, None, 0)  # no lone run timed yet: the batcher decides
+        await host.infer(KEY, x1)
+        now = host.infer_now(KEY, x2, None, 0)
+        views = host.infer_now(KEY, x3, None, 0, views=True)
+        with pytest.raises(InputError):
+            host.infer_now(KEY, bad, None, 0)
+        return frame, missing, before_lone, now, views, (await host.stats()).segments[0]
+
+    frame, missing, before_lone, now, views, stats = asyncio.run(main())
+    _assert_equal(frame[0], reference(x1))
+    assert isinstance(frame[1], InputError) and "float64" in str(frame[1])
+    _assert_equal(frame[2], reference(x2))
+    assert isinstance(frame[3], DeadlineExceededError)
+    assert all(isinstance(e, SegmentNotLoadedError) for e in missing) and len(missing) == 2
+    assert before_lone is NOT_NOW
+    _assert_equal(now, reference(x2))
+    _assert_equal(views, reference(x3))
+    engine = host._hosted[KEY].engine
+    assert all(np.shares_memory(v, engine.output_buffer(k, 1)) for k, v in views.items())
+    # Every request counted once: 4 in the frame, the lone infer, two now, one bad now.
+    assert stats.requests == 8 == stats.completed + stats.input_errors + stats.failed
+    assert (stats.completed, stats.input_errors, stats.failed) == (5, 2, 1)
+
+
 @pytest.fixture(scope="module")
 def worker(ray_local, tail, engine_config):
     from workers.actors import make_worker

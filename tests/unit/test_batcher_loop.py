@@ -16,6 +16,7 @@ from workers.batcher import (
     BatcherConfigError,
     BatchSizeMismatchError,
     DeadlineExceededError,
+    NOT_NOW,
     BatcherRequestError,
     QueueFullError,
 )
@@ -423,3 +424,82 @@ def test_a_broken_clock_fails_queued_requests_instead_of_hanging():
 
     err, stats = _run(main())
     assert "clock went away" in str(err) and stats.queue_depth == 0
+
+
+def test_run_now_runs_a_lone_request_at_once_only_when_the_batcher_is_idle():
+    # [Note: run now]
+    calls: list[tuple] = []
+
+    def run_batch(payloads):
+        calls.append(tuple(payloads))
+        return [p + 1 for p in payloads]
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0, inline_max_ms=50.0))
+        before = b.run_now(1)  # no lone run timed yet: the batcher decides
+        await b.submit(1)
+        now = b.run_now(2)
+        other = b.run_now(3, run=lambda payloads: [("other", payloads[0])])
+        queued = b.enqueue(4)  # something waiting: not now
+        busy = b.run_now(5)
+        await queued.future
+        stats = b.stats()
+        await b.close()
+        return before, now, other, busy, stats
+
+    before, now, other, busy, stats = _run(main())
+    assert before is NOT_NOW and busy is NOT_NOW
+    assert now == 3 and other == ("other", 3)
+    assert calls == [(1,), (2,), (4,)]
+    assert stats.batch_size_histogram == {1: 4} and stats.completed == 4 and stats.inline_runs == 3
+
+
+def test_run_now_raises_what_submit_would_and_counts_a_failed_run():
+    def run_batch(payloads):
+        if payloads[0] == "boom":
+            raise ValueError("boom")
+        return payloads
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0, inline_max_ms=50.0))
+        await b.submit("warm")
+        with pytest.raises(DeadlineExceededError, match="already passed"):
+            b.run_now("late", deadline_s=time.monotonic() - 1.0)
+        with pytest.raises(BatcherRequestError, match="priority"):
+            b.run_now("x", priority=99)
+        with pytest.raises(ValueError, match="boom"):
+            b.run_now("boom")
+        assert b.run_now("ok") == "ok"  # serving goes on
+        await b.close()
+        assert b.run_now("closed") is NOT_NOW
+        with pytest.raises(BatcherClosedError):
+            await b.submit("closed")
+        return b.stats()
+
+    stats = _run(main())
+    assert stats.failed_batches == 1 and stats.rejected["deadline"] == 1
+    assert stats.batch_size_histogram == {1: 3}  # warm, boom, ok
+
+
+def test_enqueued_requests_batch_together_and_withdraw_takes_one_back():
+    rec = _Recorder()
+
+    async def main():
+        rec.gate.clear()
+        b = Batcher(rec, BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0))
+        first = b.enqueue(0)
+        await rec.started.wait()  # batch [0] runs, held
+        queued = [b.enqueue(i) for i in (1, 2, 3)]
+        assert b.withdraw(queued[1]) is True
+        assert b.withdraw(queued[1]) is False  # already taken back
+        rec.gate.set()
+        results = [await first.future, await queued[0].future, await queued[2].future]
+        stats = b.stats()
+        await b.close()
+        return results, queued[1].future.done(), stats
+
+    results, withdrawn_done, stats = _run(main())
+    assert results == [0, 10, 30]
+    assert rec.batches == [[0], [1, 3]]
+    assert withdrawn_done is False  # left as it was; the caller stopped waiting on it
+    assert stats.rejected == {"cancelled": 1}

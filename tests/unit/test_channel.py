@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from workers._arena import ARENA_KEEP_BYTES, Arena
-from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
+from workers._channel import ChannelClient, ChannelClosedError, _Connection, open_channel_server
+from workers.batcher import NOT_NOW
 from workers.errors import InputError, WorkerError
 
 
@@ -86,6 +87,67 @@ def test_worker_errors_come_back_with_their_fields_and_the_channel_keeps_serving
         server.close()
 
     _run(main())
+
+
+def test_a_request_with_nothing_behind_it_is_answered_at_once_by_the_now_handler():
+    # [Note: answered at once]
+    seen: list[tuple[str, str]] = []
+
+    def now(key, inputs, deadline_unix_ms, priority):
+        seen.append(("now", key))
+        if key == "later":
+            return NOT_NOW
+        if key == "bad":
+            raise InputError(f"input 'x' of {key} is wrong", model=key, input_name="x")
+        return dict(inputs), "now"
+
+    async def handler(key, inputs, deadline_unix_ms, priority):
+        seen.append(("handler", key))
+        return dict(inputs), "handler"
+
+    async def main():
+        server = await open_channel_server(handler, now=now)
+        client = await ChannelClient.connect(server.path, server.token)
+        x = {"x": np.arange(4)}
+        alone = await client.call("alone", x, None, 0)
+        later = await client.call("later", x, None, 0)
+        with pytest.raises(InputError, match="is wrong"):
+            await client.call("bad", x, None, 0)
+        seen_before_burst = list(seen)
+        seen.clear()
+        # Three frames in the socket before the server reads: the first two have company
+        # behind them and go to the handler, so that a batcher could batch them.
+        burst = await asyncio.gather(*(client.call(f"b{i}", {"x": np.full(2, i)}, None, 0) for i in range(3)))
+        client.close()
+        server.close()
+        return alone, later, seen_before_burst, burst, seen
+
+    alone, later, before, burst, seen = _run(main())
+    assert alone[1] == "now" and later[1] == "handler"
+    np.testing.assert_array_equal(alone[0]["x"], np.arange(4))
+    assert before == [("now", "alone"), ("now", "later"), ("handler", "later"), ("now", "bad")]
+    assert [b[1] for b in burst] == ["handler", "handler", "now"]
+    assert [int(b[0]["x"][0]) for b in burst] == [0, 1, 2]
+    assert sorted(seen) == [("handler", "b0"), ("handler", "b1"), ("now", "b2")]
+
+
+def test_a_frame_left_in_the_backlog_keeps_its_bytes_when_the_sender_reuses_the_buffer():
+    # What the kernel does not take waits in the backlog; a view of a buffer that its
+    # owner reuses at once (an engine's output, [Note: answered at once]) must not change it.
+    async def main():
+        a, b = socket.socketpair()
+        sender, receiver = _Connection(a, copy_arena_buffers=True), _Connection(b, copy_arena_buffers=True)
+        buffer = np.full(3 << 20, 7.0, np.float32)  # 12 MiB: more than the socket buffers hold
+        sender.send({"y": buffer})
+        assert sender._backlog  # the case under test
+        buffer[:] = -1.0  # reused before the backlog drains
+        (got, _) = await receiver.recv()
+        sender.close()
+        receiver.close()
+        return got
+
+    got = _run(main())
+    assert got["y"].shape == (3 << 20,) and bool((got["y"] == 7.0).all())
 
 
 def test_garbage_on_the_socket_closes_only_that_connection():

@@ -91,6 +91,25 @@ def test_hot_path_allocates_no_tensor_buffers(engine):
     assert len(kept) == 3
 
 
+def test_a_whole_bucket_input_is_read_in_place_and_the_bucket_buffer_bound_again(engine, reference):
+    # [Note: inputs in place]
+    staging = engine._bucket_for(1).inputs["x"]
+    staging[...] = 0.0
+    x1, x2 = _x(seed=11), _x(seed=12)
+    np.testing.assert_allclose(engine.run({"x": x1})["y"], reference(x1), rtol=1e-4, atol=1e-6)
+    assert not staging.any()  # read where it lay: never copied into the bucket
+    # run_batch packs into the bucket's buffer: it must be the one bound again.
+    [out] = engine.run_batch([{"x": x2}])
+    np.testing.assert_allclose(out["y"], reference(x2), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(staging, x2)
+    # Not C-contiguous (or not the input's dtype): copied into the bucket as before.
+    strided = np.ascontiguousarray(np.concatenate([x1, x1], axis=3))[:, :, :, ::2]
+    assert not strided.flags.c_contiguous
+    np.testing.assert_allclose(engine.run({"x": strided})["y"], reference(np.ascontiguousarray(strided)),
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(staging, strided)
+
+
 def test_copy_returns_private_arrays(engine):
     a = engine.run({"x": _x(seed=3)}, copy=True)["y"]
     b = engine.run({"x": _x(seed=4)}, copy=True)["y"]
