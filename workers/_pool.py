@@ -118,14 +118,16 @@ def check_inputs(
     rows: int | None = None
     for spec in specs:
         value = inputs[spec.name]
-        want = spec.describe(max_batch)
+        # Messages are formatted only on failure: this runs for every request.
         if not isinstance(value, np.ndarray):
+            want = spec.describe(max_batch)
             raise InputError(
                 f"input {spec.name!r} of {name} is a {type(value).__name__}, expected a numpy array "
                 f"{want}; convert it with np.asarray(value, dtype=np.{spec.dtype})",
                 model=name, input_name=spec.name, expected=want, given=type(value).__name__,
             )
-        if value.dtype != np.dtype(spec.dtype):
+        if value.dtype != spec.dtype:
+            want = spec.describe(max_batch)
             raise InputError(
                 f"input {spec.name!r} of {name} has dtype {value.dtype}, expected {want}; "
                 f"cast it with .astype(np.{spec.dtype})",
@@ -135,6 +137,7 @@ def check_inputs(
         dims_ok = len(shape) == len(spec.shape) and all(d is None or d == g for d, g in zip(spec.shape, shape))
         n = shape[0] if shape else 1
         if not dims_ok or (spec.shape and spec.shape[0] is None and not 1 <= n <= max_batch):
+            want = spec.describe(max_batch)
             fix = "reshape it to the expected shape" if not dims_ok else f"send at most {max_batch} rows per request"
             raise InputError(
                 f"input {spec.name!r} of {name} has shape {_describe(value)}, expected {want}; {fix}",
