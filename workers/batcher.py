@@ -342,11 +342,16 @@ class Batcher:
         return results[0]
 
     def can_run_now(self) -> bool:
-        """Whether :meth:`run_now` would run a request now (idle, and lone runs are short)."""
+        """Whether :meth:`run_now` would run a request now: idle, lone runs short, and no
+        queue delay to wait for company."""
         cfg = self._config
-        return not (self._depth or self._batch_tasks or self._closing or not self._plain_results
-                    or cfg.max_concurrent_batches != 1 or self._lone_run_s is None
-                    or self._lone_run_s * 1e3 > cfg.inline_max_ms)
+        if (self._depth or self._batch_tasks or self._closing or not self._plain_results
+                or cfg.max_concurrent_batches != 1 or self._lone_run_s is None
+                or self._lone_run_s * 1e3 > cfg.inline_max_ms):
+            return False
+        # The policy's own answer for one request that has just arrived: a queue delay
+        # waits for company unless a batch of one is full or preferred.
+        return _batch_size(1, cfg, delay_over=cfg.max_queue_delay_ms <= 0) == 1
 
     def _admit(self, deadline_s: float | None, priority: int, shape_key: Hashable) -> float:
         """Checks a new request (closed, priority, shape key, deadline); returns now."""

@@ -503,3 +503,21 @@ def test_enqueued_requests_batch_together_and_withdraw_takes_one_back():
     assert rec.batches == [[0], [1, 3]]
     assert withdrawn_done is False  # left as it was; the caller stopped waiting on it
     assert stats.rejected == {"cancelled": 1}
+
+
+def test_run_now_leaves_a_request_to_wait_for_company_when_there_is_a_queue_delay():
+    def run_batch(payloads):
+        return payloads
+
+    async def main():
+        waits = Batcher(run_batch, BatcherConfig(max_batch_size=4, max_queue_delay_ms=5.0, inline_max_ms=50.0))
+        full_at_one = Batcher(run_batch, BatcherConfig(max_batch_size=4, max_queue_delay_ms=5.0,
+                                                       preferred_batch_sizes=(1,), inline_max_ms=50.0))
+        for b in (waits, full_at_one):
+            await b.submit("warm")
+        out = (waits.run_now("x"), full_at_one.run_now("x"))
+        await waits.close()
+        await full_at_one.close()
+        return out
+
+    assert _run(main()) == (NOT_NOW, "x")
