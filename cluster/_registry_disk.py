@@ -150,7 +150,9 @@ class ModelConfig:
     max_queue_size: int = 256
     """Requests waiting per tail before new ones get RESOURCE_EXHAUSTED."""
     replicas: int = 1
-    """Workers per tail (Ray actors; the in-process pool runs batches concurrently)."""
+    """Workers per tail: Ray actors, or with the in-process pool (``local-noray``) engines
+    of the tail in the gateway process, each running its own batch (the weights are
+    shared). With 2 or more in-process, give each fewer ``intra_op_threads``."""
     intra_op_threads: int = 0
     """ONNX Runtime threads per operator; 0 lets ORT choose."""
     max_request_bytes: int = 64 << 20

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -117,7 +118,13 @@ def _buckets(max_batch: int) -> tuple[int, ...]:
 
 
 class LocalPool:
-    """An Engine and a dynamic Batcher in the gateway process."""
+    """Engines and a dynamic Batcher in the gateway process.
+
+    ``replicas`` engines of the tail (model instances, as Triton's instance groups;
+    they share one set of weights, [Note: weight sharing] in workers/_weights.py) run
+    up to ``replicas`` batches at once, each on an engine of its own: an engine's runs
+    are serialised by its lock, so a second batch on one engine would only wait.
+    """
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
                  *, cache_dir: str | None = None, provider: str = "auto") -> None:
@@ -126,22 +133,40 @@ class LocalPool:
 
         self.key = key
         self._metrics = metrics
-        self.engine = Engine(
-            tail_path,
-            EngineConfig(intra_op_threads=config.intra_op_threads, batch_buckets=_buckets(config.max_batch_size),
-                         loop_fallback=True, cache_dir=cache_dir, provider=provider),  # type: ignore[arg-type]
-            name=str(key),
+        engine_config = EngineConfig(
+            intra_op_threads=config.intra_op_threads, batch_buckets=_buckets(config.max_batch_size),
+            loop_fallback=True, cache_dir=cache_dir, provider=provider,  # type: ignore[arg-type]
         )
+        self.engines: list = []
+        try:
+            for _ in range(config.replicas):
+                self.engines.append(Engine(tail_path, engine_config, name=str(key)))
+        except BaseException:
+            for engine in self.engines:
+                engine.close()
+            raise
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for engine in self.engines:
+            self._free.put(engine)
         self.batcher = Batcher(self._run_batch, BatcherConfig(
             max_batch_size=config.max_batch_size, max_queue_delay_ms=config.max_queue_delay_ms,
             max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS,
             max_concurrent_batches=config.replicas))
         self.batches = 0
 
+    @property
+    def engine(self):
+        """The first engine (specs and stats are the same on every one)."""
+        return self.engines[0]
+
     def _run_batch(self, payloads: list[tuple[Mapping[str, np.ndarray], float]]) -> list[PoolResult]:
-        start = time.monotonic()
-        outs = self.engine.run_batch([p[0] for p in payloads])
-        compute_s = time.monotonic() - start
+        engine = self._free.get()  # never waits: the batcher runs at most `replicas` batches at once
+        try:
+            start = time.monotonic()
+            outs = engine.run_batch([p[0] for p in payloads])
+            compute_s = time.monotonic() - start
+        finally:
+            self._free.put(engine)
         self.batches += 1
         self._metrics.observe_batch(len(payloads))
         return [PoolResult(o, start - submitted, compute_s, len(payloads)) for o, (_, submitted) in zip(outs, payloads)]
@@ -153,7 +178,8 @@ class LocalPool:
 
     async def close(self) -> None:
         await self.batcher.close(drain=True)
-        self.engine.close()
+        for engine in self.engines:
+            engine.close()
 
 
 class LocalPoolFactory:

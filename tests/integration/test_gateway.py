@@ -297,3 +297,44 @@ def test_request_size_limit_of_model_yaml_is_enforced_before_the_pool(tmp_path):
     with pytest.raises(ResourceExhausted, match="request size of m@1 exhausted \\(limit 256\\)"):
         asyncio.run(call())
     assert gateway.backend_calls == 0
+
+
+def test_in_process_replicas_run_their_batches_at_once_on_engines_sharing_weights(tmp_path):
+    import threading
+
+    import onnxruntime as ort
+
+    from cluster.gateway import LocalPool
+    from cluster.metrics import GatewayMetrics
+    from cluster.registry import ModelConfig
+
+    path = str(tmp_path / "chain.onnx")
+    onnx.save(conv_bn_relu_chain(3), path)
+    pool = LocalPool(PoolKey("m", "1", "c0"), path, ModelConfig(max_batch_size=1, replicas=2, intra_op_threads=1),
+                     GatewayMetrics(), cache_dir=str(tmp_path / "cache"))
+    # Each batch waits at the barrier until the other one has started: they pass only
+    # if two batches run at once, on two engines (one engine's lock would serialise them).
+    barrier = threading.Barrier(2, timeout=20)
+    used: list[int] = []
+    for engine in pool.engines:
+        def run_batch(requests, _run=engine.run_batch, _id=id(engine), **kw):
+            used.append(_id)
+            barrier.wait()
+            return _run(requests, **kw)
+        engine.run_batch = run_batch
+    xs = [x_input(seed) for seed in (1, 2)]
+
+    shared = [e.shared_weight_bytes for e in pool.engines]
+
+    async def main():
+        try:
+            return await asyncio.gather(*(pool.run({"x": x}, deadline_s=None, priority=0) for x in xs))
+        finally:
+            await pool.close()
+
+    results = asyncio.run(main())
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for x, r in zip(xs, results):
+        np.testing.assert_allclose(r.outputs["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert sorted(used) == sorted(id(e) for e in pool.engines)
+    assert shared[0] > 0 and shared[0] == shared[1]  # both borrow the process-wide weight set

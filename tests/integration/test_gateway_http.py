@@ -59,7 +59,8 @@ def test_readyz_turns_true_only_when_the_frontier_tails_are_loaded(tmp_path):
     finally:
         http.stop()
         for p in gateway._pools.values():
-            p.engine.close()
+            for e in p.engines:
+                e.close()
 
 
 def test_gateway_command_serves_grpc_and_metrics_and_stops_on_sigterm(tmp_path):
