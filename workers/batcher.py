@@ -332,12 +332,7 @@ class Batcher:
         results = list(results)  # type: ignore[arg-type] # _plain_results: run_batch returns results, not awaitables
         if len(results) != 1:
             self._failed_batches += 1
-            raise BatchSizeMismatchError(
-                f"run_batch returned {len(results)} results for a batch of 1 request; it must "
-                "return exactly one result per payload, in order",
-                batch_size=1,
-                num_results=len(results),
-            )
+            raise _size_mismatch(1, len(results))
         self._completed += 1
         return results[0]
 
@@ -567,12 +562,7 @@ class Batcher:
                     results = await results
             results = list(results)
             if len(results) != len(batch):
-                raise BatchSizeMismatchError(
-                    f"run_batch returned {len(results)} results for a batch of {len(batch)} "
-                    "requests; it must return exactly one result per payload, in order",
-                    batch_size=len(batch),
-                    num_results=len(results),
-                )
+                raise _size_mismatch(len(batch), len(results))
         except asyncio.CancelledError:
             for request in batch:
                 self._fail(request, BatcherClosedError(
@@ -594,6 +584,15 @@ class Batcher:
             if request.future is not None and not request.future.done():
                 request.future.set_result(result)
                 self._completed += 1
+
+
+def _size_mismatch(batch_size: int, num_results: int) -> BatchSizeMismatchError:
+    return BatchSizeMismatchError(
+        f"run_batch returned {num_results} results for a batch of {batch_size} "
+        "requests; it must return exactly one result per payload, in order",
+        batch_size=batch_size,
+        num_results=num_results,
+    )
 
 
 def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:
