@@ -154,11 +154,6 @@ class LocalPool:
             max_concurrent_batches=config.replicas))
         self.batches = 0
 
-    @property
-    def engine(self):
-        """The first engine (specs and stats are the same on every one)."""
-        return self.engines[0]
-
     def _run_batch(self, payloads: list[tuple[Mapping[str, np.ndarray], float]]) -> list[PoolResult]:
         engine = self._free.get()  # never waits: the batcher runs at most `replicas` batches at once
         try:
