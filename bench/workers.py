@@ -27,10 +27,11 @@ on all of them alike):
    32 KiB and more, memory shared with the worker: the default),
    called by closed-loop asyncio clients at concurrency 1, 8 and 32; and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
-   the caller's side) at concurrency 1 and 32, and "ours socket + engine thread", the
-   direct channel with ``PoolConfig(shared_memory=False)`` (every byte through the
-   socket) and every batch on the engine thread (``inline_max_ms=0``): session 3's path
-   but for the batcher's order of work, at concurrency 1 and 32. At concurrency 1 the pool reports each
+   the caller's side) at concurrency 1 and 32, and "ours, one instance", the same pool
+   with one engine per segment (the default) at concurrency 1 and 32. Ours runs
+   ``PoolConfig(instances=2)``: a batch runs on one of two engines of one intra-op
+   thread each, side by side, and a lone request on the engine with both threads
+   ([Note: engine instances] in workers/_worker.py). At concurrency 1 the pool reports each
    request's engine run time in the worker, so ``overhead_p50_ms`` (latency minus that
    run, paired per request) is the serving overhead alone, free of the noise in the
    run itself;
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
@@ -68,6 +68,8 @@ from workers.engine import Engine, EngineConfig
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 THREADS = 2
 MAX_BATCH = 8
+INSTANCES = 2
+"""Engine instances per segment in our worker (PoolConfig.instances)."""
 CONCURRENCY = (1, 8, 32)
 
 
@@ -231,7 +233,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     from ray import serve
 
     from workers._pool import PoolConfig
-    from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool
+    from workers.actors import ReplicaPool
 
     engine = Engine(tail, config, name=name)
     feed1, feed8 = _inputs(engine, 1), _inputs(engine, MAX_BATCH)
@@ -243,13 +245,12 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     singles = [_raw_session(model_path, threads=1) for _ in range(THREADS)]
     key = f"{name}@1@tail"
     tail_bytes = tail.SerializeToString()
-    pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0), engine_config=config)
-    plain = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, direct=False),
-                        engine_config=config)
-    # Every byte through the socket, every batch on the engine thread (session 3's path).
-    socket_thread = ReplicaPool({key: tail_bytes}, engine_config=config,
-                              config=PoolConfig(num_replicas=1, max_restarts=0, shared_memory=False),
-                              batcher_config=dataclasses.replace(DEFAULT_BATCHER_CONFIG, inline_max_ms=0.0))
+    pool = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0, instances=INSTANCES),
+                       engine_config=config)
+    plain = ReplicaPool({key: tail_bytes}, engine_config=config,
+                        config=PoolConfig(num_replicas=1, max_restarts=0, instances=INSTANCES, direct=False))
+    one_instance = ReplicaPool({key: tail_bytes}, config=PoolConfig(num_replicas=1, max_restarts=0),
+                               engine_config=config)
     handle = _serve_app(model_path)
     points: dict[str, _Point] = {}
 
@@ -259,8 +260,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     async def main() -> None:
         await pool.ready()
         await plain.ready()
-        await socket_thread.ready()
-        for direct in (pool, socket_thread):
+        await one_instance.ready()
+        for direct in (pool, one_instance):
             for _ in range(200):  # the direct channel opens in the background
                 await direct.infer(key, feed1)
                 if direct.stats().direct_calls >= 3:
@@ -281,7 +282,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 call = (lambda: pool.infer_timed(key, feed1)) if c == 1 else (lambda: pool.infer(key, feed1))
                 await _closed_loop(call, c, slice_s, point(f"ours_c{c}"))
                 if c != 8:
-                    for other, label in ((plain, "ours_plain"), (socket_thread, "ours_socket_thread")):
+                    for other, label in ((plain, "ours_plain"), (one_instance, "ours_one_instance")):
                         call = (lambda: other.infer_timed(key, feed1)) if c == 1 else (lambda: other.infer(key, feed1))
                         await _closed_loop(call, c, slice_s, point(f"{label}_c{c}"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
@@ -293,7 +294,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     finally:
         pool.shutdown()
         plain.shutdown()
-        socket_thread.shutdown()
+        one_instance.shutdown()
         serve.delete("peer")
     for label, p in points.items():
         entry[label] = p.summary()
@@ -311,7 +312,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     entry["ratios"] = {
         "ours_c32_over_raw_batched_throughput": entry["ours_c32"]["throughput_per_s"] / limit,
         "ours_c32_over_raw_batched_median_of_rounds": per_round("ours_c32"),
-        "ours_socket_thread_c32_over_raw_batched_median_of_rounds": per_round("ours_socket_thread_c32"),
+        "ours_one_instance_c32_over_raw_batched_median_of_rounds": per_round("ours_one_instance_c32"),
         "ours_c32_over_serve_c32_throughput": entry["ours_c32"]["throughput_per_s"] / entry["serve_c32"]["throughput_per_s"],
         "ours_c32_over_raw_two_sessions_throughput": (
             entry["ours_c32"]["throughput_per_s"] / entry["raw_b8_two_sessions"]["throughput_per_s"]
@@ -321,8 +322,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
         "ours_plain_c1_added_p50_ms": entry["ours_plain_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_overhead_p50_ms": entry["ours_plain_c1"]["overhead_p50_ms"],
-        "ours_socket_thread_c32_over_raw_batched_throughput": entry["ours_socket_thread_c32"]["throughput_per_s"] / limit,
-        "ours_socket_thread_c1_overhead_p50_ms": entry["ours_socket_thread_c1"]["overhead_p50_ms"],
+        "ours_one_instance_c32_over_raw_batched_throughput": entry["ours_one_instance_c32"]["throughput_per_s"] / limit,
+        "ours_one_instance_c1_overhead_p50_ms": entry["ours_one_instance_c1"]["overhead_p50_ms"],
         "serve_c1_added_p50_ms": entry["serve_c1"]["p50_ms"] - raw1,
     }
     return entry
@@ -448,7 +449,7 @@ def run(quick: bool, models: list[str] | None = None, *, allow_spinning: bool = 
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
                     "ray": ray.__version__},
         "settings": {"rounds": rounds, "slice_s": slice_s, "threads": THREADS, "max_batch": MAX_BATCH,
-                     "ours_allow_spinning": allow_spinning, "raw_allow_spinning": True,
+                     "ours_allow_spinning": allow_spinning, "raw_allow_spinning": True, "ours_instances": INSTANCES,
                      "concurrency": list(CONCURRENCY)},
         "transport": bench_transport(60 if quick else 300),
         "models": {},
@@ -489,12 +490,12 @@ def _plot(results: dict, path: str) -> None:
 
     bars(axes[0], [("raw ORT b8, 1-thread sessions side by side", "raw_b8_two_sessions"), ("ours c1", "ours_c1"),
                    ("ours c8", "ours_c8"), ("ours c32", "ours_c32"),
-                   ("ours c32, socket + engine thread", "ours_socket_thread_c32"),
+                   ("ours c32, one instance", "ours_one_instance_c32"),
                    ("ours c32, plain calls", "ours_plain_c32"), ("Ray Serve c32", "serve_c32")], relative)
     axes[0].axhline(1.0, color="black", linewidth=0.8)
     axes[0].axhline(0.9, color="black", linewidth=0.8, linestyle="--", label="target: ours c32 >= 0.9")
     axes[0].set_title("throughput / raw ORT batch 8 (one session of 2 threads)")
-    bars(axes[1], [("raw ORT b1", "raw_b1"), ("ours c1", "ours_c1"), ("ours c1, socket + engine thread", "ours_socket_thread_c1"),
+    bars(axes[1], [("raw ORT b1", "raw_b1"), ("ours c1", "ours_c1"), ("ours c1, one instance", "ours_one_instance_c1"),
                    ("ours c1, plain calls", "ours_plain_c1"), ("Ray Serve c1", "serve_c1")],
          lambda m, key: m[key]["p50_ms"] if key in m else None)
     axes[1].set_yscale("log")
@@ -511,8 +512,8 @@ def _plot(results: dict, path: str) -> None:
 
 _ROWS = [("raw_b1", "raw ORT b1 (limit)"), ("raw_b8", "raw ORT b8 (limit)"),
          ("raw_b8_two_sessions", f"raw ORT b8, {THREADS} sessions of 1 thread side by side"), ("ours_c1", "ours c1"),
-         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_socket_thread_c1", "ours c1, socket + engine thread"),
-         ("ours_socket_thread_c32", "ours c32, socket + engine thread"), ("ours_plain_c1", "ours c1, plain calls"),
+         ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_one_instance_c1", "ours c1, one instance"),
+         ("ours_one_instance_c32", "ours c32, one instance"), ("ours_plain_c1", "ours c1, plain calls"),
          ("ours_plain_c32", "ours c32, plain calls"), ("serve_c1", "Ray Serve c1"), ("serve_c8", "Ray Serve c8"),
          ("serve_c32", "Ray Serve c32")]
 
@@ -538,13 +539,13 @@ def markdown(results: dict) -> str:
         r = m["ratios"]
         out += ["", f"ours c32 / raw b8 throughput **{r['ours_c32_over_raw_batched_throughput']:.2f}** (median of the "
                 f"rounds' ratios {r.get('ours_c32_over_raw_batched_median_of_rounds', float('nan')):.2f}; target >= 0.9; "
-                f"socket + engine thread {r.get('ours_socket_thread_c32_over_raw_batched_throughput', float('nan')):.2f}, "
+                f"one instance {r.get('ours_one_instance_c32_over_raw_batched_throughput', float('nan')):.2f}, "
                 f"plain calls {r['ours_plain_c32_over_raw_batched_throughput']:.2f}; against raw ORT's {THREADS} "
                 f"one-thread sessions side by side {r.get('ours_c32_over_raw_two_sessions_throughput', float('nan')):.2f}); "
                 "ours c32 / Serve c32 "
                 f"**{r['ours_c32_over_serve_c32_throughput']:.2f}** (target >= 1.5); at c1, serving overhead (p50 of "
-                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (socket + engine thread "
-                f"{r.get('ours_socket_thread_c1_overhead_p50_ms', float('nan')):.2f} ms, plain calls "
+                f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (one instance "
+                f"{r.get('ours_one_instance_c1_overhead_p50_ms', float('nan')):.2f} ms, plain calls "
                 f"{r['ours_plain_c1_overhead_p50_ms']:.2f} ms); p50 over raw b1: ours +{r['ours_c1_added_p50_ms']:.1f} ms, "
                 f"plain calls +{r['ours_plain_c1_added_p50_ms']:.1f} ms, Serve +{r['serve_c1_added_p50_ms']:.1f} ms "
                 "(target <= 0.5 ms)", ""]

@@ -155,17 +155,22 @@ class ModelConfig:
     shared). With 2 or more in-process, give each fewer ``intra_op_threads``."""
     intra_op_threads: int = 0
     """ONNX Runtime threads per operator; 0 lets ORT choose."""
+    instances: int = 1
+    """Engines of the tail in each Ray worker, running its batches side by side, each
+    on its share of ``intra_op_threads``; a lone request runs on an engine with all of
+    them (docs/workers.md, engine instances). The in-process pool's engines are its
+    ``replicas``."""
     max_request_bytes: int = 64 << 20
     """Largest boundary (sum of tensor bytes) one request may send."""
     frontier: FrontierConfig = field(default_factory=FrontierConfig)
     """How the preloaded cuts are chosen."""
 
     _FIELDS = ("name", "description", "max_batch_size", "max_queue_delay_ms", "max_queue_size", "replicas",
-               "intra_op_threads", "max_request_bytes", "frontier")
+               "intra_op_threads", "instances", "max_request_bytes", "frontier")
 
     def __post_init__(self) -> None:
         for name, lo in (("max_batch_size", 1), ("max_queue_size", 1), ("replicas", 1), ("intra_op_threads", 0),
-                         ("max_request_bytes", 1)):
+                         ("instances", 1), ("max_request_bytes", 1)):
             if getattr(self, name) < lo:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {lo}")
         if not self.max_queue_delay_ms >= 0:

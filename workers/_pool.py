@@ -196,7 +196,8 @@ class PoolConfig:
     """Most requests one actor call carries (see [Note: caller-side batching] in
     workers/actors.py); 1 sends every request in its own call."""
     sends_per_replica: int = 2
-    """Actor calls in flight per replica before further requests wait to be batched."""
+    """Actor calls in flight per replica (per engine instance of it) before further
+    requests wait to be batched."""
     direct: bool = True
     """Send requests to replicas over a direct channel (a Unix-domain socket on the
     caller's node, TCP to other nodes; see [Note: direct channel] in
@@ -210,9 +211,15 @@ class PoolConfig:
     with the replica rather than through the socket (see [Note: channel arena] in
     workers/_arena.py); ``False`` sends every byte through the socket."""
 
+    instances: int = 1
+    """Engines per segment in each replica, running its batches side by side, each on
+    its share of the engine's intra-op threads (see [Note: engine instances] in
+    workers/_worker.py); the pool keeps ``sends_per_replica`` sends in flight per instance."""
+
     def __post_init__(self) -> None:
         checks = (
             ("num_replicas", self.num_replicas >= 1, "use 1 or more"),
+            ("instances", type(self.instances) is int and self.instances >= 1, "use 1 or more engines per segment"),
             ("max_restarts", self.max_restarts >= -1, "use -1 (forever), 0 or more"),
             ("max_retries", self.max_retries >= 0, "use 0 (fail at once) or more"),
             ("down_s", self.down_s >= 0, "use 0 or more seconds"),
@@ -283,6 +290,8 @@ class SegmentStats:
     """Batches the segment's batcher formed and ran."""
     batch_size_histogram: Mapping[int, int] = field(default_factory=dict)
     """Batch size -> number of batches."""
+    instances: int = 1
+    """Engines that run its batches side by side (see [Note: engine instances] in workers/_worker.py)."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)

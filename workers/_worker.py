@@ -12,8 +12,10 @@ import copyreg
 import dataclasses
 import logging
 import os
+import queue
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,11 +72,37 @@ register_error_pickling()
 
 
 class _Hosted:
-    """One segment in a worker: its engine, its batcher and its counters."""
+    """One segment in a worker: its engines, its batcher and its counters.
 
-    def __init__(self, key: str, engine: Engine, batcher_config: BatcherConfig) -> None:
+    [Note: engine instances]
+    With ``instances`` = N > 1 (SegmentHost's, PoolConfig's) a segment has N engines
+    (as Triton's instance groups), each with N-th of the segment's intra-op threads,
+    sharing one set of weights where ``share_weights`` is on ([Note: weight sharing] in
+    workers/_weights.py); up to N batches run at once, one on each (the batcher's
+    ``max_concurrent_batches`` is N). Beside them stays the engine with all the
+    threads, which runs a batch of one whenever it is free: a lone request is as fast
+    as with one instance, and a busy worker runs its batches on narrow instances side
+    by side. An engine runs one batch at a time (its lock), so N batches on one engine
+    would only wait for each other.
+
+    It pays where operators are too small to keep several threads busy: on 2 cores,
+    two one-thread sessions ran the DenseNet121 tail's batch 8 at 1.3-1.5x the rate of
+    one two-thread session, the transformer block's at 1.0x (bench/workers.py). So N
+    is the operator's choice. Choosing it at load, by timing both ways for a fraction
+    of a second, was tried and dropped: on this shared machine such timings of the
+    DenseNet121 tail read anywhere from 0.6x to 1.3x.
+    """
+
+    def __init__(self, key: str, engine: Engine, batcher_config: BatcherConfig,
+                 instances: Sequence[Engine] = ()) -> None:
         self.key = key
         self.engine = engine
+        """The engine with all the segment's threads: lone requests, specs and loading facts."""
+        self.instances = tuple(instances)
+        self._free: queue.SimpleQueue[Engine] = queue.SimpleQueue()
+        for instance in self.instances:
+            self._free.put(instance)
+        self._engine_idle = threading.Lock()
         size = min(batcher_config.max_batch_size, engine.max_batch) if engine.batch_safe else 1
         self.batcher = Batcher(self._run_batch, _with_batch(batcher_config, size))
         self.requests = 0
@@ -83,28 +111,53 @@ class _Hosted:
         self.failed = 0
 
     def _run_batch(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        return self.engine.run_batch(payloads, loop_fallback=True)
+        if not self.instances:
+            return self.engine.run_batch(payloads, loop_fallback=True)
+        if len(payloads) == 1 and self._engine_idle.acquire(blocking=False):
+            try:
+                return self.engine.run_batch(payloads, loop_fallback=True)
+            finally:
+                self._engine_idle.release()
+        instance = self._free.get()  # never waits: the batcher runs at most len(instances) batches at once
+        try:
+            return instance.run_batch(payloads, loop_fallback=True)
+        finally:
+            self._free.put(instance)
 
     def run_lone_views(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """Runs one request and returns views of the engine's output buffers, valid until
         its next run: only for a caller that has sent them on before anything else can
-        run (the direct channel's answer at once, [Note: answered at once])."""
+        run (the direct channel's answer at once, [Note: answered at once]). The batcher
+        is idle then, so the engine with all the threads is free."""
         [inputs] = payloads
         return [self.engine.run(inputs)]
 
     def stats(self) -> SegmentStats:
-        e, b = self.engine.stats(), self.batcher.stats()
+        b = self.batcher.stats()
+        engines = [self.engine.stats(), *(i.stats() for i in self.instances)]
+        busiest = max(engines, key=lambda e: e.run_count)
         return SegmentStats(
-            key=self.key, provider=e.provider, batch_safe=e.batch_safe, max_batch=self.engine.max_batch,
+            key=self.key, provider=engines[0].provider, batch_safe=engines[0].batch_safe,
+            max_batch=self.engine.max_batch, instances=max(1, len(self.instances)),
             requests=self.requests, completed=self.completed, input_errors=self.input_errors,
-            failed=self.failed, engine_median_ms=e.median_ms,
+            failed=self.failed, engine_median_ms=busiest.median_ms,
             batches_formed=b.batches_formed, batch_size_histogram=dict(sorted(b.batch_size_histogram.items())),
         )
+
+    def close(self) -> None:
+        for engine in (self.engine, *self.instances):
+            engine.close()
 
 
 def _with_batch(config: BatcherConfig, size: int) -> BatcherConfig:
     sizes = tuple(s for s in config.preferred_batch_sizes if s <= size)
     return dataclasses.replace(config, max_batch_size=size, preferred_batch_sizes=sizes)
+
+
+def _instance_threads(config: EngineConfig, instances: int) -> int:
+    """Intra-op threads of each of ``instances`` engines sharing ``config``'s budget."""
+    budget = config.intra_op_threads or len(os.sched_getaffinity(0))
+    return max(1, budget // instances)
 
 
 class SegmentHost:
@@ -113,6 +166,9 @@ class SegmentHost:
     ``segments`` maps ``model@version@cut`` keys to model bytes or registry paths; they
     load in the constructor, so a replica that Ray restarts comes back with them.
     ``engine_config`` and ``batcher_config`` are the defaults for every segment.
+    ``instances`` engines run each segment's batches side by side, splitting its
+    intra-op threads; the batcher's ``max_concurrent_batches`` follows it (see
+    [Note: engine instances]).
     """
 
     def __init__(
@@ -122,8 +178,13 @@ class SegmentHost:
         engine_config: EngineConfig | None = None,
         batcher_config: BatcherConfig | None = None,
         registry_dir: str | None = None,
+        instances: int = 1,
     ) -> None:
         register_error_pickling()
+        if not (type(instances) is int and instances >= 1):
+            raise ActorConfigError(f"instances={instances!r} is invalid; use 1 or more engines per segment",
+                                   field_name="instances", value=instances)
+        self._instances = instances
         keep_freed_memory()  # [Note: fresh pages] (workers/_malloc.py)
         self._engine_config = engine_config or EngineConfig()
         self._batcher_config = batcher_config or DEFAULT_BATCHER_CONFIG
@@ -158,9 +219,21 @@ class SegmentHost:
             )
         return path
 
+    _hosted_type: type[_Hosted] = _Hosted
+
     def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
-        engine = Engine(self._resolve(source), config, name=key)
-        return _Hosted(key, engine, self._batcher_config)
+        source = self._resolve(source)
+        engines = [Engine(source, config, name=key)]
+        try:
+            if self._instances > 1:  # [Note: engine instances]
+                narrow = dataclasses.replace(config, intra_op_threads=_instance_threads(config, self._instances))
+                engines += [Engine(source, narrow, name=key) for _ in range(self._instances)]
+        except BaseException:
+            for engine in engines:
+                engine.close()
+            raise
+        batcher_config = dataclasses.replace(self._batcher_config, max_concurrent_batches=self._instances)
+        return self._hosted_type(key, engines[0], batcher_config, engines[1:])
 
     async def load(self, key: str, model: ModelSource, engine_config: EngineConfig | None = None) -> dict:
         """Loads (or replaces) segment ``key``; returns its input and output specs.
@@ -174,7 +247,7 @@ class SegmentHost:
         self._hosted[key] = hosted
         if old is not None:
             await old.batcher.close(drain=True)
-            old.engine.close()
+            old.close()
         logger.info("worker pid %d loaded %s (batch_safe=%s)", os.getpid(), key, hosted.engine.batch_safe)
         return self._describe(hosted)
 
@@ -184,7 +257,7 @@ class SegmentHost:
         if hosted is None:
             return False
         await hosted.batcher.close(drain=True)
-        hosted.engine.close()
+        hosted.close()
         return True
 
     @staticmethod

@@ -4,8 +4,9 @@ The only module of ``workers`` that imports Ray (DESIGN.md's layer table); the p
 parts (routing, deadlines, input checks, stage cuts) are in :mod:`workers._pool` and
 :mod:`workers.pipeline`.
 
-* :class:`SegmentWorker` (the actor form of :class:`workers._worker.SegmentHost`) hosts one :class:`~workers.engine.Engine`
-  and one :class:`~workers.batcher.Batcher` per segment (``model@version@cut``).
+* :class:`SegmentWorker` (the actor form of :class:`workers._worker.SegmentHost`) hosts an :class:`~workers.engine.Engine`
+  (and its instances: [Note: engine instances] in workers/_worker.py) and a
+  :class:`~workers.batcher.Batcher` per segment (``model@version@cut``).
 * :class:`ReplicaPool` spreads requests over replicas of it, least-loaded first, and
   retries a request once when its replica dies (see [Note: fault tolerance]).
 * :class:`Pipeline` chains stage actors so that frames overlap.
@@ -61,7 +62,7 @@ from workers._channel import ChannelClient, ChannelClosedError, open_channel_ser
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
-from workers.engine import Engine, EngineConfig
+from workers.engine import EngineConfig
 from workers.errors import ActorConfigError, ReplicaUnavailableError, SegmentNotLoadedError
 from workers.pipeline import StageSpan
 
@@ -110,8 +111,7 @@ class _TimingHost(SegmentHost):
     as the in-process pool records its own (cluster.ray_cluster).
     """
 
-    def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
-        return _TimedHosted(key, Engine(self._resolve(source), config, name=key), self._batcher_config)
+    _hosted_type = _TimedHosted
 
     @staticmethod
     def _timed(inputs: Any) -> Any:
@@ -185,6 +185,7 @@ def make_worker(
     max_concurrency: int = 1000,
     num_cpus: float = 0.0,
     name: str | None = None,
+    instances: int = 1,
 ):
     """Starts one SegmentWorker actor; asks Ray for a GPU when the engine runs on one.
 
@@ -203,7 +204,8 @@ def make_worker(
     if not isinstance(segments, ray.ObjectRef):
         segments = dict(segments or {})
     return SegmentWorker.options(**options).remote(
-        segments, engine_config=config, batcher_config=batcher_config, registry_dir=registry_dir
+        segments, engine_config=config, batcher_config=batcher_config, registry_dir=registry_dir,
+        instances=instances,
     )
 
 
@@ -296,7 +298,7 @@ class ReplicaPool:
         self.replicas = [
             make_worker(self._segments_ref, engine_config=self._engine_config, batcher_config=batcher_config,
                         registry_dir=registry_dir, max_restarts=cfg.max_restarts,
-                        max_concurrency=cfg.max_concurrency, num_cpus=cfg.num_cpus)
+                        max_concurrency=cfg.max_concurrency, num_cpus=cfg.num_cpus, instances=cfg.instances)
             for _ in range(cfg.num_replicas)
         ]
         n = cfg.num_replicas
@@ -396,7 +398,8 @@ class ReplicaPool:
             # enforces its own range and answers a bad one with BatcherRequestError.
             batcher = Batcher(send, BatcherConfig(
                 max_batch_size=cfg.caller_batch_size, max_queue_delay_ms=0.0, num_priority_levels=1 << 16,
-                max_queue_size=1 << 20, max_concurrent_batches=cfg.num_replicas * cfg.sends_per_replica,
+                max_queue_size=1 << 20,
+                max_concurrent_batches=cfg.num_replicas * cfg.sends_per_replica * cfg.instances,
             ))
             entry = self._batchers[key] = (loop, batcher)
         return entry[1]

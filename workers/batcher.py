@@ -303,10 +303,13 @@ class Batcher:
         shape_key: Hashable = None,
         run: Callable[[list[Any]], Sequence[Any]] | None = None,
     ) -> Any:
-        """Runs a lone request at once, on the calling thread, when the batcher is idle and
-        a lone request would run on the event loop anyway ([Note: inline runs]); returns
-        :data:`NOT_NOW` otherwise, and the caller then submits it. ``run`` (default: the
-        batcher's ``run_batch``) runs it, given the one-payload list.
+        """Runs a lone request at once, on the calling thread, when the batcher is idle
+        (nothing waiting, nothing running) and lone runs are short (``inline_max_ms``,
+        [Note: inline runs]); returns :data:`NOT_NOW` otherwise, and the caller then
+        submits it. ``run`` (default: the batcher's ``run_batch``) runs it, given the
+        one-payload list. With several instances too: nothing runs on them meanwhile, and
+        what arrives during the run waits in the caller's socket, as it would wait for
+        the engine.
 
         [Note: run now]
         Through ``submit`` a lone request still takes three event-loop iterations before
@@ -341,7 +344,7 @@ class Batcher:
         queue delay to wait for company."""
         cfg = self._config
         if (self._depth or self._batch_tasks or self._closing or not self._plain_results
-                or cfg.max_concurrent_batches != 1 or self._lone_run_s is None
+                or self._lone_run_s is None
                 or self._lone_run_s * 1e3 > cfg.inline_max_ms):
             return False
         # The policy's own answer for one request that has just arrived: a queue delay

@@ -175,6 +175,54 @@ def test_host_serves_a_frame_of_requests_and_lone_ones_at_once_counting_each(tai
     assert (stats.completed, stats.input_errors, stats.failed) == (5, 2, 1)
 
 
+def test_host_instances_run_batches_side_by_side_and_lone_requests_on_all_threads(tail, reference, engine_config):
+    # No Ray: [Note: engine instances] on this process's event loop.
+    import dataclasses
+    import threading
+
+    from workers._worker import DEFAULT_BATCHER_CONFIG, SegmentHost
+
+    host = SegmentHost({KEY: tail.SerializeToString()}, engine_config=dataclasses.replace(engine_config, intra_op_threads=2),
+                       batcher_config=dataclasses.replace(DEFAULT_BATCHER_CONFIG, max_batch_size=2), instances=2)
+    hosted = host._hosted[KEY]
+    assert [i.config.intra_op_threads for i in hosted.instances] == [1, 1]
+    assert hosted.engine.config.intra_op_threads == 2
+    assert hosted.batcher.config.max_concurrent_batches == 2
+    weights = {e.shared_weight_bytes for e in (hosted.engine, *hosted.instances)}
+    assert len(weights) == 1 and weights.pop() > 0  # one set of weights for all three
+    # Each batch waits at the barrier until the other has started: they pass only if
+    # two batches run at once, each on an instance of its own.
+    barrier = threading.Barrier(2, timeout=20)
+    used: list[int] = []
+    for instance in hosted.instances:
+        def run_batch(requests, _run=instance.run_batch, _id=id(instance), **kw):
+            used.append(_id)
+            barrier.wait()
+            return _run(requests, **kw)
+        instance.run_batch = run_batch
+    frames = _frames(tail, 5, seed=11)
+
+    async def main():
+        both = await host.infer_batch(KEY, frames[:4], [None] * 4, [0] * 4)  # two batches of two
+        runs = hosted.engine.stats().run_count
+        lone = await host.infer(KEY, frames[4])
+        now = host.infer_now(KEY, frames[4], None, 0)
+        return both, hosted.engine.stats().run_count - runs, lone, now, (await host.stats()).segments[0]
+
+    both, engine_runs, lone, now, stats = asyncio.run(main())
+    for got, x in zip(both, frames):
+        _assert_equal(got, reference(x))
+    assert sorted(used) == sorted(id(i) for i in hosted.instances)
+    _assert_equal(lone, reference(frames[4]))
+    _assert_equal(now, reference(frames[4]))
+    assert engine_runs == 2 and len(used) == 2  # the lone requests ran on the engine with both threads
+    assert stats.instances == 2 and stats.completed == 6
+    with pytest.raises(ActorConfigError, match="instances=0"):
+        SegmentHost(instances=0)
+    with pytest.raises(ActorConfigError, match="instances=1.5"):
+        PoolConfig(instances=1.5)
+
+
 @pytest.fixture(scope="module")
 def worker(ray_local, tail, engine_config):
     from workers.actors import make_worker

@@ -258,6 +258,7 @@ def test_missing_or_empty_or_corrupt_model_is_a_clear_error(tmp_path):
     [
         ("max_batch_size: many\n", r"model.yaml.max_batch_size must be an integer, got 'many'"),
         ("max_batch_size: 0\n", r"max_batch_size=0 must be >= 1"),
+        ("instances: 0\n", r"instances=0 must be >= 1"),
         ("max_batch_size: true\n", r"must be an integer, got True"),
         ("frontier: {include_cloud_only: 3}\n", r"frontier.include_cloud_only must be true or false"),
         ("batch: 4\n", r"unknown field\(s\) \['batch'\]"),
@@ -274,10 +275,10 @@ def test_bad_model_yaml_names_the_field(tmp_path, text, match):
 
 
 def test_model_yaml_fields_round_trip(tmp_path):
-    root = make_repo(tmp_path, versions=("1",), yaml_text="max_batch_size: 4\nmax_queue_delay_ms: 1\n"
+    root = make_repo(tmp_path, versions=("1",), yaml_text="max_batch_size: 4\nmax_queue_delay_ms: 1\ninstances: 2\n"
                      "frontier: {default_cut_count: 1, include_cloud_only: false}\n")
     lv = Registry(root).load("m", "1")
-    assert lv.config.max_batch_size == 4 and lv.config.max_queue_delay_ms == 1.0
+    assert lv.config.max_batch_size == 4 and lv.config.max_queue_delay_ms == 1.0 and lv.config.instances == 2
     assert len(lv.frontier.cuts) == 1 and lv.frontier.cuts[0].edge_layers
     assert ModelConfig.from_json(lv.config.to_json()) == lv.config
 
