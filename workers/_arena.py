@@ -12,9 +12,12 @@ An arena is sparse: it takes the memory of the most bytes in flight at once, and
 when nothing is lent it gives back what lies above ``ARENA_KEEP_BYTES``.
 
 The worker holds the pool's regions as its requests' input arrays (no copy: the
-engine copies them into its own buffers anyway) and returns them with the answer;
-the pool copies an answer's arrays out at once (its callers own what they get) and
-returns them with its next frame. An arena that is full, or a buffer under
+engine binds or copies them into its own buffers) and returns them with the answer.
+The pool's callers get an answer's arrays as views of the worker's region, not
+copies: when the last array (or view of one) that reads a region is freed, a
+finalizer queues the region, and it goes back with the pool's next frame. A caller
+that keeps answers keeps that much of the worker's arena lent; once it is full,
+answers travel in the frame. An arena that is full, or a buffer under
 ``ARENA_MIN_BYTES``, travels in the frame as before; so does everything over TCP.
 Nobody else can reach an arena: the fd is passed over the connection, after its
 token, and the memory is never named in a file system.

@@ -50,8 +50,11 @@ import shutil
 import socket
 import struct
 import tempfile
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import numpy as np
 
 from workers._arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
 from workers.batcher import NOT_NOW
@@ -127,7 +130,7 @@ class _Connection:
     drains in order; later frames queue behind it.
     """
 
-    def __init__(self, sock: socket.socket, *, copy_arena_buffers: bool) -> None:
+    def __init__(self, sock: socket.socket, *, views_until_freed: bool) -> None:
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -143,9 +146,10 @@ class _Connection:
         """Why sending failed, once it has: the connection is then unusable."""
         self.arena: Arena | None = None
         self.peer: PeerArena | None = None
-        self._copy_arena_buffers = copy_arena_buffers
-        self._releases: list[int] = []
-        """Regions of the peer's arena this end is done with; they go back with the next frame."""
+        self._views_until_freed = views_until_freed
+        self._releases: collections.deque[int] = collections.deque()
+        """Regions of the peer's arena this end is done with; they go back with the next
+        frame. A deque: finalizers append to it whenever an answer's arrays are freed."""
 
     async def share_arenas(self, *, offer: bool, share: bool = True) -> None:
         """The arena handshake on a Unix-domain socket, right after the token: the
@@ -207,8 +211,8 @@ class _Connection:
         """Queues one frame; raises OSError when the connection has failed."""
         if self.error is not None:
             raise self.error
-        parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, self._releases)]
-        self._releases = []
+        releases = [self._releases.popleft() for _ in range(len(self._releases))]
+        parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, releases)]
         if not self._backlog and len(parts) <= _MAX_PARTS_PER_SEND:
             try:
                 sent = self.sock.sendmsg(parts)
@@ -250,8 +254,9 @@ class _Connection:
 
     async def recv(self) -> tuple[Any, list[int]]:
         """The next frame, decoded, and the regions of the peer's arena that its arrays
-        use in place (to :meth:`hand_back` when done; none where this end copies them
-        out). Raises ConnectionError when the peer has gone, ValueError on garbage."""
+        use in place (to :meth:`hand_back` when done; none where they go back by
+        themselves once freed). Raises ConnectionError when the peer has gone, ValueError
+        on garbage."""
         head = bytearray(_HEAD.size)
         await self._recv_into(memoryview(head))
         meta_bytes, n, n_released = _HEAD.unpack(head)
@@ -280,9 +285,11 @@ class _Connection:
                 await self._recv_into(memoryview(buffer))
             elif self.peer is None:
                 raise ValueError("frame places a buffer in an arena, but none was shared; not a channel frame")
-            elif self._copy_arena_buffers:
-                buffer = bytearray(self.peer.region(where, size))
-                self._releases.append(where)
+            elif self._views_until_freed:
+                # The arrays read the region in place; when the last of them is freed,
+                # the region goes back with the next frame (see [Note: channel arena]).
+                buffer = np.frombuffer(self.peer.region(where, size), np.uint8)
+                weakref.finalize(buffer, self._releases.append, where).atexit = False
             else:
                 buffer = self.peer.region(where, size)
                 held.append(where)
@@ -349,7 +356,7 @@ class ChannelServer:
         loop = asyncio.get_running_loop()
         while True:
             sock, _ = await loop.sock_accept(listener)
-            self._spawn(self._serve(_Connection(sock, copy_arena_buffers=False)))
+            self._spawn(self._serve(_Connection(sock, views_until_freed=False)))
 
     async def _serve(self, conn: _Connection) -> None:
         self._connections.add(conn)
@@ -468,7 +475,7 @@ class ChannelClient:
             sock.setblocking(False)
             await loop.sock_connect(sock, address)
             await loop.sock_sendall(sock, token)
-            conn = _Connection(sock, copy_arena_buffers=True)
+            conn = _Connection(sock, views_until_freed=True)
             if sock.family == socket.AF_UNIX:
                 try:
                     await conn.share_arenas(offer=True, share=shared_memory)
@@ -498,19 +505,23 @@ class ChannelClient:
         exc: BaseException | None = None
         try:
             while True:
-                (request_id, ok, value), _ = await self._conn.recv()
-                fut = self._pending.pop(request_id, None)
-                if fut is None or fut.done():
-                    self.late_answers += 1
-                elif ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
+                # Nothing of an answer stays in this frame's locals while it waits for the
+                # next: its arrays hold regions of the worker's arena until freed.
+                self._deliver(*(await self._conn.recv())[0])
         except asyncio.CancelledError:
             exc = None
         except Exception as e:  # noqa: BLE001 - the connection is lost either way; callers learn why
             exc = e
         self._lost(exc)
+
+    def _deliver(self, request_id: int, ok: bool, value: Any) -> None:
+        fut = self._pending.pop(request_id, None)
+        if fut is None or fut.done():
+            self.late_answers += 1
+        elif ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
     def _lost(self, exc: BaseException | None) -> None:
         self.closed = True

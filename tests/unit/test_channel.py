@@ -136,7 +136,7 @@ def test_a_frame_left_in_the_backlog_keeps_its_bytes_when_the_sender_reuses_the_
     # owner reuses at once (an engine's output, [Note: answered at once]) must not change it.
     async def main():
         a, b = socket.socketpair()
-        sender, receiver = _Connection(a, copy_arena_buffers=True), _Connection(b, copy_arena_buffers=True)
+        sender, receiver = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=True)
         buffer = np.full(3 << 20, 7.0, np.float32)  # 12 MiB: more than the socket buffers hold
         sender.send({"y": buffer})
         assert sender._backlog  # the case under test
@@ -290,15 +290,28 @@ def test_large_arrays_go_through_the_arenas_and_every_region_comes_back():
         first, _ = await call
         assert lent_during_call == [x.nbytes]  # only the large array went into the arena
         assert client.arena_lent_bytes == 0  # the worker handed it back with its answer
-        assert server.arena_lent_bytes == x.nbytes  # its answer's array, until the client's next frame
+        assert server.arena_lent_bytes == x.nbytes  # the answer's array reads the worker's region in place
         np.testing.assert_array_equal(first["x"], x * 2)
         assert first["x"].flags.writeable
-        # Later answers reuse the worker's region: what the caller already holds is its own copy.
+        # Later answers take other regions while the caller holds the first one's arrays,
+        # and a freed answer's region goes back with the next frame.
         for i in range(3):
             out, _ = await client.call("ok", {"x": np.full(1 << 18, i, np.float32)}, None, 0)
             np.testing.assert_array_equal(out["x"], np.full(1 << 18, 2 * i, np.float32))
+            # The first answer's, this one's and, from the second on, the last one's (freed
+            # when `out` was rebound, after this call's frame had left).
+            assert server.arena_lent_bytes == (2 if i == 0 else 3) * x.nbytes
         np.testing.assert_array_equal(first["x"], x * 2)
-        assert client.arena_lent_bytes == 0 and server.arena_lent_bytes == x.nbytes
+        part = first["x"][:8]  # a view of a view still holds the region
+        del first, out, call  # the future holds its result too
+        await asyncio.sleep(0)  # and the loop holds that future until its current iteration ends
+        await client.call("ok", {"small": np.ones(3)}, None, 0)
+        assert server.arena_lent_bytes == x.nbytes
+        np.testing.assert_array_equal(part, (x * 2)[:8])
+        del part
+        await asyncio.sleep(0)
+        await client.call("ok", {"small": np.ones(3)}, None, 0)
+        assert client.arena_lent_bytes == 0 and server.arena_lent_bytes == 0
         # Many in flight, answered out of order: every answer matches its request.
         outs = await asyncio.gather(*(client.call("ok", {"x": np.full(1 << 16, i, np.float32)}, None, 0)
                                       for i in range(24)))
