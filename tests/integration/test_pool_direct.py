@@ -9,6 +9,7 @@ Real local Ray, a real SqueezeNet tail, a plain ONNX Runtime session as the refe
 from __future__ import annotations
 
 import asyncio
+import mmap
 import time
 
 import numpy as np
@@ -199,3 +200,48 @@ def test_the_channel_over_tcp_serves_like_the_unix_socket(ray_local, tail, refer
     finally:
         pool.shutdown()
     assert stats.direct_calls >= len(frames) * 3 and stats.errors == 1 and stats.failed == 0
+
+
+def test_large_answers_are_read_in_the_workers_arena_and_stay_intact_while_held(ray_local, engine_config):
+    # [Note: channel arena]: the caller reads a 256 KiB answer where the worker put it;
+    # a held answer keeps its region, so later answers never overwrite it.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from workers.actors import ReplicaPool
+
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1 << 16])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1 << 16])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double", [x_info], [y_info], [two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    key = make_segment_key("double", 1, "c0")
+    pool = ReplicaPool({key: model.SerializeToString()}, config=PoolConfig(num_replicas=1, max_restarts=0),
+                       engine_config=engine_config)
+    xs = [np.full((1, 1 << 16), float(i), np.float32) for i in range(12)]
+
+    async def main():
+        await pool.ready()
+        for _ in range(300):  # the channel opens in the background
+            await pool.infer(key, {"x": xs[0]})
+            if pool.stats().direct_calls:
+                break
+            await asyncio.sleep(0.02)
+        held = [await pool.infer(key, {"x": x}) for x in xs]  # every answer kept
+        for _ in range(3):
+            dropped = [await pool.infer(key, {"x": x}) for x in xs]  # answers freed as they go
+            del dropped
+        return held
+
+    try:
+        held = asyncio.run(main())
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert stats.direct_calls >= 4 * len(xs) and stats.errors == 0
+    for i, out in enumerate(held):
+        np.testing.assert_array_equal(out["y"], np.full((1, 1 << 16), 2.0 * i, np.float32))
+        base = out["y"]
+        while getattr(base, "base", None) is not None or isinstance(base, memoryview):
+            base = base.obj if isinstance(base, memoryview) else base.base
+        assert isinstance(base, mmap.mmap)  # a view of the worker's arena, not a copy
