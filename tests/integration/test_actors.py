@@ -178,8 +178,8 @@ def test_host_serves_a_frame_of_requests_and_lone_ones_at_once_counting_each(tai
 def test_host_instances_run_batches_side_by_side_and_lone_requests_on_all_threads(tail, reference, engine_config):
     # No Ray: [Note: engine instances] on this process's event loop.
     import dataclasses
-    import threading
 
+    from tests.integration._barrier import meet_at_a_barrier
     from workers._worker import DEFAULT_BATCHER_CONFIG, SegmentHost
 
     host = SegmentHost({KEY: tail.SerializeToString()}, engine_config=dataclasses.replace(engine_config, intra_op_threads=2),
@@ -190,16 +190,7 @@ def test_host_instances_run_batches_side_by_side_and_lone_requests_on_all_thread
     assert hosted.batcher.config.max_concurrent_batches == 2
     weights = {e.shared_weight_bytes for e in (hosted.engine, *hosted.instances)}
     assert len(weights) == 1 and weights.pop() > 0  # one set of weights for all three
-    # Each batch waits at the barrier until the other has started: they pass only if
-    # two batches run at once, each on an instance of its own.
-    barrier = threading.Barrier(2, timeout=20)
-    used: list[int] = []
-    for instance in hosted.instances:
-        def run_batch(requests, _run=instance.run_batch, _id=id(instance), **kw):
-            used.append(_id)
-            barrier.wait()
-            return _run(requests, **kw)
-        instance.run_batch = run_batch
+    used = meet_at_a_barrier(hosted.instances)  # two batches at once, each on an instance of its own
     frames = _frames(tail, 5, seed=11)
 
     async def main():

@@ -24,6 +24,7 @@ from cluster.protocol.client import InferenceClient, SyncInferenceClient, make_r
 from cluster.protocol.encoding import encode
 from cluster.registry import Registry, route
 from cluster.server import serve_in_thread
+from tests.integration._barrier import meet_at_a_barrier
 from tests.onnx_models import conv_bn_relu_chain
 
 pytestmark = pytest.mark.grpc
@@ -300,8 +301,6 @@ def test_request_size_limit_of_model_yaml_is_enforced_before_the_pool(tmp_path):
 
 
 def test_in_process_replicas_run_their_batches_at_once_on_engines_sharing_weights(tmp_path):
-    import threading
-
     import onnxruntime as ort
 
     from cluster.gateway import LocalPool
@@ -312,16 +311,7 @@ def test_in_process_replicas_run_their_batches_at_once_on_engines_sharing_weight
     onnx.save(conv_bn_relu_chain(3), path)
     pool = LocalPool(PoolKey("m", "1", "c0"), path, ModelConfig(max_batch_size=1, replicas=2, intra_op_threads=1),
                      GatewayMetrics(), cache_dir=str(tmp_path / "cache"))
-    # Each batch waits at the barrier until the other one has started: they pass only
-    # if two batches run at once, on two engines (one engine's lock would serialise them).
-    barrier = threading.Barrier(2, timeout=20)
-    used: list[int] = []
-    for engine in pool.engines:
-        def run_batch(requests, _run=engine.run_batch, _id=id(engine), **kw):
-            used.append(_id)
-            barrier.wait()
-            return _run(requests, **kw)
-        engine.run_batch = run_batch
+    used = meet_at_a_barrier(pool.engines)  # two batches at once, on two engines
     xs = [x_input(seed) for seed in (1, 2)]
 
     shared = [e.shared_weight_bytes for e in pool.engines]
