@@ -104,7 +104,7 @@ class _Hosted:
             self._free.put(instance)
         self._engine_idle = threading.Lock()
         size = min(batcher_config.max_batch_size, engine.max_batch) if engine.batch_safe else 1
-        self.batcher = Batcher(self._run_batch, _with_batch(batcher_config, size))
+        self.batcher = Batcher(self._run_batch, _with_batch(batcher_config, size, max(1, len(self.instances))))
         self.requests = 0
         self.completed = 0
         self.input_errors = 0
@@ -149,9 +149,12 @@ class _Hosted:
             engine.close()
 
 
-def _with_batch(config: BatcherConfig, size: int) -> BatcherConfig:
+def _with_batch(config: BatcherConfig, size: int, instances: int) -> BatcherConfig:
+    """``config`` for a segment whose engine runs up to ``size`` and that has ``instances``
+    engines to run batches on at once."""
     sizes = tuple(s for s in config.preferred_batch_sizes if s <= size)
-    return dataclasses.replace(config, max_batch_size=size, preferred_batch_sizes=sizes)
+    return dataclasses.replace(config, max_batch_size=size, preferred_batch_sizes=sizes,
+                               max_concurrent_batches=instances)
 
 
 def _instance_threads(config: EngineConfig, instances: int) -> int:
@@ -232,8 +235,7 @@ class SegmentHost:
             for engine in engines:
                 engine.close()
             raise
-        batcher_config = dataclasses.replace(self._batcher_config, max_concurrent_batches=self._instances)
-        return self._hosted_type(key, engines[0], batcher_config, engines[1:])
+        return self._hosted_type(key, engines[0], self._batcher_config, engines[1:])
 
     async def load(self, key: str, model: ModelSource, engine_config: EngineConfig | None = None) -> dict:
         """Loads (or replaces) segment ``key``; returns its input and output specs.
