@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("splitinfer.partition_cmd", "inspect_main", "show a model's layers, tensors and cut points"),
     "split": ("splitinfer.partition_cmd", "split_main", "cut a model into head.onnx and tail.onnx"),
     "profile": ("splitinfer.profile_cmd", "profile_main", "measure a model's per-layer profile on this host"),
+    "instances": ("splitinfer.instances_cmd", "instances_main",
+                  "time engine instances side by side and choose how many a segment runs on this host"),
     "plan": ("splitinfer.plan_cmd", "plan_main", "choose the best cut for a device, a cloud and a link"),
     "sweep": ("splitinfer.plan_cmd", "sweep_main", "latency against uplink bandwidth, with a plot"),
     "planner": ("splitinfer.plan_cmd", "planner_main", "the what-if HTTP service: 'planner serve'"),

@@ -1,0 +1,103 @@
+"""`splitinfer instances`: how many engine instances a segment should run on this host.
+
+    splitinfer instances MODEL [--after LAYER_ID] [--threads N] [--batch 8]
+                         [--candidates 2,4] [--rounds 5] [--seconds 1.0]
+                         [--margin 0.05] [--json OUT.json] [--quiet]
+
+Times one engine with all ``--threads`` against N engines of threads/N each, side by
+side, at the batch the worker forms, in rounds that time one engine before and after
+every other setting (see [Note: choosing instances] in workers/profile/instances.py),
+and prints the count to put in the model's model.yaml (``instances: N``) or
+``PoolConfig(instances=N)``. MODEL is a path to an .onnx file or a zoo short name
+(seeded random weights); ``--after LAYER_ID`` times the tail that the cloud runs when
+layers 0..LAYER_ID run on the device, as ``splitinfer split --after`` cuts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from splitinfer.profile_cmd import _load, _positive, parse_batches
+
+__all__ = ["instances_main"]
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{v} must be > 0 seconds")
+    return v
+
+
+def _margin(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction such as 0.05") from None
+    if not 0 <= v < 10:
+        raise argparse.ArgumentTypeError(f"{v} is not a fraction such as 0.05")
+    return v
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="splitinfer instances", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="path to an .onnx file or a zoo name (resnet50, densenet121, ...)")
+    p.add_argument("--after", type=int, metavar="LAYER_ID",
+                   help="time the tail after layers 0..LAYER_ID (the cloud's segment); default: the whole model")
+    p.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+                   help="intra-op threads the worker gives the segment (default: this host's CPUs)")
+    p.add_argument("--batch", type=_positive, default=8, help="rows a run, the batch the worker forms (default 8)")
+    p.add_argument("--candidates", type=parse_batches, default=(2,),
+                   help="engine counts to try against one engine, e.g. 2,4 (default 2)")
+    p.add_argument("--rounds", type=_positive, default=5, help="bracketed rounds (default 5)")
+    p.add_argument("--seconds", type=_seconds, default=1.0, help="seconds per timed slice (default 1.0)")
+    p.add_argument("--margin", type=_margin, default=0.05,
+                   help="how much faster than one engine a setting must be to be chosen (default 0.05)")
+    p.add_argument("--json", metavar="PATH", help="also write what was measured as JSON")
+    p.add_argument("--quiet", action="store_true", help="no line per timed slice")
+    return p
+
+
+def instances_main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    from partitioner import PartitionError, make_cut, split
+
+    model, graph = _load(args.model)
+    name = graph.model
+    if args.after is not None:
+        if not 0 <= args.after < len(graph) - 1:
+            raise PartitionError(f"--after {args.after} leaves no tail of {name}: give a layer in 0..{len(graph) - 2}",
+                                 model=name, layer=args.after)
+        _, tail = split(model, make_cut(graph, list(range(args.after + 1))), graph=graph)
+        model, name = tail.model, f"{name} after layer {args.after}"
+
+    from workers.profile.instances import time_instances
+
+    choice = time_instances(model, name=name, threads=args.threads, batch=args.batch, candidates=args.candidates,
+                            rounds=args.rounds, slice_s=args.seconds, margin=args.margin,
+                            progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
+    base = choice.baseline_per_s
+    print(f"{name}: {choice.rows} row(s) a run, {args.threads} thread(s) in all, {args.rounds} rounds of "
+          f"{args.seconds:g} s")
+    print(f"  one engine of {args.threads} thread(s): {min(base):.1f}-{max(base):.1f} rows/s")
+    for t in choice.timings:
+        print(f"  {t.instances} engines of {t.threads_each} thread(s): {min(t.per_s):.1f}-{max(t.per_s):.1f} rows/s, "
+              f"{t.median_ratio:.2f}x one engine (median of rounds {', '.join(f'{r:.2f}' for r in t.ratios)})")
+    print(f"choice: instances: {choice.instances}  ({choice.reason})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(choice.to_dict(), f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(instances_main(sys.argv[1:]))
