@@ -19,31 +19,28 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from splitinfer.profile_cmd import _load, _positive, parse_batches
 
 __all__ = ["instances_main"]
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v} must be > 0 seconds")
-    return v
+def _number(what: str, ok) -> Callable[[str], float]:
+    """An argparse type: a float for which ``ok`` holds, else a usage error naming ``what``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = None
+        if v is None or not ok(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return v
+    return parse
 
 
-def _margin(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction such as 0.05") from None
-    if not 0 <= v < 10:
-        raise argparse.ArgumentTypeError(f"{v} is not a fraction such as 0.05")
-    return v
+_seconds = _number("a number of seconds above 0, such as 1.0", lambda v: v > 0)
+_margin = _number("a fraction from 0 up, such as 0.05", lambda v: 0 <= v < 10)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -87,3 +87,14 @@ def test_the_command_times_a_tail_and_refuses_a_cut_with_none(capsys) -> None:
     assert "squeezenet after layer 30" in capsys.readouterr().out
     assert main(["instances", "squeezenet", "--after", "999", "--quiet"]) == 2
     assert "--after 999 leaves no tail of squeezenet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, value, says", [("--seconds", "0", "is not a number of seconds above 0"),
+                                                 ("--margin", "-1", "is not a fraction from 0 up"),
+                                                 ("--candidates", "0,2", "must be >= 1")])
+def test_the_command_refuses_bad_options_by_name(option: str, value: str, says: str, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["instances", "squeezenet", option, value])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and says in err
