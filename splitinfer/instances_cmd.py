@@ -1,6 +1,6 @@
 """`splitinfer instances`: how many engine instances a segment should run on this host.
 
-    splitinfer instances MODEL [--after LAYER_ID] [--threads N] [--batch 8]
+    splitinfer instances MODEL [--after LAYER_ID] [--threads N] [--ep cpu] [--batch 8]
                          [--candidates 2,4] [--rounds 5] [--seconds 1.0]
                          [--margin 0.05] [--json OUT.json] [--quiet]
 
@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="time the tail after layers 0..LAYER_ID (the cloud's segment); default: the whole model")
     p.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
                    help="intra-op threads the worker gives the segment (default: this host's CPUs)")
+    p.add_argument("--ep", choices=("cpu", "cuda", "tensorrt", "auto"), default="cpu",
+                   help="execution provider of the engines (default cpu; auto takes a GPU where ORT has one)")
     p.add_argument("--batch", type=_positive, default=8, help="rows a run, the batch the worker forms (default 8)")
     p.add_argument("--candidates", type=parse_batches, default=(2,),
                    help="engine counts to try against one engine, e.g. 2,4 (default 2)")
@@ -76,14 +78,16 @@ def instances_main(argv: Sequence[str]) -> int:
         _, tail = split(model, make_cut(graph, list(range(args.after + 1))), graph=graph)
         model, name = tail.model, f"{name} after layer {args.after}"
 
+    from workers.engine import EngineConfig
     from workers.profile.instances import time_instances
 
-    choice = time_instances(model, name=name, threads=args.threads, batch=args.batch, candidates=args.candidates,
+    config = EngineConfig(provider=args.ep)
+    choice = time_instances(model, name=name, engine_config=config, threads=args.threads, batch=args.batch, candidates=args.candidates,
                             rounds=args.rounds, slice_s=args.seconds, margin=args.margin,
                             progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
     base = choice.baseline_per_s
-    print(f"{name}: {choice.rows} row(s) a run, {args.threads} thread(s) in all, {args.rounds} rounds of "
-          f"{args.seconds:g} s")
+    print(f"{name} on {choice.provider}: {choice.rows} row(s) a run, {args.threads} thread(s) in all, "
+          f"{args.rounds} rounds of {args.seconds:g} s")
     print(f"  one engine of {args.threads} thread(s): {min(base):.1f}-{max(base):.1f} rows/s")
     for t in choice.timings:
         print(f"  {t.instances} engines of {t.threads_each} thread(s): {min(t.per_s):.1f}-{max(t.per_s):.1f} rows/s, "

@@ -16,7 +16,7 @@ def test_rounds_bracket_every_setting_between_one_engine_slices() -> None:
     lines: list[str] = []
     choice = time_instances(make_small_cnn(), name="cnn", threads=2, batch=4, candidates=(2,), rounds=3,
                             slice_s=0.05, progress=lines.append)
-    assert choice.rows == 4 and choice.threads == 2
+    assert choice.rows == 4 and choice.threads == 2 and choice.provider == "cpu"
     [two] = choice.timings
     assert (two.instances, two.threads_each) == (2, 1)
     # One engine first, then again after every other setting's slice.
@@ -84,7 +84,7 @@ def test_the_command_prints_the_choice_and_writes_json(tmp_path, capsys) -> None
 def test_the_command_times_a_tail_and_refuses_a_cut_with_none(capsys) -> None:
     assert main(["instances", "squeezenet", "--after", "30", "--threads", "2", "--rounds", "1",
                  "--seconds", "0.03", "--quiet"]) == 0
-    assert "squeezenet after layer 30" in capsys.readouterr().out
+    assert "squeezenet after layer 30 on cpu" in capsys.readouterr().out
     assert main(["instances", "squeezenet", "--after", "999", "--quiet"]) == 2
     assert "--after 999 leaves no tail of squeezenet" in capsys.readouterr().err
 

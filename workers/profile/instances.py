@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +66,8 @@ class InstanceChoice:
     """What :func:`time_instances` measured and chose."""
 
     model: str
+    provider: str
+    """The execution provider the engines run on."""
     threads: int
     rows: int
     """Rows per run: the batch the worker forms, or 1 where the segment cannot batch."""
@@ -166,7 +167,7 @@ def time_instances(
                                field_name="instances", value=list(candidates), model=name)
     counts = sorted(set(candidates) - {1})
     config = dataclasses.replace(
-        engine_config or EngineConfig(cache_dir=tempfile.mkdtemp(prefix="splitinfer-instances-")),
+        engine_config or EngineConfig(),
         intra_op_threads=threads, share_weights=True)
     say = progress or (lambda line: None)
 
@@ -184,6 +185,7 @@ def time_instances(
     settings: dict[int, list[Engine]] = {}
     try:
         one = engines(1)
+        provider = one[0].provider
         rows = min(batch, one[0].max_batch) if one[0].batch_safe else 1
         for c in counts:
             settings[c] = engines(c)
@@ -210,5 +212,5 @@ def time_instances(
             e.close()
     timings = tuple(InstanceTiming(c, each(c), tuple(per_s[c]), tuple(ratios[c])) for c in counts)
     chosen, reason = choose_instances(timings, margin=margin)
-    return InstanceChoice(model=name, threads=threads, rows=rows, baseline_per_s=tuple(baseline), timings=timings,
+    return InstanceChoice(model=name, provider=provider, threads=threads, rows=rows, baseline_per_s=tuple(baseline), timings=timings,
                           margin=margin, instances=chosen, reason=reason)
