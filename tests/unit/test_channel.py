@@ -141,13 +141,48 @@ def test_a_frame_left_in_the_backlog_keeps_its_bytes_when_the_sender_reuses_the_
         sender.send({"y": buffer})
         assert sender._backlog  # the case under test
         buffer[:] = -1.0  # reused before the backlog drains
-        (got, _) = await receiver.recv()
+        frame = asyncio.get_running_loop().create_future()
+        receiver.read_frames(lambda obj, held: frame.set_result(obj), frame.set_exception)
+        got = await frame
         sender.close()
         receiver.close()
         return got
 
     got = _run(main())
     assert got["y"].shape == (3 << 20,) and bool((got["y"] == 7.0).all())
+
+
+def test_frames_are_read_whatever_pieces_the_socket_delivers_them_in():
+    # [Note: frames in the reader]: the reader is a state machine over the socket's
+    # reads, so a frame may arrive a byte at a time, and several may arrive at once.
+    from workers._channel import encode_frame
+
+    frames = [(0, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}),
+              (1, {"empty": np.zeros((0, 4), np.int8), "s": "text"}),
+              (2, {"big": np.full(70_000, 3, np.uint16)})]  # a buffer of its own in the frame
+    wire = b"".join(bytes(memoryview(p).cast("B")) for f in frames for p in encode_frame(f))
+
+    async def main(pieces: list[bytes]):
+        a, b = socket.socketpair()
+        receiver = _Connection(b, views_until_freed=True)
+        got, lost = [], asyncio.get_running_loop().create_future()
+        receiver.read_frames(lambda obj, held: got.append((obj, held)), lost.set_result)
+        for piece in pieces:
+            a.sendall(piece)
+            await asyncio.sleep(0)  # let the reader see each piece on its own
+        a.close()
+        why = await lost
+        receiver.close()
+        return got, why
+
+    for pieces in ([wire[i:i + 1] for i in range(0, 300)] + [wire[300:]],  # dribbled, then the rest
+                   [wire]):  # all three frames in one write
+        got, why = _run(main(pieces))
+        assert isinstance(why, ConnectionResetError)
+        assert [g[0][0] for g in got] == [0, 1, 2] and all(held == [] for _, held in got)
+        np.testing.assert_array_equal(got[0][0][1]["x"], frames[0][1]["x"])
+        assert got[1][0][1]["empty"].shape == (0, 4) and got[1][0][1]["s"] == "text"
+        np.testing.assert_array_equal(got[2][0][1]["big"], frames[2][1]["big"])
 
 
 def test_garbage_on_the_socket_closes_only_that_connection():
