@@ -118,9 +118,10 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
 
 
 class _Connection:
-    """One connected socket: frames out without awaiting, frames in by one reader task.
+    """One connected socket: frames out without awaiting, frames in by the event loop's
+    reader callback (:meth:`read_frames`, [Note: frames in the reader]).
 
-    Plain sockets with the loop's ``sock_recv_into`` rather than a transport: CPython's
+    Plain sockets with the loop's reader callbacks rather than a transport: CPython's
     selector transport joins ``writelines`` into one copy and then buffers whatever the
     kernel did not take in a bytearray that it shifts after every send (measured: 4 ms
     for a 1 MiB round trip, against 0.9 ms on uvloop); here each buffer is received in
