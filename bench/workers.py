@@ -78,6 +78,7 @@ import numpy as np
 import onnxruntime as ort
 
 import partitioner
+from workers.coldstart import random_feed
 from workers.engine import Engine, EngineConfig
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -117,9 +118,7 @@ MODELS = {
 
 
 def _inputs(engine: Engine, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {s.name: rng.standard_normal([rows if d is None else d for d in s.shape]).astype(s.dtype)
-            for s in engine.inputs}
+    return random_feed(((s.name, s.dtype, s.shape) for s in engine.inputs), rows, np.random.default_rng(seed))
 
 
 class _Point:

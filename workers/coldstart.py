@@ -38,7 +38,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +67,7 @@ __all__ = [
     "fuse_transformer",
     "load_or_build_artefact",
     "looks_like_transformer",
+    "random_feed",
     "make_batch_dynamic",
     "strip_initializer_inputs",
 ]
@@ -264,21 +265,28 @@ def _realign(src_model_path: str, dst_dir: str) -> int:
 # -- the batch check ---------------------------------------------------------------------
 
 
-def _random_feed(session: ort.InferenceSession, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_feed(inputs: Iterable[tuple[str, np.dtype | str, Sequence]], batch: int,
+                rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random inputs of ``batch`` rows for ``(name, dtype, shape)`` triples (the first
+    dimension is the batch; other dimensions that are not numbers become 1)."""
     feed = {}
-    for i in session.get_inputs():
-        shape = [batch] + [d if isinstance(d, int) else 1 for d in i.shape[1:]]
-        dtype = np_dtype_of_ort(i.type)
+    for name, dtype, dims in inputs:
+        shape = [batch] + [d if isinstance(d, int) else 1 for d in dims[1:]]
+        dtype = np.dtype(dtype)
         if dtype.kind == "f":
-            feed[i.name] = rng.standard_normal(shape).astype(dtype)
+            feed[name] = rng.standard_normal(shape).astype(dtype)
         elif shape:
             # Integer inputs of segments are masks, ids or indices: right-padded 0/1
             # rows are valid for all three, and are what fused attention assumes.
             lengths = rng.integers(1, shape[-1] + 1, size=shape[:-1])
-            feed[i.name] = (np.arange(shape[-1]) < lengths[..., None]).astype(dtype)
+            feed[name] = (np.arange(shape[-1]) < lengths[..., None]).astype(dtype)
         else:
-            feed[i.name] = np.ones(shape, dtype)
+            feed[name] = np.ones(shape, dtype)
     return feed
+
+
+def _random_feed(session: ort.InferenceSession, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return random_feed(((i.name, np_dtype_of_ort(i.type), i.shape) for i in session.get_inputs()), batch, rng)
 
 
 def check_batching(session: ort.InferenceSession, batch: int, *, rtol: float = 1e-4, atol: float = 1e-5) -> str:

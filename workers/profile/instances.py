@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 
 from workers._worker import _instance_threads
+from workers.coldstart import random_feed
 from workers.engine import Engine, EngineConfig
 from workers.errors import ActorConfigError
 
@@ -102,14 +103,7 @@ def choose_instances(timings: Sequence[InstanceTiming], *, margin: float) -> tup
 
 
 def _feed(engine: Engine, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feed = {}
-    for spec in engine.inputs:
-        shape = [rows if d is None else d for d in spec.shape]
-        dtype = np.dtype(spec.dtype)
-        feed[spec.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
-                           else np.zeros(shape, dtype))  # ids and masks: zeros index every table
-    return feed
+    return random_feed(((s.name, s.dtype, s.shape) for s in engine.inputs), rows, np.random.default_rng(seed))
 
 
 def _side_by_side(engines: Sequence[Engine], feeds: Sequence[dict], rows: int, slice_s: float) -> float:
