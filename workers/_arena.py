@@ -26,8 +26,11 @@ token, and the memory is never named in a file system.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import os
+
+import numpy as np
 
 __all__ = ["ARENA_BYTES", "ARENA_KEEP_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "arenas_supported"]
 
@@ -43,6 +46,15 @@ ARENA_KEEP_BYTES = 32 << 20
 back to the system (a burst of large requests does not stay resident for the
 connection's life)."""
 _ALIGN = 64
+
+
+def _address(data: memoryview) -> int:
+    """Where ``data``'s first byte lies in this process's memory; -1 for read-only or
+    empty buffers (never a reserved region: those are writable)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(data))  # a sixth of numpy's .ctypes.data
+    except (TypeError, ValueError):
+        return -1
 
 
 def arenas_supported() -> bool:
@@ -70,15 +82,16 @@ class Arena:
         """End of the highest region used since the arena last gave memory back."""
         self.fallbacks = 0
         """Buffers sent in the frame because the arena had no room."""
+        self._reserved: dict[int, int] = {}
+        """Regions given by :meth:`reserve` and not yet in a frame: address -> offset."""
+        self._base = _address(self._view)
 
     @property
     def lent_bytes(self) -> int:
         return sum(self._lent.values())
 
-    def put(self, data: memoryview) -> int | None:
-        """Copies ``data`` (bytes, contiguous) into a free region and returns its
-        offset, or None when no region is large enough."""
-        need = -(-data.nbytes // _ALIGN) * _ALIGN
+    def _allocate(self, nbytes: int) -> int | None:
+        need = -(-nbytes // _ALIGN) * _ALIGN
         for i, size in enumerate(self._free_sizes):
             if size >= need:
                 offset = self._free_offsets[i]
@@ -89,10 +102,42 @@ class Arena:
                     self._free_sizes[i] -= need
                 self._lent[offset] = need
                 self._touched = max(self._touched, offset + need)
-                self._view[offset:offset + data.nbytes] = data
                 return offset
         self.fallbacks += 1
         return None
+
+    def put(self, data: memoryview) -> int | None:
+        """Copies ``data`` (bytes, contiguous) into a free region and returns its
+        offset, or None when no region is large enough. ``data`` that already lies in
+        a region :meth:`reserve` gave is not copied: that region is its place."""
+        if self._reserved:
+            offset = self._reserved.pop(_address(data), None)
+            if offset is not None:
+                return offset
+        offset = self._allocate(data.nbytes)
+        if offset is not None:
+            self._view[offset:offset + data.nbytes] = data
+        return offset
+
+    def reserve(self, nbytes: int) -> np.ndarray | None:
+        """A region of ``nbytes`` to write into before sending (an engine's outputs:
+        [Note: outputs placed] in workers/engine.py), as a writable uint8 array; None
+        when it is too small to go through the arena or no region is free. A buffer
+        that :meth:`put` meets there goes in place; :meth:`unreserve` frees the rest."""
+        if nbytes < ARENA_MIN_BYTES:
+            return None
+        offset = self._allocate(nbytes)
+        if offset is None:
+            return None
+        region = np.frombuffer(self._view[offset:offset + nbytes], np.uint8)
+        self._reserved[self._base + offset] = offset
+        return region
+
+    def unreserve(self) -> None:
+        """Frees the regions that :meth:`reserve` gave and no frame has carried."""
+        while self._reserved:
+            _, offset = self._reserved.popitem()
+            self.release(offset)
 
     def release(self, offset: int) -> None:
         """The peer is done with the region at ``offset``; raises ValueError for an

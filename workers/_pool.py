@@ -256,6 +256,11 @@ class RequestTiming:
     first_in_batch: bool = False
     """True for exactly one request of each batch, so a caller counts every batch once."""
 
+    def __reduce__(self) -> tuple:
+        # One per answer on the direct channel: a constructor call pickles in about
+        # half the time of the default (a new object and its __dict__).
+        return RequestTiming, (self.queue_s, self.compute_s, self.batch_size, self.first_in_batch)
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import copyreg
 import dataclasses
+import functools
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,13 +125,15 @@ class _Hosted:
         finally:
             self._free.put(instance)
 
-    def run_lone_views(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def run_lone_views(self, payloads: list[dict[str, np.ndarray]],
+                       place: Callable[[int], np.ndarray | None] | None = None) -> list[dict[str, np.ndarray]]:
         """Runs one request and returns views of the engine's output buffers, valid until
         its next run: only for a caller that has sent them on before anything else can
         run (the direct channel's answer at once, [Note: answered at once]). The batcher
-        is idle then, so the engine with all the threads is free."""
+        is idle then, so the engine with all the threads is free. ``place``: where the
+        outputs may be written instead ([Note: outputs placed] in workers/engine.py)."""
         [inputs] = payloads
-        return [self.engine.run(inputs)]
+        return [self.engine.run(inputs, place=place)]
 
     def stats(self) -> SegmentStats:
         b = self.batcher.stats()
@@ -324,13 +327,14 @@ class SegmentHost:
 
     def infer_now(
         self, key: str, inputs: Mapping[str, np.ndarray], deadline_unix_ms: float | None, priority: int,
-        *, views: bool = False,
+        *, views: bool = False, place: Callable[[int], np.ndarray | None] | None = None,
     ) -> Any:
         """Runs one request at once when its batcher is idle and would run it on the event
         loop anyway (see [Note: run now] in workers/batcher.py); returns ``NOT_NOW``
         (nothing counted, nothing run) otherwise. Raises what :meth:`infer` raises.
         ``views=True`` returns views of the engine's output buffers, valid until its next
-        run (:meth:`_Hosted.run_lone_views`): send them on before returning to the loop.
+        run (:meth:`_Hosted.run_lone_views`): send them on before returning to the loop;
+        with ``place``, outputs lie where it put them ([Note: outputs placed]).
 
         For a caller that knows the request came alone (a frame of one on the direct
         channel, with nothing behind it); :meth:`infer` leaves the batching decision to
@@ -339,7 +343,7 @@ class SegmentHost:
         hosted = self._get(key)
         if not hosted.batcher.can_run_now():
             return NOT_NOW
-        run = hosted.run_lone_views if views else None
+        run = functools.partial(hosted.run_lone_views, place=place) if views else None
         deadline_s = self._admit(hosted, inputs, deadline_unix_ms, None)
         try:
             out = hosted.batcher.run_now(inputs, deadline_s=deadline_s, priority=priority, run=run)

@@ -48,10 +48,11 @@ while it restarts; the channel reconnects after ``down_s``. Every request ends i
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -86,8 +87,8 @@ class _TimedHosted(_Hosted):
     def _run_batch(self, payloads: list) -> list:
         return self._stamped(super()._run_batch, payloads)
 
-    def run_lone_views(self, payloads: list) -> list:
-        return self._stamped(super().run_lone_views, payloads)
+    def run_lone_views(self, payloads: list, place: Callable[[int], np.ndarray | None] | None = None) -> list:
+        return self._stamped(functools.partial(super().run_lone_views, place=place), payloads)
 
     @staticmethod
     def _stamped(run, payloads: list) -> list:
@@ -146,16 +147,19 @@ class _TimingHost(SegmentHost):
         requests: list[Mapping[str, np.ndarray]],
         deadlines_unix_ms: list[float | None],
         priorities: list[int],
+        *,
+        place: Callable[[int], np.ndarray | None] | None = None,
     ) -> Any:
         """``infer_batch_timed`` answered at once, for a lone request that the batcher can
         run now (see :meth:`SegmentHost.infer_now`); ``NOT_NOW`` otherwise. The direct
-        channel calls it first."""
+        channel calls it first, with ``place`` from its arena ([Note: outputs placed] in
+        workers/engine.py)."""
         if len(requests) != 1:
             return NOT_NOW
         inputs = self._timed(requests[0])
         try:
             # Views: the channel sends the answer on before anything else can run.
-            out = self.infer_now(key, inputs, deadlines_unix_ms[0], priorities[0], views=True)
+            out = self.infer_now(key, inputs, deadlines_unix_ms[0], priorities[0], views=True, place=place)
         except Exception as e:  # noqa: BLE001 - per-request errors are values, as infer_batch returns them
             return [e]
         return out if out is NOT_NOW else [(out, getattr(inputs, "timing", None))]

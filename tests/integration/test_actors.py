@@ -155,11 +155,18 @@ def test_host_serves_a_frame_of_requests_and_lone_ones_at_once_counting_each(tai
         await host.infer(KEY, x1)
         now = host.infer_now(KEY, x2, None, 0)
         views = host.infer_now(KEY, x3, None, 0, views=True)
+        placed = host.infer_now(KEY, x1, None, 0, views=True, place=place)  # [Note: outputs placed]
         with pytest.raises(InputError):
             host.infer_now(KEY, bad, None, 0)
-        return frame, missing, before_lone, now, views, (await host.stats()).segments[0]
+        return frame, missing, before_lone, now, views, placed, (await host.stats()).segments[0]
 
-    frame, missing, before_lone, now, views, stats = asyncio.run(main())
+    regions: list[np.ndarray] = []
+
+    def place(nbytes: int) -> np.ndarray:
+        regions.append(np.empty(nbytes, np.uint8))
+        return regions[-1]
+
+    frame, missing, before_lone, now, views, placed, stats = asyncio.run(main())
     _assert_equal(frame[0], reference(x1))
     assert isinstance(frame[1], InputError) and "float64" in str(frame[1])
     _assert_equal(frame[2], reference(x2))
@@ -170,9 +177,11 @@ def test_host_serves_a_frame_of_requests_and_lone_ones_at_once_counting_each(tai
     _assert_equal(views, reference(x3))
     engine = host._hosted[KEY].engine
     assert all(np.shares_memory(v, engine.output_buffer(k, 1)) for k, v in views.items())
-    # Every request counted once: 4 in the frame, the lone infer, two now, one bad now.
-    assert stats.requests == 8 == stats.completed + stats.input_errors + stats.failed
-    assert (stats.completed, stats.input_errors, stats.failed) == (5, 2, 1)
+    _assert_equal(placed, reference(x1))
+    assert len(regions) == len(placed) and all(np.shares_memory(v, r) for v, r in zip(placed.values(), regions))
+    # Every request counted once: 4 in the frame, the lone infer, three now, one bad now.
+    assert stats.requests == 9 == stats.completed + stats.input_errors + stats.failed
+    assert (stats.completed, stats.input_errors, stats.failed) == (6, 2, 1)
 
 
 def test_host_instances_run_batches_side_by_side_and_lone_requests_on_all_threads(tail, reference, engine_config):

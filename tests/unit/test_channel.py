@@ -93,7 +93,7 @@ def test_a_request_with_nothing_behind_it_is_answered_at_once_by_the_now_handler
     # [Note: answered at once]
     seen: list[tuple[str, str]] = []
 
-    def now(key, inputs, deadline_unix_ms, priority):
+    def now(key, inputs, deadline_unix_ms, priority, place=None):
         seen.append(("now", key))
         if key == "later":
             return NOT_NOW
@@ -460,3 +460,119 @@ def test_frames_that_point_outside_the_shared_arena_close_only_that_connection()
         server.close()
 
     _run(main())
+
+
+def test_arrays_of_every_kind_decode_as_they_were_sent():
+    # [Note: lean array pickling]: plain dtypes travel as a dtype string and a shape;
+    # the others take NumPy's own reduction and must come back alike.
+    rng = np.random.default_rng(1)
+    arrays = {
+        "f32": rng.standard_normal((2, 3)).astype(np.float32),
+        "f16": np.arange(6, dtype=np.float16).reshape(3, 2),
+        "bool": np.array([True, False, True]),
+        "u8": np.arange(250, dtype=np.uint8),
+        "c64": np.array([1 + 2j], np.complex64),
+        "scalar": np.array(3.5),
+        "empty": np.zeros((0, 4), np.int32),
+        "swapped": np.arange(4, dtype=">i4"),
+        "fortran": np.asfortranarray(rng.standard_normal((3, 4))),
+        "strided": np.arange(20)[::3],
+        "structured": np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+        "datetime": np.array(["2026-11-22"], dtype="datetime64[D]"),
+        "objects": np.array([{"k": 1}, None], dtype=object),
+        "large": rng.standard_normal(1 << 16).astype(np.float32),  # 256 KiB: through the arena
+    }
+
+    async def main():
+        a, b = socket.socketpair()
+        sender, receiver = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=True)
+        frame = asyncio.get_running_loop().create_future()
+        receiver.read_frames(lambda obj, held: frame.set_result(obj), frame.set_exception)
+        sender.send((7, arrays))
+        got = await frame
+        sender.close()
+        receiver.close()
+        return got
+
+    request_id, got = _run(main())
+    assert request_id == 7 and set(got) == set(arrays)
+    for name, sent in arrays.items():
+        assert got[name].dtype == sent.dtype and got[name].shape == sent.shape, name
+        if sent.dtype.hasobject:
+            assert got[name].tolist() == sent.tolist()
+        else:
+            np.testing.assert_array_equal(got[name], sent, err_msg=name)
+
+
+def test_a_region_reserved_and_written_goes_in_a_frame_without_a_copy():
+    arena = Arena(size_bytes=1 << 20)
+    try:
+        assert arena.reserve(100) is None  # small buffers travel in the frame
+        first = arena.reserve(256 << 10)
+        other = arena.reserve(128 << 10)
+        assert first is not None and other is not None and arena.lent_bytes == 384 << 10
+        first[:] = 9
+        outputs = first.view(np.float32).reshape(256, 256)
+        assert arena.put(memoryview(outputs).cast("B")) == 0  # its own region, not a new one
+        assert arena.fallbacks == 0
+        # Data elsewhere is copied into a new region, as before.
+        copied = arena.put(memoryview(np.ones(64 << 10, np.uint8)))
+        assert copied not in (None, 0)
+        arena.unreserve()  # `other` was never sent: free again
+        assert arena.lent_bytes == (256 << 10) + (64 << 10)
+        arena.release(0)
+        arena.release(copied)
+        assert arena.lent_bytes == 0
+        assert arena.put(memoryview(np.zeros(1 << 20, np.uint8))) == 0  # whole again
+    finally:
+        arena.close()
+
+
+def test_a_now_handler_writes_its_answer_where_the_arena_placed_it():
+    # [Note: outputs placed] in workers/engine.py, through the channel.
+    placed: list[np.ndarray] = []
+
+    def now(key, inputs, deadline_unix_ms, priority, place=None):
+        assert place is not None  # a Unix socket with shared arenas
+        region = place(inputs["x"].nbytes)
+        if region is None:  # too small for the arena: an answer of its own
+            return {"y": inputs["x"] * 3}, None
+        spare = place(64 << 10)  # reserved and never sent: freed after the answer
+        assert spare is not None
+        out = region.view(np.float32).reshape(inputs["x"].shape)
+        np.multiply(inputs["x"], 3, out=out)
+        placed.append(out)
+        if key == "fail":
+            raise InputError("input 'x' of fail is wrong", model=key, input_name="x")
+        return {"y": out}, None
+
+    async def handler(key, inputs, deadline_unix_ms, priority):
+        raise AssertionError("a lone request goes to the now handler")
+
+    async def main():
+        server = await open_channel_server(handler, now=now)
+        client = await ChannelClient.connect(server.path, server.token)
+        x = np.arange(1 << 18, dtype=np.float32)
+        out, _ = await client.call("ok", {"x": x}, None, 0)
+        np.testing.assert_array_equal(out["y"], x * 3)
+        placed[0][5] = -1.0  # the caller reads the very memory the handler wrote: no copy
+        assert out["y"][5] == -1.0
+        lent_with_answer = server.arena_lent_bytes
+        fallbacks = server._connections.copy().pop().arena.fallbacks
+        with pytest.raises(InputError, match="is wrong"):
+            await client.call("fail", {"x": x}, None, 0)
+        del out
+        await asyncio.sleep(0)
+        small, _ = await client.call("ok", {"x": np.ones(4, np.float32)}, None, 0)
+        np.testing.assert_array_equal(small["y"], np.full(4, 3, np.float32))
+        lent_after = server.arena_lent_bytes
+        client.close()
+        server.close()
+        return lent_with_answer, fallbacks, lent_after
+
+    lent_with_answer, fallbacks, lent_after = _run(main())
+    assert lent_with_answer == 1 << 20  # only the answer's region: the spare went back
+    assert fallbacks == 0
+    assert lent_after == 0  # the failed call's regions too, and the freed answer's
+    assert len(placed) == 2
+    placed.clear()

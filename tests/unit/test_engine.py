@@ -110,6 +110,34 @@ def test_a_whole_bucket_input_is_read_in_place_and_the_bucket_buffer_bound_again
     np.testing.assert_array_equal(staging, strided)
 
 
+def test_outputs_placed_are_written_there_and_the_bucket_buffer_bound_again(engine, reference):
+    # [Note: outputs placed]
+    own = engine.output_buffer("y", 1)
+    own[...] = 0.0
+    regions: list[np.ndarray] = []
+
+    def place(nbytes: int) -> np.ndarray:
+        regions.append(np.zeros(nbytes + 64, np.uint8)[64:])  # writable, not the engine's
+        return regions[-1]
+
+    x1, x2 = _x(seed=21), _x(seed=22)
+    out = engine.run({"x": x1}, place=place)["y"]
+    np.testing.assert_allclose(out, reference(x1), rtol=1e-4, atol=1e-6)
+    assert len(regions) == 1 and np.shares_memory(out, regions[0])
+    assert not own.any()  # ORT wrote where it was placed, not into the bucket
+    # The next run without place writes into the bucket's buffer again; the placed
+    # answer keeps its values.
+    again = engine.run({"x": x2})["y"]
+    assert np.shares_memory(again, own)
+    np.testing.assert_allclose(again, reference(x2), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(out, reference(x1), rtol=1e-4, atol=1e-6)
+    # Nowhere to place it (place gives None), or a part of a bucket: the bucket's buffers.
+    assert np.shares_memory(engine.run({"x": x1}, place=lambda n: None)["y"], own)
+    x3 = _x(rows=3, seed=23)
+    three = engine.run({"x": x3}, place=place)["y"]
+    assert len(regions) == 1 and np.shares_memory(three, engine.output_buffer("y", 4))
+
+
 def test_copy_returns_private_arrays(engine):
     a = engine.run({"x": _x(seed=3)}, copy=True)["y"]
     b = engine.run({"x": _x(seed=4)}, copy=True)["y"]
