@@ -4,6 +4,7 @@ one process over a real Unix-domain socket; no Ray."""
 from __future__ import annotations
 
 import asyncio
+import marshal
 import os
 import socket
 import stat
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from workers._arena import ARENA_KEEP_BYTES, Arena
-from workers._channel import ChannelClient, ChannelClosedError, _Connection, open_channel_server
+from workers._channel import ChannelClient, ChannelClosedError, _Connection, encode_frame, open_channel_server
 from workers.batcher import NOT_NOW
 from workers.errors import InputError, WorkerError
 
@@ -190,13 +191,19 @@ def test_garbage_on_the_socket_closes_only_that_connection():
         server = await open_channel_server(_echo)
         good = await ChannelClient.connect(server.path, server.token)
         loop = asyncio.get_running_loop()
-        head = struct.Struct("<III").pack
-        for garbage in (b"N" + head(5, 0, 0) + b"hello",  # not a pickle
-                        b"N" + head(2, 1, 0) + struct.pack("<QQ", 8, 2**64 - 1) + b"\x00" * 8,  # too short
-                        b"N" + b"\xff" * 12,  # 4 GiB of metadata declared: refused before allocating
-                        b"N" + head(1, 1, 0) + struct.pack("<QQ", 2**64 - 2, 2**64 - 1),  # an 18 EB buffer
-                        b"N" + head(1, 1, 0) + struct.pack("<QQ", 64, 0),  # in an arena never shared
-                        b"N" + head(1, 0, 1) + struct.pack("<Q", 0),  # releases what was never lent
+        head = struct.Struct("<IIII").pack
+        request = marshal.dumps((0, "m@1@c", [(("x",), ("<f4",), ((2, 2),))], [None], [0]))  # one array of 16 B
+        for garbage in (b"N" + head(5, 0, 0, 0) + b"hello",  # not a pickle
+                        b"N" + head(5, 0, 0, 1) + b"hello",  # not a tensor request
+                        b"N" + head(len(request), 0, 0, 1) + request,  # its array missing
+                        b"N" + head(len(request), 1, 0, 1) + struct.pack("<QQ", 12, 2**64 - 1) + request
+                        + b"\x00" * 12,  # 12 bytes for a float32[2,2]
+                        b"N" + head(1, 0, 0, 7),  # no such codec
+                        b"N" + head(2, 1, 0, 0) + struct.pack("<QQ", 8, 2**64 - 1) + b"\x00" * 8,  # too short
+                        b"N" + b"\xff" * 16,  # 4 GiB of metadata declared: refused before allocating
+                        b"N" + head(1, 1, 0, 0) + struct.pack("<QQ", 2**64 - 2, 2**64 - 1),  # an 18 EB buffer
+                        b"N" + head(1, 1, 0, 0) + struct.pack("<QQ", 64, 0),  # in an arena never shared
+                        b"N" + head(1, 0, 1, 0) + struct.pack("<Q", 0),  # releases what was never lent
                         b"X"):  # not an arena handshake
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             raw.setblocking(False)
@@ -432,10 +439,10 @@ def test_frames_that_point_outside_the_shared_arena_close_only_that_connection()
     async def main():
         server = await open_channel_server(_echo)
         good = await ChannelClient.connect(server.path, server.token)
-        head = struct.Struct("<III").pack
-        for garbage in (head(1, 1, 0) + struct.pack("<QQ", 1 << 20, 64 << 10),  # past the arena's end
-                        head(1, 1, 0) + struct.pack("<QQ", 64, 3),  # not where a region starts
-                        head(0, 0, 1) + struct.pack("<Q", 0)):  # hands back a region never lent
+        head = struct.Struct("<IIII").pack
+        for garbage in (head(1, 1, 0, 0) + struct.pack("<QQ", 1 << 20, 64 << 10),  # past the arena's end
+                        head(1, 1, 0, 0) + struct.pack("<QQ", 64, 3),  # not where a region starts
+                        head(0, 0, 1, 0) + struct.pack("<Q", 0)):  # hands back a region never lent
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             arena = Arena(size_bytes=1 << 20)
             try:
@@ -576,3 +583,64 @@ def test_a_now_handler_writes_its_answer_where_the_arena_placed_it():
     assert lent_after == 0  # the failed call's regions too, and the freed answer's
     assert len(placed) == 2
     placed.clear()
+
+
+def test_requests_and_answers_of_plain_arrays_go_as_tensor_frames_and_the_rest_pickled():
+    # [Note: tensor frames]
+    from workers._pool import RequestTiming
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    timing = RequestTiming(0.001, 0.01, 2, True)
+    frames = {
+        "request": ((1, ("m@1@c", [{"x": x, "ids": np.arange(3)}, {"x": x[:1]}], [None, 12.5], [0, 1])), 1),
+        "answer": ((2, True, [({"y": x * 2}, timing), ({"y": np.zeros((0, 4), np.float16)}, None)]), 2),
+        "an error in the answer": ((3, True, [({"y": x}, None), InputError("bad", model="m")]), 0),
+        "a failed call": ((4, False, InputError("bad", model="m")), 0),
+        "a numpy integer priority": ((5, ("m@1@c", [{"x": x}], [None], [np.int64(1)])), 0),
+        "a numpy float deadline": ((5, ("m@1@c", [{"x": x}], [np.float64(2.5)], [0])), 0),
+        "a name that is not a string": ((5, True, [({7: x}, None)]), 0),
+        "a strided array": ((6, ("m@1@c", [{"x": x[:, ::2]}], [None], [0])), 0),
+        "an object array": ((7, True, [({"y": np.array([None])}, None)]), 0),
+        "not a pool's request": ((8, ("echo", x, None, 0)), 0),
+    }
+
+    async def main():
+        a, b = socket.socketpair()
+        sender, receiver = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=True)
+        got = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on_frame(obj, held):
+            got.append(obj)
+            if len(got) == len(frames):
+                done.set_result(None)
+
+        receiver.read_frames(on_frame, done.set_exception)
+        for obj, _ in frames.values():
+            sender.send(obj)
+        await done
+        sender.close()
+        receiver.close()
+        return got
+
+    for (name, (obj, codec)), got in zip(frames.items(), _run(main())):
+        assert struct.unpack("<IIII", encode_frame(obj)[0][:16])[3] == codec, name
+        _assert_same(got, obj, name)
+
+
+def _assert_same(got, want, where: str) -> None:
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape, where
+        assert got.tolist() == want.tolist(), where
+    elif isinstance(want, BaseException):
+        assert type(got) is type(want) and str(got) == str(want), where
+    elif isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            _assert_same(got[k], want[k], where)
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), where
+        for g, w in zip(got, want):
+            _assert_same(g, w, where)
+    else:
+        assert got == want and type(got) is type(want), where
