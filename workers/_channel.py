@@ -86,6 +86,9 @@ _TOKEN_WAIT_S = 10.0
 _MAX_FRAME_BYTES = 1 << 31
 """Larger declared sizes mean a garbled frame: refused before anything is allocated."""
 _MAX_BUFFERS = 1 << 16
+_READ_AHEAD_BYTES = 64 << 10
+"""What one read takes from the socket when a frame's next part is smaller ([Note:
+reading ahead])."""
 _MAX_PARTS_PER_SEND = 256
 """Below the kernel's IOV_MAX (1024); frames with more parts go through the backlog."""
 
@@ -332,6 +335,12 @@ class _Connection:
         """Regions of the peer's arena this end is done with; they go back with the next
         frame. A deque: finalizers append to it whenever an answer's arrays are freed."""
         self._reading = False
+        self._ahead = bytearray(_READ_AHEAD_BYTES)
+        self._ahead_view = memoryview(self._ahead)
+        self._ahead_at = self._ahead_end = 0
+        """Bytes read from the socket beyond what the current step wanted: [Note: reading ahead]."""
+        self._drained = False
+        """Whether the last read emptied the socket (it took less than it could)."""
         self._watched: dict[int, tuple[weakref.ref, int]] = {}
         """Per answer array read in the peer's arena: its weak reference and region."""
 
@@ -468,21 +477,66 @@ class _Connection:
         self._start_frame()
         self._loop.add_reader(self.sock.fileno(), self._readable)
 
+    @property
+    def more_waiting(self) -> bool:
+        """Whether more bytes wait behind the frame just decoded: read ahead with it, or
+        still in the socket ([Note: reading ahead])."""
+        if self._ahead_end > self._ahead_at:
+            return True
+        if self._drained:
+            return False
+        try:
+            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True  # let the reader meet the error in its usual place
+
     def stop_reading(self) -> None:
         if self._reading:
             self._reading = False
             self._loop.remove_reader(self.sock.fileno())
 
     def _readable(self) -> None:
+        """Reads what the socket holds into the current step's ``_want``, running steps
+        as they fill.
+
+        [Note: reading ahead]
+        A part of a frame smaller than 64 KiB (its head, its places and metadata, a
+        small buffer in the frame) is not read on its own: one read takes up to 64 KiB
+        into ``_ahead``, and the steps copy from there. A frame's head and metadata then
+        come in one ``recv`` instead of two, and so do the frames of a burst. Whether
+        more waits behind a frame (:attr:`more_waiting`, which decides [Note: answered
+        at once]) is then known without asking the kernel, unless the last read filled
+        ``_ahead`` or went straight into a large buffer. Traced through Ray at c1 (p50 of
+        about 370 transformer requests, two runs each, alternating): the worker's check
+        for more 34 -> 2 us, the caller's read of an answer's rest 25 -> 16-18 us.
+        """
         try:
             while self._reading:
-                try:
-                    n = self.sock.recv_into(self._want)
-                except (BlockingIOError, InterruptedError):
-                    return
-                if not n:
-                    raise ConnectionResetError("the peer closed the direct channel")
-                self._want = self._want[n:]
+                want = self._want
+                if self._ahead_end > self._ahead_at:  # bytes read ahead: take them first
+                    n = min(len(want), self._ahead_end - self._ahead_at)
+                    want[:n] = self._ahead_view[self._ahead_at:self._ahead_at + n]
+                    self._ahead_at += n
+                else:
+                    try:
+                        if len(want) < _READ_AHEAD_BYTES:
+                            # [Note: reading ahead]
+                            got = self.sock.recv_into(self._ahead)
+                            if got:
+                                self._ahead_at, self._ahead_end = 0, got
+                                self._drained = got < _READ_AHEAD_BYTES
+                                continue
+                            n = 0
+                        else:
+                            n = self.sock.recv_into(want)
+                            self._drained = False
+                    except (BlockingIOError, InterruptedError):
+                        return
+                    if not n:
+                        raise ConnectionResetError("the peer closed the direct channel")
+                self._want = want[n:]
                 while not self._want and self._reading:
                     self._step()
         except Exception as e:  # noqa: BLE001 - the connection ends either way; its owner learns why
@@ -562,16 +616,6 @@ class _Connection:
             self.arena.close()
 
 
-def _more_waiting(sock: socket.socket) -> bool:
-    """Whether more bytes wait in the socket (a frame behind the one just read)."""
-    try:
-        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        return True  # let the reader meet the error in its usual place
-
-
 class ChannelServer:
     """A worker's end: answers each request on its connections with ``handler``."""
 
@@ -645,7 +689,7 @@ class ChannelServer:
     def _handle(self, conn: _Connection, request: Any, held: list[int]) -> None:
         """One request, in the connection's reader ([Note: frames in the reader])."""
         request_id, args = request
-        if self._now is not None and not _more_waiting(conn.sock):
+        if self._now is not None and not conn.more_waiting:
             # [Note: answered at once]
             # A request with nothing behind it may be answered right here, with no task
             # and no event-loop iteration (its batcher runs it inline anyway: [Note: run

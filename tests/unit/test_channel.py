@@ -644,3 +644,44 @@ def _assert_same(got, want, where: str) -> None:
             _assert_same(g, w, where)
     else:
         assert got == want and type(got) is type(want), where
+
+
+def test_a_reader_knows_whether_more_waits_behind_a_frame():
+    # [Note: reading ahead]: frames read together, or still in the socket behind a
+    # large buffer that was read straight into its own memory.
+    async def main():
+        a, b = socket.socketpair()
+        sender, receiver = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=True)
+        seen: list[tuple[int, bool]] = []
+        done = asyncio.Event()
+
+        def on_frame(obj, held):
+            seen.append((obj[0], receiver.more_waiting))
+            if obj[0] in (1, 3, 5):
+                done.set()
+
+        receiver.read_frames(on_frame, lambda e: done.set())
+        sender.send((0, {"x": np.arange(3)}))
+        sender.send((1, {"x": np.arange(3)}))  # both in the socket before the reader runs
+        await done.wait()
+        done.clear()
+        sender.send((2, {"x": np.arange(3)}))  # alone
+        await asyncio.sleep(0.05)
+        sender.send((3, {"x": np.arange(3)}))
+        await done.wait()
+        done.clear()
+        # 160 KiB in the frame (no arenas here): its last 96 KiB are read straight into
+        # its buffer, so only the kernel knows that frame 5 waits behind it. Both fit
+        # in the socket's buffer, so both are sent before the reader runs.
+        big = np.ones(40 << 10, np.float32)
+        sender.send((4, {"x": big}))
+        sender.send((5, {"x": np.arange(3)}))
+        assert not sender._backlog
+        await done.wait()
+        sender.close()
+        receiver.close()
+        return seen
+
+    seen = _run(main())
+    assert seen[:4] == [(0, True), (1, False), (2, False), (3, False)]
+    assert seen[4:] == [(4, True), (5, False)]
