@@ -215,6 +215,11 @@ class PoolConfig:
     """Engines per segment in each replica, running its batches side by side, each on
     its share of the engine's intra-op threads (see [Note: engine instances] in
     workers/_worker.py); the pool keeps ``sends_per_replica`` sends in flight per instance."""
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Ray custom resources each replica asks for, which places replicas on the nodes
+    that declare them (``ray start --resources='{"tail-tier": 4}'``, or a KubeRay worker
+    group's ``rayStartParams``); a replica on another node than the caller's is reached
+    over the direct channel's TCP form."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -227,6 +232,10 @@ class PoolConfig:
             ("num_cpus", self.num_cpus >= 0, "use 0 or more"),
             ("caller_batch_size", self.caller_batch_size >= 1, "use 1 (no caller-side batching) or more"),
             ("sends_per_replica", self.sends_per_replica >= 1, "use 1 or more"),
+            ("resources", isinstance(self.resources, Mapping) and all(
+                isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                for k, v in self.resources.items()),
+             'use a dict of resource name -> amount > 0, e.g. {"tail-tier": 1}'),
         )
         for name, ok, fix in checks:
             if not ok:

@@ -190,8 +190,10 @@ def make_worker(
     num_cpus: float = 0.0,
     name: str | None = None,
     instances: int = 1,
+    resources: Mapping[str, float] | None = None,
 ):
-    """Starts one SegmentWorker actor; asks Ray for a GPU when the engine runs on one.
+    """Starts one SegmentWorker actor; asks Ray for a GPU when the engine runs on one,
+    and for ``resources`` (Ray custom resources: where it may be placed).
 
     With ``max_restarts`` and model bytes, pass ``segments`` as an ObjectRef
     (``ray.put``) and keep it: Ray may free by-value creation arguments that live in the
@@ -205,6 +207,8 @@ def make_worker(
     )
     if name is not None:
         options["name"] = name
+    if resources:
+        options["resources"] = dict(resources)
     if not isinstance(segments, ray.ObjectRef):
         segments = dict(segments or {})
     return SegmentWorker.options(**options).remote(
@@ -302,7 +306,8 @@ class ReplicaPool:
         self.replicas = [
             make_worker(self._segments_ref, engine_config=self._engine_config, batcher_config=batcher_config,
                         registry_dir=registry_dir, max_restarts=cfg.max_restarts,
-                        max_concurrency=cfg.max_concurrency, num_cpus=cfg.num_cpus, instances=cfg.instances)
+                        max_concurrency=cfg.max_concurrency, num_cpus=cfg.num_cpus, instances=cfg.instances,
+                        resources=cfg.resources)
             for _ in range(cfg.num_replicas)
         ]
         n = cfg.num_replicas

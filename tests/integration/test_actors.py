@@ -77,11 +77,15 @@ def test_check_inputs_names_the_bad_value():
 
 
 def test_configs_round_trip_and_refuse_bad_values():
-    cfg = PoolConfig(num_replicas=3, max_restarts=-1, down_s=0.5)
+    cfg = PoolConfig(num_replicas=3, max_restarts=-1, down_s=0.5, resources={"tail-tier": 0.5})
     assert PoolConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ActorConfigError, match="num_replicas=0") as e:
         PoolConfig(num_replicas=0)
     assert e.value.field_name == "num_replicas"
+    for bad in ({"tail-tier": 0}, {"": 1}, {"tail-tier": True}, ["tail-tier"]):
+        with pytest.raises(ActorConfigError, match="resource name -> amount") as e:
+            PoolConfig(resources=bad)
+        assert e.value.field_name == "resources"
     with pytest.raises(ActorConfigError, match="contains '@'"):
         make_segment_key("a@b", 1, 2)
 
