@@ -103,7 +103,6 @@ class Arena:
                 self._lent[offset] = need
                 self._touched = max(self._touched, offset + need)
                 return offset
-        self.fallbacks += 1
         return None
 
     def put(self, data: memoryview) -> int | None:
@@ -115,7 +114,9 @@ class Arena:
             if offset is not None:
                 return offset
         offset = self._allocate(data.nbytes)
-        if offset is not None:
+        if offset is None:
+            self.fallbacks += 1
+        else:
             self._view[offset:offset + data.nbytes] = data
         return offset
 

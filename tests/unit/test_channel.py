@@ -525,6 +525,7 @@ def test_a_region_reserved_and_written_goes_in_a_frame_without_a_copy():
         # Data elsewhere is copied into a new region, as before.
         copied = arena.put(memoryview(np.ones(64 << 10, np.uint8)))
         assert copied not in (None, 0)
+        assert arena.reserve(1 << 20) is None and arena.fallbacks == 0  # no room: not sent, not counted
         arena.unreserve()  # `other` was never sent: free again
         assert arena.lent_bytes == (256 << 10) + (64 << 10)
         arena.release(0)
