@@ -243,13 +243,7 @@ def _encode_answer(obj: Any) -> tuple[bytes, list] | None:
 
 def _arrays(specs: Any, buffers: Any) -> dict[str, np.ndarray]:
     names, dtypes, shapes = specs
-    out = {}
-    for name, dtype, shape in zip(names, dtypes, shapes):
-        dt = _DTYPES.get(dtype)
-        if dt is None:
-            dt = _DTYPES[dtype] = np.dtype(dtype)
-        out[name] = np.frombuffer(next(buffers), dt).reshape(shape)
-    return out
+    return {name: _rebuild_array(next(buffers), dtype, shape) for name, dtype, shape in zip(names, dtypes, shapes)}
 
 
 def _decode_request(meta: memoryview, buffers: list) -> tuple:
