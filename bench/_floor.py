@@ -142,19 +142,14 @@ def _aligned(n: int) -> int:
 
 
 def _serve(path: str, model_path: str, layout: dict) -> None:
-    import onnxruntime as ort
+    from bench.workers import _raw_session
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     _, fds, _, _ = socket.recv_fds(sock, 1, 1)
     size = os.fstat(fds[0]).st_size
     shared = mmap.mmap(fds[0], size)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = layout["threads"]
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the artefact is optimised
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if layout["spinning"] else "0")
-    session = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    session = _raw_session(model_path, layout["threads"], allow_spinning=layout["spinning"])
     binding = session.io_binding()
     arrays = []
     for (name, dtype, shape, offset), bind in [(layout["input"], binding.bind_input),

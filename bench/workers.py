@@ -79,7 +79,6 @@ import onnxruntime as ort
 
 import partitioner
 from bench._floor import FloorServer
-from workers.coldstart import random_feed
 from workers.engine import Engine, EngineConfig
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -118,10 +117,6 @@ MODELS = {
 }
 
 
-def _inputs(engine: Engine, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    return random_feed(((s.name, s.dtype, s.shape) for s in engine.inputs), rows, np.random.default_rng(seed))
-
-
 class _Point:
     """Latencies and items of one measured point, accumulated over rounds."""
 
@@ -154,12 +149,13 @@ class _Point:
 # -- contenders ---------------------------------------------------------------------------
 
 
-def _raw_session(model_path: str, threads: int = THREADS) -> ort.InferenceSession:
+def _raw_session(model_path: str, threads: int = THREADS, *, allow_spinning: bool = True) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     # The artefact is already optimised (the Engine loads it the same way).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     return ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
 
 
@@ -263,7 +259,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
     from workers.actors import ReplicaPool
 
     engine = Engine(tail, config, name=name)
-    feed1, feed8 = _inputs(engine, 1), _inputs(engine, MAX_BATCH)
+    feed1, feed8 = engine.random_inputs(1), engine.random_inputs(MAX_BATCH)
     [(in_name, x1)] = feed1.items()
     entry: dict = {"input_bytes": int(x1.nbytes), "batch_safe": engine.batch_safe}
     model_path = engine.artefact.model_path

@@ -287,8 +287,10 @@ def save_segment(seg: Segment, path: str | os.PathLike[str], *, external_min_byt
 
 def _session(model: onnx.ModelProto, base_dir: str | None, tag: str) -> Any:
     """An ORT session; models whose weights live in external files load from base_dir."""
-    # Imported lazily on purpose: verification is the partitioner's one runtime door
-    # (DESIGN.md keeps the partitioner to onnx + numpy; the import-rule test allows this).
+    # Imported lazily on purpose, inside this function and not at module level:
+    # verification is the partitioner's one runtime door (DESIGN.md keeps the
+    # partitioner to onnx + numpy at import time; a grep for onnxruntime finds this
+    # line, and the import-rule test allows it).
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

@@ -67,8 +67,8 @@ __all__ = [
     "fuse_transformer",
     "load_or_build_artefact",
     "looks_like_transformer",
-    "random_feed",
     "make_batch_dynamic",
+    "random_feed",
     "strip_initializer_inputs",
 ]
 

@@ -45,7 +45,7 @@ from onnx.external_data_helper import uses_external_data
 
 from workers._ort import OPT_LEVELS, make_session_options, np_dtype_of_ort, select_providers
 from workers._weights import SharedWeights, acquire_weights
-from workers.coldstart import Artefact, compute_artefact_key, load_or_build_artefact
+from workers.coldstart import Artefact, compute_artefact_key, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "TensorSpec"]
@@ -542,9 +542,9 @@ class Engine:
         request through Ray, p50 of about 370), in caches that the run has just used
         for other things. Placed, the answer's encoding finds its region in 0.03 ms, and
         the traced serving overhead went from 1.29-1.31 ms to 1.10-1.22 ms (three runs
-        of each, alternating). ``place(nbytes)``
-        returns a writable, aligned uint8 array of ``nbytes`` (an arena region), or
-        None, and then that output goes to the bucket's buffer as usual. The bucket's
+        of each, alternating). ``place(nbytes)`` returns a writable, aligned uint8 array
+        of ``nbytes`` (an arena region), or None, and then that output goes to the
+        bucket's buffer as usual. The bucket's
         buffers are bound again after the run, as for inputs in place. Fills ``placed``
         as it binds, so that a failure midway still leaves the outputs to bind back.
         """
@@ -554,6 +554,11 @@ class Engine:
                 array = region.view(buf.dtype).reshape(buf.shape)
                 bucket.binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, array.ctypes.data)
                 placed[name] = array
+
+    def random_inputs(self, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+        """Random inputs of ``rows`` rows for this engine (timing and checks; see
+        :func:`workers.coldstart.random_feed`)."""
+        return random_feed(((s.name, s.dtype, s.shape) for s in self.inputs), rows, np.random.default_rng(seed))
 
     def run(self, inputs: Mapping[str, np.ndarray], *, copy: bool = False,
             place: Callable[[int], np.ndarray | None] | None = None) -> dict[str, np.ndarray]:

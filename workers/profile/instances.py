@@ -32,11 +32,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
 from workers._worker import _instance_threads
-from workers.coldstart import random_feed
 from workers.engine import Engine, EngineConfig
 from workers.errors import ActorConfigError
 
@@ -100,10 +98,6 @@ def choose_instances(timings: Sequence[InstanceTiming], *, margin: float) -> tup
     if best.median_ratio >= 1 + margin:
         return best.instances, what
     return 1, f"the best setting, {what}, is not {margin:.0%} faster than one engine"
-
-
-def _feed(engine: Engine, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    return random_feed(((s.name, s.dtype, s.shape) for s in engine.inputs), rows, np.random.default_rng(seed))
 
 
 def _side_by_side(engines: Sequence[Engine], feeds: Sequence[dict], rows: int, slice_s: float) -> float:
@@ -183,7 +177,7 @@ def time_instances(
         rows = min(batch, one[0].max_batch) if one[0].batch_safe else 1
         for c in counts:
             settings[c] = engines(c)
-        feeds = {c: [_feed(e, rows, seed=i) for i, e in enumerate(es)] for c, es in [(1, one), *settings.items()]}
+        feeds = {c: [e.random_inputs(rows, seed=i) for i, e in enumerate(es)] for c, es in [(1, one), *settings.items()]}
         for c, es in [(1, one), *settings.items()]:  # warm every engine and its threads
             _side_by_side(es, feeds[c], rows, min(slice_s, 0.2))
         before = _side_by_side(one, feeds[1], rows, slice_s)
