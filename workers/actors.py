@@ -48,7 +48,6 @@ while it restarts; the channel reconnects after ``down_s``. Every request ends i
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
@@ -86,9 +85,6 @@ class _TimedInputs(dict):
 class _TimedHosted(_Hosted):
     def _run_batch(self, payloads: list) -> list:
         return self._stamped(super()._run_batch, payloads)
-
-    def run_lone_views(self, payloads: list, place: Callable[[int], np.ndarray | None] | None = None) -> list:
-        return self._stamped(functools.partial(super().run_lone_views, place=place), payloads)
 
     @staticmethod
     def _stamped(run, payloads: list) -> list:
@@ -156,13 +152,18 @@ class _TimingHost(SegmentHost):
         workers/engine.py)."""
         if len(requests) != 1:
             return NOT_NOW
-        inputs = self._timed(requests[0])
+        arrival_s = time.monotonic()
+        stamps: list[float] = []
         try:
             # Views: the channel sends the answer on before anything else can run.
-            out = self.infer_now(key, inputs, deadlines_unix_ms[0], priorities[0], views=True, place=place)
+            out = self.infer_now(key, requests[0], deadlines_unix_ms[0], priorities[0], views=True, place=place,
+                                 stamps=stamps)
         except Exception as e:  # noqa: BLE001 - per-request errors are values, as infer_batch returns them
             return [e]
-        return out if out is NOT_NOW else [(out, getattr(inputs, "timing", None))]
+        if out is NOT_NOW:
+            return out
+        start_s, end_s = stamps
+        return [(out, RequestTiming(start_s - arrival_s, end_s - start_s, 1, True))]
 
     async def open_channel(self) -> dict:
         """Starts this worker's direct channel once (see [Note: direct channel] in

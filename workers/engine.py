@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -422,8 +422,9 @@ class Engine:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def _validate(self, inputs, where: str = "") -> int:
-        """Check names, dtypes and shapes; return the number of rows (batch) given.
+    def check(self, inputs: Any, where: str = "") -> int:
+        """Checks names, dtypes and shapes; returns the number of rows (batch) given.
+        Raises :class:`InputError` naming the input, what was expected and what came.
 
         Messages are only formatted on failure, to keep the hot path lean.
         """
@@ -561,17 +562,19 @@ class Engine:
         return random_feed(((s.name, s.dtype, s.shape) for s in self.inputs), rows, np.random.default_rng(seed))
 
     def run(self, inputs: Mapping[str, np.ndarray], *, copy: bool = False,
-            place: Callable[[int], np.ndarray | None] | None = None) -> dict[str, np.ndarray]:
+            place: Callable[[int], np.ndarray | None] | None = None, rows: int | None = None) -> dict[str, np.ndarray]:
         """Run one request of up to ``max_batch`` rows.
 
         Returns views of this engine's output buffers, valid until its next run
         (see [Note: IO binding]); ``copy=True`` returns private arrays. With ``place``,
         a request that fills its bucket gets its outputs written where ``place`` says
         ([Note: outputs placed]). Raises :class:`InputError` on bad names, dtypes or
-        shapes; the engine keeps serving.
+        shapes; the engine keeps serving. ``rows``: what :meth:`check` returned for
+        these very inputs, by a caller that checked them before it decided to run
+        them; they are not checked again.
         """
         self._check_open()
-        rows = self._validate(inputs)
+        rows = self.check(inputs) if rows is None else rows
         bucket = self._bucket_for(rows)
         with self._lock:
             whole = rows == bucket.size and not bucket.on_device
@@ -617,7 +620,7 @@ class Engine:
                     model=self.name, reason=self.batch_reason,
                 )
             return [self.run(r, copy=True) for r in requests]
-        rows = [self._validate(r, where=f"request {i}") for i, r in enumerate(requests)]
+        rows = [self.check(r, where=f"request {i}") for i, r in enumerate(requests)]
         results: list[dict[str, np.ndarray]] = []
         start = 0
         while start < len(requests):
