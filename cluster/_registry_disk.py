@@ -162,11 +162,17 @@ class ModelConfig:
     ``replicas``."""
     max_request_bytes: int = 64 << 20
     """Largest boundary (sum of tensor bytes) one request may send."""
+    ray_resources: Mapping[str, float] = field(default_factory=dict)
+    """Ray custom resources each of the tail's Ray workers asks for, such as
+    ``{splitinfer-gpu-tier: 1}``: the workers go only to Ray nodes that declare them
+    (the Helm chart's worker groups, ``rayCluster.*Workers.rayResources``), and with
+    KubeRay's autoscaler, a group that declares them is scaled up for them. Empty: any
+    node. The in-process pool (``local-noray``) has no nodes and ignores it."""
     frontier: FrontierConfig = field(default_factory=FrontierConfig)
     """How the preloaded cuts are chosen."""
 
     _FIELDS = ("name", "description", "max_batch_size", "max_queue_delay_ms", "max_queue_size", "replicas",
-               "intra_op_threads", "instances", "max_request_bytes", "frontier")
+               "intra_op_threads", "instances", "max_request_bytes", "ray_resources", "frontier")
 
     def __post_init__(self) -> None:
         for name, lo in (("max_batch_size", 1), ("max_queue_size", 1), ("replicas", 1), ("intra_op_threads", 0),
@@ -175,6 +181,15 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {lo}")
         if not self.max_queue_delay_ms >= 0:
             raise ValueError(f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0")
+        if not isinstance(self.ray_resources, Mapping):
+            raise ValueError(f"ray_resources={self.ray_resources!r} must be a mapping of Ray resource name to "
+                             "amount, such as {splitinfer-gpu-tier: 1}")
+        for name, amount in self.ray_resources.items():
+            if not (isinstance(name, str) and name and name not in ("CPU", "GPU", "memory", "object_store_memory")):
+                raise ValueError(f"ray_resources names {name!r}; name a custom resource (CPU and GPU come from "
+                                 "intra_op_threads and the provider), such as splitinfer-gpu-tier")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+                raise ValueError(f"ray_resources[{name!r}]={amount!r} must be a number > 0, such as 1")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

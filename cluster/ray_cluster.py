@@ -89,7 +89,8 @@ class RayPool:
             model = fh.read()
         self.pool = ReplicaPool(
             {self.segment_key: model},
-            config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct),
+            config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
+                              resources=dict(config.ray_resources)),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
                                        batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,

@@ -176,6 +176,10 @@ def pick_replica(
     return min(pool, key=lambda i: in_flight[i])  # min keeps the first of equals: round-robin
 
 
+_RAY_OWN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+"""Resources Ray asks for by their own options, never in ``resources``."""
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """How a replica pool places, restarts and retries."""
@@ -233,9 +237,11 @@ class PoolConfig:
             ("caller_batch_size", self.caller_batch_size >= 1, "use 1 (no caller-side batching) or more"),
             ("sends_per_replica", self.sends_per_replica >= 1, "use 1 or more"),
             ("resources", isinstance(self.resources, Mapping) and all(
-                isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                isinstance(k, str) and k and k not in _RAY_OWN_RESOURCES
+                and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                 for k, v in self.resources.items()),
-             'use a dict of resource name -> amount > 0, e.g. {"tail-tier": 1}'),
+             'use a dict of custom resource name -> amount > 0, e.g. {"tail-tier": 1} (CPUs and GPUs come '
+             "from num_cpus and the engine's provider)"),
         )
         for name, ok, fix in checks:
             if not ok:

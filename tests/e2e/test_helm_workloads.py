@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,40 @@ def test_gpu_workers_request_gpus_and_land_on_gpu_nodes() -> None:
     assert "nvidia.com/gpu" not in cpu_container["resources"]["limits"]
     assert cpu_container["image"] == "splitinfer/splitinfer:0.1.0"
     assert (groups["cpu"]["replicas"], groups["cpu"]["minReplicas"], groups["cpu"]["maxReplicas"]) == (2, 1, 6)
+
+
+def test_worker_groups_declare_their_ray_resources_as_kuberay_and_ray_start_read_them() -> None:
+    """model.yaml's ray_resources place a model's tail workers on the groups that
+    declare them (rayCluster.*Workers.rayResources). The rendered rayStartParams value
+    is read here by the parts that read it in a cluster: Ray's own KubeRay autoscaler
+    config reader (it must know what a group adds before scaling it up), and a shell
+    splitting the ``ray start`` line that KubeRay writes."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _get_custom_resources
+
+    (rc,) = _all("gpu", "RayCluster")
+    groups = {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"]}
+    want = {"gpu": {"splitinfer-gpu-tier": 1000}, "cpu": {"splitinfer-cpu-tier": 1000}}
+    for name, resources in want.items():
+        params = groups[name]["rayStartParams"]
+        assert all(isinstance(v, str) for v in params.values())
+        assert _get_custom_resources({}, params, name) == resources
+        (arg,) = shlex.split(f"--resources={params['resources']}")
+        assert json.loads(arg.removeprefix("--resources=")) == resources
+    (default,) = _all("default", "RayCluster")
+    assert [g["rayStartParams"] for g in default["spec"]["workerGroupSpecs"]] == [{}]
+
+
+@pytest.mark.parametrize(("bad", "error", "needle"), [
+    ({"splitinfer-gpu-tier": 0.5}, helm.HelmValuesError, "at '/rayCluster/gpuWorkers/rayResources/splitinfer-gpu-tier'"),
+    ({"splitinfer-gpu-tier": 0}, helm.HelmValuesError, "at '/rayCluster/gpuWorkers/rayResources/splitinfer-gpu-tier'"),
+    ({"CPU": 4}, helm.HelmRenderError, 'rayCluster.gpuWorkers.rayResources names "CPU", which Ray sets itself'),
+])
+def test_worker_group_ray_resources_must_be_whole_custom_units(bad: dict[str, Any], error: type, needle: str) -> None:
+    values = {"rayCluster": {"gpuWorkers": {"enabled": True, "rayResources": bad}}}
+    with pytest.raises(error) as excinfo:
+        with helm.Chart.load(CHART_DIR) as chart:
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert needle in str(excinfo.value)
 
 
 # --- labels and selectors ------------------------------------------------------

@@ -82,7 +82,7 @@ def test_configs_round_trip_and_refuse_bad_values():
     with pytest.raises(ActorConfigError, match="num_replicas=0") as e:
         PoolConfig(num_replicas=0)
     assert e.value.field_name == "num_replicas"
-    for bad in ({"tail-tier": 0}, {"": 1}, {"tail-tier": True}, ["tail-tier"]):
+    for bad in ({"tail-tier": 0}, {"": 1}, {"tail-tier": True}, ["tail-tier"], {"GPU": 1}):
         with pytest.raises(ActorConfigError, match="resource name -> amount") as e:
             PoolConfig(resources=bad)
         assert e.value.field_name == "resources"

@@ -77,3 +77,32 @@ def test_a_replica_on_another_node_is_reached_over_tcp(two_nodes, tail, referenc
         for k, want in reference(x).items():
             np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-5)
     assert max(timing.batch_size for _, timing in together) > 1  # batched on the far node
+
+
+def test_model_yaml_ray_resources_place_the_gateways_workers(two_nodes, tail, reference, tmp_path):
+    """The gateway's Ray pool for a model whose model.yaml asks for ``ray_resources``
+    puts its workers on the node that declares them (a Helm worker group's
+    ``rayResources``) and serves from there."""
+    from cluster.gateway import PoolKey
+    from cluster.ray_cluster import RayPool
+    from cluster.registry import ModelConfig
+
+    path = tmp_path / "tail.onnx"
+    path.write_bytes(tail.SerializeToString())
+    config = ModelConfig(max_batch_size=4, intra_op_threads=1, ray_resources={"far": 1})
+    inits = {i.name for i in tail.graph.initializer}
+    [inp] = [i for i in tail.graph.input if i.name not in inits]
+    x = {inp.name: np.random.default_rng(5).standard_normal([d.dim_value or 1 for d in inp.type.tensor_type.shape.dim])
+         .astype(np.float32)}
+    pool = RayPool(PoolKey("squeezenet", "1", "c28"), str(path), config, provider="cpu")
+
+    async def main():
+        result = await pool.run(x, deadline_s=None, priority=0)
+        info = await pool.pool.replicas[0].open_channel.remote()
+        await pool.close()
+        return result, info
+
+    result, info = asyncio.run(main())
+    assert info["node_id"] == two_nodes.node_id != ray.get_runtime_context().get_node_id()
+    for k, want in reference(x).items():
+        np.testing.assert_allclose(result.outputs[k], want, rtol=1e-4, atol=1e-5)

@@ -266,6 +266,10 @@ def test_missing_or_empty_or_corrupt_model_is_a_clear_error(tmp_path):
         ("name: other\n", r"does not match the directory 'm'"),
         ("max_batch_size: [\n", r"is not valid YAML"),
         ("- 1\n- 2\n", r"must be a mapping"),
+        ("ray_resources: gpu\n", r"ray_resources='gpu' must be a mapping"),
+        ("ray_resources: {GPU: 1}\n", r"ray_resources names 'GPU'; name a custom resource"),
+        ("ray_resources: {tier: 0}\n", r"ray_resources\['tier'\]=0 must be a number > 0"),
+        ("ray_resources: {tier: yes}\n", r"ray_resources\['tier'\]=True must be a number > 0"),
     ],
 )
 def test_bad_model_yaml_names_the_field(tmp_path, text, match):
@@ -276,9 +280,11 @@ def test_bad_model_yaml_names_the_field(tmp_path, text, match):
 
 def test_model_yaml_fields_round_trip(tmp_path):
     root = make_repo(tmp_path, versions=("1",), yaml_text="max_batch_size: 4\nmax_queue_delay_ms: 1\ninstances: 2\n"
+                     "ray_resources: {splitinfer-gpu-tier: 0.5}\n"
                      "frontier: {default_cut_count: 1, include_cloud_only: false}\n")
     lv = Registry(root).load("m", "1")
     assert lv.config.max_batch_size == 4 and lv.config.max_queue_delay_ms == 1.0 and lv.config.instances == 2
+    assert lv.config.ray_resources == {"splitinfer-gpu-tier": 0.5}
     assert len(lv.frontier.cuts) == 1 and lv.frontier.cuts[0].edge_layers
     assert ModelConfig.from_json(lv.config.to_json()) == lv.config
 
