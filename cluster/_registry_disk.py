@@ -41,6 +41,7 @@ __all__ = [
     "NAME_PATTERN",
     "version_sort_key",
     "compute_frontier",
+    "set_model_yaml",
 ]
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,46 @@ class ModelConfig:
         frontier = _typed(FrontierConfig, fr, path, "frontier")
         base = _typed(cls, d, path, "model.yaml")
         return dataclasses.replace(base, frontier=frontier)
+
+
+def set_model_yaml(path: str, **fields: int | float | str) -> ModelConfig:
+    """Sets top-level scalar fields of the model.yaml at ``path`` (created if missing)
+    and returns the config it now holds. Each field's line is replaced where it stands,
+    or added at the end; every other line, comments included, stays as it was. The new
+    text must load as a ModelConfig (RegistryError naming the field, and the file
+    untouched, otherwise); it replaces the file atomically."""
+    unknown = sorted(set(fields) - set(ModelConfig._FIELDS) | {f for f in fields if f == "frontier"})
+    if unknown:
+        raise RegistryError(path=path, reason=f"cannot set {unknown} this way",
+                            fix=f"set top-level scalars only: {', '.join(f for f in ModelConfig._FIELDS if f != 'frontier')}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        lines = []
+    for name, value in fields.items():
+        line = f"{name}: {json.dumps(value)}"
+        at = [i for i, text in enumerate(lines) if re.match(rf"{re.escape(name)}\s*:", text)]
+        if len(at) > 1:
+            raise RegistryError(path=path, reason=f"sets {name} on {len(at)} lines", fix="keep one and try again")
+        if at:
+            lines[at[0]] = line
+        else:
+            lines.append(line)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.yaml.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+        try:
+            config = ModelConfig.from_yaml_file(tmp)
+        except RegistryError as e:
+            raise RegistryError(path=path, reason=f"would not load with {fields} set: {e.reason}", fix=e.fix) from None
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return config
 
 
 @dataclass(frozen=True)

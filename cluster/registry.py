@@ -49,6 +49,7 @@ from cluster._registry_disk import (
     VersionFiles,
     VersionFrontier,
     compute_frontier,
+    set_model_yaml,
     version_sort_key,
 )
 from cluster.errors import UnknownModelError, UnknownVersionError
@@ -70,6 +71,7 @@ __all__ = [
     "parse_policy",
     "read_policy_dir",
     "route",
+    "set_model_yaml",
     "version_sort_key",
 ]
 

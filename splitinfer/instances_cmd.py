@@ -2,13 +2,14 @@
 
     splitinfer instances MODEL [--after LAYER_ID] [--threads N] [--ep cpu] [--batch 8]
                          [--candidates 2,4] [--rounds 5] [--seconds 1.0]
-                         [--margin 0.05] [--json OUT.json] [--quiet]
+                         [--margin 0.05] [--json OUT.json] [--model-yaml PATH] [--quiet]
 
 Times one engine with all ``--threads`` against N engines of threads/N each, side by
 side, at the batch the worker forms, in rounds that time one engine before and after
 every other setting (see [Note: choosing instances] in workers/profile/instances.py),
 and prints the count to put in the model's model.yaml (``instances: N``) or
-``PoolConfig(instances=N)``. MODEL is a path to an .onnx file or a zoo short name
+``PoolConfig(instances=N)``; ``--model-yaml`` writes it there (with the thread
+budget it was measured at as ``intra_op_threads``). MODEL is a path to an .onnx file or a zoo short name
 (seeded random weights); ``--after LAYER_ID`` times the tail that the cloud runs when
 layers 0..LAYER_ID run on the device, as ``splitinfer split --after`` cuts it.
 """
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", type=_margin, default=0.05,
                    help="how much faster than one engine a setting must be to be chosen (default 0.05)")
     p.add_argument("--json", metavar="PATH", help="also write what was measured as JSON")
+    p.add_argument("--model-yaml", metavar="PATH",
+                   help="set instances (and intra_op_threads to --threads) in this registry model.yaml, keeping "
+                        "its other lines; created if missing")
     p.add_argument("--quiet", action="store_true", help="no line per timed slice")
     return p
 
@@ -97,6 +101,12 @@ def instances_main(argv: Sequence[str]) -> int:
         with open(args.json, "w") as f:
             json.dump(choice.to_dict(), f, indent=1)
         print(f"wrote {args.json}")
+    if args.model_yaml:
+        from cluster.registry import set_model_yaml
+
+        config = set_model_yaml(args.model_yaml, instances=choice.instances, intra_op_threads=args.threads)
+        print(f"wrote instances: {config.instances} and intra_op_threads: {config.intra_op_threads} "
+              f"to {args.model_yaml} (every tail of that version runs with them)")
     return 0
 
 

@@ -81,6 +81,26 @@ def test_the_command_prints_the_choice_and_writes_json(tmp_path, capsys) -> None
     assert len(saved["timings"][0]["ratios"]) == 2
 
 
+def test_the_command_writes_its_choice_into_a_model_yaml(tmp_path, capsys) -> None:
+    import onnx
+
+    from cluster.registry import ModelConfig
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(make_small_cnn(), str(path))
+    model_yaml = tmp_path / "model.yaml"
+    model_yaml.write_text("# serving settings of cnn v1\nmax_batch_size: 4\ninstances: 3  # a guess\n")
+    out = tmp_path / "choice.json"
+    assert main(["instances", str(path), "--threads", "2", "--rounds", "1", "--seconds", "0.03",
+                 "--json", str(out), "--model-yaml", str(model_yaml), "--quiet"]) == 0
+    chosen = json.loads(out.read_text())["instances"]
+    assert f"wrote instances: {chosen} and intra_op_threads: 2 to {model_yaml}" in capsys.readouterr().out
+    lines = model_yaml.read_text().splitlines()
+    assert lines == ["# serving settings of cnn v1", "max_batch_size: 4", f"instances: {chosen}", "intra_op_threads: 2"]
+    config = ModelConfig.from_yaml_file(str(model_yaml))
+    assert (config.instances, config.intra_op_threads, config.max_batch_size) == (chosen, 2, 4)
+
+
 def test_the_command_times_a_tail_and_refuses_a_cut_with_none(capsys) -> None:
     assert main(["instances", "squeezenet", "--after", "30", "--threads", "2", "--rounds", "1",
                  "--seconds", "0.03", "--quiet"]) == 0

@@ -20,6 +20,7 @@ from cluster.registry import (
     VersionPolicy,
     canary_fraction,
     route,
+    set_model_yaml,
     version_sort_key,
 )
 from tests.onnx_models import conv_bn_relu_chain
@@ -287,6 +288,25 @@ def test_model_yaml_fields_round_trip(tmp_path):
     assert lv.config.ray_resources == {"splitinfer-gpu-tier": 0.5}
     assert len(lv.frontier.cuts) == 1 and lv.frontier.cuts[0].edge_layers
     assert ModelConfig.from_json(lv.config.to_json()) == lv.config
+
+
+def test_set_model_yaml_keeps_other_lines_and_refuses_what_would_not_load(tmp_path):
+    path = tmp_path / "model.yaml"
+    assert set_model_yaml(str(path), instances=2).instances == 2  # created
+    path.write_text("# ours\nreplicas: 2\ninstances: 1\nfrontier:\n  default_cut_count: 1\n")
+    config = set_model_yaml(str(path), instances=4, intra_op_threads=8)
+    assert (config.instances, config.intra_op_threads, config.replicas, config.frontier.default_cut_count) == (4, 8, 2, 1)
+    assert path.read_text() == "# ours\nreplicas: 2\ninstances: 4\nfrontier:\n  default_cut_count: 1\nintra_op_threads: 8\n"
+    before = path.read_text()
+    with pytest.raises(RegistryError, match=r"would not load with \{'instances': 0\} set: model.yaml: instances=0 must be >= 1"):
+        set_model_yaml(str(path), instances=0)
+    with pytest.raises(RegistryError, match=r"cannot set \['frontier', 'threads'\]"):
+        set_model_yaml(str(path), threads=2, frontier=1)
+    path.write_text(before + "instances: 5\n")
+    with pytest.raises(RegistryError, match="sets instances on 2 lines"):
+        set_model_yaml(str(path), instances=1)
+    assert path.read_text() == before + "instances: 5\n"
+    assert sorted(os.listdir(tmp_path)) == ["model.yaml"]  # no temporary file left behind
 
 
 def test_bad_policy_yaml(tmp_path):
