@@ -341,7 +341,9 @@ class SegmentHost:
         of the inputs to carry the timing (``stamps`` instead of [Note: request
         timing]'s wrapper); no per-request partials. Measured through Ray on the
         transformer tail (1 MiB in and out), the worker's time from the request's
-        arrival to the run's start went from 72 to 12 us.
+        arrival to the run's start went from 72 to 12 us, and the c1 serving overhead
+        from 0.90-1.08 ms (median 0.98) to 0.72-0.98 ms (median 0.85), old and new code
+        alternating, three runs of three 3 s rounds each.
         """
         hosted = self._hosted.get(key) or self._get(key)
         batcher = hosted.batcher
