@@ -134,6 +134,12 @@ class FrontierConfig:
             raise ValueError(f"default_cut_count {self.default_cut_count} must be >= 0")
 
 
+_RAY_OWN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+"""Resources Ray sets from its own options, never from ``ray_resources``: the same
+names workers._pool refuses in PoolConfig.resources, repeated here so that loading
+a registry does not import the workers (and ONNX Runtime) to check a model.yaml."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """model.yaml: how one model version is served. Every field has a default."""
@@ -186,7 +192,7 @@ class ModelConfig:
             raise ValueError(f"ray_resources={self.ray_resources!r} must be a mapping of Ray resource name to "
                              "amount, such as {splitinfer-gpu-tier: 1}")
         for name, amount in self.ray_resources.items():
-            if not (isinstance(name, str) and name and name not in ("CPU", "GPU", "memory", "object_store_memory")):
+            if not (isinstance(name, str) and name and name not in _RAY_OWN_RESOURCES):
                 raise ValueError(f"ray_resources names {name!r}; name a custom resource (CPU and GPU come from "
                                  "intra_op_threads and the provider), such as splitinfer-gpu-tier")
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
@@ -224,10 +230,11 @@ def set_model_yaml(path: str, **fields: int | float | str) -> ModelConfig:
     or added at the end; every other line, comments included, stays as it was. The new
     text must load as a ModelConfig (RegistryError naming the field, and the file
     untouched, otherwise); it replaces the file atomically."""
-    unknown = sorted(set(fields) - set(ModelConfig._FIELDS) | {f for f in fields if f == "frontier"})
+    settable = [f for f in ModelConfig._FIELDS if f != "frontier"]  # frontier's fields span lines of their own
+    unknown = sorted(set(fields) - set(settable))
     if unknown:
         raise RegistryError(path=path, reason=f"cannot set {unknown} this way",
-                            fix=f"set top-level scalars only: {', '.join(f for f in ModelConfig._FIELDS if f != 'frontier')}")
+                            fix=f"set top-level scalars only: {', '.join(settable)}")
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
