@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-__all__ = ["ARENA_BYTES", "ARENA_KEEP_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "arenas_supported"]
+__all__ = ["ARENA_BYTES", "ARENA_KEEP_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "address", "arenas_supported"]
 
 ARENA_BYTES = 256 << 20
 """Address space per arena. A memfd is sparse: only the pages ever used take memory,
@@ -48,9 +48,10 @@ connection's life)."""
 _ALIGN = 64
 
 
-def _address(data: memoryview) -> int:
-    """Where ``data``'s first byte lies in this process's memory; -1 for read-only or
-    empty buffers (never a reserved region: those are writable)."""
+def address(data: memoryview | np.ndarray) -> int:
+    """Where ``data``'s first byte lies in this process's memory (a C-contiguous
+    buffer); -1 for read-only or empty buffers (never a reserved region: those are
+    writable)."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(data))  # a sixth of numpy's .ctypes.data
     except (TypeError, ValueError):
@@ -84,7 +85,7 @@ class Arena:
         """Buffers sent in the frame because the arena had no room."""
         self._reserved: dict[int, int] = {}
         """Regions given by :meth:`reserve` and not yet in a frame: address -> offset."""
-        self._base = _address(self._view)
+        self._base = address(self._view)
 
     @property
     def lent_bytes(self) -> int:
@@ -110,7 +111,7 @@ class Arena:
         offset, or None when no region is large enough. ``data`` that already lies in
         a region :meth:`reserve` gave is not copied: that region is its place."""
         if self._reserved:
-            offset = self._reserved.pop(_address(data), None)
+            offset = self._reserved.pop(address(data), None)
             if offset is not None:
                 return offset
         offset = self._allocate(data.nbytes)

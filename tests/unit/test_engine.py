@@ -138,6 +138,43 @@ def test_outputs_placed_are_written_there_and_the_bucket_buffer_bound_again(engi
     assert len(regions) == 1 and np.shares_memory(three, engine.output_buffer("y", 4))
 
 
+def test_bindings_to_request_memory_are_kept_by_address_and_reused_only_there(engine, reference, monkeypatch):
+    # [Note: bindings kept]
+    from workers.engine import _KEPT_BINDINGS
+
+    made: list[int] = []
+    real = engine._session.io_binding
+    monkeypatch.setattr(engine._session, "io_binding", lambda: made.append(1) or real())
+    nbytes = engine.output_buffer("y", 1).nbytes
+    slots = [_x(seed=30), _x(seed=31)]  # two places where requests arrive
+    regions = [np.zeros(nbytes + 64, np.uint8)[64:] for _ in range(2)]  # two places for answers
+    engine._bucket_for(1).kept.clear()
+    for i in range(6):  # alternating places, fresh values each time
+        slot, region = slots[i % 2], regions[i % 2]
+        slot[...] = _x(seed=40 + i)
+        out = engine.run({"x": slot}, place=lambda n, r=region: r)["y"]
+        assert np.shares_memory(out, region)
+        np.testing.assert_allclose(out, reference(slot), rtol=1e-4, atol=1e-6)
+    assert len(made) == 2  # one binding per pair of places, then reused
+    # The same input place with the answer in the bucket's own buffer is another binding.
+    out = engine.run({"x": slots[0]})["y"]
+    assert np.shares_memory(out, engine.output_buffer("y", 1)) and len(made) == 3
+    np.testing.assert_allclose(out, reference(slots[0]), rtol=1e-4, atol=1e-6)
+    # Many places: the bucket keeps the latest few, and every answer is still right.
+    many = [_x(seed=50 + i) for i in range(_KEPT_BINDINGS + 3)]
+    for x in many:
+        np.testing.assert_allclose(engine.run({"x": x})["y"], reference(x), rtol=1e-4, atol=1e-6)
+    assert len(engine._bucket_for(1).kept) == _KEPT_BINDINGS
+    # The bucket's own binding was never changed: a copied input and a part of a bucket
+    # still run on the bucket's buffers.
+    strided = np.ascontiguousarray(np.concatenate([many[0], many[0]], axis=3))[:, :, :, ::2]
+    np.testing.assert_allclose(engine.run({"x": strided})["y"], reference(np.ascontiguousarray(strided)),
+                               rtol=1e-4, atol=1e-6)
+    [a, b] = engine.run_batch([{"x": many[1]}, {"x": many[2]}])
+    np.testing.assert_allclose(a["y"], reference(many[1]), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b["y"], reference(many[2]), rtol=1e-4, atol=1e-6)
+
+
 def test_copy_returns_private_arrays(engine):
     a = engine.run({"x": _x(seed=3)}, copy=True)["y"]
     b = engine.run({"x": _x(seed=4)}, copy=True)["y"]
