@@ -103,6 +103,13 @@ class Pool(Protocol):
     async def close(self) -> None: ...
 
 
+DEFAULT_POOL_START_TIMEOUT_S = 300.0
+"""How long a Ray pool's replicas may take to be placed and load their tail (the
+gateway's --pool-start-timeout-s). Long enough for an autoscaler to start a node for
+them; a replica that no node can take (a ``ray_resources`` name that no worker group
+offers) is then reported as Unavailable, not waited on for ever."""
+
+
 class PoolFactory(Protocol):
     """Makes pools. `create` blocks (it loads a model): the gateway calls it off the event loop."""
 

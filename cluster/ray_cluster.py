@@ -26,7 +26,7 @@ except ImportError as e:  # pragma: no cover - the base (edge) install has no Ra
     ) from e
 
 from cluster.errors import Unavailable
-from cluster.gateway import PoolKey, PoolResult, _buckets, _PRIORITY_LEVELS
+from cluster.gateway import DEFAULT_POOL_START_TIMEOUT_S, PoolKey, PoolResult, _buckets, _PRIORITY_LEVELS
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
 
@@ -75,8 +75,9 @@ class RayPool:
     """One tail on a ReplicaPool of SegmentWorker actors (batching happens inside each actor)."""
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
-                 metrics: GatewayMetrics | None = None, direct: bool = True) -> None:
-        from workers._pool import PoolConfig
+                 metrics: GatewayMetrics | None = None, direct: bool = True,
+                 start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S) -> None:
+        from workers._pool import PoolConfig, num_gpus_for
         from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
@@ -87,12 +88,14 @@ class RayPool:
         # The tail travels as bytes: workers on other nodes need not see the registry volume.
         with open(tail_path, "rb") as fh:
             model = fh.read()
+        pool_config = PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
+                                 resources=dict(config.ray_resources))
+        engine_config = EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
+                                     batch_buckets=_buckets(config.max_batch_size), provider=provider)  # type: ignore[arg-type]
         self.pool = ReplicaPool(
             {self.segment_key: model},
-            config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
-                              resources=dict(config.ray_resources)),
-            engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
-                                       batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
+            config=pool_config,
+            engine_config=engine_config,
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
                                          max_queue_delay_ms=config.max_queue_delay_ms,
                                          max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS,
@@ -100,7 +103,19 @@ class RayPool:
         )
         # Block until the replicas have loaded the tail: readiness means "can serve now".
         try:
-            ray.get([r.health.remote() for r in self.pool.replicas])
+            ray.get([r.health.remote() for r in self.pool.replicas], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            self.pool.shutdown()
+            asks = {"CPU": pool_config.num_cpus, "GPU": num_gpus_for(engine_config), **pool_config.resources}
+            asks = {name: amount for name, amount in asks.items() if amount}
+            offered = ray.cluster_resources()
+            have = {name: offered.get(name, 0.0) for name in asks}
+            raise Unavailable(reason=(
+                f"the Ray workers of {key} did not start and load the tail within {start_timeout_s:g} s; each of "
+                f"the {config.replicas} replicas asks Ray for {asks or 'nothing but a worker process'}"
+                + (f", and the whole cluster offers {have}" if asks else "")
+                + "; add nodes that offer it (a worker group's rayResources in the Helm chart), change ray_resources "
+                "in the model's model.yaml, or allow longer with the gateway's --pool-start-timeout-s")) from e
         except Exception as e:  # noqa: BLE001 - actor construction errors arrive wrapped by Ray
             self.pool.shutdown()
             raise Unavailable(reason=f"the Ray workers of {key} did not start ({type(e).__name__}: {str(e)[:300]})") from e
@@ -129,8 +144,13 @@ class RayPool:
 class RayPoolFactory:
     """Pools of Ray actors; call `connect(address)` first."""
 
-    def __init__(self, *, provider: str = "auto", direct: bool = True) -> None:
+    def __init__(self, *, provider: str = "auto", direct: bool = True,
+                 start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S) -> None:
+        if not start_timeout_s > 0:
+            raise ValueError(f"start_timeout_s={start_timeout_s!r} must be > 0; the default is "
+                             f"{DEFAULT_POOL_START_TIMEOUT_S:g} s")
         self.provider = provider
+        self.start_timeout_s = start_timeout_s
         self.direct = direct
         """Send requests to same-node workers over their direct channel
         (workers.PoolConfig.direct); off, every request is a plain Ray actor call."""
@@ -138,4 +158,5 @@ class RayPoolFactory:
     def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> RayPool:
         if not ray.is_initialized():
             raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
-        return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, direct=self.direct)
+        return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, direct=self.direct,
+                       start_timeout_s=self.start_timeout_s)

@@ -2,7 +2,7 @@
 
     splitinfer gateway --port 50051 --metrics-port 9090 --ray-address auto --registry /models \
         [--tokens-file tokens.yaml] [--tls-cert F --tls-key F [--tls-client-ca F]] \
-        [--policy-dir /etc/splitinfer/policies [--policy-poll-s 5]]
+        [--policy-dir /etc/splitinfer/policies [--policy-poll-s 5]] [--pool-start-timeout-s 300]
 
 `--ray-address local-noray` runs the tails in this process (Engines and a batcher, no
 Ray). The process serves at once but reports NOT_SERVING (gRPC health, /readyz 503)
@@ -29,6 +29,8 @@ LOCAL_NORAY = "local-noray"
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from cluster.gateway import DEFAULT_POOL_START_TIMEOUT_S
+
     p = argparse.ArgumentParser(prog="splitinfer gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod); default 127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
@@ -36,6 +38,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--registry", required=True, help="model repository: <model>/<version>/model.onnx")
     p.add_argument("--ray-address", default=LOCAL_NORAY,
                    help=f"Ray cluster address ('auto', 'local', 'ray://host:10001') or {LOCAL_NORAY!r}")
+    p.add_argument("--pool-start-timeout-s", type=float, default=DEFAULT_POOL_START_TIMEOUT_S,
+                   help="seconds a tail's Ray workers may take to be placed and load it before its requests get "
+                        "UNAVAILABLE with what they asked for (default %(default)g)")
     p.add_argument("--version-policy", default="latest:1", help="latest[:N], all, or specific:V1,V2")
     p.add_argument("--policy-dir", default=None,
                    help="directory of <model>.policy.yaml (a mounted ConfigMap), polled and applied live")
@@ -64,6 +69,9 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.policy_dir is not None and not os.path.isdir(a.policy_dir):
         p.error(f"--policy-dir {a.policy_dir!r} is not a directory; mount the registry ConfigMap there, "
                 "or leave the flag out")
+    if not a.pool_start_timeout_s > 0:
+        p.error(f"--pool-start-timeout-s {a.pool_start_timeout_s} must be > 0; leave it out for "
+                f"{p.get_default('pool_start_timeout_s'):g} s, time for an autoscaler to add a node")
     if not a.policy_poll_s > 0:
         p.error(f"--policy-poll-s {a.policy_poll_s} must be > 0; a few seconds suits a mounted ConfigMap")
 
@@ -76,7 +84,7 @@ def _pool_factory(a: argparse.Namespace):  # noqa: ANN202 - a PoolFactory
     from cluster.ray_cluster import RayPoolFactory, connect
 
     connect(a.ray_address)
-    return RayPoolFactory()
+    return RayPoolFactory(start_timeout_s=a.pool_start_timeout_s)
 
 
 async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:

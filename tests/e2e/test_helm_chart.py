@@ -274,6 +274,7 @@ def test_values_schema_is_draft07_and_accepts_every_value_set() -> None:
         ({"gateway": {"probes": {"readinessType": "tcp"}}}, "/gateway/probes/readinessType",
          "value must be one of"),
         ({"gateway": {"grpcPort": 70000}}, "/gateway/grpcPort", "maximum: got 70,000, want 65,535"),
+        ({"gateway": {"poolStartTimeoutSeconds": 0}}, "/gateway/poolStartTimeoutSeconds", "exclusiveMinimum"),
     ],
 )
 def test_values_schema_rejects_a_bad_value_naming_it(

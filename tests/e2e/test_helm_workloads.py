@@ -253,8 +253,14 @@ def test_gateway_runs_the_documented_command_with_grpc_readiness() -> None:
     assert container["args"] == [
         "gateway", "--port", "50051", "--metrics-port", "9090",
         "--ray-address", f"{FULLNAME}-ray-head-svc.{NAMESPACE}.svc:10001", "--registry", "/models",
+        "--pool-start-timeout-s", "300",
         "--policy-dir", "/etc/splitinfer/policies", "--policy-poll-s", "5",
     ]
+    # The gateway's own parser takes them; a tail that no node takes is reported
+    # before the startup probe gives up.
+    from splitinfer.gateway_cmd import make_parser
+
+    assert make_parser().parse_args(container["args"][1:]).pool_start_timeout_s == 300.0 < 600
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": 50051, "metrics": 9090}
     assert container["readinessProbe"]["grpc"] == {"port": 50051}

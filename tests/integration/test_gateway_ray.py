@@ -111,3 +111,36 @@ def test_ray_pools_report_batch_sizes_and_queue_time_to_metrics(tmp_path, ray_lo
     assert s[("splitinfer_stage_latency_seconds_count", queue)] == n
     assert s[("splitinfer_stage_latency_seconds_sum", queue)] > 0
     assert s[("splitinfer_stage_latency_seconds_count", (("stage", "compute"),))] == n
+
+
+def test_a_tail_that_no_node_can_take_is_reported_not_waited_on(tmp_path, ray_local):
+    # A replica asks for a resource that no node offers: without a start timeout the
+    # gateway's pool creation would wait for ever (and its requests with it).
+    from cluster.errors import Unavailable
+    from cluster.gateway import PoolKey
+    from cluster.metrics import GatewayMetrics
+    from cluster.registry import ModelConfig
+
+    path = tmp_path / "tail.onnx"
+    onnx.save(conv_bn_relu_chain(2), str(path))
+    config = ModelConfig(ray_resources={"splitinfer-nowhere": 1})
+    factory = ray_local.RayPoolFactory(provider="cpu", start_timeout_s=2)
+    with pytest.raises(Unavailable) as caught:
+        factory.create(PoolKey("m", "1", "c"), str(path), config, GatewayMetrics())
+    message = str(caught.value)
+    assert "within 2 s" in message
+    assert "{'splitinfer-nowhere': 1}" in message  # what each replica asked for
+    assert "offers {'splitinfer-nowhere': 0.0}" in message  # and what the cluster has of it
+    assert "--pool-start-timeout-s" in message and "rayResources" in message
+    # The same factory still makes pools that fit.
+    pool = factory.create(PoolKey("m", "1", "d"), str(path), ModelConfig(), GatewayMetrics())
+    x = np.random.default_rng(1).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    async def serve_one():
+        try:
+            return await pool.run({"x": x}, deadline_s=None, priority=0)
+        finally:
+            await pool.close()
+
+    np.testing.assert_allclose(asyncio.run(serve_one()).outputs["y"], want, rtol=1e-4, atol=1e-5)
