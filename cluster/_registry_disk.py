@@ -169,7 +169,7 @@ class ModelConfig:
     ``replicas``."""
     max_request_bytes: int = 64 << 20
     """Largest boundary (sum of tensor bytes) one request may send."""
-    ray_resources: Mapping[str, float] = field(default_factory=dict)
+    ray_resources: Mapping[str, float] = field(default_factory=dict, hash=False)
     """Ray custom resources each of the tail's Ray workers asks for, such as
     ``{splitinfer-gpu-tier: 1}``: the workers go only to Ray nodes that declare them
     (the Helm chart's worker groups, ``rayCluster.*Workers.rayResources``), and with
@@ -197,6 +197,9 @@ class ModelConfig:
                                  "intra_op_threads and the provider), such as splitinfer-gpu-tier")
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
                 raise ValueError(f"ray_resources[{name!r}]={amount!r} must be a number > 0, such as 1")
+        # A copy of its own: the caller's dict changing later cannot change a frozen
+        # config. Left out of the hash (a dict has none), so configs stay hashable.
+        object.__setattr__(self, "ray_resources", dict(self.ray_resources))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

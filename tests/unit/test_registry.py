@@ -290,6 +290,16 @@ def test_model_yaml_fields_round_trip(tmp_path):
     assert ModelConfig.from_json(lv.config.to_json()) == lv.config
 
 
+def test_model_config_is_hashable_and_keeps_its_own_ray_resources():
+    asked = {"splitinfer-gpu-tier": 1}
+    config = ModelConfig(ray_resources=asked)
+    asked["splitinfer-gpu-tier"] = 5  # the caller's dict, changed later
+    assert config.ray_resources == {"splitinfer-gpu-tier": 1}
+    same = ModelConfig(ray_resources={"splitinfer-gpu-tier": 1})
+    assert {config: "a"}[same] == "a" and hash(ModelConfig()) == hash(ModelConfig())
+    assert config != ModelConfig(ray_resources={"splitinfer-cpu-tier": 1})  # compared, if not hashed
+
+
 def test_set_model_yaml_keeps_other_lines_and_refuses_what_would_not_load(tmp_path):
     path = tmp_path / "model.yaml"
     assert set_model_yaml(str(path), instances=2).instances == 2  # created
