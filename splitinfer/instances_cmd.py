@@ -71,15 +71,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def instances_main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    from partitioner import PartitionError, make_cut, split
+    from partitioner import make_cut, split
+    from splitinfer.partition_cmd import layers_through
 
     model, graph = _load(args.model)
     name = graph.model
     if args.after is not None:
-        if not 0 <= args.after < len(graph) - 1:
-            raise PartitionError(f"--after {args.after} leaves no tail of {name}: give a layer in 0..{len(graph) - 2}",
-                                 model=name, layer=args.after)
-        _, tail = split(model, make_cut(graph, list(range(args.after + 1))), graph=graph)
+        _, tail = split(model, make_cut(graph, layers_through(graph, args.after, need_tail=True)), graph=graph)
         model, name = tail.model, f"{name} after layer {args.after}"
 
     from workers.engine import EngineConfig

@@ -30,7 +30,19 @@ from partitioner import (
     zoo_path,
 )
 
-__all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json"]
+__all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json", "layers_through"]
+
+
+def layers_through(graph: LayerGraph, after: int, *, need_tail: bool = False) -> list[int]:
+    """Layers ``0..after``, the device's side of ``--after LAYER_ID`` (always a valid cut:
+    ids are a topological order); ``need_tail``: the cloud must be left a layer too.
+    Raises PartitionError naming the layers that may be given."""
+    last = len(graph) - (2 if need_tail else 1)
+    if not 0 <= after <= last:
+        what = "leaves no tail of" if need_tail and after == last + 1 else "is not a layer of"
+        raise PartitionError(f"--after {after} {what} {graph.model}: give a layer in 0..{last}",
+                             model=graph.model, layer=after)
+    return list(range(after + 1))
 
 
 def resolve_model(spec: str) -> tuple[str, str]:
@@ -168,13 +180,7 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     model = load_model(path)
     graph = build_graph(model, name=name)
     if args.after is not None:
-        if not 0 <= args.after < len(graph):
-            raise PartitionError(
-                f"--after {args.after} is not a layer of {name}: it has layers 0..{len(graph) - 1}",
-                model=name,
-                layer=args.after,
-            )
-        layers = list(range(args.after + 1))
+        layers = layers_through(graph, args.after)
     else:
         try:
             layers = _parse_layers(args.edge_layers)

@@ -105,8 +105,13 @@ def test_the_command_times_a_tail_and_refuses_a_cut_with_none(capsys) -> None:
     assert main(["instances", "squeezenet", "--after", "30", "--threads", "2", "--rounds", "1",
                  "--seconds", "0.03", "--quiet"]) == 0
     assert "squeezenet after layer 30 on cpu" in capsys.readouterr().out
+    from partitioner import build_graph, load_model, zoo_path
+
+    last = len(build_graph(load_model(zoo_path("squeezenet")), name="squeezenet")) - 1
+    assert main(["instances", "squeezenet", "--after", str(last), "--quiet"]) == 2
+    assert f"--after {last} leaves no tail of squeezenet: give a layer in 0..{last - 1}" in capsys.readouterr().err
     assert main(["instances", "squeezenet", "--after", "999", "--quiet"]) == 2
-    assert "--after 999 leaves no tail of squeezenet" in capsys.readouterr().err
+    assert f"--after 999 is not a layer of squeezenet: give a layer in 0..{last - 1}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option, value, says", [("--seconds", "0", "is not a number of seconds above 0"),

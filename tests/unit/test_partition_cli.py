@@ -61,7 +61,8 @@ def test_split_edge_layers_with_range(tmp_path) -> None:
         (["--edge-layers", "1"], "layer 1 (conv_b) is on the device but its producer layer 0 (conv_a) is not"),
         (["--edge-layers", "0,9"], "unknown layer 9"),
         (["--edge-layers", "a,b"], "is not a list of layer ids"),
-        (["--after", "5"], "--after 5 is not a layer"),
+        (["--after", "5"], "--after 5 is not a layer of res: give a layer in 0..1"),
+        (["--after", "-1"], "--after -1 is not a layer of res"),
     ],
 )
 def test_invalid_cuts_get_one_clear_line(tmp_path, capsys, args, message) -> None:
