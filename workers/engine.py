@@ -598,22 +598,17 @@ class Engine:
         else:  # the oldest kept binding moves here: only what differs is bound again
             was, binding = bucket.kept.popitem(last=False)
         at = zip(addresses, was)
-        for name, buf in bucket.inputs.items():
-            address, before = next(at)
-            if address == before:
-                pass
-            elif address:
-                binding.bind_input(name, "cpu", 0, buf.dtype, buf.shape, address)
-            else:
-                binding.bind_ortvalue_input(name, bucket.input_values[name])
-        for name, buf in bucket.outputs.items():
-            address, before = next(at)
-            if address == before:
-                pass
-            elif address:
-                binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, address)
-            else:
-                binding.bind_ortvalue_output(name, bucket.output_values[name])
+        for buffers, own, to_address, to_own in (
+                (bucket.inputs, bucket.input_values, binding.bind_input, binding.bind_ortvalue_input),
+                (bucket.outputs, bucket.output_values, binding.bind_output, binding.bind_ortvalue_output)):
+            for name, buf in buffers.items():
+                address, before = next(at)
+                if address == before:
+                    continue
+                if address:
+                    to_address(name, "cpu", 0, buf.dtype, buf.shape, address)
+                else:
+                    to_own(name, own[name])
         bucket.kept[addresses] = binding
         return binding, placed
 
