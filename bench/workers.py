@@ -25,7 +25,9 @@ on all of them alike):
 2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay),
    requests over the replica's direct channel (a Unix-domain socket and, for arrays of
    32 KiB and more, memory shared with the worker: the default),
-   called by closed-loop asyncio clients at concurrency 1, 8 and 32; and "ours plain",
+   called by closed-loop asyncio clients at concurrency 1, 8 and 32 (at 1 also with
+   its input kept in memory shared with the worker, ``ReplicaPool.shared_array``:
+   [Note: inputs kept in the arena] in workers/_arena.py); and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
    the caller's side) at concurrency 1 and 32, and "ours, one instance", the same pool
    with one engine per segment (the default) at concurrency 1 and 32. Ours runs
@@ -303,6 +305,9 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 if direct.stats().direct_calls >= 3:
                     break
                 await asyncio.sleep(0.02)
+        shared = await pool.shared_array(x1.shape, x1.dtype)
+        shared[...] = x1
+        shared1 = {in_name: shared}
         for _ in range(3):  # warm every path
             sess.run(None, feed1)
             await plain.infer(key, feed1)
@@ -331,6 +336,10 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 if c == 1:
                     for other, label in ((plain, "ours_plain"), (one_instance, "ours_one_instance")):
                         await _closed_loop(lambda: other.infer_timed(key, feed1), c, slice_s, point(f"{label}_c{c}"))
+                    # [Note: inputs kept in the arena] in workers/_arena.py: the caller's
+                    # input already lies in memory shared with the worker, as raw ORT's
+                    # lies in its own process; no copy per request.
+                    await _closed_loop(lambda: pool.infer_timed(key, shared1), c, slice_s, point("ours_shared_c1"))
                     await _closed_loop(floors["blocking"].call_blocking_async, c, slice_s, point("floor_blocking_c1"))
                     await _closed_loop(floors["asyncio"].call, c, slice_s, point("floor_asyncio_c1"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
@@ -368,6 +377,8 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         "ours_plain_c32_over_raw_batched_throughput": entry["ours_plain_c32"]["throughput_per_s"] / limit,
         "ours_c1_added_p50_ms": entry["ours_c1"]["p50_ms"] - raw1,
         "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
+        "ours_shared_c1_overhead_p50_ms": entry["ours_shared_c1"]["overhead_p50_ms"],
+        "ours_shared_c1_added_p50_ms": entry["ours_shared_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_added_p50_ms": entry["ours_plain_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_overhead_p50_ms": entry["ours_plain_c1"]["overhead_p50_ms"],
         "ours_one_instance_c32_over_raw_batched_throughput": entry["ours_one_instance_c32"]["throughput_per_s"] / limit,
@@ -564,6 +575,7 @@ def _plot(results: dict, path: str) -> None:
     axes[1].set_title("p50 latency at concurrency 1 (ms, log)")
     # [Note: serving floor] in bench/_floor.py.
     bars(axes[2], [("ours", "ours_c1"), ("ours, one instance", "ours_one_instance_c1"),
+                   ("ours, input kept in shared memory", "ours_shared_c1"),
                    ("floor: asyncio both ends", "floor_asyncio_c1"), ("floor: blocking both ends", "floor_blocking_c1")],
          lambda m, key: m[key]["overhead_p50_ms"] if key in m else None)
     axes[2].axhline(0.5, color="black", linewidth=0.8, linestyle="--", label="target: <= 0.5 ms added")
@@ -580,6 +592,7 @@ def _plot(results: dict, path: str) -> None:
 
 _ROWS = [("raw_b1", "raw ORT b1 (limit)"), ("raw_b8", "raw ORT b8 (limit)"),
          ("raw_b8_two_sessions", f"raw ORT b8, {THREADS} sessions of 1 thread side by side"), ("ours_c1", "ours c1"),
+         ("ours_shared_c1", "ours c1, input kept in shared memory"),
          ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_one_instance_c1", "ours c1, one instance"),
          ("ours_one_instance_c32", "ours c32, one instance"), ("ours_plain_c1", "ours c1, plain calls"),
          ("ours_plain_c32", "ours c32, plain calls"), ("serve_c1", "Ray Serve c1"), ("serve_c8", "Ray Serve c8"),
@@ -620,10 +633,18 @@ def markdown(results: dict) -> str:
                 f"{r['ours_c32_over_serve_two_replicas_c32_throughput']:.2f}); at c1, serving overhead (p50 of "
                 f"latency minus the worker's engine run) **{r['ours_c1_overhead_p50_ms']:.2f} ms** (one instance "
                 f"{r.get('ours_one_instance_c1_overhead_p50_ms', float('nan')):.2f} ms, plain calls "
-                f"{r['ours_plain_c1_overhead_p50_ms']:.2f} ms); p50 over raw b1: ours +{r['ours_c1_added_p50_ms']:.1f} ms, "
+                f"{r['ours_plain_c1_overhead_p50_ms']:.2f} ms" + _shared_words(r) + "); p50 over raw b1: "
+                f"ours +{r['ours_c1_added_p50_ms']:.1f} ms, "
                 f"plain calls +{r['ours_plain_c1_added_p50_ms']:.1f} ms, Serve +{r['serve_c1_added_p50_ms']:.1f} ms "
                 "(target <= 0.5 ms)" + _floor_words(r), ""]
     return "\n".join(out)
+
+
+def _shared_words(r: dict) -> str:
+    if "ours_shared_c1_overhead_p50_ms" not in r:  # results from before session 11
+        return ""
+    return (f", input kept in shared memory {r['ours_shared_c1_overhead_p50_ms']:.2f} ms, p50 over raw b1 "
+            f"+{r['ours_shared_c1_added_p50_ms']:.2f} ms")
 
 
 def _floor_words(r: dict) -> str:

@@ -21,6 +21,14 @@ answers travel in the frame. An arena that is full, or a buffer under
 ``ARENA_MIN_BYTES``, travels in the frame as before; so does everything over TCP.
 Nobody else can reach an arena: the fd is passed over the connection, after its
 token, and the memory is never named in a file system.
+
+[Note: inputs kept in the arena]
+A caller's arrays are copied into the arena with each request: 1 MiB took 149 us right
+after a transformer run here, 69 us warm. A caller that keeps a region of its own
+(:meth:`Arena.pin`, ``ReplicaPool.shared_array``) writes its inputs there and sends
+them as they lie: the frame names the region, and the worker's handing it back does
+not free it; only :meth:`Arena.unpin` does. As with Triton's system shared memory,
+the caller must not write the region while a request that reads it is in flight.
 """
 
 from __future__ import annotations
@@ -85,6 +93,9 @@ class Arena:
         """Buffers sent in the frame because the arena had no room."""
         self._reserved: dict[int, int] = {}
         """Regions given by :meth:`reserve` and not yet in a frame: address -> offset."""
+        self._pinned: dict[int, tuple[int, int]] = {}
+        """Regions given by :meth:`pin`: address -> (offset, bytes); lent until unpinned."""
+        self._pinned_offsets: set[int] = set()
         self._base = address(self._view)
 
     @property
@@ -114,6 +125,11 @@ class Arena:
             offset = self._reserved.pop(address(data), None)
             if offset is not None:
                 return offset
+        if self._pinned:
+            # [Note: inputs kept in the arena]
+            offset, size = self._pinned.get(address(data), (None, 0))
+            if offset is not None and data.nbytes <= size:
+                return offset
         offset = self._allocate(data.nbytes)
         if offset is None:
             self.fallbacks += 1
@@ -135,6 +151,33 @@ class Arena:
         self._reserved[self._base + offset] = offset
         return region
 
+    def pin(self, nbytes: int) -> np.ndarray | None:
+        """A region of ``nbytes`` that the caller keeps until :meth:`unpin`, as a writable
+        uint8 array: arrays that start there go in place, however often they are sent
+        ([Note: inputs kept in the arena]). None when it is too small to go through the
+        arena or no region is free."""
+        if nbytes < ARENA_MIN_BYTES:
+            return None
+        offset = self._allocate(nbytes)
+        if offset is None:
+            return None
+        self._pinned[self._base + offset] = (offset, nbytes)
+        self._pinned_offsets.add(offset)
+        return np.frombuffer(self._view[offset:offset + nbytes], np.uint8)
+
+    def unpin(self, region: np.ndarray) -> None:
+        """Frees a region that :meth:`pin` gave (no request that reads it may be in
+        flight); raises ValueError for anything else."""
+        entry = self._pinned.pop(address(region), None)
+        if entry is None:
+            raise ValueError("unpin: not a region that this arena's pin() gave")
+        self._pinned_offsets.discard(entry[0])
+        self.release(entry[0])
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(size for _, size in self._pinned.values())
+
     def unreserve(self) -> None:
         """Frees the regions that :meth:`reserve` gave and no frame has carried."""
         while self._reserved:
@@ -143,7 +186,9 @@ class Arena:
 
     def release(self, offset: int) -> None:
         """The peer is done with the region at ``offset``; raises ValueError for an
-        offset that is not lent (a garbled frame)."""
+        offset that is not lent (a garbled frame). A pinned region stays lent."""
+        if offset in self._pinned_offsets:
+            return
         size = self._lent.pop(offset, None)
         if size is None:
             raise ValueError(f"released arena offset {offset} is not lent; not a channel frame")

@@ -804,6 +804,18 @@ class ChannelClient:
         """Bytes of this end's arena that the worker holds (requests it has not answered)."""
         return self._conn.arena.lent_bytes if self._conn.arena is not None else 0
 
+    def pin(self, nbytes: int) -> np.ndarray | None:
+        """A region of this end's arena that the caller keeps for its inputs ([Note:
+        inputs kept in the arena] in workers/_arena.py); None over TCP, with shared
+        memory off, or when the arena has no room."""
+        arena = self._conn.arena
+        return None if arena is None or self.closed else arena.pin(nbytes)
+
+    def unpin(self, region: np.ndarray) -> None:
+        """Frees a region that :meth:`pin` gave; no request that reads it may be in flight."""
+        if self._conn.arena is not None:
+            self._conn.arena.unpin(region)
+
     @property
     def arena_fallbacks(self) -> int:
         """Large buffers sent in the frame because the arena was full."""

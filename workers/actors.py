@@ -58,6 +58,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
+from workers._arena import address
 from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
@@ -323,6 +324,50 @@ class ReplicaPool:
         self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp, shared_memory=cfg.shared_memory)
                        for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
+        self._shared: dict[int, tuple[int, ChannelClient, np.ndarray]] = {}
+        """Arrays of :meth:`shared_array`, by address: (replica, channel, region)."""
+
+    async def shared_array(self, shape: Sequence[int], dtype: Any, *, wait_s: float = 10.0) -> np.ndarray:
+        """A writable array in memory shared with one replica, for a caller's inputs.
+
+        [Note: inputs kept in the arena] in workers/_arena.py: a request whose input is
+        this array (whole, not a slice) goes to its replica when that one is no busier
+        than the others, and the replica reads it where it lies, without the copy into
+        the channel that every other array takes. Write it only while no request that
+        reads it is in flight; hand it back with :meth:`free_shared_array`. Without a
+        direct channel with shared memory to a replica within ``wait_s`` (plain calls,
+        TCP, shared memory off, a full arena), a private array: requests then work as
+        usual, with the copy.
+        """
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if self._links:
+            i = min(range(len(self._links)), key=lambda k: sum(1 for r, _, _ in self._shared.values() if r == k))
+            stop = time.monotonic() + wait_s
+            while (client := self._links[i].client()) is None and time.monotonic() < stop:
+                await asyncio.sleep(0.01)
+            region = client.pin(nbytes) if client is not None else None
+            if region is not None:
+                array = region.view(dt).reshape(shape)
+                self._shared[address(region)] = (i, client, region)
+                return array
+        return np.zeros(shape, dt)
+
+    def free_shared_array(self, array: np.ndarray) -> None:
+        """Gives back an array of :meth:`shared_array` (a private one: nothing to do);
+        no request that reads it may be in flight."""
+        entry = self._shared.pop(address(array), None)
+        if entry is not None:
+            entry[1].unpin(entry[2])
+
+    def _shared_replica(self, requests: list[tuple]) -> int | None:
+        """The replica whose channel holds a request's input in place, if any."""
+        for inputs, _, _ in requests:
+            for value in inputs.values():
+                entry = self._shared.get(address(value)) if isinstance(value, np.ndarray) else None
+                if entry is not None:
+                    return entry[0]
+        return None
 
     async def ready(self) -> list[dict]:
         """Waits until every replica has loaded its segments; returns their health."""
@@ -425,8 +470,10 @@ class ReplicaPool:
         reloaded = False
         n = len(requests)
         args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
+        home = self._shared_replica(requests) if self._shared else None
         while True:
-            i = pick_replica(self._in_flight, self._down_until_s, time.monotonic(), start=self._next, exclude=exclude)
+            start = self._next if home is None else home
+            i = pick_replica(self._in_flight, self._down_until_s, time.monotonic(), start=start, exclude=exclude)
             assert i is not None  # the pool has at least one replica (PoolConfig checks)
             self._next = (i + 1) % len(self.replicas)
             self._in_flight[i] += n

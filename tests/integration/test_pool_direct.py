@@ -202,20 +202,24 @@ def test_the_channel_over_tcp_serves_like_the_unix_socket(ray_local, tail, refer
     assert stats.direct_calls >= len(frames) * 3 and stats.errors == 1 and stats.failed == 0
 
 
-def test_large_answers_are_read_in_the_workers_arena_and_stay_intact_while_held(ray_local, engine_config):
-    # [Note: channel arena]: the caller reads a 256 KiB answer where the worker put it;
-    # a held answer keeps its region, so later answers never overwrite it.
-    import onnx
+def _doubling_model():
+    """y = 2x on 256 KiB rows: large enough to go through the channel's arenas."""
     from onnx import TensorProto, helper
-
-    from workers.actors import ReplicaPool
 
     x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1 << 16])
     y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1 << 16])
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double", [x_info], [y_info], [two])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    key = make_segment_key("double", 1, "c0")
+    return model, make_segment_key("double", 1, "c0")
+
+
+def test_large_answers_are_read_in_the_workers_arena_and_stay_intact_while_held(ray_local, engine_config):
+    # [Note: channel arena]: the caller reads a 256 KiB answer where the worker put it;
+    # a held answer keeps its region, so later answers never overwrite it.
+    from workers.actors import ReplicaPool
+
+    model, key = _doubling_model()
     pool = ReplicaPool({key: model.SerializeToString()}, config=PoolConfig(num_replicas=1, max_restarts=0),
                        engine_config=engine_config)
     xs = [np.full((1, 1 << 16), float(i), np.float32) for i in range(12)]
@@ -245,3 +249,37 @@ def test_large_answers_are_read_in_the_workers_arena_and_stay_intact_while_held(
         while getattr(base, "base", None) is not None or isinstance(base, memoryview):
             base = base.obj if isinstance(base, memoryview) else base.base
         assert isinstance(base, mmap.mmap)  # a view of the worker's arena, not a copy
+
+
+def test_a_shared_array_goes_to_its_replica_in_place_and_follows_its_values(ray_local, engine_config):
+    # [Note: inputs kept in the arena] in workers/_arena.py, through a pool of two.
+    from workers.actors import ReplicaPool
+
+    model, key = _doubling_model()
+    pool = ReplicaPool({key: model.SerializeToString()}, config=PoolConfig(num_replicas=2, max_restarts=0),
+                       engine_config=engine_config)
+
+    async def main():
+        await pool.ready()
+        x = await pool.shared_array((1, 1 << 16), np.float32)
+        (home, client, _), = pool._shared.values()
+        assert client.arena_lent_bytes == x.nbytes  # it lies in that channel's arena
+        routed = pool.stats().routed[home]
+        for i in range(6):  # new values, same place: each request reads what was written last
+            x[...] = float(i)
+            out = await pool.infer(key, {"x": x})
+            np.testing.assert_array_equal(out["y"], np.full((1, 1 << 16), 2.0 * i, np.float32))
+            del out
+        assert pool.stats().routed[home] == routed + 6  # all to its replica, the pool being idle
+        assert client.arena_lent_bytes == x.nbytes and client.arena_fallbacks == 0
+        pool.free_shared_array(x)
+        assert client.arena_lent_bytes == 0 and not pool._shared
+        private = np.zeros(3, np.float32)
+        pool.free_shared_array(private)  # not one of its arrays: nothing to do
+
+    try:
+        asyncio.run(main())
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert stats.errors == 0 and stats.direct_calls >= 6

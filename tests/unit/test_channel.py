@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from workers._arena import ARENA_KEEP_BYTES, Arena
+from workers._arena import ARENA_KEEP_BYTES, ARENA_MIN_BYTES, Arena
 from workers._channel import ChannelClient, ChannelClosedError, _Connection, encode_frame, open_channel_server
 from workers.batcher import NOT_NOW
 from workers.errors import InputError, WorkerError
@@ -294,6 +294,57 @@ def test_arena_lends_first_fit_merges_what_comes_back_and_refuses_strangers():
             arena.release(12345)
     finally:
         arena.close()
+
+
+def test_a_pinned_region_goes_in_place_and_stays_lent_until_unpinned():
+    # [Note: inputs kept in the arena]
+    arena = Arena(size_bytes=1 << 20)
+    try:
+        assert arena.pin(ARENA_MIN_BYTES - 1) is None  # small arrays go in the frame anyway
+        region = arena.pin(256 << 10)
+        x = region.view(np.float32)
+        x[:] = 3.0
+        offset = arena.put(memoryview(x).cast("B"))
+        assert offset == 0 and arena.put(memoryview(x).cast("B")) == 0  # as often as it is sent
+        assert arena.lent_bytes == 256 << 10  # no copy was lent beside it
+        arena.release(offset)  # the peer hands it back: still the caller's
+        assert arena.lent_bytes == 256 << 10 and arena.pinned_bytes == 256 << 10
+        assert arena.put(memoryview(x[1:]).cast("B")) == 256 << 10  # not its start: copied
+        arena.release(256 << 10)
+        arena.unpin(region)
+        assert arena.lent_bytes == 0 and arena.pinned_bytes == 0
+        with pytest.raises(ValueError, match="not a region"):
+            arena.unpin(region)
+    finally:
+        arena.close()
+
+
+def test_inputs_written_in_a_pinned_region_reach_the_worker_without_a_copy():
+    # [Note: inputs kept in the arena], through the channel.
+    async def main():
+        async def doubled(key, inputs, *_):
+            return {k: v * 2 for k, v in inputs.items()}, None
+
+        server = await open_channel_server(doubled)
+        client = await ChannelClient.connect(server.path, server.token)
+        region = client.pin(1 << 20)
+        x = region.view(np.float32)
+        allocated = []
+        real = client._conn.arena._allocate
+        client._conn.arena._allocate = lambda n: allocated.append(n) or real(n)
+        for i in range(3):  # new values each time, in the same place
+            x[:] = i
+            out, _ = await client.call("double", {"x": x}, None, 0)
+            np.testing.assert_array_equal(out["x"], np.full(1 << 18, 2.0 * i, np.float32))
+        assert allocated == [] and client.arena_lent_bytes == 1 << 20
+        client.unpin(region)
+        assert client.arena_lent_bytes == 0
+        out, _ = await client.call("double", {"x": np.ones(1 << 18, np.float32)}, None, 0)
+        assert allocated == [1 << 20]  # an array of its own is copied, as before
+        client.close()
+        server.close()
+
+    _run(main())
 
 
 def test_an_idle_arena_gives_back_what_a_burst_took():
