@@ -305,9 +305,6 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 if direct.stats().direct_calls >= 3:
                     break
                 await asyncio.sleep(0.02)
-        shared = await pool.shared_array(x1.shape, x1.dtype)
-        shared[...] = x1
-        shared1 = {in_name: shared}
         for _ in range(3):  # warm every path
             sess.run(None, feed1)
             await plain.infer(key, feed1)
@@ -338,8 +335,13 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                         await _closed_loop(lambda: other.infer_timed(key, feed1), c, slice_s, point(f"{label}_c{c}"))
                     # [Note: inputs kept in the arena] in workers/_arena.py: the caller's
                     # input already lies in memory shared with the worker, as raw ORT's
-                    # lies in its own process; no copy per request.
-                    await _closed_loop(lambda: pool.infer_timed(key, shared1), c, slice_s, point("ours_shared_c1"))
+                    # lies in its own process; no copy per request. Held for this slice
+                    # only: the pool's other slices run without any kept array.
+                    shared = await pool.shared_array(x1.shape, x1.dtype)
+                    shared[...] = x1
+                    await _closed_loop(lambda: pool.infer_timed(key, {in_name: shared}), c, slice_s,
+                                       point("ours_shared_c1"))
+                    pool.free_shared_array(shared)
                     await _closed_loop(floors["blocking"].call_blocking_async, c, slice_s, point("floor_blocking_c1"))
                     await _closed_loop(floors["asyncio"].call, c, slice_s, point("floor_asyncio_c1"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
