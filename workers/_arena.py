@@ -93,9 +93,8 @@ class Arena:
         """Buffers sent in the frame because the arena had no room."""
         self._reserved: dict[int, int] = {}
         """Regions given by :meth:`reserve` and not yet in a frame: address -> offset."""
-        self._pinned: dict[int, tuple[int, int]] = {}
-        """Regions given by :meth:`pin`: address -> (offset, bytes); lent until unpinned."""
-        self._pinned_offsets: set[int] = set()
+        self._pinned: dict[int, int] = {}
+        """Regions given by :meth:`pin`: offset -> bytes; lent until unpinned."""
         self._base = address(self._view)
 
     @property
@@ -127,8 +126,8 @@ class Arena:
                 return offset
         if self._pinned:
             # [Note: inputs kept in the arena]
-            offset, size = self._pinned.get(address(data), (None, 0))
-            if offset is not None and data.nbytes <= size:
+            offset = address(data) - self._base
+            if data.nbytes <= self._pinned.get(offset, -1):
                 return offset
         offset = self._allocate(data.nbytes)
         if offset is None:
@@ -161,22 +160,20 @@ class Arena:
         offset = self._allocate(nbytes)
         if offset is None:
             return None
-        self._pinned[self._base + offset] = (offset, nbytes)
-        self._pinned_offsets.add(offset)
+        self._pinned[offset] = nbytes
         return np.frombuffer(self._view[offset:offset + nbytes], np.uint8)
 
     def unpin(self, region: np.ndarray) -> None:
         """Frees a region that :meth:`pin` gave (no request that reads it may be in
         flight); raises ValueError for anything else."""
-        entry = self._pinned.pop(address(region), None)
-        if entry is None:
+        offset = address(region) - self._base
+        if self._pinned.pop(offset, None) is None:
             raise ValueError("unpin: not a region that this arena's pin() gave")
-        self._pinned_offsets.discard(entry[0])
-        self.release(entry[0])
+        self.release(offset)
 
     @property
     def pinned_bytes(self) -> int:
-        return sum(size for _, size in self._pinned.values())
+        return sum(self._pinned.values())
 
     def unreserve(self) -> None:
         """Frees the regions that :meth:`reserve` gave and no frame has carried."""
@@ -187,7 +184,7 @@ class Arena:
     def release(self, offset: int) -> None:
         """The peer is done with the region at ``offset``; raises ValueError for an
         offset that is not lent (a garbled frame). A pinned region stays lent."""
-        if offset in self._pinned_offsets:
+        if offset in self._pinned:
             return
         size = self._lent.pop(offset, None)
         if size is None:
