@@ -53,7 +53,7 @@ from workers._weights import SharedWeights, acquire_weights
 from workers.coldstart import Artefact, compute_artefact_key, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "TensorSpec"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "Outputs", "TensorSpec"]
 
 logger = logging.getLogger(__name__)
 
@@ -190,10 +190,23 @@ class EngineStats:
         return cls(**json.loads(text))
 
 
+class Outputs(dict):
+    """The outputs of a run that filled its bucket: a dict of C-contiguous arrays, and
+    ``described``, their names, dtype strings and shapes as ``(names, dtypes, shapes)``,
+    made once per bucket, so that whoever sends them on need not look at each array
+    again ([Note: answers described in advance] in workers/_channel.py). Not to be
+    changed: ``described`` would then be wrong."""
+
+    __slots__ = ("described",)
+
+    described: tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
+
+
 class _Bucket:
     """Pre-allocated, pre-bound buffers for one batch size."""
 
-    __slots__ = ("size", "inputs", "input_values", "outputs", "output_values", "binding", "on_device", "kept")
+    __slots__ = ("size", "inputs", "input_values", "outputs", "output_values", "binding", "on_device", "kept",
+                 "described")
 
     def __init__(self, session: ort.InferenceSession, size: int, inputs: Sequence[TensorSpec],
                  outputs: Sequence[TensorSpec], device: str, device_id: int) -> None:
@@ -222,6 +235,9 @@ class _Bucket:
             self.output_values[spec.name] = value
         self.kept: collections.OrderedDict[tuple[int, ...], ort.IOBinding] = collections.OrderedDict()
         """Bindings to memory that requests brought, by its addresses ([Note: bindings kept])."""
+        self.described = (tuple(self.outputs), tuple(a.dtype.str for a in self.outputs.values()),
+                          tuple(a.shape for a in self.outputs.values()))
+        """Its outputs' :attr:`Outputs.described`."""
 
     def push_inputs(self) -> None:
         if self.on_device:
@@ -641,8 +657,9 @@ class Engine:
                     np.copyto(buf if rows == bucket.size else buf[:rows], inputs[name])
             self._execute(bucket, binding)
             if rows == bucket.size:
-                out = dict(bucket.outputs)
+                out = Outputs(bucket.outputs)
                 out.update(placed)
+                out.described = bucket.described
             else:
                 out = {k: v[:rows] for k, v in bucket.outputs.items()}
             if copy:

@@ -175,6 +175,26 @@ def test_bindings_to_request_memory_are_kept_by_address_and_reused_only_there(en
     np.testing.assert_allclose(b["y"], reference(many[2]), rtol=1e-4, atol=1e-6)
 
 
+def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
+    # [Note: answers described in advance] in workers/_channel.py
+    from workers.engine import Outputs
+
+    nbytes = engine.output_buffer("y", 1).nbytes
+    region = np.zeros(nbytes + 64, np.uint8)[64:]
+    for rows, place in ((1, None), (1, lambda n: region), (4, None)):
+        out = engine.run({"x": _x(rows=rows, seed=6)}, place=place)
+        assert type(out) is Outputs, rows
+        names, dtypes, shapes = out.described
+        assert names == tuple(out) == ("y",)
+        assert dtypes == tuple(a.dtype.str for a in out.values()) == ("<f4",)
+        assert shapes == tuple(a.shape for a in out.values()) == ((rows, CNN_CLASSES),)
+        assert all(a.flags.c_contiguous for a in out.values())
+        assert out.described is engine.run({"x": _x(rows=rows, seed=7)}).described  # made once per bucket
+    # A part of a bucket, or copies: plain dicts, described by whoever sends them.
+    assert type(engine.run({"x": _x(rows=3, seed=8)})) is dict
+    assert type(engine.run({"x": _x(seed=9)}, copy=True)) is dict
+
+
 def test_copy_returns_private_arrays(engine):
     a = engine.run({"x": _x(seed=3)}, copy=True)["y"]
     b = engine.run({"x": _x(seed=4)}, copy=True)["y"]
