@@ -12,7 +12,10 @@ reads the outputs in place. No framing, no pickling, no batcher, no Ray. Two for
 
 * ``blocking``: blocking ``recv`` on both ends, the least a process can do to wake up;
 * ``asyncio``: an event loop's reader callback on both ends, the way our worker and
-  its callers wait (a caller that also serves gRPC cannot block in ``recv``).
+  its callers wait (a caller that also serves gRPC cannot block in ``recv``): the
+  server's loop is the one our gateway serves on (``cluster.server.new_event_loop``,
+  uvloop where installed), as our worker's, a Ray actor's, is uvloop; the caller's is
+  whichever runs :meth:`FloorServer.call`.
 
 Its "overhead" (latency minus the server's run) is measured beside ours, in the same
 rounds, so the two are comparable on a machine whose speed drifts.
@@ -172,7 +175,9 @@ def _serve(path: str, model_path: str, layout: dict) -> None:
             one()
         return
     sock.setblocking(False)
-    loop = asyncio.new_event_loop()
+    from cluster.server import new_event_loop
+
+    loop = new_event_loop()
     done = loop.create_future()
 
     def readable() -> None:
