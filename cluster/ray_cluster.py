@@ -77,7 +77,7 @@ class RayPool:
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
                  metrics: GatewayMetrics | None = None, direct: bool = True,
                  start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S) -> None:
-        from workers._pool import PoolConfig, num_gpus_for
+        from workers._pool import PoolConfig
         from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
@@ -88,14 +88,12 @@ class RayPool:
         # The tail travels as bytes: workers on other nodes need not see the registry volume.
         with open(tail_path, "rb") as fh:
             model = fh.read()
-        pool_config = PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
-                                 resources=dict(config.ray_resources))
-        engine_config = EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
-                                     batch_buckets=_buckets(config.max_batch_size), provider=provider)  # type: ignore[arg-type]
         self.pool = ReplicaPool(
             {self.segment_key: model},
-            config=pool_config,
-            engine_config=engine_config,
+            config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
+                              resources=dict(config.ray_resources)),
+            engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
+                                       batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
                                          max_queue_delay_ms=config.max_queue_delay_ms,
                                          max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS,
@@ -106,8 +104,7 @@ class RayPool:
             ray.get([r.health.remote() for r in self.pool.replicas], timeout=start_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             self.pool.shutdown()
-            asks = {"CPU": pool_config.num_cpus, "GPU": num_gpus_for(engine_config), **pool_config.resources}
-            asks = {name: amount for name, amount in asks.items() if amount}
+            asks = {name: amount for name, amount in self.pool.replica_asks.items() if amount}
             offered = ray.cluster_resources()
             have = {name: offered.get(name, 0.0) for name in asks}
             raise Unavailable(reason=(

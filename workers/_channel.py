@@ -82,8 +82,9 @@ _PICKLE, _REQUEST, _ANSWER, _DESCRIBED_ANSWER = range(4)
 described in advance])."""
 _DESCRIBED_HEAD = struct.Struct("<qddq?")
 """A described answer's request id and RequestTiming, before its outputs' description."""
-_MAX_DESCRIPTIONS = 256
-"""Descriptions a connection keeps decoded; it forgets them all when more come."""
+_MAX_KEPT = 256
+"""Entries each of this module's caches keeps (descriptions decoded per connection,
+:func:`_made_once`); a full cache forgets them all when another comes."""
 _IN_FRAME = (1 << 64) - 1
 """A buffer's place when it follows in the frame rather than in the sender's arena."""
 _SOCKET_BUFFER_BYTES = 4 << 20
@@ -205,7 +206,7 @@ def _made_once(made: dict[int, tuple[Any, Any]], obj: Any, make: Callable[[Any],
     object beside it so that the id stays its own while it is there."""
     entry = made.get(id(obj))
     if entry is None or entry[0] is not obj:
-        if len(made) >= _MAX_DESCRIPTIONS:
+        if len(made) >= _MAX_KEPT:
             made.clear()
         entry = made[id(obj)] = (obj, make(obj))
     return entry[1]
@@ -313,7 +314,7 @@ def _decode_described_answer(meta: memoryview, buffers: list, known: dict[bytes,
         arrays = [(str(name), _dtype(dtype), tuple(shape)) for name, dtype, shape in zip(names, dtypes, shapes)]
         if not len(arrays) == len(names) == len(dtypes) == len(shapes):
             raise ValueError("a described answer's names, dtypes and shapes differ in number; not a channel frame")
-        if len(known) >= _MAX_DESCRIPTIONS:
+        if len(known) >= _MAX_KEPT:
             known.clear()
         known[description] = arrays
     if len(arrays) != len(buffers):

@@ -181,6 +181,13 @@ SegmentWorker = ray.remote(_TimingHost)
 or ``SegmentWorker.options(...).remote(segments, engine_config=...)``."""
 
 
+def worker_asks(engine_config: EngineConfig, *, num_cpus: float = 0.0,
+                resources: Mapping[str, float] | None = None) -> dict[str, float]:
+    """What one SegmentWorker asks Ray for: ``CPU``, ``GPU`` (one when its engine runs
+    on a GPU) and its custom ``resources``."""
+    return {"CPU": num_cpus, "GPU": num_gpus_for(engine_config), **(resources or {})}
+
+
 def make_worker(
     segments: Mapping[str, ModelSource] | ray.ObjectRef | None = None,
     *,
@@ -203,14 +210,15 @@ def make_worker(
     (ray-project/ray#53727). :class:`ReplicaPool` does that.
     """
     config = engine_config or EngineConfig()
+    asks = worker_asks(config, num_cpus=num_cpus, resources=resources)
     options: dict[str, Any] = dict(
         max_restarts=max_restarts, max_task_retries=0, max_concurrency=max_concurrency,
-        num_cpus=num_cpus, num_gpus=num_gpus_for(config),
+        num_cpus=asks.pop("CPU"), num_gpus=asks.pop("GPU"),
     )
     if name is not None:
         options["name"] = name
-    if resources:
-        options["resources"] = dict(resources)
+    if asks:
+        options["resources"] = asks
     if not isinstance(segments, ray.ObjectRef):
         segments = dict(segments or {})
     return SegmentWorker.options(**options).remote(
@@ -303,6 +311,8 @@ class ReplicaPool:
         self.config = cfg = config or PoolConfig()
         self._segments = dict(segments)
         self._engine_config = engine_config or EngineConfig()
+        self.replica_asks = worker_asks(self._engine_config, num_cpus=cfg.num_cpus, resources=cfg.resources)
+        """What each replica asks Ray for (:func:`worker_asks`)."""
         # Held for the pool's lifetime so that restarts find the creation arguments.
         self._segments_ref = ray.put(self._segments)
         self.replicas = [
