@@ -50,6 +50,7 @@ import io
 import itertools
 import logging
 import marshal
+import math
 import operator
 import os
 import pickle
@@ -64,10 +65,10 @@ from typing import Any
 
 import numpy as np
 
-from workers._arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
+from workers._arena import ARENA_ALIGN, ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
 from workers._pool import RequestTiming
 from workers.batcher import NOT_NOW
-from workers.engine import Outputs
+from workers.engine import Outputs, PlacedInputs
 from workers.errors import WorkerError
 
 __all__ = ["ChannelClient", "ChannelClosedError", "ChannelServer", "open_channel_server"]
@@ -77,9 +78,14 @@ logger = logging.getLogger(__name__)
 _HEAD = struct.Struct("<IIII")
 _BUF = struct.Struct("<QQ")
 _LEN = struct.Struct("<Q")
-_PICKLE, _REQUEST, _ANSWER, _DESCRIBED_ANSWER = range(4)
+_PICKLE, _REQUEST, _ANSWER, _DESCRIBED_ANSWER, _ROUTE, _LONE_REQUEST, _LONE_ANSWER = range(7)
 """How a frame's metadata is encoded (see [Note: tensor frames], [Note: answers
-described in advance])."""
+described in advance], [Note: lone frames])."""
+_LAST_CODEC = _LONE_ANSWER
+_LONE_REQUEST_HEAD = struct.Struct("<qqdq")
+"""A lone request's route, id, deadline (NaN for none) and priority, before its inputs' offsets."""
+_LONE_ANSWER_HEAD = struct.Struct("<qqdd")
+"""A lone answer's route, request id, queue and run seconds, before its outputs' offsets."""
 _DESCRIBED_HEAD = struct.Struct("<qddq?")
 """A described answer's request id and RequestTiming, before its outputs' description."""
 _MAX_KEPT = 256
@@ -105,7 +111,7 @@ Handler = Callable[..., Awaitable[Any]]
 NowHandler = Callable[..., Any]
 """Called first, synchronously, for a request with nothing behind it in the socket: its
 result goes back at once, or it returns ``NOT_NOW`` (workers.batcher) for ``Handler``.
-Called with the request's arguments and ``place``: None, or ``Arena.reserve`` of the
+Called with the request's arguments and ``place``: None, or ``Arena.place`` of the
 connection's arena, where the handler may write the answer's large arrays so that they
 go back without a copy ([Note: outputs placed] in workers/engine.py)."""
 
@@ -342,6 +348,51 @@ def _decode_answer(meta: memoryview, buffers: list) -> tuple:
                               for item in items]
 
 
+# [Note: lone frames]
+# At concurrency 1 every frame is a request of one, with its inputs in the caller's
+# arena, or the answer to one, with its outputs in the worker's, and right after an
+# engine run each step of reading or writing a frame costs about ten times its warm
+# time. Traced through Ray (transformer tail, 1 MiB in and out, its input kept in
+# shared memory, p50 of about 280 requests; stamps on both sides), the generic frame
+# took the caller 65 us to encode and 140 + 44 us to read and decode the answer, and
+# the worker 71 + 38 us to read and decode the request and 91 us to encode the
+# answer: the frame's state machine (head, places, metadata, buffers), its
+# allocations and its per-buffer bookkeeping, where the floor (bench/_floor.py) reads
+# eight bytes. A lone frame is what is left of a frame when everything but where its
+# arrays lie is known in advance: the usual head (no buffers in the frame, the
+# regions handed back as usual), then one fixed struct: a route, the request id,
+# either the deadline and priority or the answer's timing, and one arena offset per
+# array. A route, the segment key with the names, dtypes and shapes of a request's
+# inputs or of an answer's outputs (Outputs.described), is declared once per
+# connection by a _ROUTE frame sent just before its first use. A request of one
+# whose arrays all fit in the sender's arena, and an answer to a lone run (batch of
+# one, Outputs), go this way; all else, over TCP too, goes as before. The receiver
+# decodes a lone frame that its last read brought in whole straight from the
+# read-ahead buffer ([Note: reading ahead]), and builds each array on the arena's
+# mapping in one call.
+
+
+_NO_DEADLINE = float("nan")
+_ROUTE_ID = struct.Struct("<q")
+"""The route that a lone frame's fixed part starts with."""
+
+
+def _lone_struct(head: struct.Struct, arrays: list) -> struct.Struct:
+    return struct.Struct(head.format + "Q" * len(arrays))
+
+
+def _route_frame(route_id: int, key: str | None, described: tuple) -> bytes:
+    """The _ROUTE frame declaring ``route_id``: ``key`` (None for an answer's route) and
+    (names, dtype strings, shapes) ([Note: lone frames])."""
+    meta = marshal.dumps((route_id, key, *described))
+    return _HEAD.pack(len(meta), 0, 0, _ROUTE) + meta
+
+
+def _lone_frame(codec: int, meta: bytes, releases: list[int]) -> bytes:
+    return (_HEAD.pack(len(meta), 0, len(releases), codec) + b"".join(map(_LEN.pack, releases)) + meta
+            if releases else _HEAD.pack(len(meta), 0, 0, codec) + meta)
+
+
 def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tuple = ()) -> list:
     """``obj`` as the byte strings of one frame (see [Note: direct channel]); its large
     buffers go into ``arena`` where it has room, and the frame hands back the peer's
@@ -423,6 +474,18 @@ class _Connection:
         """Whether the last read emptied the socket (it took less than it could)."""
         self._descriptions: dict[bytes, list] = {}
         """Described answers' descriptions as decoded ([Note: answers described in advance])."""
+        self._fresh = False
+        """Whether nothing of the current frame has been read yet ([Note: lone frames])."""
+        self._routes_in: dict[int, tuple[str | None, list[tuple[str, np.dtype, tuple, int]], struct.Struct]] = {}
+        """Routes the peer declared: key, (name, dtype, shape, bytes) per array, and the
+        struct of a lone frame's fixed part ([Note: lone frames])."""
+        self._request_routes: dict[tuple, tuple[int, struct.Struct]] = {}
+        """Routes this end declared for its requests, by key and (name, dtype, shape) per input."""
+        self._answer_routes: dict[int, tuple[tuple, int, struct.Struct]] = {}
+        """Routes this end declared for its answers, by the id of Outputs.described (kept beside it)."""
+        self._made: dict[tuple, np.ndarray] = {}
+        """Arrays made over the peer's arena for requests, by (offset, dtype, shape): a
+        receiver that hands regions back with its answer reads them only meanwhile."""
         self._watched: dict[int, tuple[weakref.ref, int]] = {}
         """Per answer array read in the peer's arena: its weak reference and region."""
 
@@ -492,7 +555,11 @@ class _Connection:
         if self.error is not None:
             raise self.error
         releases = [self._releases.popleft() for _ in range(len(self._releases))]
-        parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, releases)]
+        parts = None
+        if self.arena is not None:
+            parts = self._encode_lone(obj, releases)
+        if parts is None:
+            parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, releases)]
         if not self._backlog and len(parts) <= _MAX_PARTS_PER_SEND:
             try:
                 sent = self.sock.sendmsg(parts)
@@ -512,6 +579,173 @@ class _Connection:
         self._backlog.extend(memoryview(bytes(p)) for p in parts)
         if self._writer is None:
             self._writer = self._loop.create_task(self._drain())
+
+    def _encode_lone(self, obj: Any, releases: list[int]) -> list | None:
+        """``obj`` as a lone frame, after the _ROUTE frame declaring its route when it is
+        new; None when it is no request or answer of one, or its arrays do not all fit
+        in the arena ([Note: lone frames])."""
+        if type(obj) is not tuple:
+            return None
+        if len(obj) == 2:
+            return self._encode_lone_request(obj, releases)
+        if len(obj) == 3 and obj[1] is True:
+            return self._encode_lone_answer(obj, releases)
+        return None
+
+    def _encode_lone_request(self, obj: tuple, releases: list[int]) -> list | None:
+        request_id, args = obj
+        if type(request_id) is not int or type(args) is not tuple or len(args) != 4:
+            return None
+        key, requests, deadlines, priorities = args
+        if (type(key) is not str or type(requests) is not list or len(requests) != 1 or type(deadlines) is not list
+                or len(deadlines) != 1 or type(priorities) is not list or len(priorities) != 1):
+            return None
+        inputs, deadline, priority = requests[0], deadlines[0], priorities[0]
+        if (type(inputs) is not dict or not (deadline is None or type(deadline) is float)
+                or type(priority) is not int):
+            return None
+        shape_key = [key]
+        for name, a in inputs.items():
+            if type(a) is not np.ndarray:
+                return None
+            shape_key.append((name, a.dtype, a.shape))
+        route_key = tuple(shape_key)
+        parts = []
+        route = self._request_routes.get(route_key)
+        if route is None:
+            arrays: list = []
+            described = _describe_arrays(inputs, arrays)
+            if described is None or not self._route_room():
+                return None
+            route = self._request_routes[route_key] = (self._next_route(), _lone_struct(_LONE_REQUEST_HEAD, arrays))
+            parts.append(_route_frame(route[0], key, described))
+        offsets = self._put_all(inputs.values())
+        if offsets is None:
+            return None
+        meta = route[1].pack(route[0], request_id, _NO_DEADLINE if deadline is None else deadline, priority, *offsets)
+        parts.append(_lone_frame(_LONE_REQUEST, meta, releases))
+        return parts
+
+    def _encode_lone_answer(self, obj: tuple, releases: list[int]) -> list | None:
+        request_id, _, results = obj
+        if type(request_id) is not int or type(results) is not list or len(results) != 1:
+            return None
+        result = results[0]
+        if type(result) is not tuple or len(result) != 2:
+            return None
+        outputs, timing = result
+        if (type(outputs) is not Outputs or type(timing) is not RequestTiming or timing.batch_size != 1
+                or timing.first_in_batch is not True):
+            return None
+        described = outputs.described
+        parts = []
+        entry = self._answer_routes.get(id(described))
+        if entry is None or entry[0] is not described:
+            arrays: list = []
+            if _describe_arrays(outputs, arrays) != described or not self._route_room():
+                return None
+            entry = self._answer_routes[id(described)] = (
+                described, self._next_route(), _lone_struct(_LONE_ANSWER_HEAD, arrays))
+            parts.append(_route_frame(entry[1], None, described))
+        offsets = self._put_all(outputs.values())
+        if offsets is None:
+            return None
+        meta = entry[2].pack(entry[1], request_id, timing.queue_s, timing.compute_s, *offsets)
+        parts.append(_lone_frame(_LONE_ANSWER, meta, releases))
+        return parts
+
+    def _route_room(self) -> bool:
+        return len(self._request_routes) + len(self._answer_routes) < _MAX_KEPT
+
+    def _next_route(self) -> int:
+        return len(self._request_routes) + len(self._answer_routes)
+
+    def _put_all(self, arrays: Any) -> list[int] | None:
+        """Each array's offset in this end's arena (copied there unless it lies there
+        already); None, with nothing left lent, when one does not fit or is not
+        contiguous."""
+        arena = self.arena
+        offsets: list[int] = []
+        for a in arrays:
+            # Placed or pinned, found by identity ([Note: arrays made once]); else copied.
+            where = arena.take(a)  # type: ignore[union-attr]
+            if where is None:
+                try:
+                    where = arena.put(pickle.PickleBuffer(a).raw())  # type: ignore[union-attr]
+                except BufferError:  # not contiguous: the generic frame copes
+                    pass
+            if where is None:
+                for offset in offsets:
+                    arena.release(offset)  # type: ignore[union-attr]
+                return None
+            offsets.append(where)
+        return offsets
+
+    def _declare(self, meta: memoryview) -> None:
+        """Keeps the route a _ROUTE frame declares ([Note: lone frames])."""
+        try:
+            route_id, key, names, dtypes, shapes = marshal.loads(meta)
+        except (EOFError, ValueError, TypeError) as e:
+            raise ValueError(f"a route declaration does not decode ({e!r}); not a channel frame") from None
+        if (type(route_id) is not int or not 0 <= route_id < _MAX_KEPT or not (key is None or type(key) is str)
+                or type(names) is not tuple or type(dtypes) is not tuple or type(shapes) is not tuple
+                or not len(names) == len(dtypes) == len(shapes)):
+            raise ValueError(f"route declaration {route_id!r} is malformed; not a channel frame")
+        specs = []
+        for name, dtype, shape in zip(names, dtypes, shapes):
+            try:
+                dt = _dtype(dtype) if type(dtype) is str else None
+            except TypeError:
+                dt = None
+            if (type(name) is not str or dt is None or dt.hasobject or type(shape) is not tuple
+                    or not all(type(d) is int and d >= 0 for d in shape)):
+                raise ValueError(f"route declaration {route_id} declares {name!r} as {dtype!r} {shape!r}; "
+                                 "not a channel frame")
+            specs.append((name, dt, shape, math.prod(shape) * dt.itemsize))
+        head = _LONE_REQUEST_HEAD if key is not None else _LONE_ANSWER_HEAD
+        self._routes_in[route_id] = (key, specs, struct.Struct(head.format + "Q" * len(specs)))
+
+    def _decode_lone(self, codec: int, meta: memoryview) -> tuple[Any, list[int]]:
+        """A lone frame's request or answer, and the regions of the peer's arena that its
+        arrays hold (none where they go back by themselves once freed)."""
+        route = self._routes_in.get(_ROUTE_ID.unpack_from(meta)[0]) if len(meta) >= _ROUTE_ID.size else None
+        if route is None or (route[0] is None) != (codec == _LONE_ANSWER) or len(meta) != route[2].size:
+            raise ValueError(f"a lone frame of {len(meta)} bytes names an undeclared or other route; "
+                             "not a channel frame")
+        key, specs, layout = route
+        _, request_id, a, b, *offsets = layout.unpack_from(meta)
+        peer = self.peer
+        if peer is None:
+            raise ValueError("a lone frame places arrays in an arena, but none was shared; not a channel frame")
+        for (_, _, _, nbytes), where in zip(specs, offsets):
+            if where % ARENA_ALIGN or where + nbytes > peer.size_bytes:
+                raise ValueError(f"a lone frame places {nbytes} bytes at arena offset {where}, outside the "
+                                 f"{peer.size_bytes}-byte arena; not a channel frame")
+        if self._views_until_freed:
+            # The caller's end: each array goes back once freed ([Note: channel arena]).
+            arrays = {}
+            for (name, dtype, shape, _), where in zip(specs, offsets):
+                arrays[name] = array = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
+                ref = weakref.ref(array, self._freed)
+                self._watched[id(ref)] = (ref, where)
+            return (request_id, True, [(arrays, RequestTiming(a, b, 1, True))]), []
+        # The worker's end: the regions go back with the answer, and the arrays over
+        # them are made once ([Note: arrays made once] in workers/_arena.py).
+        placed = PlacedInputs()
+        placed.route = route
+        placed.addresses = {}
+        made = self._made
+        for (name, dtype, shape, _), where in zip(specs, offsets):
+            array = made.get((where, dtype, shape))
+            if array is None:
+                if len(made) >= _MAX_KEPT:
+                    made.clear()
+                array = made[(where, dtype, shape)] = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
+            placed[name] = array
+            placed.addresses[name] = peer.base + where
+        if key is None:
+            return (request_id, True, [(placed, RequestTiming(a, b, 1, True))]), offsets
+        return (request_id, (key, [placed], [None if a != a else a], [b])), offsets
 
     async def _drain(self) -> None:
         try:
@@ -596,8 +830,13 @@ class _Connection:
         """
         try:
             while self._reading:
+                if self._fresh and self._ahead_end - self._ahead_at >= _HEAD.size:
+                    self._fresh = False
+                    if self._read_lone():
+                        continue
                 want = self._want
                 if self._ahead_end > self._ahead_at:  # bytes read ahead: take them first
+                    self._fresh = False
                     n = min(len(want), self._ahead_end - self._ahead_at)
                     want[:n] = self._ahead_view[self._ahead_at:self._ahead_at + n]
                     self._ahead_at += n
@@ -630,10 +869,36 @@ class _Connection:
         self._head = bytearray(_HEAD.size)
         self._want = memoryview(self._head)
         self._step = self._got_head
+        self._fresh = True
+
+    def _read_lone(self) -> bool:
+        """Decodes and hands on a lone frame that lies whole in the bytes read ahead;
+        False, having read nothing, for any other frame ([Note: lone frames])."""
+        at = self._ahead_at
+        meta_bytes, n, n_released, codec = _HEAD.unpack_from(self._ahead, at)
+        if n or not _LONE_REQUEST <= codec <= _LONE_ANSWER or n_released > _MAX_BUFFERS:
+            return False
+        start = at + _HEAD.size + _LEN.size * n_released
+        end = start + meta_bytes
+        if end > self._ahead_end:
+            return False
+        self._ahead_at = end
+        if n_released:
+            self._release_regions(self._ahead_view[at + _HEAD.size:start])
+        obj, held = self._decode_lone(codec, self._ahead_view[start:end])
+        self._start_frame()
+        self._on_frame(obj, held)
+        return True
+
+    def _release_regions(self, offsets: memoryview) -> None:
+        if self.arena is None:
+            raise ValueError("frame releases arena regions, but this end lent none; not a channel frame")
+        for (offset,) in _LEN.iter_unpack(offsets):
+            self.arena.release(offset)
 
     def _got_head(self) -> None:
         meta_bytes, n, n_released, codec = self._counts = _HEAD.unpack(self._head)
-        if meta_bytes > _MAX_FRAME_BYTES or n > _MAX_BUFFERS or n_released > _MAX_BUFFERS or codec > _DESCRIBED_ANSWER:
+        if meta_bytes > _MAX_FRAME_BYTES or n > _MAX_BUFFERS or n_released > _MAX_BUFFERS or codec > _LAST_CODEC:
             raise ValueError(f"frame head declares {meta_bytes} metadata bytes, {n} buffers, {n_released} "
                              f"released regions and codec {codec}; not a channel frame")
         self._rest = bytearray(_BUF.size * n + _LEN.size * n_released + meta_bytes)  # places, releases, metadata
@@ -650,10 +915,7 @@ class _Connection:
         if in_frame > _MAX_FRAME_BYTES:
             raise ValueError(f"frame declares {in_frame} buffer bytes (limit {_MAX_FRAME_BYTES}); not a channel frame")
         if n_released:
-            if self.arena is None:
-                raise ValueError("frame releases arena regions, but this end lent none; not a channel frame")
-            for (offset,) in _LEN.iter_unpack(rest[places_end:released_end]):
-                self.arena.release(offset)
+            self._release_regions(rest[places_end:released_end])
         self._meta = rest[released_end:]
         self._buffers: list = []
         self._held: list[int] = []
@@ -685,7 +947,14 @@ class _Connection:
         meta, buffers, held, codec = self._meta, self._buffers, self._held, self._counts[3]
         self._meta = self._buffers = self._held = self._rest = None  # type: ignore[assignment]
         self._start_frame()
-        if codec == _DESCRIBED_ANSWER:
+        if codec == _ROUTE:
+            self._declare(meta)
+            return
+        if codec == _LONE_REQUEST or codec == _LONE_ANSWER:
+            if buffers:
+                raise ValueError(f"a lone frame carries {len(buffers)} buffers; not a channel frame")
+            obj, held = self._decode_lone(codec, meta)
+        elif codec == _DESCRIBED_ANSWER:
             obj = _decode_described_answer(meta, buffers, self._descriptions)
         elif codec == _PICKLE:
             obj = pickle.loads(meta, buffers=buffers)
@@ -695,6 +964,7 @@ class _Connection:
 
     def close(self) -> None:
         self.stop_reading()
+        self._made.clear()
         self.sock.close()
         if self.arena is not None:
             self.arena.close()
@@ -781,7 +1051,7 @@ class ChannelServer:
             # way, so that they can batch with it.
             arena = conn.arena
             try:
-                ok, value = True, self._now(*args, place=arena.reserve if arena is not None else None)
+                ok, value = True, self._now(*args, place=arena.place if arena is not None else None)
             except Exception as e:  # noqa: BLE001 - as in _answer
                 ok, value = False, e
             if value is not NOT_NOW:  # NOT_NOW: nothing ran, nothing was reserved
@@ -900,8 +1170,15 @@ class ChannelClient:
         arena = self._conn.arena
         return None if arena is None or self.closed else arena.pin(nbytes)
 
+    def pin_array(self, shape: tuple, dtype: Any) -> np.ndarray | None:
+        """:meth:`pin` as an array of ``shape`` and ``dtype``, which a request then carries
+        without asking where it lies ([Note: arrays made once] in workers/_arena.py)."""
+        arena = self._conn.arena
+        return None if arena is None or self.closed else arena.pin_array(shape, dtype)
+
     def unpin(self, region: np.ndarray) -> None:
-        """Frees a region that :meth:`pin` gave; no request that reads it may be in flight."""
+        """Frees a region that :meth:`pin` or :meth:`pin_array` gave; no request that reads
+        it may be in flight."""
         if self._conn.arena is not None:
             self._conn.arena.unpin(region)
 

@@ -23,7 +23,7 @@ import numpy as np
 from workers._malloc import keep_freed_memory
 from workers._pool import SegmentStats, WorkerStats, check_inputs, to_monotonic_deadline
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
-from workers.engine import Engine, EngineConfig
+from workers.engine import Engine, EngineConfig, Place
 from workers.errors import ActorConfigError, InputError, SegmentNotLoadedError, WorkerError
 from workers.pipeline import StageSpan
 
@@ -323,7 +323,7 @@ class SegmentHost:
 
     def infer_now(
         self, key: str, inputs: Mapping[str, np.ndarray], deadline_unix_ms: float | None, priority: int,
-        *, views: bool = False, place: Callable[[int], np.ndarray | None] | None = None,
+        *, views: bool = False, place: Place | None = None,
         stamps: list[float] | None = None,
     ) -> Any:
         """Runs one request at once when its batcher is idle and would run it on the event

@@ -51,7 +51,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -63,7 +63,7 @@ from workers._channel import ChannelClient, ChannelClosedError, open_channel_ser
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
-from workers.engine import EngineConfig
+from workers.engine import EngineConfig, Place
 from workers.errors import ActorConfigError, ReplicaUnavailableError, SegmentNotLoadedError
 from workers.pipeline import StageSpan
 
@@ -145,7 +145,7 @@ class _TimingHost(SegmentHost):
         deadlines_unix_ms: list[float | None],
         priorities: list[int],
         *,
-        place: Callable[[int], np.ndarray | None] | None = None,
+        place: Place | None = None,
     ) -> Any:
         """``infer_batch_timed`` answered at once, for a lone request that the batcher can
         run now (see :meth:`SegmentHost.infer_now`); ``NOT_NOW`` otherwise. The direct
@@ -335,7 +335,9 @@ class ReplicaPool:
                        for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
         self._shared: dict[int, tuple[int, ChannelClient, np.ndarray]] = {}
-        """Arrays of :meth:`shared_array`, by address: (replica, channel, region)."""
+        """Arrays of :meth:`shared_array`, by id: (replica, channel, the array)."""
+        self._shared_at: dict[int, int] = {}
+        """The same arrays' ids by address, for a request that carries a view of one."""
 
     async def shared_array(self, shape: Sequence[int], dtype: Any, *, wait_s: float = 10.0) -> np.ndarray:
         """A writable array in memory shared with one replica, for a caller's inputs.
@@ -350,23 +352,23 @@ class ReplicaPool:
         usual, with the copy.
         """
         dt = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if self._links:
             i = min(range(len(self._links)), key=lambda k: sum(1 for r, _, _ in self._shared.values() if r == k))
             stop = time.monotonic() + wait_s
             while (client := self._links[i].client()) is None and time.monotonic() < stop:
                 await asyncio.sleep(0.01)
-            region = client.pin(nbytes) if client is not None else None
-            if region is not None:
-                array = region.view(dt).reshape(shape)
-                self._shared[address(region)] = (i, client, region)
+            array = client.pin_array(tuple(shape), dt) if client is not None else None
+            if array is not None:
+                self._shared[id(array)] = (i, client, array)
+                self._shared_at[address(array)] = id(array)
                 return array
         return np.zeros(shape, dt)
 
     def free_shared_array(self, array: np.ndarray) -> None:
         """Gives back an array of :meth:`shared_array` (a private one: nothing to do);
         no request that reads it may be in flight."""
-        entry = self._shared.pop(address(array), None)
+        key = self._shared_at.pop(address(array), None)
+        entry = self._shared.pop(key, None) if key is not None else None
         if entry is not None:
             entry[1].unpin(entry[2])
 
@@ -374,9 +376,14 @@ class ReplicaPool:
         """The replica whose channel holds a request's input in place, if any."""
         for inputs, _, _ in requests:
             for value in inputs.values():
-                entry = self._shared.get(address(value)) if isinstance(value, np.ndarray) else None
-                if entry is not None:
+                entry = self._shared.get(id(value))
+                if entry is not None and entry[2] is value:
                     return entry[0]
+                # A view of one ([Note: arrays made once] in workers/_arena.py: the array
+                # itself is found without asking where it lies).
+                key = self._shared_at.get(address(value)) if isinstance(value, np.ndarray) else None
+                if key is not None:
+                    return self._shared[key][0]
         return None
 
     async def ready(self) -> list[dict]:

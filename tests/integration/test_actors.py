@@ -166,9 +166,9 @@ def test_host_serves_a_frame_of_requests_and_lone_ones_at_once_counting_each(tai
 
     regions: list[np.ndarray] = []
 
-    def place(nbytes: int) -> np.ndarray:
-        regions.append(np.empty(nbytes, np.uint8))
-        return regions[-1]
+    def place(like: np.ndarray) -> tuple[np.ndarray, int]:
+        regions.append(np.empty_like(like))
+        return regions[-1], regions[-1].ctypes.data
 
     frame, missing, before_lone, now, views, placed, stats = asyncio.run(main())
     _assert_equal(frame[0], reference(x1))

@@ -593,12 +593,13 @@ def test_a_now_handler_writes_its_answer_where_the_arena_placed_it():
 
     def now(key, inputs, deadline_unix_ms, priority, place=None):
         assert place is not None  # a Unix socket with shared arenas
-        region = place(inputs["x"].nbytes)
-        if region is None:  # too small for the arena: an answer of its own
+        spot = place(inputs["x"])
+        if spot is None:  # too small for the arena: an answer of its own
             return {"y": inputs["x"] * 3}, None
-        spare = place(64 << 10)  # reserved and never sent: freed after the answer
+        out, at = spot
+        assert out.shape == inputs["x"].shape and out.dtype == inputs["x"].dtype and at == out.ctypes.data
+        spare = place(np.empty(64 << 10, np.uint8))  # reserved and never sent: freed after the answer
         assert spare is not None
-        out = region.view(np.float32).reshape(inputs["x"].shape)
         np.multiply(inputs["x"], 3, out=out)
         placed.append(out)
         if key == "fail":

@@ -110,15 +110,22 @@ def test_a_whole_bucket_input_is_read_in_place_and_the_bucket_buffer_bound_again
     np.testing.assert_array_equal(staging, strided)
 
 
+def _placed(region: np.ndarray, like: np.ndarray) -> tuple[np.ndarray, int]:
+    """An engine's ``place``: ``like``'s array over ``region``, and its address."""
+    array = region.view(like.dtype).reshape(like.shape)
+    return array, array.ctypes.data
+
+
 def test_outputs_placed_are_written_there_and_the_bucket_buffer_bound_again(engine, reference):
     # [Note: outputs placed]
     own = engine.output_buffer("y", 1)
     own[...] = 0.0
     regions: list[np.ndarray] = []
 
-    def place(nbytes: int) -> np.ndarray:
-        regions.append(np.zeros(nbytes + 64, np.uint8)[64:])  # writable, not the engine's
-        return regions[-1]
+    def place(like: np.ndarray) -> tuple[np.ndarray, int]:
+        regions.append(np.zeros(like.nbytes + 64, np.uint8)[64:])  # writable, not the engine's
+        array = regions[-1].view(like.dtype).reshape(like.shape)
+        return array, array.ctypes.data
 
     x1, x2 = _x(seed=21), _x(seed=22)
     out = engine.run({"x": x1}, place=place)["y"]
@@ -152,7 +159,7 @@ def test_bindings_to_request_memory_are_kept_by_address_and_reused_only_there(en
     for i in range(6):  # alternating places, fresh values each time
         slot, region = slots[i % 2], regions[i % 2]
         slot[...] = _x(seed=40 + i)
-        out = engine.run({"x": slot}, place=lambda n, r=region: r)["y"]
+        out = engine.run({"x": slot}, place=lambda like, r=region: _placed(r, like))["y"]
         assert np.shares_memory(out, region)
         np.testing.assert_allclose(out, reference(slot), rtol=1e-4, atol=1e-6)
     assert len(made) == 2  # one binding per pair of places, then reused
@@ -181,7 +188,7 @@ def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
 
     nbytes = engine.output_buffer("y", 1).nbytes
     region = np.zeros(nbytes + 64, np.uint8)[64:]
-    for rows, place in ((1, None), (1, lambda n: region), (4, None)):
+    for rows, place in ((1, None), (1, lambda like: _placed(region, like)), (4, None)):
         out = engine.run({"x": _x(rows=rows, seed=6)}, place=place)
         assert type(out) is Outputs, rows
         names, dtypes, shapes = out.described
