@@ -124,10 +124,11 @@ class Arena:
                 return offset
         return None
 
-    def put(self, data: memoryview) -> int | None:
+    def put(self, data: memoryview, *, counted: bool = True) -> int | None:
         """Copies ``data`` (bytes, contiguous) into a free region and returns its
-        offset, or None when no region is large enough. ``data`` that already lies in
-        a region :meth:`reserve` gave is not copied: that region is its place."""
+        offset, or None when no region is large enough (``counted``: as a fallback, the
+        buffer then going in the frame). ``data`` that already lies in a region
+        :meth:`reserve` gave is not copied: that region is its place."""
         if self._reserved:
             offset = self._reserved.pop(address(data), None)
             if offset is not None:
@@ -139,7 +140,7 @@ class Arena:
                 return offset
         offset = self._allocate(data.nbytes)
         if offset is None:
-            self.fallbacks += 1
+            self.fallbacks += counted
         else:
             self._view[offset:offset + data.nbytes] = data
         return offset

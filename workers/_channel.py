@@ -466,6 +466,8 @@ class _Connection:
         """Regions of the peer's arena this end is done with; they go back with the next
         frame. A deque: finalizers append to it whenever an answer's arrays are freed."""
         self._reading = False
+        self._head = bytearray(_HEAD.size)
+        self._head_view = memoryview(self._head)
         self._ahead = bytearray(_READ_AHEAD_BYTES)
         self._ahead_view = memoryview(self._ahead)
         self._ahead_at = self._ahead_end = 0
@@ -554,7 +556,8 @@ class _Connection:
         """Queues one frame; raises OSError when the connection has failed."""
         if self.error is not None:
             raise self.error
-        releases = [self._releases.popleft() for _ in range(len(self._releases))]
+        # Finalizers append on any thread: each popleft is atomic; no Python frame per send.
+        releases = list(itertools.starmap(self._releases.popleft, itertools.repeat((), len(self._releases))))
         parts = None
         if self.arena is not None:
             parts = self._encode_lone(obj, releases)
@@ -617,11 +620,13 @@ class _Connection:
             described = _describe_arrays(inputs, arrays)
             if described is None or not self._route_room():
                 return None
-            route = self._request_routes[route_key] = (self._next_route(), _lone_struct(_LONE_REQUEST_HEAD, arrays))
+            route = (self._next_route(), _lone_struct(_LONE_REQUEST_HEAD, arrays))
             parts.append(_route_frame(route[0], key, described))
         offsets = self._put_all(inputs.values())
         if offsets is None:
             return None
+        if parts:  # declared only now that the declaration goes out
+            self._request_routes[route_key] = route
         meta = route[1].pack(route[0], request_id, _NO_DEADLINE if deadline is None else deadline, priority, *offsets)
         parts.append(_lone_frame(_LONE_REQUEST, meta, releases))
         return parts
@@ -644,12 +649,13 @@ class _Connection:
             arrays: list = []
             if _describe_arrays(outputs, arrays) != described or not self._route_room():
                 return None
-            entry = self._answer_routes[id(described)] = (
-                described, self._next_route(), _lone_struct(_LONE_ANSWER_HEAD, arrays))
+            entry = (described, self._next_route(), _lone_struct(_LONE_ANSWER_HEAD, arrays))
             parts.append(_route_frame(entry[1], None, described))
         offsets = self._put_all(outputs.values())
         if offsets is None:
             return None
+        if parts:  # declared only now that the declaration goes out
+            self._answer_routes[id(described)] = entry
         meta = entry[2].pack(entry[1], request_id, timing.queue_s, timing.compute_s, *offsets)
         parts.append(_lone_frame(_LONE_ANSWER, meta, releases))
         return parts
@@ -671,7 +677,8 @@ class _Connection:
             where = arena.take(a)  # type: ignore[union-attr]
             if where is None:
                 try:
-                    where = arena.put(pickle.PickleBuffer(a).raw())  # type: ignore[union-attr]
+                    # Not counted as a fallback: the usual frame that follows tries again.
+                    where = arena.put(pickle.PickleBuffer(a).raw(), counted=False)  # type: ignore[union-attr]
                 except BufferError:  # not contiguous: the generic frame copes
                     pass
             if where is None:
@@ -866,8 +873,8 @@ class _Connection:
                 self._on_lost(e)
 
     def _start_frame(self) -> None:
-        self._head = bytearray(_HEAD.size)
-        self._want = memoryview(self._head)
+        # One head buffer for every frame: it is unpacked as soon as it is full.
+        self._want = self._head_view
         self._step = self._got_head
         self._fresh = True
 

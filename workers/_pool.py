@@ -167,13 +167,19 @@ def pick_replica(
     sole replica. Returns ``None`` for an empty pool.
     """
     n = len(in_flight)
-    if n == 0:
-        return None
-    order = [(start + k) % n for k in range(n)]
-    candidates = [i for i in order if i != exclude] or order
-    up = [i for i in candidates if down_until_s[i] <= now_s]
-    pool = up or candidates
-    return min(pool, key=lambda i: in_flight[i])  # min keeps the first of equals: round-robin
+    if n <= 1:
+        return 0 if n else None
+    # One pass in round-robin order from ``start``: replicas that are up before those
+    # that are down, then the fewest in flight; the first of equals wins.
+    best, best_rank = 0, None
+    for k in range(n):
+        i = (start + k) % n
+        if i == exclude:
+            continue
+        rank = (down_until_s[i] > now_s, in_flight[i])
+        if best_rank is None or rank < best_rank:
+            best, best_rank = i, rank
+    return best
 
 
 _RAY_OWN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})

@@ -486,7 +486,11 @@ class ReplicaPool:
         attempts = 0
         reloaded = False
         n = len(requests)
-        args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
+        if n == 1:  # a lone request: no comprehensions ([Note: lean lone path] in workers/_worker.py)
+            [(inputs, deadline, priority)] = requests
+            args = ([inputs], [deadline], [priority])
+        else:
+            args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
         home = self._shared_replica(requests) if self._shared else None
         while True:
             start = self._next if home is None else home
@@ -521,7 +525,8 @@ class ReplicaPool:
                 continue
             finally:
                 self._in_flight[i] -= n
-            if not reloaded and key in self._segments and all(isinstance(r, SegmentNotLoadedError) for r in results):
+            if (not reloaded and isinstance(results[0], SegmentNotLoadedError) and key in self._segments
+                    and all(isinstance(r, SegmentNotLoadedError) for r in results)):
                 # A replica restarted by Ray knows only its creation segments.
                 reloaded = True
                 self._retries += n

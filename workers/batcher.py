@@ -182,6 +182,9 @@ class Batcher:
         self._run_batch = run_batch
         self._config = config if config is not None else BatcherConfig()
         self._clock = clock
+        # The policy's own answer for one request that has just arrived: a queue delay
+        # waits for company unless a batch of one is full or preferred.
+        self._one_goes_alone = _batch_size(1, self._config, delay_over=self._config.max_queue_delay_ms <= 0) == 1
         self._is_async = inspect.iscoroutinefunction(run_batch) or inspect.iscoroutinefunction(
             getattr(run_batch, "__call__", None)
         )
@@ -342,14 +345,9 @@ class Batcher:
     def can_run_now(self) -> bool:
         """Whether :meth:`run_now` would run a request now: idle, lone runs short, and no
         queue delay to wait for company."""
-        cfg = self._config
-        if (self._depth or self._batch_tasks or self._closing or not self._plain_results
-                or self._lone_run_s is None
-                or self._lone_run_s * 1e3 > cfg.inline_max_ms):
-            return False
-        # The policy's own answer for one request that has just arrived: a queue delay
-        # waits for company unless a batch of one is full or preferred.
-        return _batch_size(1, cfg, delay_over=cfg.max_queue_delay_ms <= 0) == 1
+        return not (self._depth or self._batch_tasks or self._closing or not self._plain_results
+                    or not self._one_goes_alone or self._lone_run_s is None
+                    or self._lone_run_s * 1e3 > self._config.inline_max_ms)
 
     def _admit(self, deadline_s: float | None, priority: int, shape_key: Hashable) -> float:
         """Checks a new request (closed, priority, shape key, deadline); returns now."""

@@ -182,6 +182,37 @@ def test_bindings_to_request_memory_are_kept_by_address_and_reused_only_there(en
     np.testing.assert_allclose(b["y"], reference(many[2]), rtol=1e-4, atol=1e-6)
 
 
+def test_placed_inputs_are_checked_once_per_route_and_read_where_they_lie(engine, reference, monkeypatch):
+    # [Note: routes checked once]; PlacedInputs are what the direct channel makes.
+    from workers.engine import PlacedInputs
+
+    checked: list[int] = []
+    real = engine._check
+    monkeypatch.setattr(engine, "_check", lambda inputs, where: checked.append(1) or real(inputs, where))
+
+    def placed(x: np.ndarray, route: object) -> PlacedInputs:
+        inputs = PlacedInputs({"x": x})
+        inputs.route, inputs.addresses = route, {"x": x.ctypes.data}
+        return inputs
+
+    route, wrong = ("x", "<f4"), ("x", "<f8")
+    for seed in range(3):
+        assert engine.check(placed(_x(seed=seed), route)) == 1
+    assert len(checked) == 1
+    for _ in range(2):  # a route that fails is refused every time, never kept
+        with pytest.raises(InputError, match="float64"):
+            engine.check(placed(_x(seed=1).astype(np.float64), wrong))
+    assert len(checked) == 3
+    engine.check({"x": _x(seed=1)})
+    engine.check({"x": _x(seed=1)})
+    assert len(checked) == 5  # plain dicts every time
+    x = _x(seed=5)
+    engine._bucket_for(1).kept.clear()
+    out = engine.run(placed(x, route))["y"]
+    np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-6)
+    assert list(engine._bucket_for(1).kept)[0][0] == x.ctypes.data  # bound where it lies
+
+
 def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
     # [Note: answers described in advance] in workers/_channel.py
     from workers.engine import Outputs

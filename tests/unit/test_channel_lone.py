@@ -1,0 +1,254 @@
+"""Lone frames and arrays made once on the direct channel ([Note: lone frames] in
+workers/_channel.py, [Note: arrays made once] in workers/_arena.py): both ends in one
+process over a real Unix-domain socket pair with real shared arenas; no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+import workers._channel as channel
+from workers._arena import ARENA_MIN_BYTES, Arena
+from workers._channel import (_LONE_ANSWER, _LONE_REQUEST, _LONE_REQUEST_HEAD, _Connection, _lone_frame,
+                              _route_frame)
+from workers._pool import RequestTiming
+from workers.engine import Outputs, PlacedInputs
+
+
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _pair(*, share: bool = True) -> tuple[_Connection, _Connection]:
+    """A caller's end and a worker's end, their arenas shared as ChannelClient.connect
+    and the server's handshake share them."""
+    a, b = socket.socketpair()
+    caller, worker = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=False)
+    await asyncio.gather(caller.share_arenas(offer=True, share=share), worker.share_arenas(offer=False))
+    return caller, worker
+
+
+class _Inbox:
+    """A connection's frames as they arrive."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self.frames: asyncio.Queue = asyncio.Queue()
+        self.lost: list[BaseException] = []
+        conn.read_frames(lambda obj, held: self.frames.put_nowait((obj, held)), self._lost)
+
+    def _lost(self, e: BaseException) -> None:
+        self.lost.append(e)
+        self.frames.put_nowait(None)
+
+    async def next(self):
+        return await asyncio.wait_for(self.frames.get(), 10)
+
+
+def _counting(monkeypatch) -> dict[str, int]:
+    """Counts route declarations and lone frames decoded, on either end."""
+    seen = {"routes": 0, "lone": 0}
+    declare, decode = _Connection._declare, _Connection._decode_lone
+
+    def counted_declare(self, meta):
+        seen["routes"] += 1
+        return declare(self, meta)
+
+    def counted_decode(self, codec, meta):
+        seen["lone"] += 1
+        return decode(self, codec, meta)
+
+    monkeypatch.setattr(_Connection, "_declare", counted_declare)
+    monkeypatch.setattr(_Connection, "_decode_lone", counted_decode)
+    return seen
+
+
+def _outputs(arrays: dict[str, np.ndarray]) -> Outputs:
+    out = Outputs(arrays)
+    out.described = (tuple(arrays), tuple(a.dtype.str for a in arrays.values()),
+                     tuple(a.shape for a in arrays.values()))
+    return out
+
+
+def test_requests_and_answers_of_one_go_as_lone_frames_by_route(monkeypatch):
+    seen = _counting(monkeypatch)
+
+    async def main():
+        caller, worker = await _pair()
+        to_worker, to_caller = _Inbox(worker), _Inbox(caller)
+        kept = caller.arena.pin_array((4, 1024), np.float32)  # 16 KiB is below the arena's minimum...
+        assert kept is None
+        kept = caller.arena.pin_array((16, 1024), np.float32)  # ...64 KiB is not
+        kept[...] = np.arange(kept.size, dtype=np.float32).reshape(kept.shape)
+        small = np.arange(3, dtype=np.int64)  # copied into the arena, small as it is
+
+        caller.send((1, ("m@1@c", [{"x": kept, "k": small}], [None], [2])))
+        (request_id, (key, [first], deadlines, priorities)), held = await to_worker.next()
+        assert (request_id, key, deadlines, priorities) == (1, "m@1@c", [None], [2])
+        assert seen == {"routes": 1, "lone": 1}
+        assert type(first) is PlacedInputs and list(first) == ["x", "k"]
+        np.testing.assert_array_equal(first["x"], kept)
+        np.testing.assert_array_equal(first["k"], small)
+        assert first.addresses == {name: a.ctypes.data for name, a in first.items()}
+        assert len(held) == 2  # both regions go back with the answer
+
+        caller.send((2, ("m@1@c", [{"x": kept, "k": small}], [3.5], [0])))
+        (_, (_, [second], deadlines, _)), held2 = await to_worker.next()
+        assert deadlines == [3.5] and seen == {"routes": 1, "lone": 2}  # the route is declared once
+        assert second.route is first.route  # checked once by an engine ([Note: routes checked once])
+        assert second["x"] is first["x"]  # the kept input's array, made once over its region
+        assert held2[0] == held[0] and held2[1] != held[1]  # the kept region, a second copy
+
+        # The answer: an engine's outputs placed in the worker's arena, sent as they lie.
+        y, at = worker.arena.place(np.empty((16, 1024), np.float32))
+        assert at == y.ctypes.data
+        np.multiply(first["x"], 2, out=y)
+        worker.hand_back(held + held2)
+        worker.send((1, True, [(_outputs({"y": y}), RequestTiming(0.5, 0.25, 1, True))]))
+        (answer_id, ok, [(out, timing)]), _ = await to_caller.next()
+        assert (answer_id, ok, timing) == (1, True, RequestTiming(0.5, 0.25, 1, True))
+        assert seen == {"routes": 2, "lone": 3}
+        np.testing.assert_array_equal(out["y"], kept * 2)
+        y[0, 0] = -1.0  # the caller reads the worker's memory: no copy on either side
+        assert out["y"][0, 0] == -1.0
+        assert caller.arena.lent_bytes == kept.nbytes  # the copies came back; the kept region stays
+        lent = worker.arena.lent_bytes
+        assert lent == y.nbytes
+
+        # Freed by the caller, the answer's region goes back with its next frame.
+        del out
+        caller.send((3, ("m@1@c", [{"x": kept, "k": small}], [None], [0])))
+        await to_worker.next()
+        assert worker.arena.lent_bytes == 0
+        # An answer of a batch, or without an engine's description, goes the usual way.
+        worker.send((3, True, [({"y": np.ones(3)}, RequestTiming(0.0, 0.1, 2, False))]))
+        (_, _, [(out, timing)]), _ = await to_caller.next()
+        assert timing.batch_size == 2 and seen["lone"] == 4
+        assert not to_worker.lost and not to_caller.lost
+        caller.close()
+        worker.close()
+
+    _run(main())
+
+
+def test_what_does_not_fit_a_lone_frame_goes_the_usual_way(monkeypatch):
+    seen = _counting(monkeypatch)
+    x = np.arange(64 << 10, dtype=np.float32)
+
+    async def main():
+        caller, worker = await _pair()
+        inbox = _Inbox(worker)
+        for request in ((1, ("m", [{"x": x}, {"x": x}], [None, None], [0, 0])),  # two requests
+                        (2, ("m", [{"x": x[::2]}], [None], [0])),  # not contiguous
+                        (3, ("m", [{"x": x}], [np.float64(1.0)], [0])),  # not a float deadline
+                        (4, ("m", [{"x": [1, 2]}], [None], [0]))):  # not an array
+            caller.send(request)
+            got, _ = await inbox.next()
+            assert got[0] == request[0]
+            for sent, came in zip(request[1][1], got[1][1]):
+                np.testing.assert_array_equal(came["x"], sent["x"])
+        assert seen == {"routes": 0, "lone": 0}
+        # Over a socket without shared arenas (TCP, or shared memory off): no lone frames.
+        plain_caller, plain_worker = await _pair(share=False)
+        plain = _Inbox(plain_worker)
+        plain_caller.send((5, ("m", [{"x": x}], [None], [0])))
+        got, _ = await plain.next()
+        np.testing.assert_array_equal(got[1][1][0]["x"], x)
+        assert seen == {"routes": 0, "lone": 0}
+        for conn in (caller, worker, plain_caller, plain_worker):
+            conn.close()
+
+    _run(main())
+
+
+def test_a_full_arena_sends_a_request_of_one_in_the_frame_and_its_route_is_declared_later(monkeypatch):
+    monkeypatch.setattr(channel, "Arena", lambda: Arena(size_bytes=1 << 20))
+    seen = _counting(monkeypatch)
+
+    async def main():
+        caller, worker = await _pair()
+        to_worker, to_caller = _Inbox(worker), _Inbox(caller)
+        kept = caller.arena.pin_array((600 << 8,), np.float32)  # 600 KiB of the 1 MiB arena
+        quarter = np.ones(64 << 10, np.float32)  # 256 KiB
+        caller.send((1, ("m", [{"a": quarter, "b": quarter * 2}], [None], [0])))  # "b" does not fit
+        (_, (_, [got], _, _)), held = await to_worker.next()
+        np.testing.assert_array_equal(got["b"], quarter * 2)
+        assert seen["lone"] == 0 and caller.arena.fallbacks == 1
+        worker.hand_back(held)
+        worker.send((1, True, [({"y": np.ones(1)}, None)]))
+        await to_caller.next()
+        caller.arena.unpin(kept)
+        assert caller.arena.lent_bytes == 0
+        # With room again, the same route goes lone, declared first: it was not declared
+        # by the request that did not fit.
+        caller.send((2, ("m", [{"a": quarter, "b": quarter * 2}], [None], [0])))
+        (_, (_, [got], _, _)), _ = await to_worker.next()
+        np.testing.assert_array_equal(got["b"], quarter * 2)
+        assert seen == {"routes": 1, "lone": 1} and not to_worker.lost
+        caller.close()
+        worker.close()
+
+    _run(main())
+
+
+async def _send_raw_to_worker(*frames: bytes) -> BaseException | None:
+    """Frames written straight to a worker's end that shares arenas; why it stopped reading."""
+    caller, worker = await _pair()
+    inbox = _Inbox(worker)
+    caller.sock.sendall(b"".join(frames))
+    got = await inbox.next()
+    caller.close()
+    worker.close()
+    return inbox.lost[0] if got is None else None
+
+
+_ROUTE = (("x",), ("<f4",), ((16, 1024),))
+
+
+def _lone(route_id: int, *offsets: int, meta_tail: bytes = b"") -> bytes:
+    layout = struct.Struct(_LONE_REQUEST_HEAD.format + "Q" * len(offsets))
+    return _lone_frame(_LONE_REQUEST, layout.pack(route_id, 9, float("nan"), 0, *offsets) + meta_tail, [])
+
+
+@pytest.mark.parametrize("frames, message", [
+    ((_lone(0, 0),), "undeclared"),
+    ((_route_frame(0, "m", _ROUTE), _lone(0, 0, 64)), "undeclared or other route"),  # one offset too many
+    ((_route_frame(0, "m", _ROUTE), _lone(0, 1 << 40)), "outside"),
+    ((_route_frame(0, "m", _ROUTE), _lone(0, 96)), "outside"),  # not where a region starts
+    ((_route_frame(0, "m", (("x",), ("|O",), ((2,),))),), "declares"),  # objects: pointers, refused
+    ((_route_frame(0, "m", (("x",), ("<f4",), ((-1,),))),), "declares"),
+    ((_route_frame(0, "m", (("x",), ("nonsense",), ((2,),))),), "declares"),
+    ((_route_frame(0, "m", (("x", "y"), ("<f4",), ((2,),))),), "malformed"),
+    ((_route_frame(1 << 20, "m", _ROUTE),), "malformed"),
+    ((_route_frame(0, None, _ROUTE), _lone(0, 0)), "undeclared or other route"),  # an answer's route
+    ((_lone_frame(_LONE_ANSWER, b"\x00" * 3, []),), "undeclared"),
+])
+def test_garbled_lone_frames_and_routes_end_only_their_connection(frames, message):
+    why = _run(_send_raw_to_worker(*frames))
+    assert isinstance(why, ValueError) and message in str(why)
+
+
+def test_arrays_placed_or_pinned_are_found_by_identity_and_made_once():
+    arena = Arena(size_bytes=4 << 20)
+    try:
+        like = np.empty((256, 256), np.float32)  # 256 KiB
+        assert arena.place(np.empty(ARENA_MIN_BYTES // 8, np.float32)) is None  # small: in the frame
+        placed, at = arena.place(like)
+        assert placed.shape == like.shape and placed.dtype == like.dtype and at == placed.ctypes.data
+        assert arena.take(placed) == 0 and arena.take(placed) is None  # sent once, then it is not reserved
+        arena.release(0)
+        again, _ = arena.place(like)
+        assert again is placed  # the same region, dtype and shape: the same array
+        arena.unreserve()
+        kept = arena.pin_array((1024, 64), np.float32)
+        assert arena.take(kept) == arena.take(kept) == 0  # as often as it is sent
+        assert arena.take(kept.reshape(-1)) is None  # another object: put() finds it by address
+        assert arena.put(memoryview(kept.reshape(-1)).cast("B")) == 0
+        assert arena.take(np.zeros(3)) is None
+        arena.unpin(kept)
+        assert arena.take(kept) is None and arena.lent_bytes == 0
+    finally:
+        arena.close()
