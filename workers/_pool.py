@@ -15,10 +15,12 @@ view, which is what Ray Serve's power-of-two router also settles for.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -264,9 +266,14 @@ class PoolConfig:
         return cls(**json.loads(text))
 
 
-@dataclass(frozen=True)
-class RequestTiming:
-    """Where one request's time went inside a worker; it travels back with the outputs."""
+class RequestTiming(NamedTuple):
+    """Where one request's time went inside a worker; it travels back with the outputs.
+
+    A named tuple, not a frozen dataclass: one is made per answer on each side of the
+    direct channel, and ``tuple.__new__(RequestTiming, (...))`` makes it in one C call
+    (:func:`new_timing`), where the dataclass's ``__init__`` set each field through
+    ``object.__setattr__``: about 18 us right after an engine run here, against 2 us.
+    """
 
     queue_s: float
     """Arrival at the worker's batcher to the start of the request's batch."""
@@ -277,17 +284,17 @@ class RequestTiming:
     first_in_batch: bool = False
     """True for exactly one request of each batch, so a caller counts every batch once."""
 
-    def __reduce__(self) -> tuple:
-        # One per answer on the direct channel: a constructor call pickles in about
-        # half the time of the default (a new object and its __dict__).
-        return RequestTiming, (self.queue_s, self.compute_s, self.batch_size, self.first_in_batch)
-
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(self._asdict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> RequestTiming:
         return cls(**json.loads(text))
+
+
+new_timing = functools.partial(tuple.__new__, RequestTiming)
+"""``new_timing((queue_s, compute_s, batch_size, first_in_batch))``: a RequestTiming
+without a Python frame, for the hot paths (all four fields given, of their types)."""
 
 
 @dataclass(frozen=True)
