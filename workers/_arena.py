@@ -237,13 +237,7 @@ class Arena:
         uint8 array: arrays that start there go in place, however often they are sent
         ([Note: inputs kept in the arena]). None when it is too small to go through the
         arena or no region is free."""
-        if nbytes < ARENA_MIN_BYTES:
-            return None
-        offset = self._allocate(nbytes)
-        if offset is None:
-            return None
-        self._pinned[offset] = nbytes
-        return np.frombuffer(self._view[offset:offset + nbytes], np.uint8)
+        return self.pin_array((nbytes,), np.uint8)
 
     def pin_array(self, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
         """:meth:`pin` for an array of ``shape`` and ``dtype``, which :meth:`take` then finds
