@@ -97,7 +97,7 @@ class Arena:
         self.fallbacks = 0
         """Buffers sent in the frame because the arena had no room."""
         self._reserved: dict[int, int] = {}
-        """Regions given by :meth:`reserve` and not yet in a frame: address -> offset."""
+        """Regions given by :meth:`place` and not yet in a frame: address -> offset."""
         self._pinned: dict[int, int] = {}
         """Regions given by :meth:`pin`: offset -> bytes; lent until unpinned."""
         self._base = address(self._view)
@@ -129,7 +129,7 @@ class Arena:
         """Copies ``data`` (bytes, contiguous) into a free region and returns its
         offset, or None when no region is large enough (``counted``: as a fallback, the
         buffer then going in the frame). ``data`` that already lies in a region
-        :meth:`reserve` gave is not copied: that region is its place."""
+        :meth:`place` gave is not copied: that region is its place."""
         if self._reserved:
             offset = self._reserved.pop(address(data), None)
             if offset is not None:
@@ -218,20 +218,6 @@ class Arena:
             np.copyto(self._array(offset, array.dtype, array.shape), array)
         return offset
 
-    def reserve(self, nbytes: int) -> np.ndarray | None:
-        """A region of ``nbytes`` to write into before sending (an engine's outputs:
-        [Note: outputs placed] in workers/engine.py), as a writable uint8 array; None
-        when it is too small to go through the arena or no region is free. A buffer
-        that :meth:`put` meets there goes in place; :meth:`unreserve` frees the rest."""
-        if nbytes < ARENA_MIN_BYTES:
-            return None
-        offset = self._allocate(nbytes)
-        if offset is None:
-            return None
-        region = np.frombuffer(self._view[offset:offset + nbytes], np.uint8)
-        self._reserved[self._base + offset] = offset
-        return region
-
     def pin(self, nbytes: int) -> np.ndarray | None:
         """A region of ``nbytes`` that the caller keeps until :meth:`unpin`, as a writable
         uint8 array: arrays that start there go in place, however often they are sent
@@ -266,7 +252,7 @@ class Arena:
         return sum(self._pinned.values())
 
     def unreserve(self) -> None:
-        """Frees the regions that :meth:`reserve` gave and no frame has carried."""
+        """Frees the regions that :meth:`place` gave and no frame has carried."""
         while self._reserved:
             _, offset = self._reserved.popitem()
             self.release(offset)

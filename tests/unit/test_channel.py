@@ -562,21 +562,21 @@ def test_arrays_of_every_kind_decode_as_they_were_sent():
             np.testing.assert_array_equal(got[name], sent, err_msg=name)
 
 
-def test_a_region_reserved_and_written_goes_in_a_frame_without_a_copy():
+def test_a_region_placed_and_written_goes_in_a_frame_without_a_copy():
     arena = Arena(size_bytes=1 << 20)
     try:
-        assert arena.reserve(100) is None  # small buffers travel in the frame
-        first = arena.reserve(256 << 10)
-        other = arena.reserve(128 << 10)
-        assert first is not None and other is not None and arena.lent_bytes == 384 << 10
+        assert arena.place(np.empty(25, np.float32)) is None  # small buffers travel in the frame
+        first, _ = arena.place(np.empty((256, 256), np.float32))
+        other, _ = arena.place(np.empty(128 << 10, np.uint8))
+        assert arena.lent_bytes == 384 << 10
         first[:] = 9
-        outputs = first.view(np.float32).reshape(256, 256)
-        assert arena.put(memoryview(outputs).cast("B")) == 0  # its own region, not a new one
+        # The usual frame finds it by where it lies (put), a lone frame by identity (take).
+        assert arena.put(memoryview(first).cast("B")) == 0  # its own region, not a new one
         assert arena.fallbacks == 0
         # Data elsewhere is copied into a new region, as before.
         copied = arena.put(memoryview(np.ones(64 << 10, np.uint8)))
         assert copied not in (None, 0)
-        assert arena.reserve(1 << 20) is None and arena.fallbacks == 0  # no room: not sent, not counted
+        assert arena.place(np.empty(1 << 20, np.uint8)) is None and arena.fallbacks == 0  # no room, not counted
         arena.unreserve()  # `other` was never sent: free again
         assert arena.lent_bytes == (256 << 10) + (64 << 10)
         arena.release(0)
