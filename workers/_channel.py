@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from workers._arena import ARENA_ALIGN, ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
+from workers._arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
 from workers._pool import RequestTiming, new_timing
 from workers.batcher import NOT_NOW
 from workers.engine import Outputs, PlacedInputs
@@ -385,8 +385,9 @@ _ROUTE_ID = struct.Struct("<q")
 """The route that a lone frame's fixed part starts with."""
 
 
-def _lone_struct(head: struct.Struct, arrays: list) -> struct.Struct:
-    return struct.Struct(head.format + "Q" * len(arrays))
+def _lone_struct(head: struct.Struct, n_arrays: int) -> struct.Struct:
+    """A lone frame's fixed part: ``head``, then one arena offset per array."""
+    return struct.Struct(head.format + "Q" * n_arrays)
 
 
 def _route_frame(route_id: int, key: str | None, described: tuple) -> bytes:
@@ -493,9 +494,6 @@ class _Connection:
         """Routes this end declared for its requests, by key and (name, dtype, shape) per input."""
         self._answer_routes: dict[int, tuple[tuple, int, struct.Struct]] = {}
         """Routes this end declared for its answers, by the id of Outputs.described (kept beside it)."""
-        self._made: dict[tuple, np.ndarray] = {}
-        """Arrays made over the peer's arena for requests, by (offset, dtype, shape): a
-        receiver that hands regions back with its answer reads them only meanwhile."""
         self._watched: dict[int, tuple[weakref.ref, int]] = {}
         """Per answer array read in the peer's arena: its weak reference and region."""
 
@@ -626,9 +624,10 @@ class _Connection:
         if route is None:
             arrays: list = []
             described = _describe_arrays(inputs, arrays)
-            if described is None or not self._route_room():
+            route_id = self._new_route_id()
+            if described is None or route_id is None:
                 return None
-            route = (self._next_route(), _lone_struct(_LONE_REQUEST_HEAD, arrays))
+            route = (route_id, _lone_struct(_LONE_REQUEST_HEAD, len(arrays)))
             parts.append(_route_frame(route[0], key, described))
         offsets = self._put_all(inputs.values())
         if offsets is None:
@@ -655,9 +654,10 @@ class _Connection:
         entry = self._answer_routes.get(id(described))
         if entry is None or entry[0] is not described:
             arrays: list = []
-            if _describe_arrays(outputs, arrays) != described or not self._route_room():
+            route_id = self._new_route_id()
+            if _describe_arrays(outputs, arrays) != described or route_id is None:
                 return None
-            entry = (described, self._next_route(), _lone_struct(_LONE_ANSWER_HEAD, arrays))
+            entry = (described, route_id, _lone_struct(_LONE_ANSWER_HEAD, len(arrays)))
             parts.append(_route_frame(entry[1], None, described))
         offsets = self._put_all(outputs.values())
         if offsets is None:
@@ -668,11 +668,11 @@ class _Connection:
         parts.append(_lone_frame(_LONE_ANSWER, meta, releases))
         return parts
 
-    def _route_room(self) -> bool:
-        return len(self._request_routes) + len(self._answer_routes) < _MAX_KEPT
-
-    def _next_route(self) -> int:
-        return len(self._request_routes) + len(self._answer_routes)
+    def _new_route_id(self) -> int | None:
+        """The id the next route this end declares takes; None once it has declared all
+        it may (the rest go the usual way)."""
+        declared = len(self._request_routes) + len(self._answer_routes)
+        return declared if declared < _MAX_KEPT else None
 
     def _put_all(self, arrays: Any) -> list[int] | None:
         """Each array's offset in this end's arena (copied there unless it lies there
@@ -681,18 +681,15 @@ class _Connection:
         arena = self.arena
         offsets: list[int] = []
         for a in arrays:
-            # Placed or pinned, found by identity ([Note: arrays made once]); else copied:
-            # an array that owns its memory is not in the arena, and others may be (put()
-            # looks). A miss is not counted as a fallback: the usual frame tries again.
+            # Placed or pinned, found by identity ([Note: arrays made once]); else put()
+            # looks where it lies or copies it. A miss is not counted as a fallback: the
+            # usual frame tries again.
             where = arena.take(a)  # type: ignore[union-attr]
             if where is None:
-                if a.base is None:
-                    where = arena.copy_in(a)  # type: ignore[union-attr]
-                else:
-                    try:
-                        where = arena.put(pickle.PickleBuffer(a).raw(), counted=False)  # type: ignore[union-attr]
-                    except BufferError:  # not contiguous
-                        where = arena.copy_in(a)  # type: ignore[union-attr]
+                try:
+                    where = arena.put(pickle.PickleBuffer(a).raw(), counted=False)  # type: ignore[union-attr]
+                except BufferError:  # not contiguous: the usual frame copes
+                    pass
             if where is None:
                 for offset in offsets:
                     arena.release(offset)  # type: ignore[union-attr]
@@ -722,7 +719,7 @@ class _Connection:
                                  "not a channel frame")
             specs.append((name, dt, shape, math.prod(shape) * dt.itemsize))
         head = _LONE_REQUEST_HEAD if key is not None else _LONE_ANSWER_HEAD
-        self._routes_in[route_id] = (key, specs, struct.Struct(head.format + "Q" * len(specs)))
+        self._routes_in[route_id] = (key, specs, _lone_struct(head, len(specs)))
 
     def _decode_lone(self, codec: int, meta: memoryview) -> tuple[Any, list[int]]:
         """A lone frame's request or answer, and the regions of the peer's arena that its
@@ -736,35 +733,29 @@ class _Connection:
         peer = self.peer
         if peer is None:
             raise ValueError("a lone frame places arrays in an arena, but none was shared; not a channel frame")
-        for (_, _, _, nbytes), where in zip(specs, offsets):
-            if where % ARENA_ALIGN or where + nbytes > peer.size_bytes:
-                raise ValueError(f"a lone frame places {nbytes} bytes at arena offset {where}, outside the "
-                                 f"{peer.size_bytes}-byte arena; not a channel frame")
         if self._views_until_freed:
             # The caller's end: each array goes back once freed ([Note: channel arena]).
             arrays = {}
-            for (name, dtype, shape, _), where in zip(specs, offsets):
+            for (name, dtype, shape, nbytes), where in zip(specs, offsets):
+                peer.check(where, nbytes)
                 arrays[name] = array = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
                 ref = weakref.ref(array, self._freed)
                 self._watched[id(ref)] = (ref, where)
-            return (request_id, True, [(arrays, new_timing((a, b, 1, True)))]), []
-        # The worker's end: the regions go back with the answer, and the arrays over
-        # them are made once ([Note: arrays made once] in workers/_arena.py).
-        placed = PlacedInputs()
-        placed.route = route
-        placed.addresses = {}
-        made = self._made
-        for (name, dtype, shape, _), where in zip(specs, offsets):
-            array = made.get((where, dtype, shape))
-            if array is None:
-                if len(made) >= _MAX_KEPT:
-                    made.clear()
-                array = made[(where, dtype, shape)] = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
-            placed[name] = array
-            placed.addresses[name] = peer.base + where
+            held: list[int] = []
+        else:
+            # The worker's end: the regions go back with the answer, so the arrays over
+            # them are made once ([Note: arrays made once] in workers/_arena.py).
+            arrays = PlacedInputs()
+            arrays.route = route
+            arrays.addresses = {}
+            for (name, dtype, shape, nbytes), where in zip(specs, offsets):
+                peer.check(where, nbytes)
+                arrays[name] = peer.array(where, dtype, shape)
+                arrays.addresses[name] = peer.base + where
+            held = offsets
         if key is None:
-            return (request_id, True, [(placed, new_timing((a, b, 1, True)))]), offsets
-        return (request_id, (key, [placed], [None if a != a else a], [b])), offsets
+            return (request_id, True, [(arrays, new_timing((a, b, 1, True)))]), held
+        return (request_id, (key, [arrays], [None if a != a else a], [b])), held
 
     async def _drain(self) -> None:
         try:
@@ -983,7 +974,8 @@ class _Connection:
 
     def close(self) -> None:
         self.stop_reading()
-        self._made.clear()
+        if self.peer is not None:
+            self.peer.close()
         self.sock.close()
         if self.arena is not None:
             self.arena.close()

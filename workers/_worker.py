@@ -352,7 +352,7 @@ class SegmentHost:
         from 0.90-1.08 ms (median 0.98) to 0.72-0.98 ms (median 0.85), old and new code
         alternating, three runs of three 3 s rounds each.
         """
-        hosted = self._hosted.get(key) or self._get(key)
+        hosted = self._get(key)
         batcher = hosted.batcher
         if not batcher.can_run_now():
             return NOT_NOW

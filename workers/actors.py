@@ -334,10 +334,8 @@ class ReplicaPool:
         self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp, shared_memory=cfg.shared_memory)
                        for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
-        self._shared: dict[int, tuple[int, ChannelClient, np.ndarray]] = {}
-        """Arrays of :meth:`shared_array`, by id: (replica, channel, the array)."""
-        self._shared_at: dict[int, int] = {}
-        """The same arrays' ids by address, for a request that carries a view of one."""
+        self._shared: dict[int, tuple[int, ChannelClient, np.ndarray, int]] = {}
+        """Arrays of :meth:`shared_array`, by id: (replica, channel, the array, its address)."""
 
     async def shared_array(self, shape: Sequence[int], dtype: Any, *, wait_s: float = 10.0) -> np.ndarray:
         """A writable array in memory shared with one replica, for a caller's inputs.
@@ -353,37 +351,43 @@ class ReplicaPool:
         """
         dt = np.dtype(dtype)
         if self._links:
-            i = min(range(len(self._links)), key=lambda k: sum(1 for r, _, _ in self._shared.values() if r == k))
+            i = min(range(len(self._links)), key=lambda k: sum(1 for e in self._shared.values() if e[0] == k))
             stop = time.monotonic() + wait_s
             while (client := self._links[i].client()) is None and time.monotonic() < stop:
                 await asyncio.sleep(0.01)
             array = client.pin_array(tuple(shape), dt) if client is not None else None
             if array is not None:
-                self._shared[id(array)] = (i, client, array)
-                self._shared_at[address(array)] = id(array)
+                self._shared[id(array)] = (i, client, array, address(array))
                 return array
         return np.zeros(shape, dt)
 
     def free_shared_array(self, array: np.ndarray) -> None:
         """Gives back an array of :meth:`shared_array` (a private one: nothing to do);
         no request that reads it may be in flight."""
-        key = self._shared_at.pop(address(array), None)
-        entry = self._shared.pop(key, None) if key is not None else None
+        entry = self._shared_entry(array)
         if entry is not None:
+            del self._shared[id(entry[2])]
             entry[1].unpin(entry[2])
+
+    def _shared_entry(self, value: Any) -> tuple[int, ChannelClient, np.ndarray, int] | None:
+        """The :meth:`shared_array` entry of ``value``: found by identity, without asking
+        where it lies ([Note: arrays made once] in workers/_arena.py), or, for a view that
+        starts where one does, by address."""
+        entry = self._shared.get(id(value))
+        if entry is not None and entry[2] is value:
+            return entry
+        if not isinstance(value, np.ndarray):
+            return None
+        at = address(value)
+        return next((e for e in self._shared.values() if e[3] == at), None)
 
     def _shared_replica(self, requests: list[tuple]) -> int | None:
         """The replica whose channel holds a request's input in place, if any."""
         for inputs, _, _ in requests:
             for value in inputs.values():
-                entry = self._shared.get(id(value))
-                if entry is not None and entry[2] is value:
+                entry = self._shared_entry(value)
+                if entry is not None:
                     return entry[0]
-                # A view of one ([Note: arrays made once] in workers/_arena.py: the array
-                # itself is found without asking where it lies).
-                key = self._shared_at.get(address(value)) if isinstance(value, np.ndarray) else None
-                if key is not None:
-                    return self._shared[key][0]
         return None
 
     async def ready(self) -> list[dict]:

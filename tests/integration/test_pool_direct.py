@@ -262,7 +262,7 @@ def test_a_shared_array_goes_to_its_replica_in_place_and_follows_its_values(ray_
     async def main():
         await pool.ready()
         x = await pool.shared_array((1, 1 << 16), np.float32)
-        (home, client, _), = pool._shared.values()
+        (home, client, *_), = pool._shared.values()
         assert client.arena_lent_bytes == x.nbytes  # it lies in that channel's arena
         routed = pool.stats().routed[home]
         for i in range(6):  # new values, same place: each request reads what was written last
