@@ -735,6 +735,10 @@ class _Connection:
             raise ValueError("a lone frame places arrays in an arena, but none was shared; not a channel frame")
         if self._views_until_freed:
             # The caller's end: each array goes back once freed ([Note: channel arena]).
+            # Each is made anew over the arena's buffer, not as a view of an array made
+            # once: numpy gives a view of a view the first array that owns its memory or
+            # lies over a buffer as its base, so a caller's slice would skip ours, and the
+            # region would go back while the slice still reads it.
             arrays = {}
             for (name, dtype, shape, nbytes), where in zip(specs, offsets):
                 peer.check(where, nbytes)

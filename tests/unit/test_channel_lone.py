@@ -118,15 +118,24 @@ def test_requests_and_answers_of_one_go_as_lone_frames_by_route(monkeypatch):
         lent = worker.arena.lent_bytes
         assert lent == y.nbytes
 
-        # Freed by the caller, the answer's region goes back with its next frame.
+        # A view of the answer's array holds its region after the array itself is gone
+        # (numpy makes a view's base the first array that owns its memory or lies over a
+        # buffer, so the answer's arrays must be such arrays, not views of one kept made).
+        part = out["y"][:2]
         del out
         caller.send((3, ("m@1@c", [{"x": kept, "k": small}], [None], [0])))
+        await to_worker.next()
+        assert worker.arena.lent_bytes == lent
+        np.testing.assert_array_equal(part[0, 1:], kept[0, 1:] * 2)
+        # Freed by the caller, the answer's region goes back with its next frame.
+        del part
+        caller.send((4, ("m@1@c", [{"x": kept, "k": small}], [None], [0])))
         await to_worker.next()
         assert worker.arena.lent_bytes == 0
         # An answer of a batch, or without an engine's description, goes the usual way.
         worker.send((3, True, [({"y": np.ones(3)}, RequestTiming(0.0, 0.1, 2, False))]))
         (_, _, [(out, timing)]), _ = await to_caller.next()
-        assert timing.batch_size == 2 and seen["lone"] == 4
+        assert timing.batch_size == 2 and seen["lone"] == 5
         assert not to_worker.lost and not to_caller.lost
         caller.close()
         worker.close()
