@@ -25,7 +25,7 @@ token, and the memory is never named in a file system.
 [Note: inputs kept in the arena]
 A caller's arrays are copied into the arena with each request: 1 MiB took 149 us right
 after a transformer run here, 69 us warm. A caller that keeps a region of its own
-(:meth:`Arena.pin`, ``ReplicaPool.shared_array``) writes its inputs there and sends
+(:meth:`Arena.pin_array`, ``ReplicaPool.shared_array``) writes its inputs there and sends
 them as they lie: the frame names the region, and the worker's handing it back does
 not free it; only :meth:`Arena.unpin` does. As with Triton's system shared memory,
 the caller must not write the region while a request that reads it is in flight.
@@ -110,7 +110,7 @@ class Arena:
         self._reserved: dict[int, int] = {}
         """Regions given by :meth:`place` and not yet in a frame: address -> offset."""
         self._pinned: dict[int, int] = {}
-        """Regions given by :meth:`pin`: offset -> bytes; lent until unpinned."""
+        """Regions given by :meth:`pin_array`: offset -> bytes; lent until unpinned."""
         self._base = address(self._view)
         self._made: dict[tuple, np.ndarray] = {}
         """Arrays made over regions, by (offset, dtype, shape) ([Note: arrays made once])."""
@@ -217,16 +217,12 @@ class Arena:
             return offset
         return None
 
-    def pin(self, nbytes: int) -> np.ndarray | None:
-        """A region of ``nbytes`` that the caller keeps until :meth:`unpin`, as a writable
-        uint8 array: arrays that start there go in place, however often they are sent
-        ([Note: inputs kept in the arena]). None when it is too small to go through the
-        arena or no region is free."""
-        return self.pin_array((nbytes,), np.uint8)
-
     def pin_array(self, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
-        """:meth:`pin` for an array of ``shape`` and ``dtype``, which :meth:`take` then finds
-        without asking where it lies ([Note: arrays made once])."""
+        """A writable array of ``shape`` and ``dtype`` in a region that the caller keeps
+        until :meth:`unpin`: it, and arrays that start where it does, go in place however
+        often they are sent ([Note: inputs kept in the arena]), and :meth:`take` finds it
+        without asking where it lies ([Note: arrays made once]). None when it is too small
+        to go through the arena or no region is free."""
         dtype = np.dtype(dtype)
         shape = tuple(int(d) for d in shape)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -239,11 +235,11 @@ class Arena:
         return self._array(offset, dtype, shape)
 
     def unpin(self, region: np.ndarray) -> None:
-        """Frees a region that :meth:`pin` or :meth:`pin_array` gave (no request that reads
-        it may be in flight); raises ValueError for anything else."""
+        """Frees a region that :meth:`pin_array` gave (no request that reads it may be in
+        flight); raises ValueError for anything else."""
         offset = address(region) - self._base
         if self._pinned.pop(offset, None) is None:
-            raise ValueError("unpin: not a region that this arena's pin() gave")
+            raise ValueError("unpin: not a region that this arena's pin_array() gave")
         self.release(offset)
 
     @property

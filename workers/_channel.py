@@ -1178,22 +1178,17 @@ class ChannelClient:
         """Bytes of this end's arena that the worker holds (requests it has not answered)."""
         return self._conn.arena.lent_bytes if self._conn.arena is not None else 0
 
-    def pin(self, nbytes: int) -> np.ndarray | None:
-        """A region of this end's arena that the caller keeps for its inputs ([Note:
-        inputs kept in the arena] in workers/_arena.py); None over TCP, with shared
-        memory off, or when the arena has no room."""
-        arena = self._conn.arena
-        return None if arena is None or self.closed else arena.pin(nbytes)
-
     def pin_array(self, shape: tuple, dtype: Any) -> np.ndarray | None:
-        """:meth:`pin` as an array of ``shape`` and ``dtype``, which a request then carries
-        without asking where it lies ([Note: arrays made once] in workers/_arena.py)."""
+        """An array of ``shape`` and ``dtype`` in this end's arena that the caller keeps
+        for its inputs ([Note: inputs kept in the arena] in workers/_arena.py), which a
+        request then carries without asking where it lies ([Note: arrays made once]);
+        None over TCP, with shared memory off, or when the arena has no room."""
         arena = self._conn.arena
         return None if arena is None or self.closed else arena.pin_array(shape, dtype)
 
     def unpin(self, region: np.ndarray) -> None:
-        """Frees a region that :meth:`pin` or :meth:`pin_array` gave; no request that reads
-        it may be in flight."""
+        """Frees a region that :meth:`pin_array` gave; no request that reads it may be in
+        flight."""
         if self._conn.arena is not None:
             self._conn.arena.unpin(region)
 

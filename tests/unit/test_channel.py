@@ -300,8 +300,8 @@ def test_a_pinned_region_goes_in_place_and_stays_lent_until_unpinned():
     # [Note: inputs kept in the arena]
     arena = Arena(size_bytes=1 << 20)
     try:
-        assert arena.pin(ARENA_MIN_BYTES - 1) is None  # small arrays go in the frame anyway
-        region = arena.pin(256 << 10)
+        assert arena.pin_array((ARENA_MIN_BYTES - 1,), np.uint8) is None  # small arrays go in the frame anyway
+        region = arena.pin_array((256 << 10,), np.uint8)
         x = region.view(np.float32)
         x[:] = 3.0
         offset = arena.put(memoryview(x).cast("B"))
@@ -327,7 +327,7 @@ def test_inputs_written_in_a_pinned_region_reach_the_worker_without_a_copy():
 
         server = await open_channel_server(doubled)
         client = await ChannelClient.connect(server.path, server.token)
-        region = client.pin(1 << 20)
+        region = client.pin_array((1 << 20,), np.uint8)
         x = region.view(np.float32)
         allocated = []
         real = client._conn.arena._allocate
