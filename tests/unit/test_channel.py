@@ -769,3 +769,51 @@ def test_a_reader_knows_whether_more_waits_behind_a_frame():
     seen = _run(main())
     assert seen[:4] == [(0, True), (1, False), (2, False), (3, False)]
     assert seen[4:] == [(4, True), (5, False)]
+
+
+class _CountingSocket:
+    """A socket whose reads into a buffer are counted (socket objects take no new attributes)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.reads = 0
+
+    def recv_into(self, *args):
+        self.reads += 1
+        return self._sock.recv_into(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+def test_a_reader_that_emptied_the_socket_does_not_read_again_and_misses_nothing_that_comes_later():
+    # [Note: no read that would block]: once a short read has emptied the socket and its
+    # frames are handed on, the reader returns without the read that would raise
+    # BlockingIOError; frames sent later are read when the loop calls it again.
+    async def main():
+        a, b = socket.socketpair()
+        sender, receiver = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=True)
+        counting = receiver.sock = _CountingSocket(receiver.sock)
+        got: asyncio.Queue = asyncio.Queue()
+        receiver.read_frames(lambda obj, held: got.put_nowait(obj), lambda e: got.put_nowait(e))
+        reads = []
+        for i in range(3):
+            sender.send((i, {"x": np.arange(3) + i}))
+            obj = await asyncio.wait_for(got.get(), 10)
+            assert obj[0] == i
+            np.testing.assert_array_equal(obj[1]["x"], np.arange(3) + i)
+            await asyncio.sleep(0.01)  # the loop goes back to waiting on the socket
+            reads.append(counting.reads)
+        sender.send((3, {"x": np.arange(3)}))
+        sender.send((4, {"x": np.arange(3)}))  # two at once: one read takes both
+        assert [(await asyncio.wait_for(got.get(), 10))[0] for _ in range(2)] == [3, 4]
+        await asyncio.sleep(0.01)
+        reads.append(counting.reads)
+        sender.close()
+        why = await asyncio.wait_for(got.get(), 10)
+        receiver.close()
+        return reads, why
+
+    reads, why = _run(main())
+    assert reads == [1, 2, 3, 4], f"reads after each frame: {reads} (one read per wake-up, none that would block)"
+    assert isinstance(why, ConnectionResetError)
