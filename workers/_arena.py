@@ -217,6 +217,14 @@ class Arena:
             return offset
         return None
 
+    def pinned_at(self, array: np.ndarray) -> int | None:
+        """The offset of an array that :meth:`pin_array` made and that is still pinned;
+        None for any other array."""
+        entry = self._made_at.get(id(array))
+        if entry is None or entry[0] is not array or entry[1] not in self._pinned:
+            return None
+        return entry[1]
+
     def pin_array(self, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
         """A writable array of ``shape`` and ``dtype`` in a region that the caller keeps
         until :meth:`unpin`: it, and arrays that start where it does, go in place however

@@ -23,7 +23,8 @@ A frame is ``<u32 meta_bytes><u32 n_buffers><u32 n_released><u32 codec>``, then 
 ``<u64 arena_offset>`` per region of the receiver's arena handed back, the metadata,
 and the buffers that follow in the frame. A lone frame (a request of one, or the
 answer to one, its arrays all in the sender's arena: [Note: lone frames]) has no
-buffers, and its metadata is one fixed struct. Otherwise the metadata is pickle protocol 5 with
+buffers, and its metadata is one fixed struct; a lone request may also say where in
+its sender's arena its outputs are to be written ([Note: outputs written in place]). Otherwise the metadata is pickle protocol 5 with
 out-of-band buffers, so an array's bytes are never copied into the pickle, or, for the
 pool's requests and the worker's answers, a marshal of what surrounds the arrays
 (``codec``: [Note: tensor frames]). On a Unix-domain socket the two
@@ -380,9 +381,66 @@ def _decode_answer(meta: memoryview, buffers: list) -> tuple:
 # asyncio's loop, 0.82-1.02 against 0.72-0.85 ms.
 
 
+# [Note: outputs written in place]
+# A caller may pin arrays in its own arena for a request's outputs too (numpy's
+# ``out=``, ONNX Runtime's IO binding of outputs, Triton's registered output regions):
+# ``ChannelClient.call(..., outputs=)``, ``ReplicaPool.infer(outputs=)``. A lone
+# request then declares the outputs' names, dtypes and shapes after its inputs' in its
+# route, and its frame carries their offsets after the inputs'. The worker makes
+# arrays over those regions (once per region, like the inputs'), checks them once per
+# route against the engine's outputs (workers.engine.Engine.check), and its engine
+# binds them as its outputs, so ONNX Runtime writes the answer into the caller's
+# memory; the answer is then a lone frame of no arrays, which the caller reads as
+# ``WRITTEN``. Where the request is not run alone (it batches with others, or the
+# outputs are not pinned, or not in this channel's arena), the answer comes as usual
+# and the pool copies it into the outputs. A worker refuses, as garbage, a route that
+# declares outputs for an answer, or a frame whose output region overlaps another of
+# its arrays. Alone, against an answer in the worker's arena, this changed nothing
+# above the noise (the transformer tail, two processes without Ray, alternating
+# rounds: 0.514 against 0.501 ms, 8 rounds of 2 s); it is what lets a bound request
+# (below) send the same frame every time: no answer arrays to free, no regions to
+# hand back.
+#
+# [Note: bound requests]
+# A stream of requests of one segment, each of one frame's worth of inputs in the
+# same pinned arrays and with its outputs written in the same pinned arrays
+# (``ReplicaPool.bind``, :class:`workers.actors.BoundRequest`), sends the same lone
+# frame every time but for the request id, deadline and priority. Once a run has
+# declared its route, the caller keeps the route, the struct and the offsets
+# (``_Connection.bound_frame``) and each later run packs those three into it and
+# sends it (``_Connection.send_bound``), skipping the type checks, the route lookup
+# and the arena lookups of ``send``; with regions waiting to go back it takes
+# ``send``, which carries them. Measured through Ray on the transformer tail at c1 (one
+# process, alternating 3 s rounds, 8 each, median; script not committed): the pool
+# with the input kept in shared memory 0.523 ms, a bound request 0.474 ms; the same
+# frame sent by hand on the pool's channel (a lower bound for this) 0.471 ms, against
+# the channel client called directly 0.511 ms and the pool 0.541 ms.
+
+
 _NO_DEADLINE = float("nan")
 _ROUTE_ID = struct.Struct("<q")
 """The route that a lone frame's fixed part starts with."""
+
+
+class _Written:
+    """The outputs of an answer whose arrays were written where the request asked
+    ([Note: outputs written in place]); pickles as the module's one instance."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "WRITTEN"
+
+    def __reduce__(self) -> str:
+        return "WRITTEN"
+
+
+WRITTEN = _Written()
+"""In an answer, ``[(WRITTEN, timing)]``: the outputs lie where the request asked."""
+_WRITTEN_DESCRIBED: tuple = ((), (), ())
+"""The route of an answer written in place: no arrays."""
+BoundFrame = tuple[int, struct.Struct, tuple[int, ...]]
+"""A bound request's route, its lone frame's struct and its arrays' offsets ([Note: bound requests])."""
 
 
 def _lone_struct(head: struct.Struct, n_arrays: int) -> struct.Struct:
@@ -390,10 +448,12 @@ def _lone_struct(head: struct.Struct, n_arrays: int) -> struct.Struct:
     return struct.Struct(head.format + "Q" * n_arrays)
 
 
-def _route_frame(route_id: int, key: str | None, described: tuple) -> bytes:
-    """The _ROUTE frame declaring ``route_id``: ``key`` (None for an answer's route) and
-    (names, dtype strings, shapes) ([Note: lone frames])."""
-    meta = marshal.dumps((route_id, key, *described))
+def _route_frame(route_id: int, key: str | None, described: tuple, written: tuple = ()) -> bytes:
+    """The _ROUTE frame declaring ``route_id``: ``key`` (None for an answer's route),
+    (names, dtype strings, shapes), and for a request whose outputs go where it says,
+    the outputs' (names, dtype strings, shapes) ([Note: lone frames], [Note: outputs
+    written in place])."""
+    meta = marshal.dumps((route_id, key, *described, *written))
     return _HEAD.pack(len(meta), 0, 0, _ROUTE) + meta
 
 
@@ -558,17 +618,52 @@ class _Connection:
         """Returns regions of the peer's arena with the next frame this end sends."""
         self._releases.extend(regions)
 
-    def send(self, obj: Any) -> None:
-        """Queues one frame; raises OSError when the connection has failed."""
+    def send(self, obj: Any, outputs: dict | None = None) -> None:
+        """Queues one frame; raises OSError when the connection has failed. ``outputs``:
+        for a request, arrays this end pinned where the answer's outputs should be
+        written ([Note: outputs written in place])."""
         if self.error is not None:
             raise self.error
         # Finalizers append on any thread: each popleft is atomic; no Python frame per send.
         releases = list(itertools.starmap(self._releases.popleft, itertools.repeat((), len(self._releases))))
         parts = None
         if self.arena is not None:
-            parts = self._encode_lone(obj, releases)
+            parts = self._encode_lone(obj, releases, outputs)
         if parts is None:
             parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, releases)]
+        self._send_parts(parts)
+
+    def send_bound(self, bound: BoundFrame, request_id: int, deadline: float | None, priority: int) -> bool:
+        """Sends a request of a :meth:`bound_frame` as it stands, with the id, deadline
+        and priority filled in; False, having sent nothing, when regions wait to go back
+        (:meth:`send` carries them) ([Note: bound requests])."""
+        if self._releases:
+            return False
+        if self.error is not None:
+            raise self.error
+        route_id, layout, offsets = bound
+        meta = layout.pack(route_id, request_id, _NO_DEADLINE if deadline is None else deadline, priority, *offsets)
+        self._send_parts([_HEAD.pack(len(meta), 0, 0, _LONE_REQUEST) + meta])
+        return True
+
+    def bound_frame(self, key: str, inputs: dict, outputs: dict) -> BoundFrame | None:
+        """What :meth:`send_bound` needs for requests of ``inputs`` and ``outputs``, all
+        arrays pinned in this end's arena, once :meth:`send` has declared their route
+        ([Note: bound requests]); None otherwise."""
+        offsets = []
+        route_key: list = [key]
+        for named in (inputs, outputs):
+            for name, a in named.items():
+                where = self.arena.pinned_at(a) if self.arena is not None and type(a) is np.ndarray else None
+                if where is None:
+                    return None
+                offsets.append(where)
+                route_key.append((name, a.dtype, a.shape))
+            route_key.append(None)
+        route = self._request_routes.get(tuple(route_key[:-1]))
+        return None if route is None else (route[0], route[1], tuple(offsets))
+
+    def _send_parts(self, parts: list) -> None:
         if not self._backlog and len(parts) <= _MAX_PARTS_PER_SEND:
             try:
                 sent = self.sock.sendmsg(parts)
@@ -589,19 +684,19 @@ class _Connection:
         if self._writer is None:
             self._writer = self._loop.create_task(self._drain())
 
-    def _encode_lone(self, obj: Any, releases: list[int]) -> list | None:
+    def _encode_lone(self, obj: Any, releases: list[int], outputs: dict | None = None) -> list | None:
         """``obj`` as a lone frame, after the _ROUTE frame declaring its route when it is
         new; None when it is no request or answer of one, or its arrays do not all fit
         in the arena ([Note: lone frames])."""
         if type(obj) is not tuple:
             return None
         if len(obj) == 2:
-            return self._encode_lone_request(obj, releases)
+            return self._encode_lone_request(obj, releases, outputs)
         if len(obj) == 3 and obj[1] is True:
             return self._encode_lone_answer(obj, releases)
         return None
 
-    def _encode_lone_request(self, obj: tuple, releases: list[int]) -> list | None:
+    def _encode_lone_request(self, obj: tuple, releases: list[int], outputs: dict | None) -> list | None:
         request_id, args = obj
         if type(request_id) is not int or type(args) is not tuple or len(args) != 4:
             return None
@@ -618,20 +713,33 @@ class _Connection:
             if type(a) is not np.ndarray:
                 return None
             shape_key.append((name, a.dtype, a.shape))
+        written: list[int] = []
+        if outputs is not None:
+            written = self._pinned_offsets(outputs)
+            if written:
+                shape_key.append(None)
+                shape_key.extend((name, a.dtype, a.shape) for name, a in outputs.items())
         route_key = tuple(shape_key)
         parts = []
         route = self._request_routes.get(route_key)
         if route is None:
             arrays: list = []
             described = _describe_arrays(inputs, arrays)
+            out_described = _describe_arrays(outputs, arrays) if written else ()
             route_id = self._new_route_id()
-            if described is None or route_id is None:
+            if described is None or out_described is None or route_id is None:
                 return None
             route = (route_id, _lone_struct(_LONE_REQUEST_HEAD, len(arrays)))
-            parts.append(_route_frame(route[0], key, described))
+            parts.append(_route_frame(route[0], key, described, out_described))
         offsets = self._put_all(inputs.values())
         if offsets is None:
             return None
+        if written:
+            if not set(offsets).isdisjoint(written):  # an input lies in an output's region
+                for offset in offsets:
+                    self.arena.release(offset)  # type: ignore[union-attr]
+                return None
+            offsets += written
         if parts:  # declared only now that the declaration goes out
             self._request_routes[route_key] = route
         meta = route[1].pack(route[0], request_id, _NO_DEADLINE if deadline is None else deadline, priority, *offsets)
@@ -646,10 +754,13 @@ class _Connection:
         if type(result) is not tuple or len(result) != 2:
             return None
         outputs, timing = result
-        if (type(outputs) is not Outputs or type(timing) is not RequestTiming or timing.batch_size != 1
-                or timing.first_in_batch is not True):
+        if ((type(outputs) is not Outputs and outputs is not WRITTEN) or type(timing) is not RequestTiming
+                or timing.batch_size != 1 or timing.first_in_batch is not True):
             return None
-        described = outputs.described
+        if outputs is WRITTEN:
+            outputs, described = {}, _WRITTEN_DESCRIBED
+        else:
+            described = outputs.described
         parts = []
         entry = self._answer_routes.get(id(described))
         if entry is None or entry[0] is not described:
@@ -667,6 +778,19 @@ class _Connection:
         meta = entry[2].pack(entry[1], request_id, timing.queue_s, timing.compute_s, *offsets)
         parts.append(_lone_frame(_LONE_ANSWER, meta, releases))
         return parts
+
+    def _pinned_offsets(self, outputs: dict) -> list[int]:
+        """Where each of ``outputs`` lies, when they all are distinct arrays that this
+        end pinned in its arena ([Note: outputs written in place]); else empty."""
+        arena = self.arena
+        offsets = []
+        for name, a in outputs.items():
+            plain = type(name) is str and type(a) is np.ndarray
+            where = arena.pinned_at(a) if plain else None  # type: ignore[union-attr]
+            if where is None:
+                return []
+            offsets.append(where)
+        return offsets if len(set(offsets)) == len(offsets) else []
 
     def _new_route_id(self) -> int | None:
         """The id the next route this end declares takes; None once it has declared all
@@ -700,13 +824,25 @@ class _Connection:
     def _declare(self, meta: memoryview) -> None:
         """Keeps the route a _ROUTE frame declares ([Note: lone frames])."""
         try:
-            route_id, key, names, dtypes, shapes = marshal.loads(meta)
+            route_id, key, *groups = marshal.loads(meta)
         except (EOFError, ValueError, TypeError) as e:
             raise ValueError(f"a route declaration does not decode ({e!r}); not a channel frame") from None
+        # Its inputs' (or an answer's outputs') names, dtypes and shapes; a request's
+        # route may add those of outputs to write in place ([Note: outputs written in place]).
         if (type(route_id) is not int or not 0 <= route_id < _MAX_KEPT or not (key is None or type(key) is str)
-                or type(names) is not tuple or type(dtypes) is not tuple or type(shapes) is not tuple
-                or not len(names) == len(dtypes) == len(shapes)):
+                or len(groups) not in ((3, 6) if key is not None else (3,))
+                or not all(type(g) is tuple for g in groups)
+                or not all(len(names) == len(dtypes) == len(shapes)
+                           for names, dtypes, shapes in zip(groups[::3], groups[1::3], groups[2::3]))):
             raise ValueError(f"route declaration {route_id!r} is malformed; not a channel frame")
+        specs = self._declared_arrays(route_id, *groups[:3])
+        written = self._declared_arrays(route_id, *groups[3:]) if len(groups) == 6 else None
+        head = _LONE_REQUEST_HEAD if key is not None else _LONE_ANSWER_HEAD
+        n = len(specs) + (len(written) if written is not None else 0)
+        self._routes_in[route_id] = (key, specs, _lone_struct(head, n), written)
+
+    @staticmethod
+    def _declared_arrays(route_id: int, names: tuple, dtypes: tuple, shapes: tuple) -> list:
         specs = []
         for name, dtype, shape in zip(names, dtypes, shapes):
             try:
@@ -718,8 +854,7 @@ class _Connection:
                 raise ValueError(f"route declaration {route_id} declares {name!r} as {dtype!r} {shape!r}; "
                                  "not a channel frame")
             specs.append((name, dt, shape, math.prod(shape) * dt.itemsize))
-        head = _LONE_REQUEST_HEAD if key is not None else _LONE_ANSWER_HEAD
-        self._routes_in[route_id] = (key, specs, _lone_struct(head, len(specs)))
+        return specs
 
     def _decode_lone(self, codec: int, meta: memoryview) -> tuple[Any, list[int]]:
         """A lone frame's request or answer, and the regions of the peer's arena that its
@@ -728,7 +863,7 @@ class _Connection:
         if route is None or (route[0] is None) != (codec == _LONE_ANSWER) or len(meta) != route[2].size:
             raise ValueError(f"a lone frame of {len(meta)} bytes names an undeclared or other route; "
                              "not a channel frame")
-        key, specs, layout = route
+        key, specs, layout, written = route
         _, request_id, a, b, *offsets = layout.unpack_from(meta)
         peer = self.peer
         if peer is None:
@@ -739,7 +874,7 @@ class _Connection:
             # once: numpy gives a view of a view the first array that owns its memory or
             # lies over a buffer as its base, so a caller's slice would skip ours, and the
             # region would go back while the slice still reads it.
-            arrays = {}
+            arrays = {} if specs else WRITTEN  # no arrays: [Note: outputs written in place]
             for (name, dtype, shape, nbytes), where in zip(specs, offsets):
                 peer.check(where, nbytes)
                 arrays[name] = array = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
@@ -752,14 +887,35 @@ class _Connection:
             arrays = PlacedInputs()
             arrays.route = route
             arrays.addresses = {}
+            arrays.outputs = None
             for (name, dtype, shape, nbytes), where in zip(specs, offsets):
                 peer.check(where, nbytes)
                 arrays[name] = peer.array(where, dtype, shape)
                 arrays.addresses[name] = peer.base + where
             held = offsets
+            if written is not None:
+                held = offsets[:len(specs)]  # the caller keeps the outputs' regions (pinned)
+                arrays.outputs = self._written_at(specs, written, offsets)
         if key is None:
             return (request_id, True, [(arrays, new_timing((a, b, 1, True)))]), held
         return (request_id, (key, [arrays], [None if a != a else a], [b])), held
+
+    def _written_at(self, specs: list, written: list, offsets: list[int]) -> dict[str, tuple[np.ndarray, int]]:
+        """A request's outputs to write in place: per output, its array over the
+        caller's arena and address. Raises ValueError when a region lies outside the
+        arena or overlaps another array's ([Note: outputs written in place])."""
+        peer = self.peer
+        spans = [(where, where + nbytes) for (*_, nbytes), where in zip(specs + written, offsets)]
+        for i in range(len(specs), len(spans)):  # inputs may share regions; an output shares none
+            start, end = spans[i]
+            if any(start < other_end and other_start < end
+                   for j, (other_start, other_end) in enumerate(spans) if j != i):
+                raise ValueError("a lone request's output region overlaps another of its arrays; not a channel frame")
+        out = {}
+        for (name, dtype, shape, nbytes), where in zip(written, offsets[len(specs):]):
+            peer.check(where, nbytes)  # type: ignore[union-attr]
+            out[name] = (peer.array(where, dtype, shape), peer.base + where)  # type: ignore[union-attr]
+        return out
 
     async def _drain(self) -> None:
         try:
@@ -853,8 +1009,9 @@ class _Connection:
         The transformer tail's c1 serving overhead with its input kept in shared memory,
         our worker and caller in two processes without Ray (old and new code in
         alternating processes, six pairs of four 3 s rounds, median; script not
-        committed): 0.500 -> 0.464 ms; through Ray in bench/workers.py, 0.54 ms in run 37
-        and 0.50 ms in run 38.
+        committed): 0.500 -> 0.464 ms. Through Ray (bench/workers.py, input kept), 0.54 ms
+        in run 37 and 0.50 ms in run 38, then 0.56 and 0.58 ms in runs 39-40 with the
+        later changes too: through Ray, runs differ by more than this.
         """
         self._drained = False  # called again: the socket holds bytes, or its end
         try:
@@ -1004,6 +1161,17 @@ class _Connection:
             self.arena.close()
 
 
+def _in_place(value: list, written: dict[str, tuple[np.ndarray, int]]) -> list:
+    """``[(WRITTEN, timing)]`` for the answer to a request whose outputs ran where it
+    asked; ``value`` unchanged otherwise (batched, say: the caller copies them)."""
+    result = value[0]
+    if type(result) is tuple and len(result) == 2 and isinstance(result[0], dict):
+        outputs = result[0]
+        if len(outputs) == len(written) and all(outputs.get(name) is a for name, (a, _) in written.items()):
+            return [(WRITTEN, result[1])]
+    return value
+
+
 class ChannelServer:
     """A worker's end: answers each request on its connections with ``handler``."""
 
@@ -1107,6 +1275,10 @@ class ChannelServer:
         """Sends the handler's result (``ok``) or error to the caller of ``request_id``."""
         if not ok:
             value.__traceback__ = value.__context__ = value.__cause__ = None
+        if ok and type(value) is list and len(value) == 1 and type(args[1]) is list and len(args[1]) == 1:
+            inputs = args[1][0]
+            if type(inputs) is PlacedInputs and inputs.outputs is not None:
+                value = _in_place(value, inputs.outputs)
         reply = (request_id, ok, value)
         # The request's arrays are done with once it is answered (see [Note: channel arena]).
         conn.hand_back(held)
@@ -1240,9 +1412,18 @@ class ChannelClient:
                     "restarted); retry-able: the pool sends it again by a plain call",
                     path=self.path, detail=repr(exc) if exc else None))
 
-    async def call(self, *args: Any) -> Any:
+    def bound_frame(self, key: str, inputs: dict, outputs: dict) -> BoundFrame | None:
+        """See :meth:`_Connection.bound_frame` ([Note: bound requests])."""
+        return None if self.closed else self._conn.bound_frame(key, inputs, outputs)
+
+    async def call(self, *args: Any, outputs: dict | None = None, bound: BoundFrame | None = None) -> Any:
         """The worker's ``handler(*args)``; raises the worker's error, or
-        ChannelClosedError when the connection is lost meanwhile."""
+        ChannelClosedError when the connection is lost meanwhile. ``outputs``: for a
+        request of one, arrays of :meth:`pin_array` where the worker may write its
+        outputs; its answer is then ``[(WRITTEN, timing)]`` ([Note: outputs written in
+        place]), or the outputs as usual where the worker did not. ``bound``: the
+        request's frame as :meth:`bound_frame` gave it, sent as it stands where it can be
+        ([Note: bound requests])."""
         if self.closed:
             raise ChannelClosedError(f"the direct channel {self.path} is closed; reconnect or send by a plain call",
                                      path=self.path)
@@ -1251,7 +1432,8 @@ class ChannelClient:
         self._pending[request_id] = fut
         try:
             try:
-                self._conn.send((request_id, args))
+                if bound is None or not self._conn.send_bound(bound, request_id, args[2][0], args[3][0]):
+                    self._conn.send((request_id, args), outputs)
             except OSError as e:
                 del self._pending[request_id]  # failed below, by the raise, not by _lost
                 self._lost(e)

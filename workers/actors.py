@@ -59,17 +59,17 @@ import ray
 from ray.exceptions import RayActorError
 
 from workers._arena import address
-from workers._channel import ChannelClient, ChannelClosedError, open_channel_server
+from workers._channel import WRITTEN, BoundFrame, ChannelClient, ChannelClosedError, open_channel_server
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, new_timing, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
 from workers.engine import EngineConfig, Place
-from workers.errors import ActorConfigError, ReplicaUnavailableError, SegmentNotLoadedError
+from workers.errors import ActorConfigError, InputError, ReplicaUnavailableError, SegmentNotLoadedError
 from workers.pipeline import StageSpan
 
 # PoolConfig and the stats values live in workers/_pool.py (no Ray); this is their public door.
-__all__ = ["DEFAULT_BATCHER_CONFIG", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool", "RequestTiming",
-           "SegmentWorker", "WorkerStats", "make_worker"]
+__all__ = ["DEFAULT_BATCHER_CONFIG", "BoundRequest", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool",
+           "RequestTiming", "SegmentWorker", "WorkerStats", "make_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -407,14 +407,16 @@ class ReplicaPool:
         deadline_unix_ms: float | None = None,
         budget_ms: float | None = None,
         priority: int = 0,
+        outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs one request on the least-loaded replica (see the class docs).
 
         Raises what the worker raised (InputError, DeadlineExceededError, ...), or
         ReplicaUnavailableError (retry-able) when replicas died ``max_retries + 1`` times.
+        ``outputs``: see :meth:`infer_timed`.
         """
         out, _ = await self.infer_timed(key, inputs, deadline_unix_ms=deadline_unix_ms, budget_ms=budget_ms,
-                                        priority=priority)
+                                        priority=priority, outputs=outputs)
         return out
 
     async def infer_timed(
@@ -425,8 +427,18 @@ class ReplicaPool:
         deadline_unix_ms: float | None = None,
         budget_ms: float | None = None,
         priority: int = 0,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        _bound: BoundRequest | None = None,
     ) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
-        """``infer`` and where the request's time went in the worker (see [Note: request timing])."""
+        """``infer`` and where the request's time went in the worker (see [Note: request timing]).
+
+        ``outputs``: writable arrays, one per output of the segment with its dtype and
+        shape, that the answer is written into and returned as (numpy's ``out=``);
+        arrays of :meth:`shared_array` on the request's replica are written by the
+        worker itself ([Note: outputs written in place] in workers/_channel.py).
+        """
+        if outputs is not None and _bound is None:  # a BoundRequest's were checked when it was bound
+            outputs = _check_outputs(key, inputs, outputs)
         self._requests += 1
         if budget_ms is not None:
             # A budget must not restart with each retry: fix it as a deadline now.
@@ -439,7 +451,7 @@ class ReplicaPool:
             else:
                 # Nothing in flight: there is nothing to batch with, so skip the
                 # caller-side batcher's event-loop hops (see [Note: caller-side batching]).
-                [result] = await self._send(key, [request])
+                [result] = await self._send(key, [request], outputs, _bound)
         except ReplicaUnavailableError:
             self._failed += 1
             raise
@@ -449,8 +461,21 @@ class ReplicaPool:
         if isinstance(result, BaseException):
             self._errors += 1
             raise result
+        if outputs is not None:
+            try:
+                result = (_filled(key, outputs, result[0]), result[1])
+            except InputError:
+                self._errors += 1
+                raise
         self._completed += 1
         return result
+
+    def bind(self, key: str, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> BoundRequest:
+        """A request of ``key`` whose inputs and outputs stay where they are from run to
+        run ([Note: bound requests] in workers/_channel.py): give arrays of
+        :meth:`shared_array` on one replica, write the inputs, ``await bound.run()``, read
+        the outputs. See :class:`BoundRequest`."""
+        return BoundRequest(self, key, dict(inputs), _check_outputs(key, inputs, outputs))
 
     def _batcher(self, key: str) -> Batcher:
         """The caller-side batcher of ``key`` on the running event loop.
@@ -480,11 +505,13 @@ class ReplicaPool:
             entry = self._batchers[key] = (loop, batcher)
         return entry[1]
 
-    async def _send(self, key: str, requests: list[tuple]) -> list:
+    async def _send(self, key: str, requests: list[tuple], outputs: Mapping[str, np.ndarray] | None = None,
+                    bound: BoundRequest | None = None) -> list:
         """Sends requests in one call to the least-loaded replica, retrying on replica loss.
 
         Returns one (outputs, RequestTiming) or exception per request (the worker's
-        ``infer_batch_timed``).
+        ``infer_batch_timed``); ``(WRITTEN, timing)`` for a lone request whose
+        ``outputs`` the worker wrote in place.
         """
         exclude: int | None = None
         attempts = 0
@@ -501,7 +528,11 @@ class ReplicaPool:
             args = ([inputs], [deadline], [priority])
         else:
             args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
-        home = self._shared_replica(requests) if self._shared else None
+        home = None
+        if self._shared:
+            home = self._shared_replica(requests)
+            if home is None and outputs is not None:
+                home = self._shared_replica([(outputs, None, None)])
         while True:
             start = self._next if home is None else home
             i = pick_replica(self._in_flight, self._down_until_s, time.monotonic(), start=start, exclude=exclude)
@@ -513,7 +544,13 @@ class ReplicaPool:
             client = self._links[i].client() if self._links else None
             try:
                 if client is not None:
-                    results = await client.call(key, *args)
+                    if outputs is None or n != 1:
+                        results = await client.call(key, *args)
+                    else:
+                        frame = bound.frame_for(client) if bound is not None else None
+                        results = await client.call(key, *args, outputs=outputs, bound=frame)
+                        if bound is not None and frame is None:
+                            bound.remember(client, client.bound_frame(key, requests[0][0], outputs))
                     self._direct_calls += n
                 else:
                     results = await self.replicas[i].infer_batch_timed.remote(key, *args)
@@ -589,6 +626,87 @@ class ReplicaPool:
             link.close()
         for r in self.replicas:
             ray.kill(r, no_restart=True)
+
+
+def _check_outputs(key: str, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> dict:
+    """``outputs`` as a dict, when it is one of writable arrays, none of them an input;
+    raises InputError naming the one that is not."""
+    if not isinstance(outputs, Mapping):
+        raise InputError(f"outputs for {key} must be a dict of output name -> writable numpy array, "
+                         f"got {type(outputs).__name__}", model=key)
+    for name, a in outputs.items():
+        if not isinstance(a, np.ndarray) or not a.flags.writeable:
+            what = "a read-only array" if isinstance(a, np.ndarray) else type(a).__name__
+            raise InputError(f"outputs[{name!r}] for {key} is {what}; give a writable numpy array "
+                             "(pool.shared_array(shape, dtype) for one the worker writes in place)",
+                             model=key, input_name=name)
+        if any(np.may_share_memory(a, x) for x in (*inputs.values(), *(o for n, o in outputs.items() if n != name))
+               if isinstance(x, np.ndarray)):
+            raise InputError(f"outputs[{name!r}] for {key} overlaps an input or another output; give each "
+                             "output its own array", model=key, input_name=name)
+    return dict(outputs)
+
+
+def _filled(key: str, outputs: dict[str, np.ndarray], got: Any) -> dict[str, np.ndarray]:
+    """``outputs`` with the answer ``got`` copied in (nothing to do where the worker
+    wrote them: WRITTEN); raises InputError when they do not match."""
+    if got is WRITTEN:
+        return outputs
+    if got.keys() != outputs.keys():
+        raise InputError(f"outputs for {key} name {sorted(outputs)}, but the segment's outputs are {sorted(got)}; "
+                         "give one array per output", model=key)
+    for name, value in got.items():
+        out = outputs[name]
+        if out.shape != value.shape or out.dtype != value.dtype:
+            raise InputError(f"outputs[{name!r}] for {key} is {out.dtype}{list(out.shape)}, but the output is "
+                             f"{value.dtype}{list(value.shape)}; give an array of that dtype and shape",
+                             model=key, input_name=name, expected=f"{value.dtype}{list(value.shape)}",
+                             given=f"{out.dtype}{list(out.shape)}")
+        np.copyto(out, value)
+    return outputs
+
+
+class BoundRequest:
+    """A request whose inputs and outputs stay where they are from run to run
+    (``ReplicaPool.bind``), as ONNX Runtime's IO binding or Triton's registered shared
+    memory keep theirs: write ``inputs``, ``await run()``, read ``outputs`` (the same
+    arrays every time). Arrays of ``pool.shared_array`` on one replica go as they lie,
+    by a frame made once ([Note: bound requests] in workers/_channel.py); otherwise, or
+    while that replica is down, a run is an ordinary request (the pool's routing and
+    retries) whose answer is copied into ``outputs``. Do not write the inputs or read
+    the outputs while a run is in flight; runs of one BoundRequest may not overlap.
+    """
+
+    def __init__(self, pool: ReplicaPool, key: str, inputs: dict[str, np.ndarray],
+                 outputs: dict[str, np.ndarray]) -> None:
+        self.key = key
+        self.inputs = inputs
+        self.outputs = outputs
+        self._pool = pool
+        self._frame: tuple[ChannelClient, BoundFrame] | None = None
+        self._running = False
+
+    def frame_for(self, client: ChannelClient) -> BoundFrame | None:
+        return self._frame[1] if self._frame is not None and self._frame[0] is client else None
+
+    def remember(self, client: ChannelClient, frame: BoundFrame | None) -> None:
+        if frame is not None:
+            self._frame = (client, frame)
+
+    async def run(self, *, deadline_unix_ms: float | None = None, budget_ms: float | None = None,
+                  priority: int = 0) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
+        """Runs the request; returns ``outputs`` (written) and the worker's timing.
+        Raises what :meth:`ReplicaPool.infer` raises."""
+        if self._running:
+            raise RuntimeError(f"a run of this BoundRequest for {self.key} is in flight: its arrays are in use; "
+                               "await it first, or bind another request")
+        self._running = True
+        try:
+            return await self._pool.infer_timed(self.key, self.inputs, deadline_unix_ms=deadline_unix_ms,
+                                                budget_ms=budget_ms, priority=priority, outputs=self.outputs,
+                                                _bound=self)
+        finally:
+            self._running = False
 
 
 class Pipeline:

@@ -216,10 +216,14 @@ class PlacedInputs(dict):
     (so that :meth:`Engine.check` checks a route once: [Note: routes checked once]).
     Not to be changed once made."""
 
-    __slots__ = ("addresses", "route")
+    __slots__ = ("addresses", "route", "outputs")
 
     addresses: dict[str, int]
     route: object
+    outputs: dict[str, tuple[np.ndarray, int]] | None
+    """Where the caller asked for the outputs to be written ([Note: outputs written in
+    place]): per output, an array over the caller's memory and its address; None for
+    the engine's own buffers."""
 
 
 class _Bucket:
@@ -493,11 +497,27 @@ class Engine:
             if hit is not None and hit[0] is route:
                 return hit[1]
             rows = self._check(inputs, where)
+            if inputs.outputs is not None:
+                self._check_written(inputs.outputs, rows, where)
             if len(self._checked_routes) >= _MAX_CHECKED_ROUTES:
                 self._checked_routes.clear()
             self._checked_routes[id(route)] = (route, rows)
             return rows
         return self._check(inputs, where)
+
+    def _check_written(self, outputs: Mapping[str, tuple[np.ndarray, int]], rows: int, where: str) -> None:
+        """Raises :class:`InputError` unless ``outputs`` names every output of a run of
+        ``rows`` rows with its dtype and shape ([Note: outputs written in place])."""
+        bucket = self._bucket_for(rows)
+        expected = {name: ((rows, *buf.shape[1:]), buf.dtype) for name, buf in bucket.outputs.items()}
+        given = {name: (a.shape, a.dtype) for name, (a, _) in outputs.items()}
+        if given != expected:
+            def show(specs: Mapping[str, tuple]) -> str:
+                return ", ".join(f"{n}: {dt} {tuple(shape)}" for n, (shape, dt) in sorted(specs.items()))
+            raise InputError(
+                f"{_where(where)}outputs given for {self.name} at {rows} rows are {{{show(given)}}}, "
+                f"expected {{{show(expected)}}}; give one array per output of exactly that dtype and shape, "
+                "or none", model=self.name)
 
     def _check(self, inputs: Any, where: str) -> int:
         if not isinstance(inputs, Mapping):
@@ -628,7 +648,9 @@ class Engine:
         key = []
         # PlacedInputs: contiguous and aligned where the channel says, and checked
         # (dtypes among them) by the caller of run ([Note: arrays made once] in workers/_arena.py).
-        addresses = inputs.addresses if type(inputs) is PlacedInputs else None
+        addresses = written = None
+        if type(inputs) is PlacedInputs:
+            addresses, written = inputs.addresses, inputs.outputs
         for name, buf in bucket.inputs.items():
             value = inputs[name]
             if addresses is not None and value.shape == buf.shape and value.dtype == buf.dtype:
@@ -641,7 +663,8 @@ class Engine:
                 key.append(0)
         placed: dict[str, np.ndarray] = {}
         for name, buf in bucket.outputs.items():
-            spot = place(buf) if place is not None else None
+            # Outputs given were checked against the bucket's by check() ([Note: outputs written in place]).
+            spot = written[name] if written is not None else place(buf) if place is not None else None
             if spot is None:
                 key.append(0)
             else:

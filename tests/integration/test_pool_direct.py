@@ -283,3 +283,85 @@ def test_a_shared_array_goes_to_its_replica_in_place_and_follows_its_values(ray_
     finally:
         pool.shutdown()
     assert stats.errors == 0 and stats.direct_calls >= 6
+
+
+def test_a_bound_request_is_written_in_place_by_a_frame_made_once_and_survives_its_replica(ray_local, engine_config):
+    # [Note: bound requests] and [Note: outputs written in place] in workers/_channel.py.
+    from workers._channel import ChannelClient
+    from workers.actors import ReplicaPool
+
+    model, key = _doubling_model()
+    pool = ReplicaPool({key: model.SerializeToString()},
+                       config=PoolConfig(num_replicas=1, max_restarts=2, max_retries=1, down_s=0.2),
+                       engine_config=engine_config)
+    sent_bound = []
+    real_call = ChannelClient.call
+
+    async def call(self, *args, outputs=None, bound=None):
+        sent_bound.append(bound is not None)
+        return await real_call(self, *args, outputs=outputs, bound=bound)
+
+    async def main():
+        [before] = await pool.ready()
+        x = await pool.shared_array((1, 1 << 16), np.float32)
+        y = await pool.shared_array((1, 1 << 16), np.float32)
+        while not pool.stats().direct_calls:  # the channel opens in the background
+            await pool.infer(key, {"x": x})
+            await asyncio.sleep(0.02)
+        client = pool._links[0].client()
+        bound = pool.bind(key, {"x": x}, {"y": y})
+        for i in range(6):  # new values, same places
+            x[...] = float(i)
+            out, timing = await bound.run()
+            assert out["y"] is y and timing.batch_size == 1
+            np.testing.assert_array_equal(y, np.full((1, 1 << 16), 2.0 * i, np.float32))
+        assert sent_bound[-5:] == [True] * 5  # by the frame made after the first run
+        assert not client._conn._watched  # no answer lay in the worker's arena: written in place
+
+        # Outputs that are not shared are filled by a copy, through any path.
+        private = np.zeros((1, 1 << 16), np.float32)
+        out = await pool.infer(key, {"x": x}, outputs={"y": private})
+        assert out["y"] is private and float(private[0, 0]) == 10.0
+
+        # Bad outputs: refused with what to give instead; the pool keeps serving.
+        with pytest.raises(InputError, match=r"outputs\['y'\] .* overlaps an input"):
+            pool.bind(key, {"x": x}, {"y": x})
+        read_only = np.zeros((1, 1 << 16), np.float32)
+        read_only.setflags(write=False)
+        with pytest.raises(InputError, match="read-only"):
+            pool.bind(key, {"x": x}, {"y": read_only})
+        small = await pool.shared_array((1, 1 << 15), np.float32)
+        with pytest.raises(InputError, match=r"outputs given .* expected \{y: float32 \(1, 65536\)\}"):
+            await pool.bind(key, {"x": x}, {"y": small}).run()
+        with pytest.raises(InputError,
+                           match=r"outputs\['y'\] .* is float32\[1, 10\], but the output is float32\[1, 65536\]"):
+            await pool.infer(key, {"x": x}, outputs={"y": np.zeros((1, 10), np.float32)})
+
+        # Its replica dies: runs go by plain calls meanwhile (copied into y), then back in place.
+        ray.kill(pool.replicas[0], no_restart=False)
+        for i in range(6, 60):
+            x[...] = float(i)
+            try:
+                out, _ = await bound.run()
+            except ReplicaUnavailableError:
+                await asyncio.sleep(0.1)
+                continue
+            assert out["y"] is y
+            np.testing.assert_array_equal(y, np.full((1, 1 << 16), 2.0 * i, np.float32))
+            if pool.stats().replica_failures:
+                break
+        [after] = await pool.ready()
+        assert after["pid"] != before["pid"]
+        return x, y
+
+    import workers._channel as channel_module
+
+    try:
+        channel_module.ChannelClient.call = call
+        asyncio.run(main())
+        stats = pool.stats()
+    finally:
+        channel_module.ChannelClient.call = real_call
+        pool.shutdown()
+    assert stats.replica_failures >= 1
+    assert stats.requests == stats.completed + stats.failed + stats.errors and stats.errors == 2  # the two bad runs

@@ -234,10 +234,74 @@ def _lone(route_id: int, *offsets: int, meta_tail: bytes = b"") -> bytes:
     ((_route_frame(1 << 20, "m", _ROUTE),), "malformed"),
     ((_route_frame(0, None, _ROUTE), _lone(0, 0)), "undeclared or other route"),  # an answer's route
     ((_lone_frame(_LONE_ANSWER, b"\x00" * 3, []),), "undeclared"),
+    # Outputs to write in place ([Note: outputs written in place]): over an input, or
+    # over one another, or declared for an answer.
+    ((_route_frame(0, "m", _ROUTE, (("y",), ("<f4",), ((16, 1024),))), _lone(0, 0, 0)), "overlaps"),
+    ((_route_frame(0, "m", _ROUTE, (("y",), ("<f4",), ((16, 1024),))), _lone(0, 0, (64 << 10) - 64)), "overlaps"),
+    ((_route_frame(0, "m", _ROUTE, (("y",), ("<f4",), ((16, 1024),))), _lone(0, 0, 1 << 40)), "outside"),
+    ((_route_frame(0, "m", _ROUTE, (("y", "z"), ("<f4", "<f4"), ((16, 1024), (16, 1024)))),
+      _lone(0, 0, 64 << 10, (96 << 10))), "overlaps"),  # two outputs over one another
+    ((_route_frame(0, None, _ROUTE, (("y",), ("<f4",), ((16, 1024),))),), "malformed"),
+    ((_route_frame(0, "m", _ROUTE, (("y",), ("<f4",))),), "malformed"),
 ])
 def test_garbled_lone_frames_and_routes_end_only_their_connection(frames, message):
     why = _run(_send_raw_to_worker(*frames))
     assert isinstance(why, ValueError) and message in str(why)
+
+
+def test_outputs_pinned_by_the_caller_are_written_in_place_and_answered_without_arrays():
+    # [Note: outputs written in place], [Note: bound requests]
+    from workers._channel import WRITTEN, _in_place
+
+    async def main():
+        caller, worker = await _pair()
+        to_worker, to_caller = _Inbox(worker), _Inbox(caller)
+        x = caller.arena.pin_array((16, 1024), np.float32)
+        y = caller.arena.pin_array((16, 1024), np.float32)
+        x[...] = 3.0
+        caller.send((1, ("m@1@c", [{"x": x}], [None], [0])), {"y": y})
+        (_, (_, [inputs], _, _)), held = await to_worker.next()
+        assert held == [inputs.addresses["x"] - worker.peer.base]  # not the output's: the caller's to keep
+        [(name, (array, at))] = inputs.outputs.items()
+        assert name == "y" and at == y.ctypes.data - caller.arena._base + worker.peer.base
+        np.multiply(inputs["x"], 2, out=array)  # what the engine does, binding that address
+        np.testing.assert_array_equal(y, 6.0)  # the caller's own array
+        timing = RequestTiming(0.1, 0.2, 1, True)
+        answer = _in_place([(_outputs({"y": array}), timing)], inputs.outputs)
+        assert answer == [(WRITTEN, timing)]
+        assert _in_place([(_outputs({"y": array.copy()}), timing)], inputs.outputs)[0][0] is not WRITTEN
+        worker.send((1, True, answer))
+        (answer_id, ok, [(out, got_timing)]), _ = await to_caller.next()
+        assert (answer_id, ok, out, got_timing) == (1, True, WRITTEN, timing)
+
+        # The frame made once: sent as it stands, the same as send() makes it...
+        frame = caller.bound_frame("m@1@c", {"x": x}, {"y": y})
+        assert frame is not None
+        assert caller.send_bound(frame, 2, 1.5, 3)
+        (request_id, (key, [again], deadlines, priorities)), _ = await to_worker.next()
+        assert (request_id, key, deadlines, priorities) == (2, "m@1@c", [1.5], [3])
+        assert again.route is inputs.route and again.outputs["y"][1] == at
+        # ...but not while regions wait to go back (send() carries them), nor for arrays
+        # that are not pinned, nor before the route is declared.
+        lent, _ = worker.arena.place(np.empty((16, 1024), np.float32))
+        caller.hand_back([worker.arena.take(lent)])  # as if an answer had lain there
+        assert not caller.send_bound(frame, 3, None, 0)
+        assert caller.bound_frame("m@1@c", {"x": x}, {"y": np.zeros_like(y)}) is None
+        assert caller.bound_frame("m@1@c", {"x": y}, {"y": x}) is not None  # same route, other places
+        assert caller.bound_frame("other@1@c", {"x": x}, {"y": y}) is None
+        # Outputs that are not all pinned, or pinned twice, go with the request as usual.
+        caller.send((4, ("m@1@c", [{"x": x}], [None], [0])), {"y": np.zeros_like(y)})
+        (_, (_, [plain], _, _)), _ = await to_worker.next()
+        assert plain.outputs is None and worker.arena.lent_bytes == 0  # the region came back with it
+        # Inputs may share a region; outputs are written in place all the same.
+        caller.send((5, ("two@1@c", [{"a": x, "b": x}], [None], [0])), {"y": y})
+        (_, (_, [shared], _, _)), _ = await to_worker.next()
+        assert shared["a"] is shared["b"] and shared.outputs["y"][1] == at
+        assert not to_worker.lost and not to_caller.lost
+        caller.close()
+        worker.close()
+
+    _run(main())
 
 
 def test_arrays_placed_or_pinned_are_found_by_identity_and_made_once():

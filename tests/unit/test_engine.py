@@ -182,18 +182,20 @@ def test_bindings_to_request_memory_are_kept_by_address_and_reused_only_there(en
     np.testing.assert_allclose(b["y"], reference(many[2]), rtol=1e-4, atol=1e-6)
 
 
-def test_placed_inputs_are_checked_once_per_route_and_read_where_they_lie(engine, reference, monkeypatch):
-    # [Note: routes checked once]; PlacedInputs are what the direct channel makes.
+def placed(x: np.ndarray, route: object, outputs: dict | None = None):
+    """What the direct channel makes of a lone request: PlacedInputs."""
     from workers.engine import PlacedInputs
 
+    inputs = PlacedInputs({"x": x})
+    inputs.route, inputs.addresses, inputs.outputs = route, {"x": x.ctypes.data}, outputs
+    return inputs
+
+
+def test_placed_inputs_are_checked_once_per_route_and_read_where_they_lie(engine, reference, monkeypatch):
+    # [Note: routes checked once]
     checked: list[int] = []
     real = engine._check
     monkeypatch.setattr(engine, "_check", lambda inputs, where: checked.append(1) or real(inputs, where))
-
-    def placed(x: np.ndarray, route: object) -> PlacedInputs:
-        inputs = PlacedInputs({"x": x})
-        inputs.route, inputs.addresses = route, {"x": x.ctypes.data}
-        return inputs
 
     route, wrong = ("x", "<f4"), ("x", "<f8")
     for seed in range(3):
@@ -211,6 +213,23 @@ def test_placed_inputs_are_checked_once_per_route_and_read_where_they_lie(engine
     out = engine.run(placed(x, route))["y"]
     np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-6)
     assert list(engine._bucket_for(1).kept)[0][0] == x.ctypes.data  # bound where it lies
+
+
+def test_outputs_given_with_placed_inputs_are_written_where_they_lie_and_checked_once(engine, reference):
+    # [Note: outputs written in place]
+    x = _x(seed=8)
+    y = np.full((1, CNN_CLASSES), np.nan, np.float32)
+    out = engine.run(placed(x, ("x", "out y"), {"y": (y, y.ctypes.data)}))
+    assert out["y"] is y  # written there, not into the bucket's buffer
+    np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-6)
+    assert list(engine._bucket_for(1).kept)[-1] == (x.ctypes.data, y.ctypes.data)
+    for bad, shown in ((np.zeros((1, CNN_CLASSES + 1), np.float32), f"(1, {CNN_CLASSES + 1})"),
+                       (np.zeros((1, CNN_CLASSES), np.float64), "float64")):
+        with pytest.raises(InputError, match=r"outputs given for .* expected \{y: float32") as e:
+            engine.check(placed(x, ("x", "bad y", bad.dtype.str, bad.shape), {"y": (bad, bad.ctypes.data)}))
+        assert shown in str(e.value)
+    with pytest.raises(InputError, match=r"outputs given .* are \{\}"):
+        engine.check(placed(x, ("x", "no y"), {}))
 
 
 def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
