@@ -111,6 +111,9 @@ class Arena:
         """Regions given by :meth:`place` and not yet in a frame: address -> offset."""
         self._pinned: dict[int, int] = {}
         """Regions given by :meth:`pin_array`: offset -> bytes; lent until unpinned."""
+        self.unpins = 0
+        """How many regions :meth:`unpin` has freed: what was pinned before is pinned
+        still while this has not moved (workers/_channel.py, [Note: bound requests])."""
         self._base = address(self._view)
         self._made: dict[tuple, np.ndarray] = {}
         """Arrays made over regions, by (offset, dtype, shape) ([Note: arrays made once])."""
@@ -248,6 +251,7 @@ class Arena:
         offset = address(region) - self._base
         if self._pinned.pop(offset, None) is None:
             raise ValueError("unpin: not a region that this arena's pin_array() gave")
+        self.unpins += 1
         self.release(offset)
 
     @property

@@ -674,7 +674,8 @@ class BoundRequest:
     by a frame made once ([Note: bound requests] in workers/_channel.py); otherwise, or
     while that replica is down, a run is an ordinary request (the pool's routing and
     retries) whose answer is copied into ``outputs``. Do not write the inputs or read
-    the outputs while a run is in flight; runs of one BoundRequest may not overlap.
+    the outputs while a run is in flight; runs of one BoundRequest may not overlap;
+    free its arrays (``pool.free_shared_array``) only after its last run.
     """
 
     def __init__(self, pool: ReplicaPool, key: str, inputs: dict[str, np.ndarray],
@@ -687,7 +688,12 @@ class BoundRequest:
         self._running = False
 
     def frame_for(self, client: ChannelClient) -> BoundFrame | None:
-        return self._frame[1] if self._frame is not None and self._frame[0] is client else None
+        """The frame made for ``client``, while nothing of its arena was unpinned since;
+        None otherwise (the pool then makes it again after the run)."""
+        entry = self._frame
+        if entry is None or entry[0] is not client or entry[1][3] != client.unpins:
+            return None
+        return entry[1]
 
     def remember(self, client: ChannelClient, frame: BoundFrame | None) -> None:
         if frame is not None:

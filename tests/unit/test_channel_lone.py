@@ -284,11 +284,19 @@ def test_outputs_pinned_by_the_caller_are_written_in_place_and_answered_without_
         # ...but not while regions wait to go back (send() carries them), nor for arrays
         # that are not pinned, nor before the route is declared.
         lent, _ = worker.arena.place(np.empty((16, 1024), np.float32))
-        caller.hand_back([worker.arena.take(lent)])  # as if an answer had lain there
+        lent_at = worker.arena.take(lent)  # as if an answer had lain there
+        caller.hand_back([lent_at])
         assert not caller.send_bound(frame, 3, None, 0)
         assert caller.bound_frame("m@1@c", {"x": x}, {"y": np.zeros_like(y)}) is None
         assert caller.bound_frame("m@1@c", {"x": y}, {"y": x}) is not None  # same route, other places
         assert caller.bound_frame("other@1@c", {"x": x}, {"y": y}) is None
+        # Nor once a region was unpinned since the frame was made: it might be lent again.
+        caller._releases.clear()
+        assert caller.send_bound(frame, 3, None, 0)
+        await to_worker.next()
+        caller.arena.unpin(caller.arena.pin_array((16, 1024), np.float32))
+        assert not caller.send_bound(frame, 3, None, 0)
+        caller.hand_back([lent_at])
         # Outputs that are not all pinned, or pinned twice, go with the request as usual.
         caller.send((4, ("m@1@c", [{"x": x}], [None], [0])), {"y": np.zeros_like(y)})
         (_, (_, [plain], _, _)), _ = await to_worker.next()
