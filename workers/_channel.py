@@ -446,6 +446,21 @@ BoundFrame = tuple[int, struct.Struct, tuple[int, ...], int]
 arena's ``unpins`` when they were found pinned ([Note: bound requests])."""
 
 
+def _route_key(key: str, inputs: dict, outputs: dict | None) -> tuple | None:
+    """A request's route as ``_Connection._request_routes`` keeps it: the segment key,
+    each input's (name, dtype, shape), and for outputs written in place None and each
+    output's; None when an input is no plain array ([Note: lone frames])."""
+    route_key: list = [key]
+    for name, a in inputs.items():
+        if type(a) is not np.ndarray:
+            return None
+        route_key.append((name, a.dtype, a.shape))
+    if outputs is not None:
+        route_key.append(None)
+        route_key.extend((name, a.dtype, a.shape) for name, a in outputs.items())
+    return tuple(route_key)
+
+
 def _lone_struct(head: struct.Struct, n_arrays: int) -> struct.Struct:
     """A lone frame's fixed part: ``head``, then one arena offset per array."""
     return struct.Struct(head.format + "Q" * n_arrays)
@@ -654,18 +669,11 @@ class _Connection:
         """What :meth:`send_bound` needs for requests of ``inputs`` and ``outputs``, all
         arrays pinned in this end's arena, once :meth:`send` has declared their route
         ([Note: bound requests]); None otherwise."""
-        offsets = []
-        route_key: list = [key]
-        for named in (inputs, outputs):
-            for name, a in named.items():
-                where = self.arena.pinned_at(a) if self.arena is not None and type(a) is np.ndarray else None
-                if where is None:
-                    return None
-                offsets.append(where)
-                route_key.append((name, a.dtype, a.shape))
-            route_key.append(None)
-        route = self._request_routes.get(tuple(route_key[:-1]))
-        return None if route is None else (route[0], route[1], tuple(offsets), self.arena.unpins)  # type: ignore[union-attr]
+        if self.arena is None:
+            return None
+        ins, outs = self._pinned_offsets(inputs), self._pinned_offsets(outputs)
+        route = self._request_routes.get(_route_key(key, inputs, outputs)) if ins and outs else None
+        return None if route is None else (route[0], route[1], (*ins, *outs), self.arena.unpins)  # type: ignore[misc]
 
     def _send_parts(self, parts: list) -> None:
         if not self._backlog and len(parts) <= _MAX_PARTS_PER_SEND:
@@ -712,18 +720,12 @@ class _Connection:
         if (type(inputs) is not dict or not (deadline is None or type(deadline) is float)
                 or type(priority) is not int):
             return None
-        shape_key = [key]
-        for name, a in inputs.items():
-            if type(a) is not np.ndarray:
-                return None
-            shape_key.append((name, a.dtype, a.shape))
-        written: list[int] = []
-        if outputs is not None:
-            written = self._pinned_offsets(outputs)
-            if written:
-                shape_key.append(None)
-                shape_key.extend((name, a.dtype, a.shape) for name, a in outputs.items())
-        route_key = tuple(shape_key)
+        written = self._pinned_offsets(outputs) if outputs is not None else None
+        if not written or len(set(written)) != len(written):
+            written = None  # not all pinned, or one region twice: the answer comes as usual
+        route_key = _route_key(key, inputs, outputs if written else None)
+        if route_key is None:
+            return None
         parts = []
         route = self._request_routes.get(route_key)
         if route is None:
@@ -783,18 +785,18 @@ class _Connection:
         parts.append(_lone_frame(_LONE_ANSWER, meta, releases))
         return parts
 
-    def _pinned_offsets(self, outputs: dict) -> list[int]:
-        """Where each of ``outputs`` lies, when they all are distinct arrays that this
-        end pinned in its arena ([Note: outputs written in place]); else empty."""
+    def _pinned_offsets(self, named: dict) -> list[int] | None:
+        """Where each array of ``named`` lies, when they all are arrays that this end
+        pinned in its arena ([Note: outputs written in place]); else None."""
         arena = self.arena
         offsets = []
-        for name, a in outputs.items():
+        for name, a in named.items():
             plain = type(name) is str and type(a) is np.ndarray
             where = arena.pinned_at(a) if plain else None  # type: ignore[union-attr]
             if where is None:
-                return []
+                return None
             offsets.append(where)
-        return offsets if len(set(offsets)) == len(offsets) else []
+        return offsets
 
     def _new_route_id(self) -> int | None:
         """The id the next route this end declares takes; None once it has declared all

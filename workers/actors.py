@@ -51,7 +51,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -381,10 +381,10 @@ class ReplicaPool:
         at = address(value)
         return next((e for e in self._shared.values() if e[3] == at), None)
 
-    def _shared_replica(self, requests: list[tuple]) -> int | None:
-        """The replica whose channel holds a request's input in place, if any."""
-        for inputs, _, _ in requests:
-            for value in inputs.values():
+    def _shared_replica(self, named: Iterable[Mapping[str, Any]]) -> int | None:
+        """The replica whose channel holds one of these arrays in place, if any."""
+        for arrays in named:
+            for value in arrays.values():
                 entry = self._shared_entry(value)
                 if entry is not None:
                     return entry[0]
@@ -530,9 +530,9 @@ class ReplicaPool:
             args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
         home = None
         if self._shared:
-            home = self._shared_replica(requests)
+            home = self._shared_replica(r[0] for r in requests)
             if home is None and outputs is not None:
-                home = self._shared_replica([(outputs, None, None)])
+                home = self._shared_replica((outputs,))
         while True:
             start = self._next if home is None else home
             i = pick_replica(self._in_flight, self._down_until_s, time.monotonic(), start=start, exclude=exclude)
