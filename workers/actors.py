@@ -171,7 +171,7 @@ class _TimingHost(SegmentHost):
         workers/_channel.py); returns where it listens and which node this is."""
         if getattr(self, "_channel", None) is None:
             self._channel = await open_channel_server(self.infer_batch_timed, now=self.infer_batch_now,
-                                                      tcp_host=ray.util.get_node_ip_address())
+                                                      prepare=self.prepare, tcp_host=ray.util.get_node_ip_address())
         return {"path": self._channel.path, "tcp": self._channel.tcp_address, "token": self._channel.token,
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 

@@ -216,7 +216,7 @@ class PlacedInputs(dict):
     (so that :meth:`Engine.check` checks a route once: [Note: routes checked once]).
     Not to be changed once made."""
 
-    __slots__ = ("addresses", "route", "outputs")
+    __slots__ = ("addresses", "route", "outputs", "frame_key")
 
     addresses: dict[str, int]
     route: object
@@ -224,6 +224,9 @@ class PlacedInputs(dict):
     """Where the caller asked for the outputs to be written ([Note: outputs written in
     place]): per output, an array over the caller's memory and its address; None for
     the engine's own buffers."""
+    frame_key: bytes
+    """The lone frame's route and offsets, where the channel's end prepares requests
+    ([Note: prepared requests] in workers/_channel.py)."""
 
 
 class _Bucket:
@@ -734,6 +737,40 @@ class Engine:
             if copy:
                 out = {k: v.copy() for k, v in out.items()}
         return out
+
+    def prepare(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None] | None:
+        """A run of exactly these arrays, bound once: ``inputs`` made by the direct
+        channel (:class:`PlacedInputs`) with all their outputs to be written in place,
+        filling a bucket on the CPU. Each call runs them as :meth:`run` would, writing
+        the outputs where the request asked, without checking or binding anything
+        again ([Note: prepared requests] in workers/_channel.py); it raises
+        :class:`EngineRunError` as :meth:`run` does. None for any other inputs (they
+        run the usual way). Raises :class:`InputError` where :meth:`run` would.
+
+        The binding is the prepared run's own, not one of the bucket's kept ones, which
+        other requests take over and bind elsewhere ([Note: bindings kept]).
+        """
+        self._check_open()
+        if type(inputs) is not PlacedInputs or inputs.outputs is None:
+            return None
+        rows = self.check(inputs)
+        bucket = self._bucket_for(rows)
+        if rows != bucket.size or bucket.on_device:
+            return None
+        binding = self._session.io_binding()
+        for name, buf in bucket.inputs.items():
+            binding.bind_input(name, "cpu", 0, buf.dtype, buf.shape, inputs.addresses[name])
+        for name, buf in bucket.outputs.items():
+            binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, inputs.outputs[name][1])
+        lock, execute = self._lock, self._execute
+
+        def run() -> None:
+            with lock:
+                if self._session is None:
+                    self._check_open()
+                execute(bucket, binding)
+
+        return run
 
     def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]], *, loop_fallback: bool | None = None) -> list[dict[str, np.ndarray]]:
         """Run many requests as few batches; returns one dict of private arrays per request.

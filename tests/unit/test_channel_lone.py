@@ -249,6 +249,62 @@ def test_garbled_lone_frames_and_routes_end_only_their_connection(frames, messag
     assert isinstance(why, ValueError) and message in str(why)
 
 
+def test_a_prepared_frame_goes_to_its_serve_until_it_declines_or_its_route_is_declared_again():
+    # [Note: prepared requests]; the serves here record what they are given (the
+    # worker's, SegmentHost.prepare, is tested in tests/integration/test_prepared.py).
+    import math
+
+    out_route = (("y",), ("<f4",), ((16, 1024),))
+    frame = _lone(0, 0, 64 << 10)
+
+    async def main():
+        caller, worker = await _pair()
+        worker.prepared = {}
+        inbox = _Inbox(worker)
+        caller.sock.sendall(_route_frame(0, "m", _ROUTE, out_route) + frame)
+        (_, (key, [inputs], _, _)), _ = await inbox.next()
+        assert key == "m" and inputs.frame_key == struct.pack("<qQQ", 0, 0, 64 << 10)  # route, offsets
+        served, failed, answers = [], [], iter([True, RuntimeError("run failed"), False, None])
+
+        def serve(request_id, deadline, priority):
+            served.append((request_id, math.isnan(deadline), priority))
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        worker.prepared[inputs.frame_key] = (serve, lambda request_id, e: failed.append((request_id, str(e))))
+
+        async def sent(n_served):
+            caller.sock.sendall(frame)
+            for _ in range(1000):
+                if len(served) == n_served:
+                    return
+                await asyncio.sleep(0.001)
+            raise AssertionError(f"served {len(served)}, not {n_served}")
+
+        await sent(1)  # taken: served, never decoded
+        await sent(2)  # its run failed: the error goes to its caller
+        assert served == [(9, True, 0)] * 2 and failed == [(9, "run failed")]
+        assert inbox.frames.empty()
+        await sent(3)  # declined: decoded and handed on as usual, and kept for the next
+        (request_id, (key, _, _, _)), _ = await inbox.next()
+        assert (request_id, key) == (9, "m") and inputs.frame_key in worker.prepared
+        await sent(4)  # its segment went away: handed on, and forgotten
+        await inbox.next()
+        assert worker.prepared == {}
+        # A route declared again may mean something else: what was prepared is forgotten.
+        worker.prepared[inputs.frame_key] = (serve, None)
+        caller.sock.sendall(_route_frame(0, "other", _ROUTE, out_route) + frame)
+        (_, (key, _, _, _)), _ = await inbox.next()
+        assert key == "other" and worker.prepared == {} and len(served) == 4
+        assert not inbox.lost
+        caller.close()
+        worker.close()
+
+    _run(main())
+
+
 def test_outputs_pinned_by_the_caller_are_written_in_place_and_answered_without_arrays():
     # [Note: outputs written in place], [Note: bound requests]
     from workers._channel import WRITTEN, _in_place

@@ -232,6 +232,53 @@ def test_outputs_given_with_placed_inputs_are_written_where_they_lie_and_checked
         engine.check(placed(x, ("x", "no y"), {}))
 
 
+def test_a_prepared_run_writes_where_its_request_lies_again_and_again_with_its_own_binding(engine, reference,
+                                                                                           monkeypatch):
+    # [Note: prepared requests] in workers/_channel.py
+    x = _x(seed=30)
+    y = np.full((1, CNN_CLASSES), np.nan, np.float32)
+    route = ("x", "prepared y")
+    run = engine.prepare(placed(x, route, {"y": (y, y.ctypes.data)}))
+    assert run is not None
+    kept_before = dict(engine._bucket_for(1).kept)
+    count = engine.stats().run_count
+    bound: list[str] = []
+    monkeypatch.setattr(ort.IOBinding, "bind_input", lambda *a, **k: bound.append("input"))
+    for seed in (31, 32, 33):
+        x[...] = _x(seed=seed)  # the caller writes its input where it lies, and runs it
+        run()
+        np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-6)
+    assert not bound  # bound once, when prepared
+    other_x, other_y = _x(seed=37), np.zeros_like(y)
+    engine.prepare(placed(other_x, route, {"y": (other_y, other_y.ctypes.data)}))
+    assert bound == ["input"]  # what preparing binds is seen here (that binding is never run)
+    assert engine.stats().run_count == count + 3
+    assert dict(engine._bucket_for(1).kept) == kept_before  # none of the kept bindings taken over
+    monkeypatch.undo()
+    # Other requests in between leave it bound where it was.
+    other = np.zeros_like(y)
+    engine.run(placed(_x(seed=34), route, {"y": (other, other.ctypes.data)}))
+    engine.run({"x": _x(seed=35)})
+    run()
+    np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-6)
+    # Only a request of placed inputs with outputs to write, filling a bucket, is prepared.
+    assert engine.prepare({"x": x}) is None
+    assert engine.prepare(placed(x, route)) is None
+    x3, y3 = _x(rows=3, seed=36), np.zeros((3, CNN_CLASSES), np.float32)
+    assert engine.prepare(placed(x3, ("x", "three y"), {"y": (y3, y3.ctypes.data)})) is None
+    with pytest.raises(InputError, match="outputs given"):
+        engine.prepare(placed(x, ("x", "wide y"), {"y": (np.zeros((1, 3), np.float32), 0)}))
+
+
+def test_a_prepared_run_of_a_closed_engine_raises_a_clear_error(cnn_path, cache_dir):
+    engine = Engine(cnn_path, EngineConfig(cache_dir=cache_dir, provider="cpu", intra_op_threads=1))
+    x, y = _x(seed=40), np.zeros((1, CNN_CLASSES), np.float32)
+    run = engine.prepare(placed(x, ("x", "closed y"), {"y": (y, y.ctypes.data)}))
+    engine.close()
+    with pytest.raises(EngineRunError, match="is closed"):
+        run()
+
+
 def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
     # [Note: answers described in advance] in workers/_channel.py
     from workers.engine import Outputs
