@@ -38,6 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -229,6 +230,16 @@ class PlacedInputs(dict):
     ([Note: prepared requests] in workers/_channel.py)."""
 
 
+class _PreparedRun:
+    """What a prepared run holds (:meth:`Engine.prepare`), let go of when its engine closes."""
+
+    __slots__ = ("bucket", "binding", "__weakref__")
+
+    def __init__(self, bucket: _Bucket, binding: ort.IOBinding) -> None:
+        self.bucket: _Bucket | None = bucket
+        self.binding: ort.IOBinding | None = binding
+
+
 class _Bucket:
     """Pre-allocated, pre-bound buffers for one batch size."""
 
@@ -397,6 +408,8 @@ class Engine:
         device = "cuda" if chosen == "cuda" else "cpu"
         self._buckets = {b: _Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
         self._lock = threading.Lock()
+        self._prepared: weakref.WeakSet[_PreparedRun] = weakref.WeakSet()
+        """The prepared runs still held by someone ([Note: prepared requests] in workers/_channel.py)."""
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
         tw = time.perf_counter()
@@ -748,7 +761,10 @@ class Engine:
         run the usual way). Raises :class:`InputError` where :meth:`run` would.
 
         The binding is the prepared run's own, not one of the bucket's kept ones, which
-        other requests take over and bind elsewhere ([Note: bindings kept]).
+        other requests take over and bind elsewhere ([Note: bindings kept]). :meth:`close`
+        lets go of it and of its bucket, so that a prepared run kept after its engine
+        closed (a segment unloaded, its caller gone quiet) holds neither the session nor
+        the buffers.
         """
         self._check_open()
         if type(inputs) is not PlacedInputs or inputs.outputs is None:
@@ -762,13 +778,15 @@ class Engine:
             binding.bind_input(name, "cpu", 0, buf.dtype, buf.shape, inputs.addresses[name])
         for name, buf in bucket.outputs.items():
             binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, inputs.outputs[name][1])
+        held = _PreparedRun(bucket, binding)
+        self._prepared.add(held)
         lock, execute = self._lock, self._execute
 
         def run() -> None:
             with lock:
-                if self._session is None:
+                if held.binding is None:
                     self._check_open()
-                execute(bucket, binding)
+                execute(held.bucket, held.binding)
 
         return run
 
@@ -849,6 +867,8 @@ class Engine:
             self._buckets = {}
             self._session = None  # type: ignore[assignment]
             self._weights = None
+            for held in self._prepared:
+                held.bucket = held.binding = None
 
     def __repr__(self) -> str:
         return f"Engine({self.name!r}, provider={self.provider!r}, buckets={self.buckets}, batch_safe={self.batch_safe})"

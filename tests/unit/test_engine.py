@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import numpy as np
@@ -274,9 +275,14 @@ def test_a_prepared_run_of_a_closed_engine_raises_a_clear_error(cnn_path, cache_
     engine = Engine(cnn_path, EngineConfig(cache_dir=cache_dir, provider="cpu", intra_op_threads=1))
     x, y = _x(seed=40), np.zeros((1, CNN_CLASSES), np.float32)
     run = engine.prepare(placed(x, ("x", "closed y"), {"y": (y, y.ctypes.data)}))
+    [held] = engine._prepared
     engine.close()
+    assert held.binding is None and held.bucket is None  # the session and buffers are let go of
     with pytest.raises(EngineRunError, match="is closed"):
         run()
+    del run, held
+    gc.collect()  # the error's traceback held the run's frame
+    assert not engine._prepared  # forgotten with the last run that held it
 
 
 def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
