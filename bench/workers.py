@@ -29,7 +29,8 @@ on all of them alike):
    its input kept in memory shared with the worker, ``ReplicaPool.shared_array``:
    [Note: inputs kept in the arena] in workers/_arena.py, and as a bound request,
    ``ReplicaPool.bind``, its input and outputs both kept there: [Note: bound
-   requests] in workers/_channel.py); and "ours plain",
+   requests] and, the worker's half, [Note: prepared requests] in
+   workers/_channel.py); and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
    the caller's side) at concurrency 1 and 32, and "ours, one instance", the same pool
    with one engine per segment (the default) at concurrency 1 and 32. Ours runs

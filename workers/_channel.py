@@ -115,13 +115,13 @@ _MAX_PARTS_PER_SEND = 256
 Handler = Callable[..., Awaitable[Any]]
 """Called with a request's arguments; its result or error goes back to the caller."""
 NowHandler = Callable[..., Any]
-PrepareHandler = Callable[[str, Any, Callable[[int, float, float], None]], Callable[[int, float, int], Any] | None]
-"""``prepare(key, inputs, answer)``: see :meth:`workers._worker.SegmentHost.prepare`."""
 """Called first, synchronously, for a request with nothing behind it in the socket: its
 result goes back at once, or it returns ``NOT_NOW`` (workers.batcher) for ``Handler``.
 Called with the request's arguments and ``place``: None, or ``Arena.place`` of the
 connection's arena, where the handler may write the answer's large arrays so that they
 go back without a copy ([Note: outputs placed] in workers/engine.py)."""
+PrepareHandler = Callable[[str, Any, Callable[[int, float, float], None]], Callable[[int, float, int], Any] | None]
+"""``prepare(key, inputs, answer)``: see :meth:`workers._worker.SegmentHost.prepare`."""
 
 
 class ChannelClosedError(WorkerError):
