@@ -109,6 +109,7 @@ class _Hosted:
         self.completed = 0
         self.input_errors = 0
         self.failed = 0
+        self.prepared = 0
 
     def _run_batch(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         if not self.instances:
@@ -132,7 +133,7 @@ class _Hosted:
             key=self.key, provider=engines[0].provider, batch_safe=engines[0].batch_safe,
             max_batch=self.engine.max_batch, instances=max(1, len(self.instances)),
             requests=self.requests, completed=self.completed, input_errors=self.input_errors,
-            failed=self.failed, engine_median_ms=busiest.median_ms,
+            failed=self.failed, prepared=self.prepared, engine_median_ms=busiest.median_ms,
             batches_formed=b.batches_formed, batch_size_histogram=dict(sorted(b.batch_size_histogram.items())),
         )
 
@@ -403,6 +404,7 @@ class SegmentHost:
                     or deadline_unix_ms <= wall() * 1e3):  # NaN, no deadline: never <=
                 return False
             hosted.requests += 1
+            hosted.prepared += 1
             start_s = clock()
             try:
                 run()

@@ -324,6 +324,8 @@ def test_a_bound_request_is_written_in_place_by_a_frame_made_once_and_survives_i
             np.testing.assert_array_equal(y, np.full((1, 1 << 16), 2.0 * i, np.float32))
         assert sent_bound[-2:] == [False, True]
         assert not client._conn._watched  # no answer lay in the worker's arena: written in place
+        [segment] = (await pool.replicas[0].stats.remote()).segments
+        assert segment.prepared >= 5  # the worker's half ([Note: prepared requests]): served undecoded
 
         # Outputs that are not shared are filled by a copy, through any path.
         private = np.zeros((1, 1 << 16), np.float32)

@@ -113,7 +113,7 @@ def test_a_stream_of_the_same_lone_request_is_served_prepared_and_counted_as_bef
 
     asyncio.run(main())
     segment = _segment(host)
-    assert (segment.requests, segment.completed, segment.failed) == (8, 8, 0)
+    assert (segment.requests, segment.completed, segment.failed, segment.prepared) == (8, 8, 0, 6)
     assert segment.batches_formed == 8 and segment.batch_size_histogram == {1: 8}
     batcher = host._get(KEY).batcher.stats()
     assert batcher.completed == 8 and batcher.inline_runs == 7  # all but the first ran at once
@@ -154,6 +154,7 @@ def test_what_a_prepared_request_cannot_take_goes_the_usual_way_and_fails_or_run
         assert len(decoded) == n
         [segment] = (await host.stats()).segments
         assert (segment.requests, segment.failed) == (9, 3)  # the deadline, the priority, the run
+        assert segment.prepared == 3  # the third of the first three, the failed run, the one after it
         # The segment unloaded: refused as unknown; loaded again, served by the new model.
         await host.unload(KEY)
         with pytest.raises(SegmentNotLoadedError, match="not loaded"):
