@@ -510,6 +510,12 @@ def _lone_frame(codec: int, meta: bytes, releases: list[int]) -> bytes:
             if releases else _HEAD.pack(len(meta), 0, 0, codec) + meta)
 
 
+def _prepared_key(meta: bytes) -> bytes:
+    """A lone request's route and offsets: its metadata but for the request id, deadline
+    and priority ([Note: prepared requests])."""
+    return meta[:_ROUTE_ID.size] + meta[_LONE_REQUEST_HEAD.size:]
+
+
 def _lone_head(codec: int, meta_bytes: int, releases: list[int]) -> bytes:
     """A lone frame's head and the regions it hands back, before its ``meta_bytes`` of metadata."""
     return _HEAD.pack(meta_bytes, 0, len(releases), codec) + b"".join(map(_LEN.pack, releases))
@@ -941,7 +947,7 @@ class _Connection:
                 arrays.addresses[name] = peer.base + where
             held = offsets
             if self.prepared is not None:
-                arrays.frame_key = bytes(meta[:_ROUTE_ID.size]) + bytes(meta[_LONE_REQUEST_HEAD.size:])
+                arrays.frame_key = _prepared_key(bytes(meta))
             if written is not None:
                 held = offsets[:len(specs)]  # the caller keeps the outputs' regions (pinned)
                 arrays.outputs = self._written_at(specs, written, offsets)
@@ -1136,7 +1142,7 @@ class _Connection:
         """Serves a lone request whose route and offsets were prepared, when its serve
         takes it now; False, having done nothing, otherwise ([Note: prepared requests])."""
         frame = bytes(meta)
-        key = frame[:_ROUTE_ID.size] + frame[_LONE_REQUEST_HEAD.size:]
+        key = _prepared_key(frame)
         entry = self.prepared.get(key)  # type: ignore[union-attr]
         if entry is None or self._releases or self.more_waiting:
             return False
