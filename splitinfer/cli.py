@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("splitinfer.plan_cmd", "plan_main", "choose the best cut for a device, a cloud and a link"),
     "sweep": ("splitinfer.plan_cmd", "sweep_main", "latency against uplink bandwidth, with a plot"),
     "planner": ("splitinfer.plan_cmd", "planner_main", "the what-if HTTP service: 'planner serve'"),
+    "registry": ("splitinfer.registry_cmd", "registry_main",
+                 "write a model into a registry the gateway serves: 'registry add MODEL REGISTRY'"),
     "gateway": ("splitinfer.gateway_cmd", "gateway_main", "the cloud gRPC gateway"),
     "edge": ("splitinfer.edge_cmd", "edge_main", "the edge agent daemon: 'edge run --config edge.yaml'"),
     "cluster": ("splitinfer.cluster_cmd", "cluster_main", "operate the cloud tier on Kubernetes: status, scale, rollout, rollback"),
