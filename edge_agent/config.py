@@ -215,13 +215,19 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
         raise ConfigError(key="<top level>", reason=f"is a {type(raw).__name__}, not a mapping",
                           fix="write key: value lines, e.g. 'gateway: host:50051'", path=path)
     d: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # knob -> the key that set it, to refuse a knob given twice
     for key, value in raw.items():
         name = _snake(str(key))
         if name == "tls" and isinstance(value, Mapping):  # nested form: tls: {ca:, cert:, key:}
-            for sub, v in value.items():
-                d[f"tls_{_snake(str(sub))}"] = v
-            continue
-        d[name] = value
+            pairs = [(f"tls_{_snake(str(sub))}", f"tls.{sub}", v) for sub, v in value.items()]
+        else:
+            pairs = [(name, str(key), value)]
+        for knob, shown, v in pairs:
+            if knob in spelled:
+                raise ConfigError(key=shown, reason=f"repeats {spelled[knob]!r} (both set {knob!r})",
+                                  fix="keep one of the two keys", path=path)
+            spelled[knob] = shown
+            d[knob] = v
     unknown = sorted(set(d) - set(_FIELDS))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(_FIELDS), n=1)
@@ -256,13 +262,37 @@ def load_config(path: str) -> EdgeConfig:
     """Reads and checks edge.yaml."""
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+            raw = yaml.load(fh, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
     except FileNotFoundError as e:
         raise ConfigError(key="--config", reason=f"names {path!r}, which does not exist",
                           fix="pass the path of edge.yaml") from e
     except OSError as e:
         raise ConfigError(key="--config", reason=f"({path!r}) cannot be read: {e.strerror}",
                           fix="check the file's permissions") from e
+    except _DuplicateKey as e:
+        raise ConfigError(key=e.key, reason=f"appears twice (lines {e.first_line} and {e.line})",
+                          fix="keep one of the two keys", path=path) from e
     except yaml.YAMLError as e:
         raise ConfigError(key="<yaml>", reason=f"is not valid YAML ({e})", fix="fix the syntax", path=path) from e
     return config_from_dict(raw if raw is not None else {}, path=path)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, first_line: int, line: int) -> None:
+        super().__init__(f"{key!r} appears twice")
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = str(self.construct_object(key_node)), key_node.start_mark.line + 1
+            if key in first_line:
+                raise _DuplicateKey(key, first_line[key], line)
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)

@@ -105,3 +105,37 @@ def test_recovery_probe_s_defaults_and_is_checked():
     assert config_from_dict({**base, "recoveryProbeS": 1}).recovery_probe_s == 1.0
     with pytest.raises(ConfigError, match="recovery_probe_s"):
         config_from_dict({**base, "recovery_probe_s": 0})
+
+
+@pytest.mark.parametrize("raw,first,second", [
+    ({"sloMs": 100, "slo_ms": 200}, "sloMs", "slo_ms"),
+    ({"api_port": 1, "apiPort": 2}, "api_port", "apiPort"),
+    ({"tls_ca": "a.pem", "tls": {"ca": "b.pem"}}, "tls_ca", "tls.ca"),
+])
+def test_one_knob_given_twice_in_two_spellings_is_refused(raw, first, second):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(BASE | raw)
+    msg = str(e.value)
+    assert e.value.key == second and repr(first) in msg and "keep one" in msg and "\n" not in msg
+
+
+def test_camel_and_snake_in_one_yaml_file_is_refused(tmp_path):
+    p = tmp_path / "edge.yaml"
+    p.write_text("gateway: gw:1\nmodel: m@1\nsloMs: 100\nslo_ms: 200\n")
+    with pytest.raises(ConfigError, match=r"'slo_ms' repeats 'sloMs' \(both set 'slo_ms'\)"):
+        load_config(str(p))
+
+
+def test_plain_duplicate_yaml_key_is_refused_with_both_lines(tmp_path):
+    p = tmp_path / "edge.yaml"
+    p.write_text("gateway: gw:1\nmodel: m@1\nslo_ms: 100\nslo_ms: 200\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p))
+    assert e.value.key == "slo_ms" and "lines 3 and 4" in str(e.value) and "keep one" in str(e.value)
+
+
+def test_duplicate_key_inside_nested_tls_is_refused(tmp_path):
+    p = tmp_path / "edge.yaml"
+    p.write_text("gateway: gw:1\nmodel: m@1\ntls:\n  ca: a.pem\n  ca: b.pem\n")
+    with pytest.raises(ConfigError, match="'ca' appears twice"):
+        load_config(str(p))
