@@ -22,7 +22,8 @@ from partitioner.zoo import load_zoo
 from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
 from splitinfer.demo_edge import ENCODINGS, CpuQuota, ThrottledTimer
 
-__all__ = ["DemoModel", "LINK_RANGE", "VERSION", "describe_frontier", "predicted_ms", "prepare", "slow_down"]
+__all__ = ["DemoModel", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles", "predicted_ms", "prepare",
+           "slow_down"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +123,10 @@ def _time_whole(model: onnx.ModelProto, threads: int, runs: int) -> float:
             close()
 
 
-def _profiles(model: onnx.ModelProto, graph: LayerGraph, runs: int, say: Callable[[str], None],
-              before_cloud: Callable[[], None]) -> tuple[Profile, Profile, str, float, float]:
+def measure_profiles(model: onnx.ModelProto, graph: LayerGraph, runs: int, say: Callable[[str], None],
+                     before_cloud: Callable[[], None]) -> tuple[Profile, Profile, str, float, float]:
+    """(device, cloud, source, device model ms, cloud model ms): one ONNX Runtime thread as the
+    emulated edge, every core as the cloud; FLOPs-based profiles if the profiler fails."""
     cores = max(1, os.cpu_count() or 1)
     try:
         say("      device: one ONNX Runtime thread (the emulated edge)")
@@ -179,7 +182,7 @@ def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = Non
     timer = ThrottledTimer(model_path, quota, runs=max(3, runs // 2)) if quota is not None and quota.active else None
     try:
         say("[2/6] profiling the device and the cloud side (per-layer times from ONNX Runtime's profiler)")
-        dev, cloud, source, dev_ms, cloud_ms = _profiles(model, graph, runs, say, before_cloud)
+        dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, runs, say, before_cloud)
         say(f"      whole model: one thread {dev_ms:.0f} ms, cloud {cloud_ms:.0f} ms "
             f"(ratio {dev_ms / max(cloud_ms, 1e-6):.2f}x, measured side by side in this run)")
         if timer is not None:
