@@ -21,7 +21,6 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any, Sequence
 
 from splitinfer.netem_link import (
@@ -34,7 +33,9 @@ from splitinfer.netem_link import (
     TraceFormatError,
     TraceStep,
     load_trace,
+    resolve_trace,
     setting_at,
+    shipped_trace_names,
     shipped_trace_path,
     trace_position,
 )
@@ -54,7 +55,9 @@ __all__ = [
     "TraceStep",
     "load_trace",
     "main",
+    "resolve_trace",
     "setting_at",
+    "shipped_trace_names",
     "shipped_trace_path",
     "trace_position",
 ]
@@ -181,7 +184,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upstream", type=_hostport, required=True, metavar="HOST:PORT",
                         help="where connections are forwarded (e.g. the gateway)")
     parser.add_argument("--trace", metavar="CSV|NAME",
-                        help="trace CSV (t_s,up_mbps,down_mbps,rtt_ms,up) or a shipped name: demo, cat1, 3g, 4g, wifi, 5g")
+                        help="trace CSV (t_s,up_mbps,down_mbps,rtt_ms,up) or a shipped name, from any directory: "
+                             + ", ".join(shipped_trace_names()))
     parser.add_argument("--up", type=_arg(parse_rate_bps), metavar="RATE", help="uplink rate, e.g. 18.88mbit")
     parser.add_argument("--down", type=_arg(parse_rate_bps), metavar="RATE", help="downlink rate (default: 4x --up)")
     parser.add_argument("--rtt", type=_arg(parse_duration_ms), default=0.0, metavar="DURATION",
@@ -208,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     setting = trace = None
     try:
         if args.trace:
-            path = Path(args.trace)
-            trace = load_trace(path if path.suffix or path.exists() else shipped_trace_path(args.trace))
+            trace = load_trace(args.trace)
         elif args.up is not None:
             down_bps = args.down if args.down is not None else 4 * args.up
             setting = LinkSetting(up_bps=args.up, down_bps=down_bps, rtt_ms=args.rtt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import difflib
 import enum
 import math
 from dataclasses import dataclass, fields
@@ -28,7 +29,9 @@ __all__ = [
     "TraceFormatError",
     "TraceStep",
     "load_trace",
+    "resolve_trace",
     "setting_at",
+    "shipped_trace_names",
     "shipped_trace_path",
     "trace_position",
 ]
@@ -153,25 +156,65 @@ class NetemStats:
 # -- traces ------------------------------------------------------------------------
 
 
+def _traces_dir() -> Path:
+    return Path(str(resources.files("splitinfer.traces")))
+
+
+def shipped_trace_names() -> list[str]:
+    """Names of the traces shipped with the package, sorted: ``['3g', '4g', '5g', ...]``."""
+    return sorted(p.stem for p in _traces_dir().glob("*.csv"))
+
+
+def _unknown_trace(message: str, spec: str) -> NetemError:
+    names = shipped_trace_names()
+    stem = Path(spec).name.removesuffix(".csv").lower()
+    close = difflib.get_close_matches(stem, names, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return NetemError(message, fix=f"{hint}shipped traces: {', '.join(names)}; or give the path of a trace CSV")
+
+
 def shipped_trace_path(name: str) -> Path:
     """Path of a trace shipped with the package (``'demo'``, ``'3g'``, ``'4g'``, ...)."""
-    path = Path(str(resources.files("splitinfer") / "traces" / f"{name}.csv"))
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.csv"))
-        raise NetemError(f"no shipped trace named {name!r}", fix=f"use one of {known} or a path to a CSV file")
-    return path
+    if name not in shipped_trace_names():
+        raise _unknown_trace(f"no shipped trace named {name!r}", name)
+    return _traces_dir() / f"{name}.csv"
+
+
+def resolve_trace(spec: str | Path) -> Path:
+    """The trace file that ``spec`` names, from any working directory.
+
+    In order: an existing file at ``spec``; a shipped name (``'4g'``, also ``'4g.csv'``);
+    the shipped file's path as the checkout shows it (``splitinfer/traces/4g.csv``), which
+    resolves through the installed package wherever the command runs. Anything else is a
+    `NetemError` listing the shipped names, with the closest one suggested.
+    """
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    names = shipped_trace_names()
+    text = str(spec)
+    if path.name == text and path.name.removesuffix(".csv") in names:
+        return _traces_dir() / f"{path.name.removesuffix('.csv')}.csv"
+    if path.suffix == ".csv" and path.parent.parts[-2:] == ("splitinfer", "traces") and path.stem in names:
+        return _traces_dir() / path.name
+    if path.name == text and not path.suffix:
+        raise _unknown_trace(f"no shipped trace named {text!r} and no file of that name", text)
+    raise _unknown_trace(f"no trace file at {text!r}", text)
 
 
 def load_trace(path: str | Path) -> list[TraceStep]:
     """Read a trace CSV with header ``t_s,up_mbps,down_mbps,rtt_ms,up``.
 
+    ``path`` is a file or a shipped trace's name (``'4g'``), as `resolve_trace` reads it.
+
     Blank lines and lines starting with ``#`` are skipped. The first step starts at
     t_s = 0 and times increase strictly. The last row marks the end of the trace: its
     setting holds for ever when not looping, and a looping replay restarts at its time.
     """
+    path = resolve_trace(path)
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise NetemError(f"cannot read trace {name!r}: {e}", fix="pass the path of a CSV trace file") from e
     rows = [(n, row) for n, row in enumerate(csv.reader(text.splitlines()), start=1)

@@ -36,9 +36,19 @@ import socket
 import struct
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Sequence
 
-from splitinfer.netem_link import LinkSetting, NetemError, NetemStats, OutageMode, TokenBucket, TraceStep, trace_position
+from splitinfer.netem_link import (
+    LinkSetting,
+    NetemError,
+    NetemStats,
+    OutageMode,
+    TokenBucket,
+    TraceStep,
+    load_trace,
+    trace_position,
+)
 
 __all__ = ["LinkEmulator"]
 
@@ -242,7 +252,8 @@ class LinkEmulator:
 
     Arguments: ``upstream`` and ``listen`` are (host, port); port 0 picks a free port,
     read back from ``port``. Exactly one of ``setting`` (a fixed link) or ``trace``
-    (replayed, in a loop if ``loop``). ``outage_mode``: blackhole or reset.
+    (steps, or a trace file or shipped name as `load_trace` takes; replayed, in a loop if
+    ``loop``). ``outage_mode``: blackhole or reset.
     ``control``: (host, port) for the HTTP/JSON control API, or None. ``buffer_bytes``:
     see [Note: timing model]. ``socket_buffer_bytes``: SO_RCVBUF/SO_SNDBUF of the
     proxy's sockets, kept small so that backpressure reaches the sender promptly (0
@@ -251,10 +262,12 @@ class LinkEmulator:
     """
 
     def __init__(self, *, upstream: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0),
-                 setting: LinkSetting | None = None, trace: Sequence[TraceStep] | None = None,
+                 setting: LinkSetting | None = None, trace: Sequence[TraceStep] | str | Path | None = None,
                  loop: bool = False, outage_mode: OutageMode | str = OutageMode.BLACKHOLE,
                  control: tuple[str, int] | None = None, buffer_bytes: int = 256 * 1024,
                  socket_buffer_bytes: int = 64 * 1024, burst_bytes: int = 0) -> None:
+        if isinstance(trace, (str, Path)):
+            trace = load_trace(trace)
         if (setting is None) == (not trace):
             raise NetemError("LinkEmulator needs exactly one of setting= or trace=",
                              fix="pass setting=LinkSetting(...) for a fixed link or trace=load_trace(path)")

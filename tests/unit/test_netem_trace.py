@@ -10,8 +10,12 @@ from splitinfer.netem import (
     NetemStats,
     TraceFormatError,
     TraceStep,
+    LinkEmulator,
     load_trace,
+    main,
+    resolve_trace,
     setting_at,
+    shipped_trace_names,
     shipped_trace_path,
     trace_position,
 )
@@ -62,7 +66,7 @@ def test_load_trace_errors_name_file_line_value_and_fix(tmp_path, body, line, va
 
 
 def test_load_trace_missing_file_says_so(tmp_path):
-    with pytest.raises(NetemError, match="cannot read trace"):
+    with pytest.raises(NetemError, match="no trace file at .*missing.csv.*shipped traces: 3g, 4g"):
         load_trace(tmp_path / "missing.csv")
 
 
@@ -87,8 +91,65 @@ def test_demo_trace_is_wifi_then_3g_then_a_10s_outage_then_4g():
 
 
 def test_shipped_trace_path_unknown_name_lists_the_known_ones():
-    with pytest.raises(NetemError, match="'demo'"):
+    with pytest.raises(NetemError, match="no shipped trace named 'dialup'.*shipped traces: .*demo"):
         shipped_trace_path("dialup")
+
+
+def test_shipped_trace_names_are_the_csv_files_of_the_package():
+    assert shipped_trace_names() == ["3g", "4g", "5g", "cat1", "demo", "wifi"]
+
+
+@pytest.mark.parametrize("spec", ["4g", "4g.csv", "splitinfer/traces/4g.csv"])
+def test_trace_resolves_shipped_names_from_any_directory(spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_trace(spec) == shipped_trace_path("4g")
+    assert load_trace(spec)[0].setting.up_bps == pytest.approx(5.85e6)
+
+
+def test_trace_an_existing_file_wins_over_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "4g").write_text(HEADER + "0,1,4,20,1\n")
+    assert resolve_trace("4g").resolve() == (tmp_path / "4g").resolve()
+    assert load_trace("4g")[0].setting.up_bps == pytest.approx(1e6)
+
+
+def test_trace_a_missing_file_elsewhere_is_not_taken_for_the_shipped_one(tmp_path):
+    with pytest.raises(NetemError, match="no trace file at .*mine/4g.csv.*did you mean '4g'"):
+        resolve_trace(tmp_path / "mine" / "4g.csv")
+
+
+@pytest.mark.parametrize(("spec", "close"), [("4G", "4g"), ("wfi", "wifi"), ("demo.cvs", "demo"), ("cat-1", "cat1")])
+def test_unknown_trace_name_suggests_the_closest_shipped_one(spec, close, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NetemError) as info:
+        resolve_trace(spec)
+    message = str(info.value)
+    assert f"did you mean {close!r}?" in message
+    assert "shipped traces: 3g, 4g, 5g, cat1, demo, wifi" in message and "\n" not in message
+
+
+def test_netem_command_unknown_trace_prints_one_line_and_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--trace", "4G"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("splitinfer netem: error: no shipped trace named '4G'")
+    assert "did you mean '4g'?" in err and "3g, 4g, 5g, cat1, demo, wifi" in err
+
+
+def test_netem_help_lists_the_shipped_trace_names(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "3g, 4g, 5g, cat1, demo, wifi" in " ".join(capsys.readouterr().out.split())
+
+
+def test_link_emulator_takes_a_trace_by_name_or_path(tmp_path):
+    by_name = LinkEmulator(upstream=("127.0.0.1", 1), trace="3g")
+    assert by_name.setting.up_bps == pytest.approx(1.1e6)
+    path = _write(tmp_path, HEADER + "0,2,8,20,1\n")
+    assert LinkEmulator(upstream=("127.0.0.1", 1), trace=path).setting.up_bps == pytest.approx(2e6)
+    with pytest.raises(NetemError, match="did you mean '3g'"):
+        LinkEmulator(upstream=("127.0.0.1", 1), trace="3gg")
 
 
 def _steps():
