@@ -10,6 +10,7 @@ topological order) happens once per `Splitter`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -285,8 +286,26 @@ def save_segment(seg: Segment, path: str | os.PathLike[str], *, external_min_byt
         onnx.save_model(seg.model, path)
 
 
-def _session(model: onnx.ModelProto, base_dir: str | None, tag: str) -> Any:
-    """An ORT session; models whose weights live in external files load from base_dir."""
+_ORT_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
+def _ort_error(e: Exception, doing: str, label: str) -> PartitionError:
+    """An ONNX Runtime exception as the partitioner's error: ORT's exception types are
+    not public, and its message is one line worth keeping (the node and the cause)."""
+    lines = str(e).strip().splitlines()
+    cause = _ORT_STATUS_PREFIX.sub("", lines[0])[:300] if lines else type(e).__name__
+    return PartitionError(
+        f"ONNX Runtime cannot {doing} {label}: {cause}; the model itself fails on ONNX Runtime, "
+        "so fix it there (onnx.checker.check_model(model, full_check=True) finds many causes)",
+        model=label,
+    )
+
+
+def _session(model: onnx.ModelProto, base_dir: str | None, tag: str, label: str) -> Any:
+    """An ORT session; models whose weights live in external files load from base_dir.
+
+    Raises PartitionError naming ``label`` when ONNX Runtime cannot load the model.
+    """
     # Imported lazily on purpose, inside this function and not at module level:
     # verification is the partitioner's one runtime door (DESIGN.md keeps the
     # partitioner to onnx + numpy at import time; a grep for onnxruntime finds this
@@ -294,19 +313,31 @@ def _session(model: onnx.ModelProto, base_dir: str | None, tag: str) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    # fatal only: a failure reaches the caller as a PartitionError naming the model,
+    # which ORT's own log line would only repeat
+    opts.log_severity_level = 4
     # No graph rewrites: the whole model and its segments then run the same kernels in
     # the same order, so a difference means a wrong cut, not a fusion that one side
     # could make across the boundary and the other could not.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if base_dir is None:
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    path = os.path.join(base_dir, f"_verify_{tag}.onnx")
-    onnx.save_model(model, path)
     try:
-        return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    finally:
-        os.unlink(path)
+        if base_dir is None:
+            return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        path = os.path.join(base_dir, f"_verify_{tag}.onnx")
+        onnx.save_model(model, path)
+        try:
+            return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        finally:
+            os.unlink(path)
+    except Exception as e:  # noqa: BLE001 - ORT's error types are not public
+        raise _ort_error(e, "load", label) from e
+
+
+def _run(sess: Any, names: Sequence[str], feed: Mapping[str, np.ndarray], label: str) -> list[np.ndarray]:
+    try:
+        return sess.run(list(names), dict(feed))
+    except Exception as e:  # noqa: BLE001 - ORT's error types are not public
+        raise _ort_error(e, "run", label) from e
 
 
 def run_segments(
@@ -314,18 +345,21 @@ def run_segments(
     inputs: Mapping[str, np.ndarray],
     *,
     base_dir: str | None = None,
+    name: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Run segments in order on ONNX Runtime, passing tensors along; returns every tensor.
 
-    ``base_dir`` is the folder of the source model's external weight files, if any.
+    ``base_dir`` is the folder of the source model's external weight files, if any;
+    ``name`` names the model in errors. Raises PartitionError when ONNX Runtime cannot
+    load or run a segment.
     """
     env: dict[str, np.ndarray] = dict(inputs)
     for seg in segments:
         if not seg.layers:
             continue
-        sess = _session(seg.model, base_dir, f"seg{seg.index}")
-        feed = {x: env[x] for x in seg.inputs}
-        results = sess.run(list(seg.outputs), feed)
+        label = f"segment {seg.index} of {name}" if name else seg.model.graph.name
+        sess = _session(seg.model, base_dir, f"seg{seg.index}", label)
+        results = _run(sess, seg.outputs, {x: env[x] for x in seg.inputs}, label)
         env.update(zip(seg.outputs, results))
     return env
 
@@ -336,8 +370,13 @@ def reference_outputs(
     inputs: Mapping[str, np.ndarray],
     *,
     base_dir: str | None = None,
+    name: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the whole model once and return the named tensors (intermediates included)."""
+    """Run the whole model once and return the named tensors (intermediates included).
+
+    ``name`` names the model in errors. Raises PartitionError when ONNX Runtime cannot
+    load or run it.
+    """
     fed = {n: np.asarray(inputs[n]) for n in names if n in inputs}
     names = [n for n in names if n not in fed]
     full = onnx.ModelProto()
@@ -349,8 +388,9 @@ def reference_outputs(
         vis = {vi.name: vi for vi in inferred.graph.value_info}
         for n in extra:
             full.graph.output.append(vis[n])
-    sess = _session(full, base_dir, "full")
-    return fed | dict(zip(names, sess.run(list(names), dict(inputs))))
+    label = name or model.graph.name or "the model"
+    sess = _session(full, base_dir, "full", label)
+    return fed | dict(zip(names, _run(sess, names, inputs, label)))
 
 
 def verify(
@@ -378,8 +418,8 @@ def verify(
         inputs = make_inputs(model, graph, seed=seed)
     names = list(dict.fromkeys(n for seg in segments if seg.layers for n in seg.outputs))
     if expected is None or any(n not in expected for n in names):
-        expected = reference_outputs(model, names, inputs, base_dir=base_dir)
-    got = run_segments(segments, inputs, base_dir=base_dir)
+        expected = reference_outputs(model, names, inputs, base_dir=base_dir, name=graph.model)
+    got = run_segments(segments, inputs, base_dir=base_dir, name=graph.model)
     diffs = {}
     for name in names:
         want, have = expected[name], got[name]

@@ -83,7 +83,8 @@ def instances_main(argv: Sequence[str]) -> int:
     from workers.engine import EngineConfig
     from workers.profile.instances import time_instances
 
-    config = EngineConfig(provider=args.ep)
+    # fatal only: a failed run is raised as one error naming the model; ORT's log line would repeat it
+    config = EngineConfig(provider=args.ep, log_severity=4)
     choice = time_instances(model, name=name, engine_config=config, threads=args.threads, batch=args.batch, candidates=args.candidates,
                             rounds=args.rounds, slice_s=args.seconds, margin=args.margin,
                             progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))

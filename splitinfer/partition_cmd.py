@@ -30,7 +30,8 @@ from partitioner import (
     zoo_path,
 )
 
-__all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json", "layers_through"]
+__all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json", "layers_through",
+           "parse_edge_layers"]
 
 
 def layers_through(graph: LayerGraph, after: int, *, need_tail: bool = False) -> list[int]:
@@ -153,17 +154,42 @@ def inspect_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _parse_layers(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
+def parse_edge_layers(text: str, graph: LayerGraph) -> list[int]:
+    """The layer ids of ``--edge-layers`` (``0,1,2``, ``0-12``, ``0-3,7``), in order.
+
+    Refuses, naming the value and the fix, what cannot be meant: a part that is not an
+    id or a range, a reversed range (``5-3``), a layer given twice (``0-5,3-8``), a
+    layer the model does not have, and a list naming no layer at all.
+    """
+    flag = f"--edge-layers {text!r}"
+    last = len(graph) - 1
+
+    def refuse(why: str, layer: int | None = None) -> PartitionError:
+        return PartitionError(f"{flag}: {why}", model=graph.model, layer=layer)
+
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
-        else:
-            out.append(int(part))
+        lo_text, dash, hi_text = part.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if dash else lo
+        except ValueError:
+            raise refuse(f"{part!r} is not a layer id or a range; write e.g. 0,1,2 or 0-12") from None
+        if hi < lo:
+            raise refuse(f"the range {part} is reversed; write {hi}-{lo}")
+        for i in (lo, hi):
+            if i > last:
+                raise refuse(f"unknown layer {i}: {graph.model} has layers 0..{last}; give ids in 0..{last}", i)
+        seen = set(out)
+        twice = [i for i in range(lo, hi + 1) if i in seen]
+        if twice:
+            raise refuse(f"layer {twice[0]} is given twice; list each layer once", twice[0])
+        out.extend(range(lo, hi + 1))
+    if not out:
+        raise refuse(f"names no layer; give the device's layers, e.g. 0-{min(3, last)} "
+                     "('splitinfer inspect' lists them)")
     return out
 
 
@@ -182,18 +208,11 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     if args.after is not None:
         layers = layers_through(graph, args.after)
     else:
-        try:
-            layers = _parse_layers(args.edge_layers)
-        except ValueError:
-            raise PartitionError(
-                f"--edge-layers {args.edge_layers!r} is not a list of layer ids; write e.g. 0,1,2 or 0-12",
-                model=name,
-            ) from None
+        layers = parse_edge_layers(args.edge_layers, graph)
     cut = make_cut(graph, layers)
     head, tail = split(model, cut, graph=graph)
-    os.makedirs(args.out, exist_ok=True)
-    save_segment(head, os.path.join(args.out, "head.onnx"))
-    save_segment(tail, os.path.join(args.out, "tail.onnx"))
+    # verified before anything is written, so a split that fails leaves no files
+    diffs = verify(model, [head, tail], graph=graph) if args.verify else None
     info: dict[str, Any] = {
         "model": name,
         "edge_layers": sorted(cut.device),
@@ -205,8 +224,11 @@ def split_main(argv: Sequence[str] | None = None) -> int:
         "tail_inputs": list(tail.inputs),
         "tail_outputs": list(tail.outputs),
     }
-    if args.verify:
-        info["verify_max_abs_diff"] = verify(model, [head, tail], graph=graph)
+    if diffs is not None:
+        info["verify_max_abs_diff"] = diffs
+    os.makedirs(args.out, exist_ok=True)
+    save_segment(head, os.path.join(args.out, "head.onnx"))
+    save_segment(tail, os.path.join(args.out, "tail.onnx"))
     with open(os.path.join(args.out, "split.json"), "w") as f:
         json.dump(info, f, indent=1)
     print(

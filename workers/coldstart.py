@@ -374,8 +374,9 @@ def _build_once(
 
 def _checked_reason(model_path: str, providers: list, intra_op_threads: int, batch: int) -> str:
     weights = acquire_weights(model_path)  # must outlive the session that borrows it
+    # fatal only: a batch that does not run is returned as the reason, not logged
     so = make_session_options(
-        intra_op_threads=intra_op_threads, inter_op_threads=1, opt_level="disable", log_severity=3, disable_prepacking=True
+        intra_op_threads=intra_op_threads, inter_op_threads=1, opt_level="disable", log_severity=4, disable_prepacking=True
     )
     weights.apply(so)
     session = ort.InferenceSession(model_path, so, providers=providers)

@@ -386,8 +386,11 @@ class Engine:
                 base_dir=base_dir,
             )
         except EngineLoadError as e:
-            e.model = e.model or self.name
-            raise
+            if e.model is not None:
+                raise
+            # the artefact builder sees a staged copy, not the model's name: add it
+            raise EngineLoadError(f"{self.name}: {e.message}", model=self.name, detail=e.detail,
+                                  stage=e.stage) from e
         del proto
         build_ms = 0.0 if from_cache else self.artefact.build_ms
         self._session, self._weights = self._create_session(self.artefact, providers)

@@ -59,8 +59,8 @@ def test_split_edge_layers_with_range(tmp_path) -> None:
     "args, message",
     [
         (["--edge-layers", "1"], "layer 1 (conv_b) is on the device but its producer layer 0 (conv_a) is not"),
-        (["--edge-layers", "0,9"], "unknown layer 9"),
-        (["--edge-layers", "a,b"], "is not a list of layer ids"),
+        (["--edge-layers", "0,9"], "--edge-layers '0,9': unknown layer 9: res has layers 0..1; give ids in 0..1"),
+        (["--edge-layers", "a,b"], "--edge-layers 'a,b': 'a' is not a layer id or a range"),
         (["--after", "5"], "--after 5 is not a layer of res: give a layer in 0..1"),
         (["--after", "-1"], "--after -1 is not a layer of res"),
     ],
@@ -71,6 +71,31 @@ def test_invalid_cuts_get_one_clear_line(tmp_path, capsys, args, message) -> Non
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("5-3", "--edge-layers '5-3': the range 5-3 is reversed; write 3-5"),
+        ("2-1", "the range 2-1 is reversed; write 1-2"),
+        ("", "--edge-layers '': names no layer"),
+        (" , ", "names no layer"),
+        ("0-2,1-3", "--edge-layers '0-2,1-3': layer 1 is given twice; list each layer once"),
+        ("0,0", "layer 0 is given twice"),
+        ("0-9", "--edge-layers '0-9': unknown layer 9: chain has layers 0..4"),
+        ("0-x", "'0-x' is not a layer id or a range; write e.g. 0,1,2 or 0-12"),
+        ("-1", "'-1' is not a layer id or a range"),
+    ],
+)
+def test_split_refuses_reversed_edge_layer_range(tmp_path, capsys, value, message) -> None:
+    """Reversed, empty, overlapping and out-of-range --edge-layers: one line, exit 2, no files."""
+    path = write(conv_bn_relu_chain(3), tmp_path / "chain.onnx")
+    out_dir = tmp_path / "o"
+    assert main(["split", path, "--edge-layers", value, "-o", str(out_dir)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out_dir.exists()
 
 
 def test_bad_files_get_one_clear_line(tmp_path, capsys) -> None:

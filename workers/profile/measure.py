@@ -110,12 +110,15 @@ def prepare_model(model: onnx.ModelProto, *, batch: int = 1) -> onnx.ModelProto:
 
 
 def open_session(model: onnx.ModelProto | str, *, threads: int, ep: str = "cpu", profile_prefix: str | None = None,
-                 optimized_path: str | None = None, prepacking: bool = True) -> ort.InferenceSession:
+                 optimized_path: str | None = None, prepacking: bool = True,
+                 name: str = "the model") -> ort.InferenceSession:
     """An InferenceSession with every speed setting pinned (optimisation level all,
     ``threads`` intra-op threads, sequential execution). ``prepacking=False`` is how
     the serving engine runs when it shares weights (`workers.engine`), and keeps one
-    copy of the weights per session instead of two."""
-    so = make_session_options(intra_op_threads=threads, inter_op_threads=1, opt_level="all", log_severity=3,
+    copy of the weights per session instead of two. ``name`` names the model in errors."""
+    # Severity 4 (fatal only): a load or run failure reaches the caller as a
+    # ProfilingError naming the model, which ORT's own log line would only repeat.
+    so = make_session_options(intra_op_threads=threads, inter_op_threads=1, opt_level="all", log_severity=4,
                               disable_prepacking=not prepacking)
     if profile_prefix is not None:
         so.enable_profiling = True
@@ -132,20 +135,21 @@ def open_session(model: onnx.ModelProto | str, *, threads: int, ep: str = "cpu",
         return ort.InferenceSession(source, so, providers=providers)
     except Exception as e:  # noqa: BLE001 - ORT's error types are not public
         raise ProfilingError(
-            f"ONNX Runtime cannot load the model to profile: {str(e).splitlines()[0][:300]}; "
+            f"ONNX Runtime cannot load {name} to profile: {str(e).splitlines()[0][:300]}; "
             "check it with 'splitinfer inspect' and onnx.checker",
-            detail=str(e), setting="model",
+            model=name, detail=str(e), setting="model",
         ) from e
 
 
-def _run(session: ort.InferenceSession, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def _run(session: ort.InferenceSession, feed: Mapping[str, np.ndarray], name: str) -> list[np.ndarray]:
     try:
         return session.run(None, dict(feed))
     except Exception as e:  # noqa: BLE001
         raise ProfilingError(
-            f"a profiling run failed: {str(e).splitlines()[0][:300]}; the inputs come from "
-            "partitioner.make_inputs, so check the model's input shapes",
-            detail=str(e), setting="model",
+            f"ONNX Runtime failed running {name} to profile it: {str(e).splitlines()[0][:300]}; the inputs "
+            "are random values of the model's input shapes (partitioner.make_inputs), so check that the "
+            "model runs on ONNX Runtime",
+            model=name, detail=str(e), setting="model",
         ) from e
 
 
@@ -153,14 +157,16 @@ _CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 
 
 def time_interleaved(jobs: Sequence[tuple[ort.InferenceSession, Mapping[str, np.ndarray]]], *, warmup: int,
-                     runs: int, progress: bool = False, desc: str = "", clock: str = "wall") -> list[np.ndarray]:
+                     runs: int, progress: bool = False, desc: str = "", clock: str = "wall",
+                     name: str = "the model") -> list[np.ndarray]:
     """Ms of ``runs`` runs of each (session, feed), taken round-robin after ``warmup``
     runs of each, so that a slow spell on a shared host hits all alike.
 
     ``clock`` is ``wall`` (elapsed time) or ``thread`` (CPU time of the calling
     thread: with one intra-op thread ORT runs every kernel on the caller, so this is
     the run's time without the time other processes held the core; see
-    [Note: clocks on a shared host] in docs/profiles.md).
+    [Note: clocks on a shared host] in docs/profiles.md). ``name`` names the model in
+    the ProfilingError a failed run raises.
     """
     from tqdm import tqdm
 
@@ -174,13 +180,13 @@ def time_interleaved(jobs: Sequence[tuple[ort.InferenceSession, Mapping[str, np.
 
     for s, f in jobs:
         for _ in range(warmup):
-            _run(s, f)
+            _run(s, f, name)
     out = np.zeros((len(jobs), runs))
     with tqdm(total=runs * len(jobs), disable=not progress, desc=desc, leave=False) as bar:
         for r in range(runs):
             for j, (s, f) in enumerate(jobs):
                 t = now()
-                _run(s, f)
+                _run(s, f, name)
                 out[j, r] = (now() - t) / 1e6
                 bar.update(1)
     return [out[j] for j in range(len(jobs))]
@@ -214,18 +220,20 @@ def segment_jobs(model: onnx.ModelProto, graph: LayerGraph, cuts: Sequence[Cut],
     jobs: list[SegmentJob] = []
     if whole:
         jobs.append(SegmentJob("whole", "tail", frozenset(range(len(graph))),
-                               open_session(prepare_model(model), threads=threads, ep=ep, prepacking=prepacking),
+                               open_session(prepare_model(model), threads=threads, ep=ep, prepacking=prepacking,
+                                            name=graph.model),
                                feed0))
     need = sorted({x for cut in cuts for x in boundary(graph, cut)} - set(feed0)) if "tail" in sides else []
     env = dict(feed0)
     if need:
-        env.update(reference_outputs(model, need, feed0))
+        env.update(reference_outputs(model, need, feed0, name=graph.model))
     splitter = Splitter(model, graph)  # the per-model analysis once, not per cut
     for cut in cuts:
         head, tail = splitter.split(cut, check=False)
         for seg, side in ((head, "head"), (tail, "tail")):
             if seg.layers and side in sides:
-                sess = open_session(prepare_model(seg.model), threads=threads, ep=ep, prepacking=prepacking)
+                sess = open_session(prepare_model(seg.model), threads=threads, ep=ep, prepacking=prepacking,
+                                    name=f"the {side} of {graph.model} cut {cut.key}")
                 jobs.append(SegmentJob(cut.key, side, seg.layers, sess, {x: env[x] for x in seg.inputs}))
     return jobs
 
@@ -238,7 +246,7 @@ def time_segments(model: onnx.ModelProto, graph: LayerGraph, profile: Profile, c
     ``whole``), in-process, each in its own session, against ``profile``'s per-layer sum."""
     jobs = segment_jobs(model, graph, cuts, threads=threads, ep=ep, whole=whole, sides=sides)
     times = time_interleaved([(j.session, j.feed) for j in jobs], warmup=warmup, runs=runs, progress=progress,
-                             desc=f"segments {graph.model}", clock=clock)
+                             desc=f"segments {graph.model}", clock=clock, name=graph.model)
     return [j.timing(profile, t) for j, t in zip(jobs, times)]
 
 
@@ -252,12 +260,12 @@ def _batch_ms(model: onnx.ModelProto, graph: LayerGraph, sizes: Sequence[int], *
         dyn = prepare_model(model, batch=2)
     except BatchingUnsafeError as e:
         return None, f"batch kept at 1: {e}"
-    sess = open_session(dyn, threads=threads, ep=ep)
+    sess = open_session(dyn, threads=threads, ep=ep, name=graph.model)
     reason = check_batching(sess, 2)
     if reason:
         return None, f"batch kept at 1: the batch dimension cannot be made dynamic ({reason})"
     jobs = [(sess, make_inputs(model, graph, batch=b)) for b in sizes]
-    times = time_interleaved(jobs, warmup=max(1, warmup), runs=runs)
+    times = time_interleaved(jobs, warmup=max(1, warmup), runs=runs, name=graph.model)
     return {b: float(np.median(t)) for b, t in zip(sizes, times)}, ""
 
 
@@ -323,11 +331,11 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="splitinfer-profile-") as tmp:
         opt_path = os.path.join(tmp, "optimized.onnx")
         sess = open_session(prepared, threads=threads, ep=ep, profile_prefix=os.path.join(tmp, "trace"),
-                            optimized_path=opt_path, prepacking=prepacking)
+                            optimized_path=opt_path, prepacking=prepacking, name=graph.model)
         # The profiled runs take turns with the segments they are compared with, so a
         # slow spell on a shared host hits the profile and the segments alike.
         times = time_interleaved([(sess, feed)] + others, warmup=warmup, runs=runs, progress=progress,
-                                 desc=f"profile {graph.model}", clock=clock)
+                                 desc=f"profile {graph.model}", clock=clock, name=graph.model)
         wall = [float(x) for x in times[0]]
         trace_path = sess.end_profiling()
         with open(trace_path, encoding="utf-8") as f:
