@@ -65,6 +65,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e.json, or e2e_quick.json with --quick)")
     p.add_argument("--resume", action="store_true", help="keep the models already in --out, run the rest")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    p.add_argument("--plot-only", action="store_true",
+                   help="redraw the PNGs from --out (or the default JSON) beside it and exit; runs nothing")
     p.add_argument("--markdown", action="store_true",
                    help="print the README's results table from --out (or the default JSON) and exit; runs nothing")
     return p
@@ -170,6 +172,15 @@ def _run(a: argparse.Namespace) -> int:
         if not path.exists():
             raise SystemExit(f"{path} does not exist; run the benchmark first (without --markdown)")
         print(markdown_table(json.loads(path.read_text())), end="")
+        return 0
+    if a.plot_only:
+        from bench._e2e_report import write_plots
+
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist; run the benchmark first (without --plot-only)")
+        doc = json.loads(path.read_text())
+        for png in write_plots(doc["models"], doc["summary"], str(path.parent), stem=path.stem):
+            print(f"wrote {png}")
         return 0
     links = [(u * 1e6, r) for r in cfg["rtts_ms"] for u in cfg["uplinks_mbps"]]
     done: list[dict[str, Any]] = []
