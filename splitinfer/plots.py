@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["plot_sweep"]
+__all__ = ["SAME_REL_TOL", "compute_sweep_labels", "draw_sweep", "plot_sweep"]
 
 logger = logging.getLogger(__name__)
 
+# label, colour, line style, width, z-order. The chain scan is drawn dashed above the DAG
+# optimum: the two are often equal, and a solid line underneath would hide.
 _STYLE = {
-    "edge_only": ("edge only", "tab:green", "--", 1.6),
-    "cloud_only": ("cloud only", "tab:blue", "--", 1.6),
-    "chain": ("chain scan (Neurosurgeon)", "tab:orange", "-", 2.2),
-    "dag": ("DAG optimum (ours)", "black", "-", 1.4),
+    "edge_only": ("edge only", "tab:green", "--", 1.6, 2),
+    "cloud_only": ("cloud only", "tab:blue", "--", 1.6, 2),
+    "dag": ("DAG optimum (ours)", "black", "-", 1.6, 3),
+    "chain": ("chain scan (Neurosurgeon)", "tab:orange", (0, (4, 3)), 2.4, 4),
 }
+_SHORT = {"edge_only": "edge only", "cloud_only": "cloud only", "chain": "chain scan", "dag": "DAG optimum"}
+# Relative difference below which two series count as the same line: far below what a
+# log axis 5.6 in tall can show (1e-3 is 0.01 mm per decade).
+SAME_REL_TOL = 1e-3
 _YLABEL = {"total_ms": "end-to-end latency (ms)", "period_ms": "pipeline period (ms per request)",
            "energy_mj": "device energy (mJ per request)"}
 
@@ -33,11 +39,62 @@ def _leading(v: float) -> int:
     return int(f"{v:e}"[0]) if v > 0 else 0
 
 
-def plot_sweep(sweep: Mapping[str, Any], path: str) -> str:
-    """Draw a sweep (the service's /v1/sweep answer) to ``path`` (PNG); returns the path.
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= SAME_REL_TOL * max(abs(a), abs(b))
 
-    Log-log axes; the DAG optimum's breakpoints are dashed verticals labelled with the
-    rate and the number of device layers above it.
+
+def compute_sweep_labels(series: Mapping[str, Sequence[float | None]]) -> dict[str, str]:
+    """Legend label of each series, saying where one line lies on another.
+
+    A series equal to one drawn before it at every rate says so ("chain scan
+    (Neurosurgeon) = DAG optimum at every rate"); the chain scan, the peer the DAG
+    optimum is compared with, also says at how many rates it equals the DAG optimum
+    when it does at some. Equal means within `SAME_REL_TOL`.
+    """
+    labels = {}
+    drawn: list[str] = []
+    for key, (label, *_style) in _STYLE.items():
+        ys = series.get(key)
+        if ys is None:
+            continue
+        for other in drawn:
+            if all(_same(a, b) for a, b in zip(ys, series[other], strict=True)):
+                label += f" = {_SHORT[other]} at every rate"
+                break
+        else:
+            if key == "chain" and "dag" in series:
+                n = sum(a is not None and _same(a, b) for a, b in zip(ys, series["dag"], strict=True))
+                if n:
+                    label += f" = {_SHORT['dag']} at {n} of {len(ys)} rates"
+        labels[key] = label
+        drawn.append(key)
+    return labels
+
+
+def plot_sweep(sweep: Mapping[str, Any], path: str) -> str:
+    """Draw a sweep (the service's /v1/sweep answer) to ``path`` (PNG); returns the path."""
+    fig = draw_sweep(sweep)
+    import matplotlib.pyplot as plt
+
+    try:
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    logger.info("wrote the sweep plot to %s", path)
+    return path
+
+
+def draw_sweep(sweep: Mapping[str, Any]) -> Any:
+    """The sweep's figure (matplotlib, Agg): the caller saves and closes it.
+
+    Log-log axes; the DAG optimum's breakpoints are dotted verticals labelled with the
+    rate and the number of device layers above it. Lines that coincide are named in the
+    legend (`compute_sweep_labels`), and the chain scan is dashed on top of the DAG
+    optimum so both stay visible where they agree.
     """
     import matplotlib
 
@@ -46,14 +103,15 @@ def plot_sweep(sweep: Mapping[str, Any], path: str) -> str:
     from matplotlib.ticker import FuncFormatter
 
     ups = [u / 1e6 for u in sweep["uplink_bps"]]
+    labels = compute_sweep_labels(sweep["series"])
     fig, ax = plt.subplots(figsize=(9.5, 5.6), dpi=120)
     try:
-        for key, (label, color, ls, lw) in _STYLE.items():
+        for key, (_label, color, ls, lw, z) in _STYLE.items():
             ys = sweep["series"][key]
             pts = [(x, y) for x, y in zip(ups, ys) if y is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=color, lw=lw, label=label,
-                        zorder=3 if key == "dag" else 2)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, color=color, lw=lw, label=labels[key],
+                        zorder=z, gid=key)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ymin, ymax = ax.get_ylim()
@@ -89,19 +147,16 @@ def plot_sweep(sweep: Mapping[str, Any], path: str) -> str:
         ax.xaxis.set_major_formatter(plain)
         ax.grid(True, which="major", alpha=0.35)
         ax.grid(True, which="minor", alpha=0.12)
-        handles, labels = ax.get_legend_handles_labels()
+        handles, legend = ax.get_legend_handles_labels()
         if sweep["breakpoints"]:
             from matplotlib.lines import Line2D
 
             handles.append(Line2D([], [], color="tab:red", ls=":", lw=1.0))
             kind = "exact" if all(b["exact"] for b in sweep["breakpoints"]) else "sampled"
-            labels.append(f"breakpoint ({kind}): DAG optimum changes cut")
-        ax.legend(handles, labels, loc="best", fontsize=8.5, framealpha=0.9)
+            legend.append(f"breakpoint ({kind}): DAG optimum changes cut")
+        ax.legend(handles, legend, loc="best", fontsize=8.5, framealpha=0.9)
         fig.tight_layout()
-        d = os.path.dirname(os.path.abspath(path))
-        os.makedirs(d, exist_ok=True)
-        fig.savefig(path)
-    finally:
+    except BaseException:
         plt.close(fig)
-    logger.info("wrote the sweep plot to %s", path)
-    return path
+        raise
+    return fig
