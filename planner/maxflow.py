@@ -33,11 +33,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-try:  # an optional speed-up: the pure-Python solvers below are complete without it
-    from scipy import sparse as _sparse
-    from scipy.sparse import csgraph as _csgraph
-except ImportError:  # pragma: no cover
-    _sparse = _csgraph = None
+_scipy: tuple | None = None
+"""(scipy.sparse, scipy.sparse.csgraph), or () without SciPy; loaded on the first big network."""
+
+
+def _load_scipy() -> tuple:
+    """SciPy's sparse and csgraph modules, or () when SciPy is not installed.
+
+    An optional speed-up (the `planner` extra): the pure-Python solvers below are complete
+    without it. Imported on first use, not with the planner, because importing SciPy's
+    csgraph takes about 0.2 s and the edge agent rarely solves a network big enough to use it.
+    """
+    global _scipy
+    if _scipy is None:
+        try:
+            from scipy import sparse
+            from scipy.sparse import csgraph
+        except ImportError:
+            _scipy = ()
+        else:
+            _scipy = (sparse, csgraph)
+    return _scipy
 
 __all__ = ["min_cut", "min_cut_dinic", "max_flow_edmonds_karp"]
 
@@ -70,8 +86,9 @@ def _scaled_min_cut(n: int, tails: Sequence[int], heads: Sequence[int], caps: Se
     the flow's value. When it does not (an infinite arc in the cut, capacities too
     spread for the rounds), None sends the caller to the exact pure-Python solvers.
     """
-    if _csgraph is None or s == t:
+    if s == t or not _load_scipy():
         return None
+    _sparse, _csgraph = _load_scipy()
     tl = np.asarray(tails, dtype=np.int64)
     hd = np.asarray(heads, dtype=np.int64)
     c = np.asarray(caps, dtype=float)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "check_extras", "extras_hint", "missing_extra_hint", "COMMANDS", "EXTRA_OF_MODULE"]
 
 # name -> (module, function, one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -38,6 +39,24 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 # Root exceptions of the project's packages: printed as one clear line, never a traceback.
 _OUR_PACKAGES = ("partitioner", "planner", "workers", "cluster", "edge_agent", "splitinfer")
 
+# Top-level module -> the extra (pyproject.toml) that installs it. A command that stops on one
+# of these missing says which extra to install, in one line, instead of a traceback.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "ray": "cloud",
+    "kubernetes": "cloud",
+    "prometheus_client": "cloud",
+    "onnxconverter_common": "cloud",
+    "uvloop": "cloud",
+    "sympy": "cloud",
+    "scipy": "planner",
+    "matplotlib": "plots",
+    "pytest": "test",
+    "hypothesis": "test",
+    "sklearn": "test",
+    "skl2onnx": "test",
+    "schemathesis": "test",
+}
+
 
 def _usage() -> str:
     width = max(len(n) for n in COMMANDS)
@@ -45,6 +64,37 @@ def _usage() -> str:
     lines += [f"  {n:<{width}}  {h}" for n, (_, _, h) in COMMANDS.items()]
     lines += ["", "Run 'splitinfer COMMAND --help' for a command's options."]
     return "\n".join(lines)
+
+
+def extras_hint(modules: Sequence[str]) -> str:
+    """"needs the 'cloud' extra (missing module 'ray'): pip install 'splitinfer[cloud]'" for
+    missing modules that extras install (EXTRA_OF_MODULE)."""
+    tops = sorted({m.split(".")[0] for m in modules})
+    extras = sorted({EXTRA_OF_MODULE[t] for t in tops})
+    what = (f"the {extras[0]!r} extra" if len(extras) == 1
+            else "the " + ", ".join(repr(x) for x in extras[:-1]) + f" and {extras[-1]!r} extras")
+    mods = ("module " if len(tops) == 1 else "modules ") + ", ".join(repr(t) for t in tops)
+    return f"needs {what} (missing {mods}): pip install 'splitinfer[{','.join(extras)}]'"
+
+
+def missing_extra_hint(error: BaseException) -> str | None:
+    """The `extras_hint` for an import error, or for one it was raised from, of a module
+    that an extra installs; None for any other error."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ImportError) and e.name and e.name.split(".")[0] in EXTRA_OF_MODULE:
+            return extras_hint([e.name])
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def check_extras(modules: Sequence[str]) -> str | None:
+    """The `extras_hint` for those of ``modules`` that are not installed, or None when all
+    are: for a command that needs them late (after minutes of work) to say so at once."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return extras_hint(missing) if missing else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,9 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     module, func, _ = COMMANDS[name]
-    fn = getattr(importlib.import_module(module), func)
     try:
+        fn = getattr(importlib.import_module(module), func)
         return int(fn(rest) or 0)
+    except ImportError as e:
+        hint = missing_extra_hint(e)
+        if hint is None:
+            raise
+        print(f"splitinfer {name}: {hint}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"splitinfer {name}: interrupted", file=sys.stderr)
         return 130
