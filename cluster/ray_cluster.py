@@ -35,13 +35,20 @@ __all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory"]
 logger = logging.getLogger(__name__)
 
 
-def connect(address: str, *, num_cpus: int | None = None) -> dict[str, Any]:
+def connect(address: str, *, num_cpus: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Joins the Ray cluster at `address` ('auto', 'ray://host:10001', 'host:6379'), or starts
-    a local one for 'local'. Returns the cluster's resources. Raises Unavailable when it cannot."""
+    a local one for 'local'. Returns the cluster's resources. Raises Unavailable when it cannot.
+
+    ``quiet`` (the demo's console) keeps the workers' stdout and stderr in Ray's log files
+    (/tmp/ray/session_latest/logs) instead of forwarding them to this process, and Ray's
+    own Python logger at ERROR. Ray's C++ components log at RAY_BACKEND_LOG_LEVEL, read
+    from the environment when they start."""
     if ray.is_initialized():
         return dict(ray.cluster_resources())
-    kwargs: dict[str, Any] = {"ignore_reinit_error": True, "logging_level": logging.WARNING,
-                              "include_dashboard": False}
+    kwargs: dict[str, Any] = {"ignore_reinit_error": True, "include_dashboard": False,
+                              "logging_level": logging.ERROR if quiet else logging.WARNING}
+    if quiet:
+        kwargs["log_to_driver"] = False
     if address == "local":
         kwargs["num_cpus"] = num_cpus
     else:

@@ -4,7 +4,8 @@ It loads a zoo model, profiles the emulated edge device and the cloud side, writ
 model repository, plans the cut frontier, starts a local Ray, the gateway, the link
 emulator and an edge agent, streams requests while the link steps down, drops out and
 recovers, and writes demo-report/index.html and report.json. Everything it starts is
-stopped before it returns, on success, on error and on Ctrl-C.
+stopped, and its temporary directory removed, before it returns: on success, on error, on
+Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--edge-cpus", type=float, default=0.15,
                    help="CPU quota of the edge agent's cgroup, where one can be made (0: no quota; default 0.15)")
     p.add_argument("--log-level", default="WARNING", help="log level of the parts (default WARNING)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show Ray's and gRPC's own log lines (hidden by default)")
     return p
 
 
@@ -56,10 +59,12 @@ def _say(msg: str) -> None:
 
 
 _INTERRUPTED = threading.Event()
+_SIGNAL = {"number": signal.SIGINT}
+"""The signal that interrupted the run: the exit code is 128 + its number."""
 
 
 def _catch_ctrl_c() -> None:
-    """Ctrl-C sets `_INTERRUPTED` and cancels the demo's main task.
+    """Ctrl-C (or SIGTERM) sets `_INTERRUPTED` and cancels the demo's main task.
 
     asyncio.run's own handler cancels the task and nothing more; a cancellation that lands
     while a library call swallows it (it happened once in CI: the demo ran to the end and
@@ -71,16 +76,25 @@ def _catch_ctrl_c() -> None:
     task = asyncio.current_task()
     assert task is not None
 
-    def on_sigint() -> None:
+    def on_signal(signum: int) -> None:
         if not _INTERRUPTED.is_set():
+            _SIGNAL["number"] = signum
             _INTERRUPTED.set()
             task.cancel()
 
     if threading.current_thread() is threading.main_thread():
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
 
 
-async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM outside the event loop: unwinds like Ctrl-C, so every `finally` runs."""
+    _SIGNAL["number"] = signum
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
     from splitinfer import demo_stack
     from splitinfer.demo_setup import prepare
     from splitinfer.demo_stream import make_trace, reference_outputs, stream
@@ -90,7 +104,6 @@ async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
     _catch_ctrl_c()
     t0 = time.monotonic()
     out = os.path.abspath(a.out)
-    work = tempfile.mkdtemp(prefix="splitinfer-demo-")
     scale = a.trace_scale if a.trace_scale is not None else (0.5 if a.quick else 1.0)
     trace = make_trace(scale)
     ray_job: concurrent.futures.Future[float] | None = None
@@ -101,7 +114,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
             # Ray takes tens of seconds to start on a small machine: it starts while the model
             # loads and the device is profiled, and the cloud side is profiled once it is up.
             _say("[0/6] starting a local Ray in the background (use --no-ray to serve tails in-process)")
-            ray_job = ray_pool.submit(demo_stack.start_ray)
+            ray_job = ray_pool.submit(demo_stack.start_ray, quiet=not a.verbose)
         if not quota.active:
             _say(f"      the edge runs unthrottled with one thread: {quota.why_not}")
         job = ray_job
@@ -141,17 +154,23 @@ async def _run(a: argparse.Namespace, quota: CpuQuota) -> int:
         agent_status = await stack.status()
         calls = stack.gateway.backend_calls
     finally:
-        if stack is not None:
-            await stack.stop()
-        if ray_job is not None:
+        # Each step runs even when one before it fails (a Ray that never started raises
+        # again here); the first failure is the one that propagates.
+        try:
+            if stack is not None:
+                await stack.stop()
+        finally:
             try:
-                await asyncio.wrap_future(ray_job)
+                if ray_job is not None:
+                    try:
+                        await asyncio.wrap_future(ray_job)
+                    finally:
+                        await asyncio.to_thread(demo_stack.stop_ray)
             finally:
-                await asyncio.to_thread(demo_stack.stop_ray)
-        ray_pool.shutdown(wait=False)
-        quota.remove()
-        _keep_agent_log(work, out)
-        shutil.rmtree(work, ignore_errors=True)
+                ray_pool.shutdown(wait=False)
+                quota.remove()
+                _keep_agent_log(work, out)
+                shutil.rmtree(work, ignore_errors=True)
 
     setup = {"model": dm.name, "layers": len(dm.graph), "gflops": round(dm.graph.total_flops / 1e9, 3),
              "profiles": dm.profile_source, "edge_model_ms": round(dm.edge_model_ms, 1),
@@ -199,32 +218,66 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    a = make_parser().parse_args(argv)
+def _bad_args(a: argparse.Namespace) -> str | None:
     if a.fps <= 0 or a.window < 1:
-        print(f"splitinfer demo: --fps must be > 0 and --window >= 1 (got {a.fps}, {a.window})", file=sys.stderr)
+        return f"--fps must be > 0 and --window >= 1 (got {a.fps}, {a.window})"
+    if a.trace_scale is not None and not (math.isfinite(a.trace_scale) and a.trace_scale > 0):
+        return f"--trace-scale must be a number > 0 (got {a.trace_scale}); 0.5 replays the trace twice as fast"
+    if not (math.isfinite(a.edge_cpus) and a.edge_cpus >= 0):
+        return f"--edge-cpus must be a number >= 0 (got {a.edge_cpus}); 0 runs the edge without a CPU quota"
+    return None
+
+
+def _quiet_parts() -> None:
+    """Keeps the console to the demo's own lines. Ray's start-up notices, its C++ components'
+    log lines (E ... core_worker.cc: on shutdown) and gRPC's fork notice (the edge agent
+    starts while gRPC threads run) are not the user's concern; --verbose shows them. Ray's
+    C++ parts read RAY_BACKEND_LOG_LEVEL when they start, so it is set before Ray starts."""
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from splitinfer.cli import check_extras
+
+    a = make_parser().parse_args(argv)
+    bad = _bad_args(a)
+    if bad is not None:
+        print(f"splitinfer demo: {bad}", file=sys.stderr)
+        return 2
+    # The gateway needs the cloud extra and the report the plots extra: say so before minutes of work.
+    missing = check_extras(["prometheus_client", "matplotlib"] + ([] if a.no_ray else ["ray"]))
+    if missing is not None:
+        print(f"splitinfer demo: {missing}", file=sys.stderr)
         return 2
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if a.log_level.upper() == "WARNING":
-        # Keep the console to the demo's own lines: Ray's start-up notices and gRPC's fork
-        # notice (the edge agent is started while gRPC threads run) are not the user's concern.
-        logging.getLogger("ray").setLevel(logging.ERROR)
-        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    if not a.verbose:
+        _quiet_parts()
     from splitinfer.demo_edge import CpuQuota
 
-    quota = CpuQuota(a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
     _INTERRUPTED.clear()
+    _SIGNAL["number"] = signal.SIGINT
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
+    quota = CpuQuota(a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
+    work = tempfile.mkdtemp(prefix="splitinfer-demo-")
     try:
         try:
-            rc = asyncio.run(_run(a, quota))
+            rc = asyncio.run(_run(a, quota, work))
             if not _INTERRUPTED.is_set():
                 return rc
         except (KeyboardInterrupt, asyncio.CancelledError):
             pass
         print("interrupted: everything the demo started has been stopped", file=sys.stderr, flush=True)
-        return 130
+        return 128 + int(_SIGNAL["number"])
     finally:
+        if on_main_thread:  # asyncio.run's loop put SIGTERM back to its default on closing
+            signal.signal(signal.SIGTERM, _interrupt)
         # Again after asyncio.run: a Ctrl-C during profiling returns only once the profiling
-        # thread (and the timing child it holds in the cgroup) has finished.
+        # thread (and the timing child it holds in the cgroup) has finished, and that thread
+        # may have written into the work directory after `_run` removed it.
         quota.remove()
+        shutil.rmtree(work, ignore_errors=True)
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

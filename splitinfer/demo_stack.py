@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 _INSTALL_LINK = LinkSetting(up_bps=1e9, down_bps=1e9, rtt_ms=1.0)
 
 
-def start_ray() -> float:
-    """Starts a local Ray on loopback; returns the seconds it took."""
+def start_ray(*, quiet: bool = True) -> float:
+    """Starts a local Ray on loopback; returns the seconds it took. ``quiet`` keeps Ray's
+    workers' log lines off the demo's console (`cluster.ray_cluster.connect`)."""
     # Outside a cluster Ray would advertise the host's routable address; the demo stays
     # on 127.0.0.1. Ray reads this switch when it is imported, so it is set first.
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -36,7 +37,7 @@ def start_ray() -> float:
     t0 = time.monotonic()
     from cluster.ray_cluster import connect
 
-    connect("local", num_cpus=max(1, os.cpu_count() or 1))
+    connect("local", num_cpus=max(1, os.cpu_count() or 1), quiet=quiet)
     return time.monotonic() - t0
 
 
