@@ -12,6 +12,12 @@
 Apps see one model server: the split, the cut and the fallback are invisible except in
 the `served_by` field. Written on asyncio streams (no web framework on the device).
 Shutdown (`stop`): the listener closes, new requests get 503, requests in flight finish.
+
+Every request gets an answer. One that cannot be read as HTTP, or whose body is not a
+valid request, gets a 4xx (413 over the size limits) with the JSON error body
+`{"error", "message", "status"}`, whose message names the bad value and the fix; a
+failure of the agent itself is a 500 of the same shape, and its traceback goes to the
+log. Error bodies are JSON whatever `Accept` asks for.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import collections
 import json
 import logging
 import os
-import time
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cluster.errors import ClusterError
@@ -36,8 +43,18 @@ logger = logging.getLogger(__name__)
 _MAX_HEADER_BYTES = 64 << 10
 _MAX_BODY_BYTES = 256 << 20
 _STREAM_WINDOW = 8
+_LINGER_S = 1.0
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
-            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+            417: "Expectation Failed", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
+            504: "Gateway Timeout"}
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: methods and header names
+_REQUEST_LINE = re.compile(rf"({_TOKEN.pattern}) (/\S*) HTTP/1\.([01])")
+_DIGITS = re.compile(r"[0-9]+")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(;[^\r\n]*)?\r?\n")
+_GET_PATHS = ("/healthz", "/readyz", "/metrics", "/v1/status", "/v1/model")
+_POST_PATHS = ("/v1/infer", "/v1/stream")
+_STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n"
+                b"Connection: close\r\n\r\n")
 
 
 class AgentApi(Protocol):
@@ -55,52 +72,152 @@ class AgentApi(Protocol):
 
 
 class _BadHttp(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+    """A request the server cannot read as HTTP: answered with `status`, then the connection closes."""
+
+    def __init__(self, status: int, *, reason: str, fix: str) -> None:
         self.status = status
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"bad request: {reason}; {fix}")
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]] | None:
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body_bytes: int | None
+    """Content-Length, or None for a chunked body."""
+    keep_alive: bool
+
+
+def _short(raw: bytes | str, limit: int = 60) -> str:
+    """repr of the first `limit` characters: an error names the bad value without echoing a whole body."""
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+async def _read_line(reader: asyncio.StreamReader, what: str) -> bytes:
     try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        return None
+        return await reader.readuntil(b"\n")
     except asyncio.LimitOverrunError as e:
-        raise _BadHttp(413, "request headers are too large") from e
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        raise _BadHttp(400, f"bad request line {lines[0][:80]!r}")
-    headers = {}
+        raise _BadHttp(413 if what == "header" else 400, reason=f"a {what} line is over {_MAX_HEADER_BYTES} bytes",
+                       fix=f"end each {what} line with CRLF, and keep it short") from e
+
+
+async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
+    """The next request's head, None when the app closed the connection between requests."""
+    lines: list[str] = []
+    seen_bytes = 0
+    while True:
+        try:
+            raw = await _read_line(reader, "header")
+        except asyncio.IncompleteReadError as e:
+            if lines or e.partial.strip():
+                raise _BadHttp(400, reason=f"the request ended inside its head ({_short(e.partial)})",
+                               fix="end the request line and headers with an empty line (CRLF CRLF)") from e
+            return None
+        seen_bytes += len(raw)
+        if seen_bytes > _MAX_HEADER_BYTES:
+            raise _BadHttp(413, reason=f"the request's head is over {_MAX_HEADER_BYTES} bytes",
+                           fix="send fewer or shorter headers")
+        line = raw.rstrip(b"\r\n").decode("latin-1")
+        if line:
+            lines.append(line)
+        elif lines:  # the empty line that ends the head; empty lines before a request line are skipped
+            break
+    m = _REQUEST_LINE.fullmatch(lines[0])
+    if m is None:
+        raise _BadHttp(400, reason=f"the request line {_short(lines[0])} is not 'METHOD /path HTTP/1.1'",
+                       fix="start with e.g. 'POST /v1/infer HTTP/1.1'")
+    method, target, minor = m.groups()
+    headers: dict[str, str] = {}
     for line in lines[1:]:
-        if ":" in line:
-            k, v = line.split(":", 1)
-            headers[k.strip().lower()] = v.strip()
-    return parts[0], parts[1].split("?", 1)[0], headers
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.fullmatch(name):
+            raise _BadHttp(400, reason=f"the header line {_short(line)} is not 'Name: value'",
+                           fix="write each header as 'Name: value' on one line")
+        name, value = name.lower(), value.strip(" \t")
+        if name in ("content-length", "transfer-encoding") and headers.get(name, value) != value:
+            raise _BadHttp(400, reason=f"{name} is given twice ({_short(headers[name])} and {_short(value)})",
+                           fix=f"send one {name} header")
+        headers[name] = value
+    connection = headers.get("connection", "").lower()
+    keep = connection != "close" if minor == "1" else connection == "keep-alive"
+    return _Request(method, target.split("?", 1)[0], headers, _body_bytes(headers), keep)
 
 
-async def _body_chunks(reader: asyncio.StreamReader, headers: dict[str, str]):
-    """Yields the body's pieces (Content-Length or chunked)."""
-    if headers.get("transfer-encoding", "").lower() == "chunked":
+def _body_bytes(headers: dict[str, str]) -> int | None:
+    encoding = headers.get("transfer-encoding")
+    if encoding is not None:
+        if encoding.lower() != "chunked":
+            raise _BadHttp(400, reason=f"Transfer-Encoding {_short(encoding)} is not supported",
+                           fix="send Transfer-Encoding: chunked, or a Content-Length")
+        return None
+    length = headers.get("content-length", "0")
+    if not _DIGITS.fullmatch(length):
+        raise _BadHttp(400, reason=f"Content-Length {_short(length)} is not a number of bytes",
+                       fix="give the body's length in bytes, as decimal digits")
+    if len(length) > 12 or int(length) > _MAX_BODY_BYTES:
+        raise _BadHttp(413, reason=f"Content-Length {_short(length)} is over {_MAX_BODY_BYTES} bytes",
+                       fix="send a smaller body (many requests go one per line to /v1/stream)")
+    return int(length)
+
+
+async def _body_chunks(reader: asyncio.StreamReader, body_bytes: int | None) -> AsyncIterator[bytes]:
+    """Yields the body's pieces (Content-Length, or chunked when `body_bytes` is None)."""
+    try:
+        if body_bytes is not None:
+            if body_bytes:
+                yield await reader.readexactly(body_bytes)
+            return
         total = 0
         while True:
-            size_line = await reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            line = await _read_line(reader, "chunk size")
+            m = _CHUNK_SIZE.fullmatch(line)
+            if m is None:
+                raise _BadHttp(400, reason=f"the chunk size line {_short(line)} is not a hex number",
+                               fix="start each chunk with its size in hex and CRLF, and end the body with 0 CRLF CRLF")
+            size = int(m[1], 16)
             if size == 0:
-                await reader.readuntil(b"\r\n")
+                while (await _read_line(reader, "trailer")).strip(b"\r\n"):
+                    pass  # trailers carry nothing the API uses
                 return
             total += size
             if total > _MAX_BODY_BYTES:
-                raise _BadHttp(413, f"body over {_MAX_BODY_BYTES} bytes")
+                raise _BadHttp(413, reason=f"the chunked body is over {_MAX_BODY_BYTES} bytes",
+                               fix="send a smaller body, or split the stream over several requests")
             data = await reader.readexactly(size)
-            await reader.readexactly(2)
+            after = await _read_line(reader, "chunk end")
+            if after.strip(b"\r\n"):
+                raise _BadHttp(400, reason=f"a chunk of {size} bytes is followed by {_short(after)}, not CRLF",
+                               fix="give each chunk's exact length in hex in its size line")
             yield data
-        return
-    n = int(headers.get("content-length", "0") or 0)
-    if n > _MAX_BODY_BYTES:
-        raise _BadHttp(413, f"body of {n} bytes is over {_MAX_BODY_BYTES}")
-    if n:
-        yield await reader.readexactly(n)
+    except asyncio.IncompleteReadError as e:
+        raise _BadHttp(400, reason=f"the body ended early, {len(e.partial)} bytes into a piece of {e.expected}",
+                       fix="send as many bytes as Content-Length says, or end a chunked body with 0 CRLF CRLF") from e
+
+
+async def _read_body(reader: asyncio.StreamReader, body_bytes: int | None) -> bytes:
+    return b"".join([c async for c in _body_chunks(reader, body_bytes)])
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Sends what is written, then reads and drops what the app still sends, for up to `_LINGER_S`.
+
+    Called before closing a connection whose request may not have been read to its end:
+    closing a socket with unread bytes resets the connection, and the reset can destroy
+    the answer before the app reads it.
+    """
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    try:
+        async with asyncio.timeout(_LINGER_S):
+            while await reader.read(1 << 16):
+                pass
+    except (TimeoutError, ConnectionError):
+        pass
 
 
 def _response(status: int, body: bytes, content_type: str, *, keep_alive: bool = True) -> bytes:
@@ -110,12 +227,18 @@ def _response(status: int, body: bytes, content_type: str, *, keep_alive: bool =
 
 
 def _error_body(status: int, e: BaseException) -> dict[str, Any]:
+    """{"error", "message", "status"}: every error answer is JSON of this shape."""
+    if isinstance(e, _BadHttp):
+        return {"error": _REASONS[status].replace(" ", ""), "message": str(e), "status": status}
+    if status == 500 and not isinstance(e, EdgeError):
+        return {"error": "InternalError", "status": status,
+                "message": f"the edge agent failed on this request ({type(e).__name__}: {e}); its log has the details"}
     return {"error": type(e).__name__, "message": str(e), "status": status}
 
 
 def _status_of(e: BaseException) -> int:
-    if isinstance(e, (RequestError, _BadHttp)):
-        return getattr(e, "status", 400)
+    if isinstance(e, RequestError):
+        return 400
     if isinstance(e, NotReadyError):
         return 503
     if isinstance(e, TimeoutError):
@@ -181,30 +304,10 @@ class LocalApi:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._conns.add(writer)
         try:
-            while True:
-                try:
-                    head = await _read_head(reader)
-                except _BadHttp as e:
-                    writer.write(_response(e.status, wire.dumps(_error_body(e.status, e), wire.JSON), wire.JSON,
-                                           keep_alive=False))
-                    await writer.drain()
-                    return
-                if head is None:
-                    return
-                method, path, headers = head
-                keep = headers.get("connection", "").lower() != "close" and not self._draining
-                self.requests[path] += 1
-                self._enter()
-                try:
-                    await self._dispatch(method, path, headers, reader, writer, keep)
-                finally:
-                    self._leave()
-                if not keep:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
+            while await self._exchange(reader, writer):
+                pass
+        except ConnectionError:  # the app went away while its answer was being written
             return
-        except asyncio.CancelledError:
-            raise
         finally:
             self._conns.discard(writer)
             try:
@@ -212,43 +315,82 @@ class LocalApi:
             except RuntimeError:  # the loop is closing
                 pass
 
-    async def _dispatch(self, method: str, path: str, headers: dict[str, str], reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter, keep: bool) -> None:
-        ctype = headers.get("content-type", wire.JSON)
-        accept = headers.get("accept", ctype)
-        out_type = wire.MSGPACK if accept.startswith(wire.MSGPACK) else wire.JSON
-        routes: dict[tuple[str, str], Callable[[], Awaitable[tuple[int, Any, str]]]] = {
-            ("GET", "/healthz"): self._healthz,
-            ("GET", "/readyz"): self._readyz,
-            ("GET", "/metrics"): self._metrics,
-            ("GET", "/v1/status"): self._status,
-            ("GET", "/v1/model"): self._model,
-        }
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Reads one request and answers it, whatever it holds; False once the connection is done.
+
+        [Note: every request is answered] Client garbage (bad framing, bad bodies) is a 4xx
+        JSON answer naming what was wrong; any other failure is a logged 500 JSON answer.
+        Only an app that is gone goes unanswered.
+        """
         try:
-            if (method, path) in routes:
-                status, body, btype = await routes[(method, path)]()
-                data = body if isinstance(body, bytes) else wire.dumps(body, btype)
-                writer.write(_response(status, data, btype, keep_alive=keep))
-            elif method == "POST" and path == "/v1/infer":
-                body = b"".join([c async for c in _body_chunks(reader, headers)])
-                status, obj = await self._infer(wire.loads(body, ctype), ctype.startswith(wire.MSGPACK),
-                                                out_type == wire.MSGPACK)
-                writer.write(_response(status, wire.dumps(obj, out_type), out_type, keep_alive=keep))
-            elif method == "POST" and path == "/v1/stream":
-                await self._stream(reader, writer, headers)
-                return
-            else:
-                known = {p for _, p in routes} | {"/v1/infer", "/v1/stream"}
-                code = 405 if path in known else 404
-                async for _ in _body_chunks(reader, headers):
-                    pass
-                writer.write(_response(code, wire.dumps({"error": "NotFound", "status": code, "message": (
-                    f"{method} {path} is not served; paths: {sorted(known)}")}, wire.JSON), wire.JSON, keep_alive=keep))
-            await writer.drain()
+            req = await _read_request(reader)
         except _BadHttp as e:
-            writer.write(_response(e.status, wire.dumps(_error_body(e.status, e), wire.JSON), wire.JSON,
-                                   keep_alive=False))
-            await writer.drain()
+            await self._answer_error(reader, writer, e.status, e)
+            return False
+        if req is None:
+            return False
+        keep = req.keep_alive and not self._draining
+        self.requests[req.path if req.path in _GET_PATHS + _POST_PATHS else "other"] += 1
+        self._enter()
+        try:
+            return await self._dispatch(req, reader, writer, keep)
+        except _BadHttp as e:
+            await self._answer_error(reader, writer, e.status, e)
+            return False
+        except ConnectionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - see [Note: every request is answered]
+            code = _status_of(e)
+            if code == 500:
+                logger.exception("local API: %s %s failed", req.method[:20], req.path[:80])
+            await self._answer_error(reader, writer, code, e)
+            return False
+        finally:
+            self._leave()
+
+    @staticmethod
+    async def _answer_error(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int,
+                            e: BaseException) -> None:
+        """An error answer; the connection closes after it, as what follows on it may not be a request."""
+        writer.write(_response(status, wire.dumps(_error_body(status, e), wire.JSON), wire.JSON, keep_alive=False))
+        await _linger(reader, writer)
+
+    async def _dispatch(self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        keep: bool) -> bool:
+        expect = req.headers.get("expect", "").lower()
+        if expect not in ("", "100-continue"):
+            raise _BadHttp(417, reason=f"Expect {_short(expect)} is not supported", fix="send Expect: 100-continue or none")
+        if expect and req.body_bytes != 0:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if req.method == "POST" and req.path == "/v1/stream":
+            await self._stream(req, reader, writer)
+            return False
+        body = await _read_body(reader, req.body_bytes)
+        routes: dict[str, Callable[[], Awaitable[tuple[int, Any, str]]]] = {
+            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+            "/v1/status": self._status, "/v1/model": self._model,
+        }
+        method = "GET" if req.method == "HEAD" else req.method  # HEAD: GET's status and headers, no body
+        if method == "GET" and req.path in routes:
+            status, obj, ctype = await routes[req.path]()
+            data = obj if isinstance(obj, bytes) else wire.dumps(obj, ctype)
+        elif method == "POST" and req.path == "/v1/infer":
+            in_type = req.headers.get("content-type", wire.JSON)
+            binary_out = req.headers.get("accept", in_type).startswith(wire.MSGPACK)
+            status, obj = await self._infer(body, in_type, binary_out)
+            ctype = wire.MSGPACK if binary_out and status == 200 else wire.JSON
+            data = wire.dumps(obj, ctype)
+        else:
+            allowed = "GET" if req.path in routes else "POST" if req.path in _POST_PATHS else ""
+            status, ctype = (405 if allowed else 404), wire.JSON
+            served = [f"GET {p}" for p in _GET_PATHS] + [f"POST {p}" for p in _POST_PATHS]
+            fix = f"use {allowed} {req.path}" if allowed else f"paths served: {', '.join(served)}"
+            data = wire.dumps({"error": _REASONS[status].replace(" ", ""), "status": status,
+                               "message": f"{req.method[:20]} {req.path[:80]} is not served; {fix}"}, ctype)
+        answer = _response(status, data, ctype, keep_alive=keep)
+        writer.write(answer[:len(answer) - len(data)] if req.method == "HEAD" else answer)
+        await writer.drain()
+        return keep
 
     # -- routes -------------------------------------------------------------------------
 
@@ -274,54 +416,86 @@ class LocalApi:
     async def _model(self) -> tuple[int, Any, str]:
         return 200, self.agent.model_info(), wire.JSON
 
-    async def _infer(self, obj: Any, binary_in: bool, binary_out: bool) -> tuple[int, dict[str, Any]]:
+    async def _infer(self, body: bytes, content_type: str, binary_out: bool) -> tuple[int, dict[str, Any]]:
+        """(status, answer or error body) of one request body; never raises."""
+        obj: Any = None
         try:
             if self._draining or not self.agent.is_ready():
                 raise NotReadyError(state="shutting down" if self._draining else "starting")
-            inputs, rid = wire.decode_tensors(obj, binary_in)
+            obj = wire.loads(body, content_type)
+            inputs, rid = wire.decode_tensors(obj, content_type.startswith(wire.MSGPACK))
             async with self._sem:
                 ans = await self.agent.infer(inputs, rid)
             ans["outputs"] = wire.encode_tensors(ans["outputs"], binary_out)
             return 200, ans
         except Exception as e:  # noqa: BLE001 - every failure is an HTTP status with the message
             code = _status_of(e)
-            if code >= 500 and not isinstance(e, (NotReadyError, TimeoutError, ClusterError)):
-                logger.warning("request failed: %s", e, exc_info=not isinstance(e, EdgeError))
-            return code, _error_body(code, e)
+            if code == 500:
+                logger.error("local API: a request failed: %s", e, exc_info=not isinstance(e, EdgeError))
+            err = _error_body(code, e)
+            if isinstance(obj, Mapping) and isinstance(obj.get("id"), str):
+                err["id"] = obj["id"]
+            return code, err
 
-    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n"
-                     b"Connection: close\r\n\r\n")
-        pending: collections.deque[asyncio.Task[tuple[int, dict[str, Any]]]] = collections.deque()
+    async def _stream(self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """NDJSON requests in, NDJSON answers out in request order, each sent once it and those before it are.
 
-        async def flush(block: bool) -> None:
-            while pending and (block or pending[0].done()):
-                _, obj = await pending.popleft()
-                line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-                writer.write(b"%x\r\n%s\r\n" % (len(line), line))
-                await writer.drain()
-
-        buf = b""
-        t0 = time.monotonic()
-        async for chunk in _body_chunks(reader, headers):
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if line.strip():
-                    pending.append(asyncio.ensure_future(self._stream_one(line)))
-                if len(pending) >= _STREAM_WINDOW:
-                    await asyncio.wait([pending[0]])
-                await flush(False)
-        if buf.strip():
-            pending.append(asyncio.ensure_future(self._stream_one(buf)))
-        await flush(True)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        logger.debug("stream closed after %.1f s", time.monotonic() - t0)
-
-    async def _stream_one(self, line: bytes) -> tuple[int, dict[str, Any]]:
+        Lines are read while answers are written, so an app may wait for each answer before
+        it sends the next line. A body that stops being readable (bad chunking, cut short)
+        ends the stream with an error line after the answers to the lines before it; with
+        no line read yet, it is a plain 4xx answer instead.
+        """
+        queue: asyncio.Queue[asyncio.Future[tuple[int, dict[str, Any]]] | None] = asyncio.Queue(_STREAM_WINDOW)
+        sender = asyncio.ensure_future(self._send_answers(queue, writer))
+        lines = 0
+        failure: tuple[int, BaseException] | None = None
         try:
-            obj = wire.loads(line, wire.JSON)
-        except RequestError as e:
-            return 400, _error_body(400, e)
-        return await self._infer(obj, False, False)
+            buf = b""
+            async for chunk in _body_chunks(reader, req.body_bytes):
+                buf += chunk
+                *complete, buf = buf.split(b"\n")
+                for line in complete:
+                    if line.strip():
+                        lines += 1
+                        await queue.put(asyncio.ensure_future(self._infer(line, wire.JSON, False)))
+            if buf.strip():
+                lines += 1
+                await queue.put(asyncio.ensure_future(self._infer(buf, wire.JSON, False)))
+        except _BadHttp as e:
+            failure = (e.status, e)
+        except Exception as e:  # noqa: BLE001 - see [Note: every request is answered]
+            logger.exception("local API: POST /v1/stream failed")
+            failure = (500, e)
+        except BaseException:
+            sender.cancel()
+            raise
+        if failure is not None and lines == 0:
+            await queue.put(None)
+            await sender
+            await self._answer_error(reader, writer, failure[0], failure[1])
+            return
+        if failure is not None:
+            done: asyncio.Future[tuple[int, dict[str, Any]]] = asyncio.get_running_loop().create_future()
+            done.set_result((failure[0], _error_body(*failure)))
+            await queue.put(done)
+        await queue.put(None)
+        writer.write((b"" if await sender else _STREAM_HEAD) + b"0\r\n\r\n")
+        await (writer.drain() if failure is None else _linger(reader, writer))
+
+    @staticmethod
+    async def _send_answers(queue: asyncio.Queue[asyncio.Future[tuple[int, dict[str, Any]]] | None],
+                            writer: asyncio.StreamWriter) -> bool:
+        """Writes each answer as a chunk, in queue order; True once the stream's head is written."""
+        started = False
+        try:
+            while (answer := await queue.get()) is not None:
+                _, obj = await answer
+                line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+                writer.write((b"" if started else _STREAM_HEAD) + b"%x\r\n%s\r\n" % (len(line), line))
+                started = True
+                await writer.drain()
+            return started
+        except ConnectionError:
+            while (answer := await queue.get()) is not None:  # the app is gone: free the reader's window
+                answer.cancel()
+            raise

@@ -263,6 +263,10 @@ class Runner(LinkProbing):
         if set(inputs) != want:
             raise RequestError(reason=f"inputs {sorted(inputs)} do not match the model's {sorted(want)}",
                                fix="send exactly the model's inputs (GET /v1/model lists them)")
+        try:  # dtypes and shapes too, before a cut that runs nothing here sends them to the gateway
+            self.models.full.check(inputs)
+        except InputError as e:
+            raise RequestError(reason=str(e), fix="match the model's input dtypes and shapes") from e
 
     async def _run_engine(self, engine: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()

@@ -42,3 +42,38 @@ def test_bad_encoding():
         wire.loads(b"{", wire.JSON)
     with pytest.raises(RequestError, match="not valid msgpack"):
         wire.loads(b"\xc1", wire.MSGPACK)
+
+
+@pytest.mark.parametrize("body,ctype,match", [
+    (b"[" * 100_000, wire.JSON, "nested too deeply"),
+    (b"\xff\xfe\x00", wire.JSON, "not valid JSON"),
+    (b"\x81\x91\x01\x02", wire.MSGPACK, "not valid msgpack"),  # a list as a map key
+    (b"\xd4\xff\x00", wire.MSGPACK, "not valid msgpack"),  # a timestamp of the wrong length
+    (b"\x91" * 5000 + b"\xc0", wire.MSGPACK, "not valid msgpack"),
+])
+def test_undecodable_bodies_are_request_errors(body, ctype, match):
+    with pytest.raises(RequestError, match=match):
+        wire.loads(body, ctype)
+
+
+@pytest.mark.parametrize("tensor,match", [
+    ({"dtype": ["float32"], "shape": [1], "data": "AAAAAA=="}, "dtype"),
+    ({"dtype": "float32", "shape": [2**40, 2**40], "data": ""}, "elements, over"),
+    ({"dtype": "float32", "shape": [2**70], "data": ""}, "elements, over"),
+    ({"dtype": "float32", "shape": [1] * 40, "data": "AAAAAA=="}, "at most 32"),
+    ({"dtype": "float32", "shape": [True], "data": "AAAAAA=="}, "shape"),
+    ({"dtype": "float32", "shape": [1], "data": "\u00e9\u00e9\u00e9\u00e9"}, "not base64"),
+    ({"dtype": "float32", "values": [[1, 2], [3]]}, "'values' are not"),
+    ({"dtype": "float32", "values": "abc"}, "'values' are not"),
+    ({"dtype": "int8", "values": [2**80]}, "'values' are not"),
+    ({"dtype": "float32", "shape": [2, 2], "values": [1, 2, 3]}, "'values' are not"),
+])
+def test_malformed_tensors_are_request_errors_naming_the_field(tensor, match):
+    with pytest.raises(RequestError, match=match):
+        wire.decode_tensors({"inputs": {"x": tensor}}, False)
+
+
+def test_errors_do_not_echo_a_huge_value_back():
+    with pytest.raises(RequestError) as e:
+        wire.decode_tensors({"inputs": {"x" * 10_000: {"dtype": "d" * 10_000}}}, False)
+    assert len(str(e.value)) < 400
