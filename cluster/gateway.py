@@ -12,8 +12,10 @@ Engines and a Batcher in this process (no Ray: unit tests, the edge-less demo,
 
 [Note: preload] When a version loads, the tail of every cut in its frontier is cut
 (or read from segments/) and its pool started, in the loading thread. The gateway
-is ready (gRPC health SERVING, /readyz 200) only once that is done for every loaded
-version; a cut outside the frontier is materialised on its first request.
+is ready (gRPC health SERVING, /readyz 200) only once that is done for every version
+the registry found at start; until then /readyz names each model or version that is not
+ready and why ('loading', 'failed: <error>', 'no versions: ...'). A cut outside the
+frontier is materialised on its first request.
 
 [Note: policy sync] With `registry.policy_dir` set (the registry ConfigMap mounted
 read-only; `splitinfer cluster rollout/rollback` patch it), the gateway polls that
@@ -29,6 +31,7 @@ tails are loaded). A removed file puts the model back on its volume policy.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import queue
@@ -248,6 +251,7 @@ class Gateway:
         self._policy_status: dict[str, dict[str, Any]] = {}
         self._policy_task: asyncio.Task[None] | None = None
         self._planner: GatewayPlanner | None = None
+        self._closed = False
         registry.on_loaded.append(self._preload)
         registry.on_drained.append(self._on_drained)
 
@@ -273,9 +277,13 @@ class Gateway:
             asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def start(self) -> None:
-        """Loads every model's versions per policy and preloads their frontier tails."""
+        """Loads every model's versions per policy and preloads their frontier tails.
+
+        A model that fails to load does not stop the others: `readiness()` names it with
+        its error, and the gateway stays NOT_SERVING (see [Note: not ready] in
+        cluster/registry.py)."""
         self._loop = asyncio.get_running_loop()
-        await self._loop.run_in_executor(None, self.registry.load_all)
+        await self._loop.run_in_executor(None, functools.partial(self.registry.load_all, keep_going=True))
         if self.registry.policy_dir is not None:
             # The first pass re-applies what load_all read (a no-op) and catches any change since.
             await self.sync_policies()
@@ -340,21 +348,43 @@ class Gateway:
         return {m: dict(s) for m, s in self._policy_status.items()}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """(ready, detail): ready when a version is loaded and all its frontier tails have pools."""
+        """(ready, detail): ready when every model and version the registry found is loaded with
+        all its frontier tails' pools (see [Note: not ready] in cluster/registry.py).
+
+        detail: versions loaded, pools, missing (tails without a pool), not_ready
+        ({'model@version' or 'model': why}) and, when not ready, reason (one line)."""
         loaded = self.registry.loaded()
+        not_ready = self.registry.not_ready()
         with self._pools_lock:
             missing = [f"{lv.key}@{c}" for lv in loaded for c in lv.frontier.cut_ids
                        if PoolKey(lv.model, lv.version, c) not in self._pools]
             n = len(self._pools)
-        detail: dict[str, Any] = {"versions": [lv.key for lv in loaded], "pools": n, "missing": missing[:20]}
+        detail: dict[str, Any] = {"versions": [lv.key for lv in loaded], "pools": n, "missing": missing[:20],
+                                  "not_ready": not_ready}
         if self.registry.policy_dir is not None:
             # Shown, not counted: a bad policy file leaves the last good policy serving.
             detail["policy_errors"] = {m: s["error"] for m, s in self._policy_status.items() if s["error"]}
-        return bool(loaded) and not missing, detail
+        ready = bool(loaded) and not missing and not not_ready
+        if not ready:
+            detail["reason"] = self._why_not_ready(bool(loaded), missing, not_ready)
+        return ready, detail
+
+    def _why_not_ready(self, any_loaded: bool, missing: list[str], not_ready: Mapping[str, str]) -> str:
+        if not self.registry.scanned and not any_loaded:
+            return "starting: the registry is not read yet"
+        if not_ready:
+            shown = "; ".join(f"{k}: {v}" for k, v in list(not_ready.items())[:5])
+            return shown + (f" (and {len(not_ready) - 5} more)" if len(not_ready) > 5 else "")
+        if missing:
+            return f"{len(missing)} frontier tails have no pool yet: {', '.join(missing[:3])}"
+        return (f"no model in the registry {self.registry.root}: it holds no <name>/<version>/model.onnx; "
+                f"add one with 'splitinfer registry add MODEL {self.registry.root}' and restart")
 
     def _preload(self, lv: LoadedVersion) -> None:
         t0 = time.monotonic()
         for cut in lv.frontier.cut_ids:
+            if self._closed:  # shutting down while loading: the pools made so far are closed by close()
+                raise Unavailable(reason=f"the gateway is shutting down; {lv.key} was not loaded")
             self._create_pool(lv, cut)
         logger.info("%s: preloaded %d frontier tails in %.1f s", lv.key, len(lv.frontier.cuts), time.monotonic() - t0)
 
@@ -370,8 +400,13 @@ class Gateway:
         except Exception as e:  # noqa: BLE001 - becomes Unavailable/Internal with the details logged
             raise to_cluster_error(e, str(key)) from e
         with self._pools_lock:
-            self._pools[key] = pool
-        return pool
+            if not self._closed:
+                self._pools[key] = pool
+                return pool
+        # close() ran while this pool started: nobody else will close it.
+        if self._loop is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(pool.close(), self._loop)
+        raise Unavailable(reason=f"the gateway is shutting down; {key} was not started")
 
     async def _pool(self, lv: LoadedVersion, cut_id: str) -> Pool:
         key = PoolKey(lv.model, lv.version, cut_id)
@@ -414,6 +449,9 @@ class Gateway:
         return lv
 
     async def close(self) -> None:
+        """Stops loading (a version being loaded finishes its current tail) and closes every pool."""
+        self._closed = True
+        self.registry.stop_loading()
         if self._policy_task is not None:
             self._policy_task.cancel()
             await asyncio.gather(self._policy_task, return_exceptions=True)

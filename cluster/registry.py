@@ -17,6 +17,16 @@ version it started on.
 
 Routing is pure: `route(...)` and `canary_fraction(...)` take everything they need.
 
+[Note: not ready]
+`load_all` first reads the whole directory, then loads. Every model directory and
+selected version it found is in `not_ready()` with its reason until it serves:
+'queued' (waiting for the versions before it), 'loading' (reading, cutting and starting
+the pools of its frontier tails, which can take minutes with Ray), 'failed: <error>'
+or 'no versions: ...' (nothing to load). The gateway is ready only when that is empty,
+and /readyz shows it, so an operator sees which model holds readiness back and why.
+Versions that `apply_policy` loads later are not in it: a bad policy leaves the last
+good one serving, and readiness as it was.
+
 [Note: live policy]
 `apply_policy(model, text)` validates the whole policy first (its versions on disk and
 selected by its version_policy, a default to fall back to), then loads the versions it
@@ -52,9 +62,10 @@ from cluster._registry_disk import (
     set_model_yaml,
     version_sort_key,
 )
-from cluster.errors import UnknownModelError, UnknownVersionError
+from cluster.errors import ClusterError, UnknownModelError, UnknownVersionError
 
 __all__ = [
+    "LAYOUT",
     "Canary",
     "CutEntry",
     "FrontierConfig",
@@ -80,6 +91,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The layout of a registry, as messages state it.
+LAYOUT = "<name>/<version>/model.onnx + model.yaml"
 
 #: Version strings in a request that mean "whatever this device is routed to".
 ROUTED_VERSIONS = ("", "latest")
@@ -341,6 +355,10 @@ class Registry:
         """Directory of `<model>.policy.yaml` overriding `<root>/<model>/policy.yaml` (None: none)."""
         self._lock = threading.Lock()
         self._models: dict[str, _ModelState] = {}
+        self._pending: dict[str, str] = {}
+        self.scanned = False
+        """True once `load_all` has read the directory (until then nothing is known to load)."""
+        self._stop_loading = threading.Event()
         self.on_loaded: list[Callable[[LoadedVersion], None]] = []
         self.on_drained: list[Callable[[LoadedVersion], None]] = []
 
@@ -377,27 +395,109 @@ class Registry:
                 return parse_policy(fh.read(), path=override, fallback=self.policy)
         return self.volume_policy(model)
 
-    def load_all(self) -> list[LoadedVersion]:
-        """Loads, for every model on disk, the versions its policy selects; applies policy.yaml."""
-        loaded = []
-        for model, versions in self.available().items():
+    def load_all(self, *, keep_going: bool = False) -> list[LoadedVersion]:
+        """Loads, for every model on disk, the versions its policy selects; applies policy.yaml.
+
+        Until each is loaded, `not_ready()` says why (see [Note: not ready]). Without
+        `keep_going` the first failure is raised; with it, a model that fails is
+        recorded there and logged, and the others still load.
+        """
+        plans = []
+        pending: dict[str, str] = {}
+        available = self.available()
+        for model in self._model_dirs():
+            if model not in available:
+                pending[model] = (f"no versions: {os.path.join(self.root, model)} holds no <version>/ directory; "
+                                  f"put the model in {model}/1/model.onnx")
+        for model, versions in available.items():
             try:
-                policy, default, canary = self.model_policy(model)
+                policy, default, canary = self._start_policy(model)
             except RegistryError as e:
-                if self.policy_dir is None or e.path != self._override_path(model):
+                if not keep_going:
                     raise
-                # The override is someone's half-finished edit of the ConfigMap: serving the
-                # volume's policy keeps the gateway up until a good one arrives.
-                logger.error("ignoring the policy of %s: %s; using %s/policy.yaml or the defaults",
-                             model, e, model)
-                policy, default, canary = self.volume_policy(model)
-            for v in policy.select(versions):
-                loaded.append(self.load(model, v))
-            if default is not None:
-                self.set_default(model, default)
-            if canary is not None:
-                self.set_canary(model, canary.version, canary.percent)
+                pending[model] = f"failed: {e}"
+                continue
+            selected = policy.select(versions)
+            if not selected:
+                pending[model] = (f"no versions: its version policy {policy.kind} {list(policy.versions)} selects "
+                                  f"none of {list(versions)}")
+            for v in selected:
+                pending[f"{model}@{v}"] = "queued"
+            plans.append((model, selected, default, canary))
+        with self._lock:
+            self._pending = dict(pending)
+            self.scanned = True
+        for key, why in pending.items():
+            if why != "queued":
+                logger.error("not serving %s: %s", key, why)
+        loaded = []
+        for model, selected, default, canary in plans:
+            try:
+                for v in selected:
+                    if self._stop_loading.is_set():
+                        logger.info("stopped loading the registry before %s@%s", model, v)
+                        return loaded
+                    self._set_pending(f"{model}@{v}", "loading")
+                    loaded.append(self.load(model, v))
+                    self._set_pending(f"{model}@{v}", None)
+                if default is not None:
+                    self.set_default(model, default)
+                if canary is not None:
+                    self.set_canary(model, canary.version, canary.percent)
+            except Exception as e:
+                self._record_failure(model, selected, e)
+                if not keep_going:
+                    raise
+                logger.error("not serving %s: %s", model, e, exc_info=not isinstance(e, ClusterError))
         return loaded
+
+    def _record_failure(self, model: str, selected: Sequence[str], e: BaseException) -> None:
+        with self._lock:
+            pending = dict(self._pending)
+            failed = [v for v in selected if pending.get(f"{model}@{v}") == "loading"]
+            for v in selected:
+                key = f"{model}@{v}"
+                if pending.get(key) == "loading":
+                    pending[key] = f"failed: {e}"
+                elif pending.get(key) == "queued":
+                    pending[key] = f"failed: not loaded, as {model}@{failed[0]} failed first"
+            if not failed:  # its default or canary could not be set
+                pending[model] = f"failed: {e}"
+            self._pending = pending
+
+    def stop_loading(self) -> None:
+        """A running `load_all` loads no further version (the process is shutting down)."""
+        self._stop_loading.set()
+
+    def _model_dirs(self) -> list[str]:
+        return sorted(n for n in os.listdir(self.root)
+                      if NAME_PATTERN.match(n) and os.path.isdir(os.path.join(self.root, n)))
+
+    def _start_policy(self, model: str) -> tuple[VersionPolicy, str | None, Canary | None]:
+        try:
+            return self.model_policy(model)
+        except RegistryError as e:
+            if self.policy_dir is None or e.path != self._override_path(model):
+                raise
+            # The override is someone's half-finished edit of the ConfigMap: serving the
+            # volume's policy keeps the gateway up until a good one arrives.
+            logger.error("ignoring the policy of %s: %s; using %s/policy.yaml or the defaults", model, e, model)
+            return self.volume_policy(model)
+
+    def _set_pending(self, key: str, why: str | None) -> None:
+        with self._lock:
+            pending = dict(self._pending)
+            if why is None:
+                pending.pop(key, None)
+            else:
+                pending[key] = why
+            self._pending = pending
+
+    def not_ready(self) -> dict[str, str]:
+        """'model@version' or 'model' -> why it is not serving: 'queued', 'loading', 'failed: <error>'
+        or 'no versions: ...'. Empty once `load_all` has loaded everything it found."""
+        with self._lock:
+            return dict(self._pending)
 
     # -- explicit load and unload -------------------------------------------------------
 

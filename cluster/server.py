@@ -130,6 +130,12 @@ class Health:
         logger.info("health set to %s", "SERVING" if ready else "NOT_SERVING")
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Marks a finished task's outcome as seen: a stream's leftover tasks end unread on shutdown."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     """The one place where an error becomes a gRPC status."""
     code, message, name, fields = _status.to_status(exc, where=method)
@@ -377,7 +383,10 @@ class _Service:
             await _abort(context, e, "InferStream")
         finally:
             for task in (reader, *pending):
-                if task is not None and not task.done():
+                if task is not None:
+                    # A reader that ended with StopAsyncIteration as the call was cancelled
+                    # would otherwise be logged as "Task exception was never retrieved".
+                    task.add_done_callback(_retrieve)
                     task.cancel()
 
     async def plan(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -5,8 +5,12 @@
         [--policy-dir /etc/splitinfer/policies [--policy-poll-s 5]] [--pool-start-timeout-s 300]
 
 `--ray-address local-noray` runs the tails in this process (Engines and a batcher, no
-Ray). The process serves at once but reports NOT_SERVING (gRPC health, /readyz 503)
-until every loaded version's frontier tails are loaded; SIGTERM drains and stops it.
+Ray). The process serves at once but reports NOT_SERVING (gRPC health, /readyz 503,
+whose JSON names each model not ready yet and why) until every version it found has its
+frontier tails loaded. A registry that is missing, empty or holds nothing in the layout
+`<name>/<version>/model.onnx` is an error at start (exit 2; `--allow-empty` lets an
+empty one start); so is a registry none of whose models loads. SIGTERM or SIGINT
+drains requests for up to 5 s, closes the pools and exits 0, also while loading.
 `--policy-dir` is a directory of `<model>.policy.yaml` files (the registry ConfigMap,
 mounted) that override `<registry>/<model>/policy.yaml` and are applied live when
 they change (see [Note: policy sync] in cluster/gateway.py).
@@ -19,9 +23,10 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import Sequence
 
-__all__ = ["gateway_main", "make_parser", "LOCAL_NORAY"]
+__all__ = ["gateway_main", "check_registry", "make_parser", "LOCAL_NORAY"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +40,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod); default 127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     p.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics, /healthz, /readyz (-1: off)")
-    p.add_argument("--registry", required=True, help="model repository: <model>/<version>/model.onnx")
+    p.add_argument("--registry", required=True,
+                   help="model repository: <name>/<version>/model.onnx + model.yaml ('splitinfer registry add' "
+                        "writes it)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="start on a registry that holds no model yet (it stays NOT_SERVING); without it that is "
+                        "an error at start")
     p.add_argument("--ray-address", default=LOCAL_NORAY,
                    help=f"Ray cluster address ('auto', 'local', 'ray://host:10001') or {LOCAL_NORAY!r}")
     p.add_argument("--pool-start-timeout-s", type=float, default=DEFAULT_POOL_START_TIMEOUT_S,
@@ -64,8 +74,6 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--tls-cert and --tls-key go together; give both or neither")
     if a.tls_client_ca and not a.tls_cert:
         p.error("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is an extension of TLS")
-    if not os.path.isdir(a.registry):
-        p.error(f"--registry {a.registry!r} is not a directory; point it at <model>/<version>/model.onnx")
     if a.policy_dir is not None and not os.path.isdir(a.policy_dir):
         p.error(f"--policy-dir {a.policy_dir!r} is not a directory; mount the registry ConfigMap there, "
                 "or leave the flag out")
@@ -87,6 +95,23 @@ def _pool_factory(a: argparse.Namespace):  # noqa: ANN202 - a PoolFactory
     return RayPoolFactory(start_timeout_s=a.pool_start_timeout_s)
 
 
+def check_registry(path: str, *, allow_empty: bool) -> str | None:
+    """The one-line error for a registry the gateway cannot start on, or None. Logs what in it
+    does not fit the layout when other models do."""
+    from cluster.registry import LAYOUT, RegistryError, survey
+
+    add = f"splitinfer registry add MODEL {path}"
+    try:
+        found = survey(path)
+    except RegistryError as e:
+        return f"--registry {path!r} {e.reason}; expected a directory of {LAYOUT}; create one with: {add}"
+    for problem in found.problems:
+        logger.warning("not served from %s: %s", path, problem)
+    if found.models or allow_empty:
+        return None
+    return f"--registry {path!r} {found.found()}; expected {LAYOUT}; add a model with: {add} (or start with --allow-empty)"
+
+
 async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     from cluster.auth import Authorizer, TokenTable, load_server_credentials
     from cluster.gateway import Gateway
@@ -99,12 +124,11 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     tokens = TokenTable.from_file(a.tokens_file) if a.tokens_file else None
     creds = load_server_credentials(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     metrics = GatewayMetrics()
+    uses_ray = a.ray_address != LOCAL_NORAY
     gateway = Gateway(registry, _pool_factory(a), metrics=metrics, policy_poll_s=a.policy_poll_s,
                       authorizer=Authorizer(tokens, default_rate_limit_rps=a.rate_limit_rps))
-    http = MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port) if a.metrics_port >= 0 else None
-    server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,
-                         max_message_bytes=a.max_message_bytes)
-    print(f"gateway serving on {server.address}" + (f", metrics on {http.url}" if http else ""), flush=True)
+    # After connecting to Ray: ray.init installs a SIGTERM handler of its own that kills
+    # the process at once; these replace it, so SIGTERM drains and exits 0.
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,18 +136,66 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests), or not POSIX
             pass
+    http = server = None
+    rc = 0
     try:
-        await gateway.start()
-        logger.info("gateway ready: %s", registry.to_json())
-        await stop.wait()
+        http = MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port) if a.metrics_port >= 0 else None
+        server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,
+                             max_message_bytes=a.max_message_bytes)
+        print(f"gateway serving on {server.address}" + (f", metrics on {http.url}" if http else ""), flush=True)
+        rc = await _serve(a, gateway, stop)
     finally:
-        logger.info("gateway stopping: draining requests")
+        await _shut_down(gateway, server, http, uses_ray)
+    return rc
+
+
+async def _serve(a: argparse.Namespace, gateway, stop: asyncio.Event) -> int:  # noqa: ANN001 - a cluster Gateway
+    """Loads the registry while serving, then waits for `stop`; 2 when no model could be loaded."""
+    starting = asyncio.ensure_future(gateway.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            logger.info("stop requested while loading the registry: %s", gateway.readiness()[1].get("reason"))
+            return 0
+        starting.result()
+        ready, detail = gateway.readiness()
+        failed = {k: v for k, v in detail["not_ready"].items() if v.startswith("failed")}
+        if ready:
+            logger.info("gateway ready: %s", gateway.registry.to_json())
+        elif failed and not detail["versions"]:
+            shown = "; ".join(f"{k}: {v}" for k, v in failed.items())
+            print(f"splitinfer gateway: error: no model of --registry {a.registry!r} could be loaded: {shown}",
+                  file=sys.stderr, flush=True)
+            return 2
+        else:
+            logger.warning("gateway not ready: %s (GET /readyz lists each model and why)", detail["reason"])
+        await stopping
+        return 0
+    finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
+
+
+async def _shut_down(gateway, server, http, uses_ray: bool) -> None:  # noqa: ANN001 - the parts _run made
+    """Drains and stops every part; each is stopped even when an earlier one fails to."""
+    logger.info("gateway stopping: draining requests")
+    if server is not None:
         await server.health.set_ready(False)
         await server.stop(grace_s=5.0)
+    try:
         await gateway.close()
+    finally:
         if http is not None:
             http.stop()
-    return 0
+        if uses_ray:
+            from cluster.ray_cluster import shutdown
+
+            # Now, while the event loop still runs: Ray's exit hook would otherwise leave
+            # its callbacks to a loop already closed.
+            shutdown()
+    logger.info("gateway stopped")
 
 
 def gateway_main(argv: Sequence[str]) -> int:
@@ -134,6 +206,10 @@ def gateway_main(argv: Sequence[str]) -> int:
     from cluster.metrics import configure_logging
 
     configure_logging(a.log_level, json_lines=a.log_format == "json")
+    error = check_registry(a.registry, allow_empty=a.allow_empty)
+    if error is not None:
+        print(f"splitinfer gateway: error: {error}", file=sys.stderr)
+        return 2
     from cluster.server import new_event_loop
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:  # uvloop where installed: [Note: event loop]

@@ -35,9 +35,6 @@ from typing import Any
 
 __all__ = ["AddOptions", "RegistryCommandError", "add_model", "next_version", "registry_main"]
 
-LAYOUT = "<name>/<version>/model.onnx + model.yaml"
-"""The layout the gateway reads, as error messages state it."""
-
 _STAGING_PREFIX = ".registry-add-"
 """Starts with '.', so the gateway's registry never takes a staging directory for a model."""
 
@@ -262,7 +259,7 @@ def _describe_version(vdir: str) -> str:
 
 def list_registry(registry: str, out: Callable[[str], None] = print) -> int:
     """Prints every model and version, and what does not fit the layout; 0 when a model is there."""
-    from cluster.registry import survey
+    from cluster.registry import LAYOUT, survey
 
     s = survey(registry)
     if not s.models:
