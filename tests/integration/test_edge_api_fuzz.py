@@ -5,7 +5,8 @@ local API on loopback. Raw sockets send what no HTTP client library would: broke
 framing, garbage request lines, bad bodies. Every request must get a parseable HTTP
 answer (no dropped connection), never a 5xx, and every error answer is JSON naming
 what was wrong; the agent still serves a valid request afterwards. The fuzz sends
-2,200 seeded malformed requests; the tests above it pin one behaviour each.
+5,000 seeded malformed requests (half to each path); the tests before it pin one
+behaviour each.
 """
 
 from __future__ import annotations
