@@ -94,6 +94,15 @@ class EdgeConfig:
     """Boundary encodings the planner may choose ('fp32', 'fp16', 'int8'; int8 trades accuracy for bytes)."""
     max_inflight: int = 64
     """Requests the local API runs at once; more wait."""
+    emulate_device: str | None = None
+    """Reference device (planner.devices: rpi4, rpi5, ...) this host plays: the agent plans with its
+    roofline profile of the model, and `splitinfer edge run` throttles it to match (edge-agent.md)."""
+    emulate_uplink: str | None = None
+    """Uplink of a link emulated between the agent and the gateway by `splitinfer edge run`, e.g. '10mbit'."""
+    emulate_downlink: str | None = None
+    """Downlink of that link, e.g. '40mbit'; absent: 4x the uplink."""
+    emulate_rtt: str | None = None
+    """Round-trip time that link adds, e.g. '5ms'; absent: none."""
 
     def __post_init__(self) -> None:
         _check(self)
@@ -195,10 +204,28 @@ def _check(c: EdgeConfig) -> None:
                           fix="set tls_ca to the CA that signed the gateway's certificate")
     if c.token is not None and c.token_file is not None:
         raise ConfigError(key="token", reason="is set together with token_file", fix="keep one of them")
-    for key in ("tls_ca", "tls_cert", "tls_key", "device_profile", "api_socket", "token_file", "token"):
+    for key in ("tls_ca", "tls_cert", "tls_key", "device_profile", "api_socket", "token_file", "token",
+                "emulate_device", "emulate_uplink", "emulate_downlink", "emulate_rtt"):
         v = getattr(c, key)
         if v is not None and (not isinstance(v, str) or not v):
             raise _bad(key, v, "a non-empty string", "remove the key or give a value")
+    _check_emulated_device(c)
+
+
+def _check_emulated_device(c: EdgeConfig) -> None:
+    """The device must be a reference device; its rates and durations are parsed by `splitinfer edge`."""
+    if c.emulate_device is None:
+        return
+    from planner.devices import DEVICES  # here: planner loads onnx, which only this check needs
+
+
+    if c.emulate_device not in DEVICES:
+        close = difflib.get_close_matches(c.emulate_device, list(DEVICES), n=1)
+        raise ConfigError(key="emulate.device", reason=f"is {c.emulate_device!r}, not a reference device",
+                          fix=(f"did you mean {close[0]!r}? " if close else "") + f"known devices: {', '.join(DEVICES)}")
+    if c.device_profile is not None:
+        raise ConfigError(key="emulate.device", reason="is set together with device_profile",
+                          fix="keep one: the emulated device plans with its own profile")
 
 
 def _num(v: Any) -> bool:
@@ -218,8 +245,11 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
     spelled: dict[str, str] = {}  # knob -> the key that set it, to refuse a knob given twice
     for key, value in raw.items():
         name = _snake(str(key))
-        if name == "tls" and isinstance(value, Mapping):  # nested form: tls: {ca:, cert:, key:}
-            pairs = [(f"tls_{_snake(str(sub))}", f"tls.{sub}", v) for sub, v in value.items()]
+        if name in ("tls", "emulate") and isinstance(value, Mapping):  # nested: tls: {ca:, ...}, emulate: {device:, ...}
+            pairs = [(f"{name}_{_snake(str(sub))}", f"{key}.{sub}", v) for sub, v in value.items()]
+        elif name == "emulate":
+            raise ConfigError(key=str(key), reason=f"is {value!r}, not a mapping", path=path,
+                              fix="e.g. emulate: {device: rpi4, uplink: 10mbit, rtt: 5ms}")
         else:
             pairs = [(name, str(key), value)]
         for knob, shown, v in pairs:
@@ -250,6 +280,9 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
     for key in ("model", "device_id"):
         if key in d and not isinstance(d[key], str) and d[key] is not None:
             d[key] = str(d[key])
+    for key in ("emulate_uplink", "emulate_downlink", "emulate_rtt"):
+        if isinstance(d.get(key), (int, float)) and not isinstance(d.get(key), bool):
+            d[key] = str(d[key])  # a bare number: bits/s for rates, ms for the rtt (splitinfer.units)
     try:
         return EdgeConfig(**d)
     except ConfigError as e:

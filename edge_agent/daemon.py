@@ -36,6 +36,7 @@ from edge_agent.errors import ArtifactError, ConfigError, NotReadyError, Startup
 from edge_agent.runner import Runner
 from edge_agent.transport import Remote, make_credentials
 from planner import Frontier, PlannerError
+from planner.devices import reference_profile
 
 __all__ = ["EdgeAgent", "run_agent"]
 
@@ -172,9 +173,15 @@ class EdgeAgent:
         path = os.path.join(self.cache.version_dir(cfg.model_name, self.version), "model.onnx")
         self.models = models = ModelSet(path, cache=self.cache, model=cfg.model_name, version=self.version,
                                         intra_op_threads=cfg.intra_op_threads)
-        prof_path = cfg.device_profile or self.cache.profile_path(cfg.model_name, self.version)
-        profile, self.profile_source = load_or_estimate_profile(prof_path, models.graph, models.full)
-        self._local_ms = profile_model_ms(profile, models.graph) if self.profile_source == "file" else models.local_ms
+        if cfg.emulate_device is not None:
+            # This host plays the reference device: plans use its roofline profile of the model
+            # (`splitinfer edge run` throttles the process to match; see splitinfer.emulate).
+            profile = reference_profile(cfg.emulate_device, models.graph)
+            self.profile_source = f"emulated {cfg.emulate_device} (roofline estimate)"
+        else:
+            prof_path = cfg.device_profile or self.cache.profile_path(cfg.model_name, self.version)
+            profile, self.profile_source = load_or_estimate_profile(prof_path, models.graph, models.full)
+        self._local_ms = models.local_ms if self.profile_source == "estimated" else profile_model_ms(profile, models.graph)
         try:
             self.frontier = make_frontier(models.graph, profile, files, cfg.objective, cfg.encodings)
         except PlannerError as e:

@@ -1,16 +1,13 @@
 """The demo's edge device: the edge agent daemon in its own process, CPU-throttled.
 
-[Note: edge throttle]
-DESIGN.md emulates an edge device by a CPU-throttled process: a cgroup CPU quota where
-the machine allows it, otherwise one thread. The demo runs `splitinfer edge run` as a
-child process (its own process group) with one ONNX Runtime thread, and, where a cgroup
-CPU controller is writable (v2 `cpu.max`, else v1 `cpu.cfs_quota_us`), puts it in a
-cgroup with a quota of `edge_cpus` CPUs once it is ready (start-up is not throttled, so
-the demo does not wait on it). A CFS quota of q CPUs stretches a single thread's CPU
-time by 1/q, so the device profile given to the planner is the one-thread profile
-measured in this run scaled by 1/q; the report compares that prediction with the local
-latencies the throttled agent actually shows. Without a writable controller the agent
-runs with one thread, unthrottled, and the profile is the one-thread profile as measured.
+The throttle is splitinfer.emulate's (see [Note: edge throttle] there): the agent runs
+with one ONNX Runtime thread and, where a cgroup CPU controller is writable, in a cgroup
+with a quota of `edge_cpus` CPUs once it is ready. The device profile given to the
+planner is the one-thread profile measured in this run scaled to the whole-model time
+measured inside the quota (`ThrottledTimer`); the report compares that prediction with
+the local latencies the throttled agent actually shows. Without a writable controller
+the agent runs with one thread, unthrottled, and the profile is the one-thread profile
+as measured.
 """
 
 from __future__ import annotations
@@ -26,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from splitinfer.emulate import PERIOD_US, CpuQuota, die_with_parent
+
 __all__ = ["ENCODINGS", "CpuQuota", "EdgeProcess", "ThrottledTimer"]
 
 logger = logging.getLogger(__name__)
@@ -34,88 +33,12 @@ logger = logging.getLogger(__name__)
 # for an output within 1e-2 of the whole model's (`demo_stream.REL_TOL`).
 ENCODINGS = ("fp32", "fp16")
 
-_V2_ROOT = "/sys/fs/cgroup"
-_V1_ROOT = "/sys/fs/cgroup/cpu"
-# A short CFS period keeps a throttled run smooth: with 100 ms a 150 ms inference would
-# run in 25 ms bursts with 75 ms stalls, and latencies would depend on the phase.
-_PERIOD_US = 10_000
 # The timing child idles three quota periods before each timed run, and times at least
 # this many runs: see [Note: quota bursts].
-_IDLE_BEFORE_RUN_S = 3 * _PERIOD_US / 1e6
+_IDLE_BEFORE_RUN_S = 3 * PERIOD_US / 1e6
 _MIN_TIMED_RUNS = 7
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux only)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class CpuQuota:
-    """A cgroup with a CPU quota, or nothing where no controller is writable (`.kind` says which)."""
-
-    def __init__(self, cpus: float, name: str) -> None:
-        self.cpus = cpus
-        self.path: str | None = None
-        self.kind = "none"
-        self.why_not = ""
-        if cpus <= 0:
-            self.why_not = "throttling is off (--edge-cpus 0)"
-            return
-        quota_us = max(1000, int(cpus * _PERIOD_US))
-        attempts = []
-        v2 = os.path.join(_V2_ROOT, "cgroup.controllers")
-        if os.path.exists(v2):
-            attempts.append(("v2", os.path.join(_V2_ROOT, name), "cpu.max", f"{quota_us} {_PERIOD_US}"))
-        if os.path.isdir(_V1_ROOT):
-            attempts.append(("v1", os.path.join(_V1_ROOT, name), None, None))
-        errors = []
-        for kind, path, key, value in attempts:
-            try:
-                os.makedirs(path, exist_ok=True)
-                if kind == "v2":
-                    _write(os.path.join(path, key), value)  # type: ignore[arg-type]
-                else:
-                    _write(os.path.join(path, "cpu.cfs_period_us"), str(_PERIOD_US))
-                    _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota_us))
-                self.path, self.kind = path, f"cgroup {kind}"
-                return
-            except OSError as e:
-                errors.append(f"{kind}: {e.strerror or e}")
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-        self.why_not = "no writable cgroup CPU controller (" + ("; ".join(errors) or "none mounted") + ")"
-
-    @property
-    def active(self) -> bool:
-        return self.path is not None
-
-    def add(self, pid: int) -> None:
-        assert self.path is not None
-        _write(os.path.join(self.path, "cgroup.procs"), str(pid))
-
-    def remove(self) -> None:
-        """Deletes the cgroup (its processes must have exited)."""
-        if self.path is None:
-            return
-        for _ in range(50):
-            try:
-                os.rmdir(self.path)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)  # the kernel frees an exited process's membership shortly after
-        else:
-            logger.warning("could not remove the cgroup %s; remove it with rmdir", self.path)
-        self.path = None
+# The name bench/_e2e_run.py imports.
+_die_with_parent = die_with_parent
 
 
 class EdgeProcess:
@@ -149,7 +72,7 @@ class EdgeProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "splitinfer", "edge", "run", "--config", cfg_path, "--log-level", "info"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=_die_with_parent)
+                env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_parent)
         finally:
             log.close()
         with EdgeClient(unix_socket=self.socket_path, timeout_s=5.0) as c:
@@ -218,7 +141,7 @@ class ThrottledTimer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "splitinfer.demo_edge", model_path, str(runs)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-            env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=_die_with_parent)
+            env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_parent)
         self._moved = False
 
     def result(self, timeout_s: float = 180.0) -> float:
