@@ -194,7 +194,8 @@ async def _body_chunks(reader: asyncio.StreamReader, body_bytes: int | None) -> 
                                fix="give each chunk's exact length in hex in its size line")
             yield data
     except asyncio.IncompleteReadError as e:
-        raise _BadHttp(400, reason=f"the body ended early, {len(e.partial)} bytes into a piece of {e.expected}",
+        where = f"{len(e.partial)} of {e.expected} bytes into a piece" if e.expected else "inside a chunk's framing"
+        raise _BadHttp(400, reason=f"the body ended early, {where}",
                        fix="send as many bytes as Content-Length says, or end a chunked body with 0 CRLF CRLF") from e
 
 
