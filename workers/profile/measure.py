@@ -38,6 +38,7 @@ from workers.coldstart import check_batching, make_batch_dynamic, strip_initiali
 from workers.errors import BatchingUnsafeError
 from workers.profile._calibrate import SegmentTiming, calibration_cuts, fit_corrections
 from workers.profile._trace import ProfilingError, attribute_runs, map_nodes, parse_trace
+from workers.progress import progress as show_progress  # "progress" is the flag of the functions below
 
 __all__ = ["Measurement", "SegmentJob", "load_profile", "measure", "measure_profile", "open_session", "prepare_model",
            "segment_jobs", "time_interleaved", "time_segments"]
@@ -168,12 +169,6 @@ def time_interleaved(jobs: Sequence[tuple[ort.InferenceSession, Mapping[str, np.
     [Note: clocks on a shared host] in docs/profiles.md). ``name`` names the model in
     the ProfilingError a failed run raises.
     """
-    from tqdm import tqdm
-
-    # tqdm's monitor thread is joined from tqdm's own lock when the last bar goes away,
-    # which can deadlock a process that also runs servers' threads (seen as a hang in
-    # the test suite); a bar updated every run needs no monitor.
-    tqdm.monitor_interval = 0
     if clock not in _CLOCKS:
         raise ProfilingError(f"clock={clock!r} is invalid; use 'wall' or 'thread'", setting="clock")
     now = _CLOCKS[clock]
@@ -182,7 +177,7 @@ def time_interleaved(jobs: Sequence[tuple[ort.InferenceSession, Mapping[str, np.
         for _ in range(warmup):
             _run(s, f, name)
     out = np.zeros((len(jobs), runs))
-    with tqdm(total=runs * len(jobs), disable=not progress, desc=desc, leave=False) as bar:
+    with show_progress(runs * len(jobs), desc, enabled=progress) as bar:
         for r in range(runs):
             for j, (s, f) in enumerate(jobs):
                 t = now()
