@@ -72,13 +72,13 @@ def _long_options(parser: argparse.ArgumentParser) -> list[str]:
             for opt in action.option_strings if opt.startswith("--") and opt != "--help"]
 
 
-def _sections() -> dict[tuple[str, ...], str]:
+def _sections(text: str | None = None) -> dict[tuple[str, ...], str]:
     """docs/cli.md's `## splitinfer WORDS ...` and `### splitinfer WORDS ...` sections.
 
     A section runs to the next heading of its level or above; its words are the lower-case
     words after `splitinfer` up to the first argument (MODEL, [--json], ...).
     """
-    lines = CLI_MD.read_text(encoding="utf-8").splitlines()
+    lines = (CLI_MD.read_text(encoding="utf-8") if text is None else text).splitlines()
     heads = [(i, len(m.group(1)), m.group(2)) for i, line in enumerate(lines) if (m := _HEADING.match(line))]
     levels = [(i, len(line) - len(line.lstrip("#"))) for i, line in enumerate(lines) if line.startswith("#")]
     sections: dict[tuple[str, ...], str] = {}
@@ -125,9 +125,30 @@ def test_cli_md_documents_every_command_subcommand_and_long_option(command, monk
         assert not missing, f"docs/cli.md's section for 'splitinfer {' '.join(words)}' does not mention {missing}"
 
 
-def test_the_check_finds_a_missing_option(monkeypatch):
-    """The check can fail: an option the netem parser defines, left out of a section, is caught."""
-    parser = _parsers(monkeypatch, "netem")[("netem",)]
-    assert "--trace" in _long_options(parser)
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks (examples may show other commands' options)."""
+    return "".join(part for i, part in enumerate(text.split("```")) if i % 2 == 0)
+
+
+def _stale(command: str, sections: dict[tuple[str, ...], str],
+           parsers: dict[tuple[str, ...], argparse.ArgumentParser]) -> list[str]:
+    defined = {opt for parser in parsers.values() for opt in _long_options(parser)}
+    mentioned = {opt for words, text in sections.items() if words[:1] == (command,)
+                 for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _prose(text))}
+    return sorted(mentioned - defined - {"--help"})
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_cli_md_mentions_no_option_the_command_does_not_have(command, monkeypatch):
+    """A renamed or removed option does not linger in the page."""
+    stale = _stale(command, _sections(), _parsers(monkeypatch, command))
+    assert not stale, f"docs/cli.md's section for {command} mentions options it does not have: {stale}"
+
+
+def test_the_checks_find_a_missing_and_a_stale_option(monkeypatch):
+    """The checks can fail: an option left out of a section, or one a command lacks, is caught."""
+    parsers = _parsers(monkeypatch, "netem")
+    assert "--trace" in _long_options(parsers[("netem",)])
     text = _text_of(_sections(), ("netem",)).replace("--trace", "--tr")
     assert not _mentions(text, "--trace") and _mentions(text, "--loop")
+    assert _stale("netem", _sections(text), parsers) == ["--tr"]
