@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,6 +226,14 @@ def check_emulation(config: EdgeConfig) -> None:
 # -- the supervisor ------------------------------------------------------------------
 
 
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def _child_config(config: EdgeConfig, gateway: str) -> dict[str, Any]:
     d = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
     d.update(gateway=gateway, intra_op_threads=1, encodings=list(config.encodings))
@@ -239,7 +248,8 @@ class _Stop:
     def __init__(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
         self.signalled = False
-        self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        main = threading.current_thread() is threading.main_thread()  # signal.signal works only there
+        self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if not self.signalled and self.child.poll() is None:
@@ -310,6 +320,9 @@ def run_emulated(config: EdgeConfig, *, log_level: str = "info", ready_timeout_s
     from splitinfer.netem_link import LinkSetting
 
     link = link_from_config(config)
+    if config.api_socket is None and config.api_port == 0:
+        # The supervisor must find the agent's API to throttle it once ready: any free port, chosen here.
+        config = dataclasses.replace(config, api_port=_free_port(config.api_host))
     work = tempfile.mkdtemp(prefix="splitinfer-edge-")
     emu: ThreadedLinkEmulator | None = None
     child: subprocess.Popen[bytes] | None = None
