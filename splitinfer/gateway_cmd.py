@@ -95,21 +95,20 @@ def _pool_factory(a: argparse.Namespace):  # noqa: ANN202 - a PoolFactory
     return RayPoolFactory(start_timeout_s=a.pool_start_timeout_s)
 
 
-def check_registry(path: str, *, allow_empty: bool) -> str | None:
-    """The one-line error for a registry the gateway cannot start on, or None. Logs what in it
-    does not fit the layout when other models do."""
+def check_registry(path: str, *, allow_empty: bool) -> tuple[str | None, tuple[str, ...]]:
+    """(the one-line error for a registry the gateway cannot start on, or None; what in it does
+    not fit the layout, each as 'path: what is wrong; the fix')."""
     from cluster.registry import LAYOUT, RegistryError, survey
 
     add = f"splitinfer registry add MODEL {path}"
     try:
         found = survey(path)
     except RegistryError as e:
-        return f"--registry {path!r} {e.reason}; expected a directory of {LAYOUT}; create one with: {add}"
-    for problem in found.problems:
-        logger.warning("not served from %s: %s", path, problem)
+        return f"--registry {path!r} {e.reason}; expected a directory of {LAYOUT}; create one with: {add}", ()
     if found.models or allow_empty:
-        return None
-    return f"--registry {path!r} {found.found()}; expected {LAYOUT}; add a model with: {add} (or start with --allow-empty)"
+        return None, found.problems
+    return (f"--registry {path!r} {found.found()}; expected {LAYOUT}; add a model with: {add} "
+            "(or start with --allow-empty)"), found.problems
 
 
 async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
@@ -203,13 +202,15 @@ def gateway_main(argv: Sequence[str]) -> int:
     p = make_parser()
     a = p.parse_args(list(argv))
     _check_args(p, a)
-    from cluster.metrics import configure_logging
-
-    configure_logging(a.log_level, json_lines=a.log_format == "json")
-    error = check_registry(a.registry, allow_empty=a.allow_empty)
+    error, problems = check_registry(a.registry, allow_empty=a.allow_empty)
     if error is not None:
         print(f"splitinfer gateway: error: {error}", file=sys.stderr)
         return 2
+    from cluster.metrics import configure_logging
+
+    configure_logging(a.log_level, json_lines=a.log_format == "json")
+    for problem in problems:
+        logger.warning("not served from %s: %s", a.registry, problem)
     from cluster.server import new_event_loop
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:  # uvloop where installed: [Note: event loop]
