@@ -337,6 +337,9 @@ def run_emulated(config: EdgeConfig, *, log_level: str = "info", ready_timeout_s
             gateway = f"127.0.0.1:{emu.port}"
             logger.info("emulated link: %s, between the agent and the gateway at %s (via 127.0.0.1:%d)",
                         link.describe(), config.gateway, emu.port)
+            if config.tls_ca is not None:
+                logger.warning("the agent reaches the gateway through the emulator at 127.0.0.1, so TLS verifies "
+                               "the gateway's certificate for 127.0.0.1; a certificate that does not name it fails")
         import yaml
 
         cfg_path = os.path.join(work, "edge.yaml")
