@@ -191,3 +191,33 @@ def test_without_a_file_the_gateway_and_model_flags_are_needed() -> None:
         _load(_args(gateway="127.0.0.1:50151"))
     with pytest.raises(ConfigError, match="'emulate.uplink' is '5mbps'"):
         _load(_args(gateway="127.0.0.1:50151", model="m", emulate_link=parse_link_spec("5mbps")))
+
+
+# -- throttling the ready agent ------------------------------------------------------
+
+
+class _Child:
+    pid = 4242
+
+
+def test_a_ready_agent_goes_into_the_quota_that_matches_the_device(fake_v1, caplog) -> None:
+    caplog.set_level("INFO", logger="splitinfer.emulate")
+    quota = emulate._throttle(_Child(), _cfg(emulate={"device": "rpi4"}),
+                              {"local_ms": 47.2, "measured_local_ms": 4.72})
+    assert quota is not None and quota.cpus == pytest.approx(0.1)
+    assert _read(fake_v1 / "splitinfer-edge-4242" / "cgroup.procs") == "4242"
+    assert "emulating rpi4: the agent runs with one thread in a cgroup v1 quota of 0.1 CPU" in caplog.text
+    assert "10.0x" in caplog.text
+
+
+def test_without_a_cgroup_the_agent_runs_unthrottled_and_says_by_how_much_it_is_faster(tmp_path, monkeypatch,
+                                                                                       caplog) -> None:
+    monkeypatch.setattr(emulate, "_V2_ROOT", str(tmp_path / "none"))
+    monkeypatch.setattr(emulate, "_V1_ROOT", str(tmp_path / "none-either"))
+    cfg = _cfg(emulate={"device": "rpi4"})
+    assert emulate._throttle(_Child(), cfg, {"local_ms": 47.2, "measured_local_ms": 4.72}) is None
+    assert "emulating rpi4: no writable cgroup CPU controller" in caplog.text
+    assert "unthrottled, 10.0x faster than the rpi4 estimate" in caplog.text
+    caplog.clear()
+    assert emulate._throttle(_Child(), cfg, {"local_ms": 47.2, "measured_local_ms": 60.0}) is None
+    assert "this host is not faster, so the agent runs unthrottled with one thread" in caplog.text
