@@ -4,7 +4,7 @@ Run as ``python -m bench._e2e_edge ADDRESS MODEL VERSION``. It reads one JSON li
 set-up (the full model's path and, per candidate, the head segment's path, the boundary
 names and the wire cut id), loads every ONNX Runtime session with one thread while it is
 still unthrottled, prints ``ready`` and waits for ``go`` (the parent moves it into the
-cgroup in between, see [Note: edge throttle] in `splitinfer.demo_edge`). Each later line
+cgroup in between, see [Note: edge throttle] in `splitinfer.emulate`). Each later line
 is a job ``{"id", "precision", "reps"}`` or ``{"op": "add", "candidate"}`` (one more head) or
 ``{"op": "load", "id", "precision", "rate_hz", "n"}`` (Poisson arrivals, see `_load`): the child runs the candidate `reps` times end
 to end (head, encode, gRPC call through the link emulator, answer) and prints one JSON

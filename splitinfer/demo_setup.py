@@ -170,7 +170,7 @@ def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = Non
 
     With an active `quota` the device profile is the one-thread profile brought to the
     whole-model time measured inside the quota (see [Note: edge throttle] in
-    `splitinfer.demo_edge`). `before_cloud` runs just before the cloud side is profiled
+    `splitinfer.emulate`). `before_cloud` runs just before the cloud side is profiled
     (the demo waits there for Ray's start-up, which would otherwise skew that profile)."""
     say(f"[1/6] loading {name} from the onnx package's model zoo (seeded random weights)")
     model = load_zoo(name, random_weights=True, seed=0)
