@@ -40,9 +40,9 @@ def connect(address: str, *, num_cpus: int | None = None, quiet: bool = False) -
     a local one for 'local'. Returns the cluster's resources. Raises Unavailable when it cannot.
 
     ``quiet`` (the demo's console) keeps the workers' stdout and stderr in Ray's log files
-    (/tmp/ray/session_latest/logs) instead of forwarding them to this process, and Ray's
-    own Python logger at ERROR. Ray's C++ components log at RAY_BACKEND_LOG_LEVEL, read
-    from the environment when they start."""
+    (/tmp/ray/session_latest/logs) instead of forwarding them to this process: the C++
+    components' error lines (E ... core_worker.cc) among them. Ray's own Python logger
+    logs at ERROR."""
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     kwargs: dict[str, Any] = {"ignore_reinit_error": True, "include_dashboard": False,

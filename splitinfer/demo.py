@@ -229,13 +229,14 @@ def _bad_args(a: argparse.Namespace) -> str | None:
 
 
 def _quiet_parts() -> None:
-    """Keeps the console to the demo's own lines. Ray's start-up notices, its C++ components'
-    log lines (E ... core_worker.cc: on shutdown) and gRPC's fork notice (the edge agent
-    starts while gRPC threads run) are not the user's concern; --verbose shows them. Ray's
-    C++ parts read RAY_BACKEND_LOG_LEVEL when they start, so it is set before Ray starts."""
+    """Keeps the console to the demo's own lines: Ray's Python notices and gRPC's fork
+    notice (the edge agent starts while gRPC threads run) are not the user's concern;
+    --verbose shows them. The C++ log lines of Ray's workers and raylet (E ... core_worker.cc)
+    reach the console only when forwarded to the driver, which `start_ray(quiet=True)` turns
+    off; they stay in Ray's log files. RAY_BACKEND_LOG_LEVEL is left alone: setting it
+    makes the driver print a line of its own saying so."""
     logging.getLogger("ray").setLevel(logging.ERROR)
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

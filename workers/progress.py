@@ -42,9 +42,10 @@ class _Line:
         self.done += n
 
     def close(self) -> None:
-        took = time.monotonic() - self._t0
+        took_s = time.monotonic() - self._t0
+        took = f"{took_s:.1f} s" if took_s >= 1 else f"{took_s * 1e3:.0f} ms"
         label = f"{self.desc}: " if self.desc else ""
-        print(f"{label}{self.done}/{self.total} in {took:.1f} s", file=self.stream, flush=True)
+        print(f"{label}{self.done}/{self.total} in {took}", file=self.stream, flush=True)
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -59,7 +60,7 @@ def progress(total: int, desc: str = "", *, enabled: bool = True, stream: TextIO
     """A progress display for one step of ``total`` units, written to ``stream`` (stderr).
 
     On a terminal it is a tqdm bar that clears itself when the step ends; otherwise one
-    line, "desc: done/total in s", when the step ends (also when it ends by an error).
+    line, "desc: done/total in 3.1 s" (or "in 40 ms"), when the step ends (also when it ends by an error).
     Disabled, it writes nothing.
     """
     out = sys.stderr if stream is None else stream

@@ -18,10 +18,9 @@ from splitinfer import demo, demo_setup, demo_stack
 
 @pytest.fixture
 def tmp_root(tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """tempfile's directory for the test, and the demo's environment switches restored after it."""
+    """tempfile's directory for the test, and the demo's gRPC log switch restored after it."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    for name in ("GRPC_VERBOSITY", "RAY_BACKEND_LOG_LEVEL"):
-        monkeypatch.setenv(name, os.environ.get(name, "error"))
+    monkeypatch.setenv("GRPC_VERBOSITY", os.environ.get("GRPC_VERBOSITY", "ERROR"))
     return str(tmp_path)
 
 
