@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from splitinfer.profile_cmd import _load, _positive, parse_batches
+from splitinfer.units import parse_args
 
 __all__ = ["instances_main"]
 
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def instances_main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
+    args = parse_args(_parser(), argv)
     from partitioner import make_cut, split
     from splitinfer.partition_cmd import layers_through
 

@@ -40,7 +40,7 @@ from splitinfer.netem_link import (
     trace_position,
 )
 from splitinfer.netem_proxy import LinkEmulator
-from splitinfer.units import parse_duration_ms, parse_rate_bps
+from splitinfer.units import parse_args, parse_duration_ms, parse_rate_bps
 
 __all__ = [
     "TRACE_HEADER",
@@ -205,7 +205,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``splitinfer netem``: run the emulator until SIGINT/SIGTERM. Returns the exit status."""
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.trace and (args.up is not None or args.down is not None or args.rtt):
         parser.error("give either --trace or --up/--down/--rtt, not both")

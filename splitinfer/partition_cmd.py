@@ -29,6 +29,7 @@ from partitioner import (
     verify,
     zoo_path,
 )
+from splitinfer.units import parse_args
 
 __all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json", "layers_through",
            "parse_edge_layers"]
@@ -143,7 +144,7 @@ def inspect_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="splitinfer inspect", description=__doc__)
     p.add_argument("model", help="path to an .onnx file, or a zoo name such as resnet50")
     p.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     path, name = resolve_model(args.model)
     graph = build_graph(load_model(path), name=name)
     if args.json:
@@ -201,7 +202,7 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     which.add_argument("--after", type=int, metavar="LAYER_ID", help="run layers 0..LAYER_ID on the device")
     p.add_argument("-o", "--out", required=True, help="output directory")
     p.add_argument("--verify", action="store_true", help="check head then tail equals the whole model (ONNX Runtime)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     path, name = resolve_model(args.model)
     model = load_model(path)
     graph = build_graph(model, name=name)

@@ -23,14 +23,14 @@ from planner.profile import Profile
 from planner.service import PlannerService, reference_devices
 from planner.service_requests import ENCODING_CHOICES, MAX_SWEEP_POINTS, UnitParsers
 from planner.types import COMPRESSIONS, Objective
-from splitinfer.units import format_rate_bps, parse_duration_ms, parse_rate_bps
+from splitinfer.units import arg_type, format_rate_bps, parse_args, parse_duration_ms, parse_rate_bps
 
 __all__ = [
-    "plan_main", "sweep_main", "planner_main", "make_service", "parse_size_bytes",
+    "plan_main", "sweep_main", "planner_main", "make_service", "parse_size_bytes", "parse_rate_range",
     "format_plan", "format_sweep",
 ]
 
-_SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _GFLOPS_RE = re.compile(r"^(?P<num>[0-9]*\.?[0-9]+)\s*gflops$", re.IGNORECASE)
@@ -49,7 +49,17 @@ def parse_size_bytes(text: str) -> float:
     value = float(m.group("num")) * _SIZE_UNITS[unit]
     if not math.isfinite(value):
         raise ValueError(f"size {text!r} is not finite")
+    if m.group("sign") == "-" and value != 0:
+        raise ValueError(f"size {text!r} cannot be negative; give e.g. {text.strip()[1:].lstrip()!r}")
     return value
+
+
+def parse_rate_range(text: str) -> tuple[float, float]:
+    """``'0.1mbit..1gbit'`` -> (1e5, 1e9) bits/s. Raises ValueError naming the string."""
+    lo, sep, hi = text.partition("..")
+    if not sep or not lo or not hi:
+        raise ValueError(f"{text!r} is not a range; write LO..HI, e.g. 0.1mbit..1gbit")
+    return parse_rate_bps(lo), parse_rate_bps(hi)
 
 
 def make_service(**kw: Any) -> PlannerService:
@@ -88,14 +98,17 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("model", metavar="MODEL", help="an .onnx file or a zoo name (resnet50, densenet121, ...)")
     ap.add_argument("--edge", required=True, help="device tier: profile JSON, reference device, or <N>gflops")
     ap.add_argument("--cloud", required=True, help="cloud tier: profile JSON, reference device, or <N>gflops")
-    ap.add_argument("--rtt", default="0ms", help="round-trip time, e.g. 20ms (default 0ms)")
+    ap.add_argument("--rtt", type=arg_type(parse_duration_ms), default="0ms",
+                    help="round-trip time, e.g. 20ms (default 0ms)")
     ap.add_argument("--loss", type=float, default=0.0, help="packet loss fraction in [0, 1) (default 0)")
     ap.add_argument("--objective", choices=[o.value for o in Objective], default="latency")
     ap.add_argument("--encoding", choices=ENCODING_CHOICES, default="fp32",
                     help="boundary precision; auto lets the planner choose (default fp32)")
     ap.add_argument("--compression", choices=COMPRESSIONS, default="none", help="lossless, after the cast")
-    ap.add_argument("--device-memory", metavar="SIZE", help="memory the head may use on the device, e.g. 64MiB")
-    ap.add_argument("--slo", metavar="DURATION", help="latency SLO for the throughput/energy objectives, e.g. 100ms")
+    ap.add_argument("--device-memory", metavar="SIZE", type=arg_type(parse_size_bytes),
+                    help="memory the head may use on the device, e.g. 64MiB")
+    ap.add_argument("--slo", metavar="DURATION", type=arg_type(parse_duration_ms),
+                    help="latency SLO for the throughput/energy objectives, e.g. 100ms")
     ap.add_argument("--keep-input-local", action="store_true", help="the raw input never leaves the device")
     ap.add_argument("--first-k-local", type=int, default=0, metavar="K",
                     help="the first K layers (topological order) run on the device")
@@ -190,10 +203,10 @@ def plan_main(argv: Sequence[str]) -> int:
     """`splitinfer plan MODEL --edge E --cloud C --uplink RATE ...`"""
     ap = argparse.ArgumentParser(prog="splitinfer plan", description="the best cut and encoding on one link")
     _add_common(ap)
-    ap.add_argument("--uplink", required=True, help="uplink rate, e.g. 18.88mbit")
-    ap.add_argument("--downlink", help="downlink rate (default: the uplink rate)")
+    ap.add_argument("--uplink", required=True, type=arg_type(parse_rate_bps), help="uplink rate, e.g. 18.88mbit")
+    ap.add_argument("--downlink", type=arg_type(parse_rate_bps), help="downlink rate (default: the uplink rate)")
     ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
-    args = ap.parse_args(list(argv))
+    args = parse_args(ap, argv)
     service = make_service(registry_dir=args.registry)
     req = _request(args, service)
     req["uplink"] = args.uplink
@@ -202,14 +215,6 @@ def plan_main(argv: Sequence[str]) -> int:
     out = service.plan(req)
     print(json.dumps(out, indent=1) if args.json else format_plan(out))
     return 0
-
-
-def _split_range(text: str) -> tuple[str, str]:
-    lo, sep, hi = text.partition("..")
-    if not sep or not lo or not hi:
-        raise PlannerError(f"--uplink {text!r} is not a range; write LO..HI, e.g. 0.1mbit..1gbit",
-                           field="--uplink")
-    return lo, hi
 
 
 def format_sweep(out: Mapping[str, Any], rows: int = 12) -> str:
@@ -248,17 +253,18 @@ def sweep_main(argv: Sequence[str]) -> int:
                                  description="the objective against uplink rate: edge-only, cloud-only, "
                                              "chain scan (Neurosurgeon) and the DAG optimum")
     _add_common(ap)
-    ap.add_argument("--uplink", default="0.1mbit..1gbit", help="range LO..HI (default 0.1mbit..1gbit)")
+    ap.add_argument("--uplink", type=arg_type(parse_rate_range), default="0.1mbit..1gbit",
+                    help="range LO..HI (default 0.1mbit..1gbit)")
     ap.add_argument("--points", type=int, default=200, help=f"log-spaced rates, 2..{MAX_SWEEP_POINTS} (default 200)")
     link = ap.add_mutually_exclusive_group()
     link.add_argument("--down-ratio", type=float, default=1.0, help="downlink = ratio * uplink (default 1)")
-    link.add_argument("--downlink", help="a fixed downlink rate instead (solves per point)")
+    link.add_argument("--downlink", type=arg_type(parse_rate_bps), help="a fixed downlink rate instead (solves per point)")
     ap.add_argument("--plot", metavar="PNG", help="write the plot here")
     ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
-    args = ap.parse_args(list(argv))
+    args = parse_args(ap, argv)
     service = make_service(registry_dir=args.registry)
     req = _request(args, service)
-    lo, hi = _split_range(args.uplink)
+    lo, hi = args.uplink
     req.update(uplink_lo=lo, uplink_hi=hi, points=args.points, down_ratio=args.down_ratio)
     if args.downlink is not None:
         req["downlink"] = args.downlink

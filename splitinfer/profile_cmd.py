@@ -23,6 +23,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from splitinfer.units import parse_args
+
 __all__ = ["profile_main", "parse_batches"]
 
 logger = logging.getLogger(__name__)
@@ -113,7 +115,7 @@ def _write(path: str, text: str) -> None:
 
 
 def profile_main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
+    args = parse_args(_parser(), argv)
     model, graph = _load(args.model)
     if args.reference:
         from planner.devices import reference_profile
