@@ -52,7 +52,8 @@ def _num(d: Mapping[str, Any], key: str, where: str, *, default: Any = ..., lo: 
     v = d[key]
     if v is None and allow_none:
         return None
-    kind = "an integer" if integer else "a number"
+    noun = "integer" if integer else "number"
+    kind = f"an {noun}" if integer else f"a {noun}"
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
         raise ProfileError(
             f"profile field {where}.{key} is {v!r}; it must be {kind} >= {lo:g}",
@@ -60,7 +61,7 @@ def _num(d: Mapping[str, Any], key: str, where: str, *, default: Any = ..., lo: 
         )
     if not math.isfinite(v) or v < lo:
         raise ProfileError(
-            f"profile field {where}.{key} is {v!r}; it must be a finite {kind} >= {lo:g}",
+            f"profile field {where}.{key} is {v!r}; it must be a finite {noun} >= {lo:g}",
             field=f"{where}.{key}",
         )
     return v

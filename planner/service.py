@@ -75,6 +75,8 @@ class Response:
     """HTTP status code."""
     body: Any
     """JSON-ready value (finite floats only)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Headers beyond the content's own (a 405's ``Allow``)."""
 
     def to_json(self) -> str:
         return json.dumps(self.body, allow_nan=False)
@@ -407,14 +409,15 @@ class PlannerService:
                 if allowed or path.startswith("/v1/profiles/"):
                     allowed = allowed or ["GET", "PUT"]
                     raise RequestError(f"{method} is not allowed on {path}; use {' or '.join(allowed)}",
-                                       field="(method)", status=405)
+                                       field="(method)", status=405, allow=tuple(allowed))
                 raise NotFoundError(
                     f"no such path {path!r}; GET /openapi.json lists the API", field="(path)")
             return Response(200, fn())
         except (PlannerError, PartitionError) as e:
             status = status_of(e)
             logger.info("%s %s -> %d: %s", method, path, status, e)
-            return Response(status, _error_body(e))
+            allow = getattr(e, "allow", ())
+            return Response(status, _error_body(e), (("Allow", ", ".join(allow)),) if allow else ())
         except Exception:
             logger.exception("unexpected error on %s %s", method, path)
             return Response(500, {"error": "internal error; the server log has the details"})

@@ -11,8 +11,9 @@ import copy
 from typing import Any
 
 from planner.service_requests import (
-    ENCODING_CHOICES, MAX_SWEEP_POINTS, ROOFLINE_KEYS, FrontierRequest, PlanRequest, SweepRequest,
+    ENCODING_CHOICES, FRONTIER_OBJECTIVES, MAX_SWEEP_POINTS, ROOFLINE_KEYS, FrontierRequest, PlanRequest, SweepRequest,
 )
+from planner.service_units import DURATION, MAX_GFLOPS, MIN_GFLOPS, POSITIVE_DURATION, RATE, SIZE, Quantity
 from planner.types import COMPRESSIONS, Objective
 
 __all__ = ["make_openapi", "OPENAPI_VERSION", "API_VERSION"]
@@ -20,25 +21,19 @@ __all__ = ["make_openapi", "OPENAPI_VERSION", "API_VERSION"]
 OPENAPI_VERSION = "3.0.3"
 API_VERSION = "1.0.0"
 
-_RATE_PATTERN = r"^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?\s*(bit|kbit|mbit|gbit|tbit)(/s)?$"
-_DURATION_PATTERN = r"^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?\s*(us|ms|s|sec|min)$"
-_SIZE_PATTERN = r"^[0-9]*\.?[0-9]+\s*(B|KB|MB|GB|KiB|MiB|GiB|TiB)?$"
-
-
-def _quantity(desc: str, unit: str, pattern: str, example: Any, lo: float, hi: float,
-              *, exclusive_lo: bool = False) -> dict[str, Any]:
-    num: dict[str, Any] = {"type": "number", "minimum": lo, "maximum": hi, "description": f"in {unit}"}
-    if exclusive_lo:
+def _quantity(desc: str, kind: Quantity) -> dict[str, Any]:
+    num: dict[str, Any] = {"type": "number", "minimum": kind.lo, "maximum": kind.hi, "description": f"in {kind.unit}"}
+    if kind.lo_open:
         num["exclusiveMinimum"] = True
     return {
-        "description": f"{desc}: a number in {unit}, or a string with a unit",
-        "oneOf": [num, {"type": "string", "pattern": pattern}],
-        "example": example,
+        "description": f"{desc}: a number in {kind.unit}, or a string with a unit ({kind.forms})",
+        "oneOf": [num, {"type": "string", "pattern": kind.pattern}],
+        "example": kind.example,
     }
 
 
 def _rate(desc: str) -> dict[str, Any]:
-    return _quantity(desc, "bits/s", _RATE_PATTERN, "18.88mbit", 1, 1e15)
+    return _quantity(desc, RATE)
 
 
 _ROOFLINE = {
@@ -48,7 +43,7 @@ _ROOFLINE = {
     "required": ["gflops"],
     "additionalProperties": False,
     "properties": {
-        "gflops": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1e9,
+        "gflops": {"type": "number", "minimum": MIN_GFLOPS, "maximum": MAX_GFLOPS,
                    "description": "Compute speed in GFLOP/s"},
         **{k: {"type": "number", "minimum": 0, "maximum": 1e9,
                "description": "Fixed ms per non-empty segment" if k == "fixed_ms" else "Power in W"}
@@ -102,16 +97,14 @@ _SCENARIO_PROPS: dict[str, Any] = {
               "example": "resnet50"},
     "edge": _DEVICE,
     "cloud": _DEVICE,
-    "rtt": _quantity("Round-trip time", "ms", _DURATION_PATTERN, "20ms", 0, 1e9),
+    "rtt": _quantity("Round-trip time", DURATION),
     "loss": {"type": "number", "minimum": 0, "maximum": 0.999, "description": "Packet loss fraction"},
     "objective": {"type": "string", "enum": [o.value for o in Objective], "default": "latency"},
     "encoding": {"type": "string", "enum": list(ENCODING_CHOICES), "default": "fp32",
                  "description": "Boundary precision; auto tries each"},
     "compression": {"type": "string", "enum": list(COMPRESSIONS), "default": "none"},
-    "device_memory": _quantity("Memory the head may use on the device", "bytes", _SIZE_PATTERN,
-                               "64MiB", 0, 2.0**60),
-    "slo": _quantity("Latency SLO (throughput and energy objectives)", "ms", _DURATION_PATTERN,
-                     "100ms", 0, 1e9, exclusive_lo=True),
+    "device_memory": _quantity("Memory the head may use on the device", SIZE),
+    "slo": _quantity("Latency SLO (throughput and energy objectives)", POSITIVE_DURATION),
     "keep_input_local": {"type": "boolean", "default": False,
                          "description": "Privacy: the raw input never crosses the link"},
     "first_k_local": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "default": 0,
@@ -234,9 +227,12 @@ def _json(ref: str, desc: str = "OK") -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Unreadable body (not JSON, not an object)", 404: "Unknown model or profile",
-            405: "Method not allowed", 413: "Body too large",
-            422: "Invalid field, bad unit, or infeasible constraints", 500: "Internal error"}
+    text = {400: "The request breaks this document: not JSON, a missing or unknown field, a wrong type, "
+                 "a value outside its stated range or pattern",
+            404: "Unknown model or profile", 405: "Method not allowed", 413: "Body too large",
+            422: "The request keeps this document but cannot be served as asked: no plan meets the "
+                 "constraints, uplink_hi is below uplink_lo, a profile does not fit the model",
+            500: "Internal error"}
     return {str(c): _json("Error", text[c]) for c in codes}
 
 
@@ -307,6 +303,8 @@ def make_openapi() -> dict[str, Any]:
             "FrontierRequest": _request(FrontierRequest.FIELDS, {
                 "uplink_lo": _rate("Lowest uplink rate"), "uplink_hi": _rate("Highest uplink rate"),
                 "down_ratio": _RATIO,
+                "objective": {"type": "string", "enum": list(FRONTIER_OBJECTIVES), "default": "latency",
+                              "description": "Latency or energy: they are affine in 1/bandwidth"},
             }, ["uplink_lo", "uplink_hi"], "An uplink range (latency or energy objective)"),
             "PlanResponse": _PLAN_RESPONSE,
             "Plan": _PLAN,

@@ -8,37 +8,46 @@ and bytes), which `from_dict` reads back to an equal value.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.service_units import DURATION, MAX_GFLOPS, MIN_GFLOPS, POSITIVE_DURATION, RATE, SIZE, Quantity
 from planner.types import PRECISIONS, COMPRESSIONS, Constraints, Encoding, Objective
 
 __all__ = [
     "RequestError", "UnitParsers", "Scenario", "PlanRequest", "SweepRequest", "FrontierRequest",
-    "ENCODING_CHOICES", "MAX_SWEEP_POINTS", "ROOFLINE_KEYS",
+    "ENCODING_CHOICES", "FRONTIER_OBJECTIVES", "MAX_SWEEP_POINTS", "ROOFLINE_KEYS",
 ]
 
 ENCODING_CHOICES = PRECISIONS + ("auto",)
 """What a request's ``encoding`` may be; 'auto' lets the solver pick the precision."""
 MAX_SWEEP_POINTS = 2000
 """Most points one sweep may ask for."""
+FRONTIER_OBJECTIVES = (Objective.LATENCY.value, Objective.ENERGY.value)
+"""Objectives a frontier covers: those affine in 1/bandwidth."""
 ROOFLINE_KEYS = ("gflops", "fixed_ms", "compute_w", "radio_tx_w", "idle_w")
 """Keys of a roofline device spec; ``gflops`` is required."""
-_MIN_RATE_BPS = 1.0
-_MAX_RATE_BPS = 1e15
 
 
 class RequestError(PlannerError):
-    """A request the service cannot read: a missing field, a wrong type, a bad unit.
+    """A request the service cannot read or serve as asked.
 
-    ``status`` is the HTTP status it maps to (400 unreadable, 405, 413, 422 invalid).
+    ``status`` is the HTTP status it maps to: 400 when the request breaks the OpenAPI
+    document (not JSON, a missing or unknown field, a wrong type, a value out of the
+    stated range or pattern), 405 and 413 for the method and the size, and 422 when it
+    keeps the document but cannot be served as asked: a rule that spans fields or
+    needs the model (uplink_hi below uplink_lo, a profile that does not fit the model).
+    A schema cannot state those, so a client that follows the document meets only
+    them. ``allow`` lists the methods the path takes, for a 405's ``Allow`` header.
     """
 
-    def __init__(self, message: str, *, field: str, status: int = 422) -> None:
+    def __init__(self, message: str, *, field: str, status: int = 400, allow: tuple[str, ...] = ()) -> None:
         super().__init__(message, field=field)
         self.status = status
+        self.allow = allow
 
 
 def _no_units(kind: str) -> Callable[[str], float]:
@@ -110,8 +119,12 @@ class _Reader:
         return v
 
     def quantity(self, key: str, parse: Callable[[str], float], unit: str, example: str,
-                 lo: float, hi: float = math.inf, *, lo_open: bool = False) -> float:
+                 lo: float, hi: float = math.inf, *, lo_open: bool = False, kind: Quantity | None = None) -> float:
+        """A number in ``unit`` within [lo, hi], or a string of ``kind`` (see
+        [Note: quantity strings] in planner.service_units) read by ``parse``."""
         v = self.d[key]
+        if isinstance(v, str) and kind is not None and not re.search(kind.pattern, v):
+            raise RequestError(f"field {key!r} is {v!r}; give {kind.forms}", field=key)
         if isinstance(v, str):
             try:
                 x = float(parse(v))
@@ -130,11 +143,14 @@ class _Reader:
                                field=key)
         return x
 
+    def of(self, key: str, kind: Quantity, parse: Callable[[str], float]) -> float:
+        return self.quantity(key, parse, kind.unit, kind.example, kind.lo, kind.hi, lo_open=kind.lo_open, kind=kind)
+
     def rate(self, key: str) -> float:
-        return self.quantity(key, self.units.rate_bps, "bits/s", "18.88mbit", _MIN_RATE_BPS, _MAX_RATE_BPS)
+        return self.of(key, RATE, self.units.rate_bps)
 
     def duration(self, key: str, *, positive: bool = False) -> float:
-        return self.quantity(key, self.units.duration_ms, "ms", "20ms", 0.0, 1e9, lo_open=positive)
+        return self.of(key, POSITIVE_DURATION if positive else DURATION, self.units.duration_ms)
 
 
 def _kind(v: Any) -> str:
@@ -162,7 +178,7 @@ def _device_spec(r: _Reader, key: str) -> str | Mapping[str, Any]:
             field=f"{key}.gflops")
     try:
         sub = _Reader(v, ROOFLINE_KEYS, r.units)
-        spec = {"gflops": sub.quantity("gflops", _no_units("gflops"), "GFLOP/s", "5", 0.0, 1e9, lo_open=True)}
+        spec = {"gflops": sub.quantity("gflops", _no_units("gflops"), "GFLOP/s", "5", MIN_GFLOPS, MAX_GFLOPS)}
         for k in ROOFLINE_KEYS[1:]:
             if sub.has(k):
                 spec[k] = sub.quantity(k, _no_units(k), "ms" if k == "fixed_ms" else "W", "1", 0.0, 1e9)
@@ -212,7 +228,7 @@ class Scenario:
         if r.has("loss"):
             loss = r.quantity("loss", _no_units("loss"), "(fraction)", "0.01", 0.0, 0.999)
         c = Constraints(
-            device_memory_bytes=int(r.quantity("device_memory", r.units.size_bytes, "bytes", "64MiB", 0, 2.0**60))
+            device_memory_bytes=int(r.of("device_memory", SIZE, r.units.size_bytes))
             if r.has("device_memory") else None,
             pinned_device_layers=frozenset(_layer_list(r)),
             raw_input_stays_on_device=r.boolean("keep_input_local"),
@@ -286,7 +302,7 @@ def _range(r: _Reader) -> tuple[float, float]:
     lo, hi = r.rate("uplink_lo"), r.rate("uplink_hi")
     if hi < lo:
         raise RequestError(f"uplink_hi ({hi:g} bits/s) is below uplink_lo ({lo:g} bits/s); swap them",
-                           field="uplink_hi")
+                           field="uplink_hi", status=422)
     return lo, hi
 
 
@@ -352,7 +368,7 @@ class FrontierRequest:
         r = _Reader(d, cls.FIELDS, units)
         lo, hi = _range(r)
         sc = Scenario.read(r)
-        if sc.objective is Objective.THROUGHPUT:
+        if sc.objective.value not in FRONTIER_OBJECTIVES:
             raise RequestError(
                 "the frontier covers the latency and energy objectives (they are affine in "
                 "1/bandwidth); use POST /v1/sweep for throughput", field="objective")

@@ -13,14 +13,17 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Sequence
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from planner.errors import ProfileError
 from planner.profile import Profile
 from planner.service import PROFILE_NAME_RE, PlannerService
+from splitinfer.units import arg_type, parse_args
 
 __all__ = ["PlannerHTTPServer", "make_server", "load_profiles_dir", "planner_main"]
 
@@ -51,32 +54,35 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length) if length else b""
         resp = self.server.service.handle(method, self.path, body)
-        self._reply(resp.status, resp.to_json().encode())
+        self._reply(resp.status, resp.to_json().encode(), headers=resp.headers)
 
-    def _reply(self, status: int, payload: bytes, *, close: bool = False) -> None:
+    def _reply(self, status: int, payload: bytes, *, close: bool = False,
+               headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
+        for key, value in headers:
+            self.send_header(key, value)
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":  # a HEAD answer has the headers of the body it leaves out
+            self.wfile.write(payload)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self._serve("GET")
+    def __getattr__(self, name: str) -> Any:
+        # http.server answers a method without a do_<METHOD> with an HTML 501; every
+        # method goes to the service instead, which answers 405 with an Allow header
+        # (or 404 for an unknown path) as JSON.
+        if name.startswith("do_"):
+            return lambda: self._serve(name[3:])
+        raise AttributeError(name)
 
-    def do_POST(self) -> None:  # noqa: N802
-        self._serve("POST")
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._serve("PUT")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._serve("DELETE")
-
-    def do_PATCH(self) -> None:  # noqa: N802
-        self._serve("PATCH")
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a bad request line, headers too long) as JSON."""
+        text = message or HTTPStatus(code).phrase
+        self.log_error("code %d, message %s", code, text)
+        self._reply(code, json.dumps({"error": text, "field": "(request)"}).encode(), close=True)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (signature of the base)
         logger.debug("%s " + format, self.address_string(), *args)
@@ -142,18 +148,34 @@ def make_server(host: str = "127.0.0.1", port: int = 0, *, registry_dir: str | N
     return PlannerHTTPServer((host, port), service)
 
 
+def _port(text: str) -> int:
+    """A TCP port for --port: 0..65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a port; give a number in 0..65535 (0 picks a free one)") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{port} is not a port; give a number in 0..65535 (0 picks a free one)")
+    return port
+
+
 def planner_main(argv: Sequence[str]) -> int:
     """`splitinfer planner serve --host 127.0.0.1 --port 8080 [--registry DIR] [--profiles-dir DIR]`."""
     ap = argparse.ArgumentParser(prog="splitinfer planner", description="the planner's what-if service")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve the HTTP/JSON API (GET /openapi.json describes it)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8080, help="TCP port (default 8080; 0 picks a free one)")
+    s.add_argument("--port", type=arg_type(_port), default=8080, help="TCP port (default 8080; 0 picks a free one)")
     s.add_argument("--registry", metavar="DIR", help="model registry directory: DIR/<name>/<version>/model.onnx "
                                                      "or DIR/<name>.onnx")
     s.add_argument("--profiles-dir", metavar="DIR", help="where PUT profiles are stored, and read at start")
-    args = ap.parse_args(list(argv))
-    server = make_server(args.host, args.port, registry_dir=args.registry, profiles_dir=args.profiles_dir)
+    args = parse_args(ap, argv)
+    try:
+        server = make_server(args.host, args.port, registry_dir=args.registry, profiles_dir=args.profiles_dir)
+    except OSError as e:
+        print(f"splitinfer planner: error: cannot listen on {args.host}:{args.port}: {e.strerror or e}; "
+              "give another --port (0 picks a free one) or --host", file=sys.stderr)
+        return 2
     host, port = server.server_address[:2]
     print(f"planner serving on http://{host}:{port} (GET /openapi.json for the API)", flush=True)
     logger.info("planner serving on %s:%d, registry %s, profiles %s", host, port, args.registry,

@@ -83,7 +83,7 @@ def test_plan_sweep_frontier(server: PlannerHTTPServer) -> None:
     ("POST", "/v1/plan", b"{oops", 400),
     ("POST", "/v1/plan", None, 400),
     ("POST", "/v1/plan", {"model": "resnet51", "edge": EDGE, "cloud": CLOUD, "uplink": 1e6}, 404),
-    ("POST", "/v1/plan", _base(uplink="fast"), 422),
+    ("POST", "/v1/plan", _base(uplink="fast"), 400),
     ("POST", "/v1/plan", _base(uplink="1kbit", objective="energy", slo="0.001ms"), 422),
     ("PUT", "/v1/plan", {}, 405),
     ("GET", "/v2/plan", None, 404),
@@ -92,6 +92,50 @@ def test_errors_over_http(server: PlannerHTTPServer, method: str, path: str, bod
     code, out, ctype = _request(server, method, path, body)
     assert code == status and ctype == "application/json"
     assert isinstance(out["error"], str) and out["error"]
+
+
+@pytest.mark.parametrize("method", ["TRACE", "OPTIONS", "CONNECT", "BREW"])
+def test_unsupported_method_gets_a_json_405_with_allow(server: PlannerHTTPServer, method: str) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(method, "/v1/plan")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert (resp.status, resp.getheader("Allow"), resp.getheader("Content-Type")) == (
+            405, "POST", "application/json")
+        assert body == {"error": f"{method} is not allowed on /v1/plan; use POST", "field": "(method)"}
+        conn.request(method, "/v1/profiles/x")
+        resp = conn.getresponse()
+        resp.read()
+        assert (resp.status, resp.getheader("Allow")) == (405, "GET, PUT")
+    finally:
+        conn.close()
+
+
+def test_head_gets_the_headers_without_a_body(server: PlannerHTTPServer) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("HEAD", "/healthz")
+        resp = conn.getresponse()
+        assert resp.status == 405 and resp.getheader("Allow") == "GET" and resp.read() == b""
+        # the connection is still in step: the next answer is read whole
+        conn.request("GET", "/healthz")
+        assert json.loads(conn.getresponse().read()) == {"status": "ok"}
+    finally:
+        conn.close()
+
+
+def test_a_request_http_server_refuses_gets_json(server: PlannerHTTPServer) -> None:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431") and b"application/json" in head
+    assert json.loads(body) == {"error": "Line too long", "field": "(request)"}
 
 
 def test_bad_content_length(server: PlannerHTTPServer) -> None:

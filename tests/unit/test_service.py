@@ -82,27 +82,27 @@ def test_auto_encoding_is_never_worse_than_fp32(service: PlannerService) -> None
     (b"{not json", 400, "(body)"),
     (b"", 400, "(body)"),
     (b"[1, 2]", 400, "(body)"),
-    (b'{"model": "chain", "edge": {"gflops": 2}, "cloud": {"gflops": 9}, "uplink": NaN}', 422, "uplink"),
+    (b'{"model": "chain", "edge": {"gflops": 2}, "cloud": {"gflops": 9}, "uplink": NaN}', 400, "uplink"),
     (b"[" * 100000, 400, "(body)"),
-    ({"edge": EDGE, "cloud": CLOUD, "uplink": 1e6}, 422, "model"),
-    (_base(), 422, "uplink"),
-    (_base(uplink="18.88mbps"), 422, "uplink"),
-    (_base(uplink=True), 422, "uplink"),
-    (_base(uplink=0), 422, "uplink"),
-    (_base(uplink="1mbit", rtt="soon"), 422, "rtt"),
-    (_base(uplink="1mbit", uplnk=3), 422, "uplnk"),
-    (_base(uplink="1mbit", objective="speed"), 422, "objective"),
-    (_base(uplink="1mbit", encoding="bf16"), 422, "encoding"),
-    (_base(uplink="1mbit", first_k_local=-1), 422, "first_k_local"),
+    ({"edge": EDGE, "cloud": CLOUD, "uplink": 1e6}, 400, "model"),
+    (_base(), 400, "uplink"),
+    (_base(uplink="18.88mbps"), 400, "uplink"),
+    (_base(uplink=True), 400, "uplink"),
+    (_base(uplink=0), 400, "uplink"),
+    (_base(uplink="1mbit", rtt="soon"), 400, "rtt"),
+    (_base(uplink="1mbit", uplnk=3), 400, "uplnk"),
+    (_base(uplink="1mbit", objective="speed"), 400, "objective"),
+    (_base(uplink="1mbit", encoding="bf16"), 400, "encoding"),
+    (_base(uplink="1mbit", first_k_local=-1), 400, "first_k_local"),
     (_base(uplink="1mbit", first_k_local=10**6), 422, "first_k_local"),
     (_base(uplink="1mbit", pinned_device_layers=[999]), 422, "pinned_device_layers"),
-    (_base(uplink="1mbit", pinned_device_layers="0"), 422, "pinned_device_layers"),
-    (_base(uplink="1mbit", keep_input_local="yes"), 422, "keep_input_local"),
-    (_base(uplink="1mbit", device_memory="lots"), 422, "device_memory"),
-    (_base(uplink="1mbit", edge=[1]), 422, "edge"),
-    (_base(uplink="1mbit", edge={"gflops": -1}), 422, "edge.gflops"),
-    (_base(uplink="1mbit", edge={"speed": 1}), 422, "edge.gflops"),
-    (_base(uplink="1mbit", edge={"gflops": 1, "watts": 2}), 422, "edge.watts"),
+    (_base(uplink="1mbit", pinned_device_layers="0"), 400, "pinned_device_layers"),
+    (_base(uplink="1mbit", keep_input_local="yes"), 400, "keep_input_local"),
+    (_base(uplink="1mbit", device_memory="lots"), 400, "device_memory"),
+    (_base(uplink="1mbit", edge=[1]), 400, "edge"),
+    (_base(uplink="1mbit", edge={"gflops": -1}), 400, "edge.gflops"),
+    (_base(uplink="1mbit", edge={"speed": 1}), 400, "edge.gflops"),
+    (_base(uplink="1mbit", edge={"gflops": 1, "watts": 2}), 400, "edge.watts"),
     (_base(uplink="1mbit", cloud={"schema": "splitinfer.profile/1", "device": "x", "layers": {"0": {}}}), 422,
      "cloud.layers.0.ms"),
     (_base("resnet51", uplink="1mbit"), 404, "model"),
@@ -142,10 +142,10 @@ def test_profiles_put_list_get_and_use(registry: str) -> None:
 def test_profile_put_errors(service: PlannerService) -> None:
     g = service.graph("chain")
     good = make_flops_profile(g, device="x", gflops=1.0).to_dict()
-    assert _call(service, "PUT", "/v1/profiles/..%2F", good)[0] == 422
+    assert _call(service, "PUT", "/v1/profiles/..%2F", good)[0] == 400
     code, out = _call(service, "PUT", "/v1/profiles/ok", {**good, "schema": "v0"})
     assert (code, out["field"]) == (422, "schema")
-    assert _call(service, "PUT", "/v1/profiles/ok", [good])[0] == 422
+    assert _call(service, "PUT", "/v1/profiles/ok", [good])[0] == 400
     assert _call(service, "GET", "/v1/profiles/missing")[0] == 404
 
 
@@ -235,7 +235,7 @@ def test_throughput_sweep_and_frontier_refusal(service: PlannerService) -> None:
     assert out["metric"] == "period_ms" and out["method"] == "per-point"
     code, err = _call(service, "POST", "/v1/frontier", _base(uplink_lo="1mbit", uplink_hi="2mbit",
                                                              objective="throughput"))
-    assert (code, err["field"]) == (422, "objective")
+    assert (code, err["field"]) == (400, "objective")
 
 
 def test_frontier_endpoint(service: PlannerService) -> None:
@@ -324,3 +324,10 @@ def test_sweep_over_a_single_rate(service: PlannerService) -> None:
     out = service.sweep(_base(uplink_lo="5mbit", uplink_hi="5mbit", points=4))
     assert out["uplink_bps"] == [5e6] * 4 and len(set(out["series"]["dag"])) == 1
     assert out["breakpoints"] == []
+
+
+def test_a_profile_with_an_infinite_time_says_finite_number(service: PlannerService) -> None:
+    body = b'{"schema": "splitinfer.profile/1", "device": "x", "layers": {"0": {"ms": Infinity}}}'
+    code, out = _call(service, "PUT", "/v1/profiles/inf", body)
+    assert (code, out["field"]) == (422, "layers.0.ms")
+    assert out["error"] == "profile field layers.0.ms is inf; it must be a finite number >= 0"

@@ -49,3 +49,45 @@ def test_every_path_and_method_is_routed() -> None:
             assert status not in (404, 405) or concrete == "/v1/profiles/probe", (method, path, status)
             documented = {int(c) for c in item[method]["responses"]}
             assert status in documented, (method, path, status, documented)
+
+
+# Values at and around each stated limit, in both forms. For each, the document's verdict
+# (a JSON Schema validator on the field's schema) must be the service's (400 or not).
+_EDGE_VALUES = {
+    "uplink": [1, 0.999, 1e15, 1.0000001e15, 0, -5, "0bit", "1bit", "0.5bit", "0.001kbit", "0.0009kbit",
+               "999tbit", "1000tbit", "18.88mbit", "500kbit/s", ".5mbit", "007mbit", "5Mbit", "1e6bit",
+               "-5mbit", "5", "5 mbit", "mbit", ""],
+    "rtt": [0, 1e9, 1e9 + 1, -1, "0ms", "0.000us", "999999999ms", "1000000000ms", "9999min", "10000min",
+            "20 ms", "1e3ms", "-20ms", "20"],
+    "slo": [0, 5e-324, 1e9, "0ms", "0.0s", "0.000000000001us", "1us", "100ms", "-1ms"],
+    "device_memory": [0, 2.0 ** 60, 2.0 ** 61, "0", "64MiB", "64 MiB", "999999TiB", "1000000TiB", "64mib",
+                      "1e3B", "-1B"],
+}
+
+
+@pytest.mark.parametrize("field", sorted(_EDGE_VALUES))
+def test_schema_and_validator_agree_at_the_limits(field: str) -> None:
+    import jsonschema
+
+    from splitinfer.plan_cmd import make_service
+
+    svc = make_service()
+    schema = make_openapi()["components"]["schemas"]["PlanRequest"]["properties"][field]
+    base = {"model": "no-such-model", "edge": {"gflops": 1}, "cloud": {"gflops": 100}, "uplink": "1mbit"}
+    for value in _EDGE_VALUES[field]:
+        valid = jsonschema.Draft4Validator(schema).is_valid(value)
+        # a valid request goes on to look the model up (404); an invalid one stops at 400
+        status = svc.handle("POST", "/v1/plan", json.dumps({**base, field: value}).encode()).status
+        assert (status == 404) == valid and status in (400, 404), (field, value, valid, status)
+
+
+@pytest.mark.parametrize("gflops, valid", [(5e-324, False), (0, False), (1e-6, True), (1e9, True), (1.1e9, False)])
+def test_roofline_speed_limits_agree(gflops: float, valid: bool) -> None:
+    import jsonschema
+
+    from splitinfer.plan_cmd import make_service
+
+    roofline = make_openapi()["components"]["schemas"]["Roofline"]
+    assert jsonschema.Draft4Validator(roofline).is_valid({"gflops": gflops}) is valid
+    body = {"model": "no-such-model", "edge": {"gflops": gflops}, "cloud": {"gflops": 100}, "uplink": "1mbit"}
+    assert make_service().handle("POST", "/v1/plan", json.dumps(body).encode()).status == (404 if valid else 400)
