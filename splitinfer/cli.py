@@ -11,10 +11,12 @@ import difflib
 import importlib
 import importlib.util
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
-__all__ = ["main", "check_extras", "extras_hint", "missing_extra_hint", "COMMANDS", "EXTRA_OF_MODULE"]
+__all__ = ["main", "Terminated", "check_extras", "extras_hint", "missing_extra_hint", "COMMANDS", "EXTRA_OF_MODULE"]
 
 # name -> (module, function, one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -64,6 +66,14 @@ def _usage() -> str:
     lines += [f"  {n:<{width}}  {h}" for n, (_, _, h) in COMMANDS.items()]
     lines += ["", "Run 'splitinfer COMMAND --help' for a command's options."]
     return "\n".join(lines)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that a command unwinds as it does on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def extras_hint(modules: Sequence[str]) -> str:
@@ -118,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     module, func, _ = COMMANDS[name]
+    # SIGTERM unwinds like Ctrl-C, so every `finally`, `with` and atexit clean-up runs (its
+    # temporary directories removed) instead of the process vanishing; the servers replace
+    # this with their own graceful stop while their loop runs.
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main else None
     try:
         fn = getattr(importlib.import_module(module), func)
         return int(fn(rest) or 0)
@@ -127,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"splitinfer {name}: {hint}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"splitinfer {name}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"splitinfer {name}: interrupted", file=sys.stderr)
         return 130
@@ -135,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"splitinfer {name}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":
