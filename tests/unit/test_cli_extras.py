@@ -104,3 +104,15 @@ def test_demo_without_the_cloud_and_plots_extras_says_so_before_any_work() -> No
     assert r.returncode == 2, r.stderr
     assert r.stdout == ""
     assert "needs the 'cloud' and 'plots' extras" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_command_modules_load_no_module_of_an_extra() -> None:
+    """Each command imports its extras where it uses them (matplotlib when it draws), so
+    loading a command, as `splitinfer COMMAND --help` does, never needs an extra."""
+    probe = ("import importlib, json, sys\n"
+             "from splitinfer.cli import COMMANDS, EXTRA_OF_MODULE\n"
+             "for module, _, _ in COMMANDS.values(): importlib.import_module(module)\n"
+             "print(json.dumps(sorted(m for m in EXTRA_OF_MODULE if m in sys.modules)))\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
