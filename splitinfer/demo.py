@@ -155,7 +155,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
         calls = stack.gateway.backend_calls
     finally:
         # Each step runs even when one before it fails (a Ray that never started raises
-        # again here); the first failure is the one that propagates.
+        # again here); the last failure propagates, with the earlier ones as its context.
         try:
             if stack is not None:
                 await stack.stop()
