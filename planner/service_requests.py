@@ -123,13 +123,13 @@ class _Reader:
         """A number in ``unit`` within [lo, hi], or a string of ``kind`` (see
         [Note: quantity strings] in planner.service_units) read by ``parse``."""
         v = self.d[key]
-        if isinstance(v, str) and kind is not None and not re.search(kind.pattern, v):
-            raise RequestError(f"field {key!r} is {v!r}; give {kind.forms}", field=key)
         if isinstance(v, str):
             try:
                 x = float(parse(v))
-            except ValueError as e:
+            except ValueError as e:  # the parser's own words first: they name what is wrong
                 raise RequestError(f"field {key!r}: {e}", field=key) from None
+            if kind is not None and not re.search(kind.pattern, v):
+                raise RequestError(f"field {key!r} is {v!r}; give {kind.forms}", field=key)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             x = float(v)
         else:

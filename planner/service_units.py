@@ -9,10 +9,10 @@ number's range with minimum and maximum, but a string's only with a pattern. So 
 pattern here is built to match exactly the strings whose value lies in the range: per
 unit, the integer part has at most as many digits as the range allows, and a value
 below one unit has at most as many leading zeros after the point as the lower limit
-allows. The validator tests a string against the same pattern, with `re.search` as
-JSON Schema validators do, before it parses it; a string the pattern refuses is
-refused whatever the parser would make of it ('5Mbit', '1e6bit', '-5mbit': give a
-number for those). The command line parses its own richer forms and sends numbers.
+allows. The validator parses a string, then tests it against the same pattern, with
+`re.search` as JSON Schema validators do; a string the pattern refuses is refused
+whatever the parser made of it ('5Mbit', '1e6bit': give a number for those). The
+command line parses its own wider forms and sends numbers.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ RATE = Quantity(
                      nonzero=True, suffix="(/s)?"),
     example="18.88mbit",
     forms="a decimal and a unit, bit, kbit, mbit, gbit or tbit (e.g. '18.88mbit', '500kbit'), "
-          "from 1bit to 999tbit; or a number in bits/s",
+          "at least 1bit and under 1000tbit; or a number in bits/s",
 )
 DURATION = Quantity(
     unit="ms", lo=0.0, hi=1e9, lo_open=False,

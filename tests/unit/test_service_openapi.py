@@ -91,3 +91,26 @@ def test_roofline_speed_limits_agree(gflops: float, valid: bool) -> None:
     assert jsonschema.Draft4Validator(roofline).is_valid({"gflops": gflops}) is valid
     body = {"model": "no-such-model", "edge": {"gflops": gflops}, "cloud": {"gflops": 100}, "uplink": "1mbit"}
     assert make_service().handle("POST", "/v1/plan", json.dumps(body).encode()).status == (404 if valid else 400)
+
+
+@pytest.mark.parametrize("name", ["RATE", "DURATION", "POSITIVE_DURATION", "SIZE"])
+def test_every_string_a_pattern_matches_parses_into_its_range(name: str) -> None:
+    """[Note: quantity strings]: a pattern matches only strings whose value is in range."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    import planner.service_units as units
+    from splitinfer.plan_cmd import parse_size_bytes
+    from splitinfer.units import parse_duration_ms, parse_rate_bps
+
+    kind = getattr(units, name)
+    parse = {"RATE": parse_rate_bps, "SIZE": parse_size_bytes}.get(name, parse_duration_ms)
+
+    @given(st.from_regex(kind.pattern))
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    def check(text: str) -> None:
+        value = parse(text)
+        assert kind.lo <= value <= kind.hi and not (kind.lo_open and value == kind.lo), (text, value)
+
+    check()
