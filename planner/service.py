@@ -105,6 +105,34 @@ def _error_body(err: BaseException) -> dict[str, Any]:
     return _finite(body)
 
 
+_MAY_BE_INFINITE = frozenset({"throughput_rps"})
+"""Answer fields where inf means something (nothing limits the rate) and null says it."""
+
+
+def _non_finite(x: Any, path: str = "") -> str | None:
+    """The path of the first inf or NaN in ``x`` outside `_MAY_BE_INFINITE`, or None."""
+    if isinstance(x, float):
+        return None if math.isfinite(x) else path
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else ()
+    for k, v in items:
+        if k in _MAY_BE_INFINITE:
+            continue
+        hit = _non_finite(v, f"{path}.{k}" if path else str(k))
+        if hit is not None:
+            return hit
+    return None
+
+
+def _require_finite(out: dict[str, Any]) -> None:
+    """A plan is numbers: profiles whose times, corrections or watts add up past a float
+    would answer null where the document promises a number (a 422, not a 200 of nulls)."""
+    where = _non_finite(out)
+    if where is not None:
+        raise RequestError(
+            f"the answer's {where} is not a finite number: the tiers' profiles have times, corrections "
+            "or watts too large to add up; check the edge and cloud profiles", field="(profiles)", status=422)
+
+
 def _finite(x: Any) -> Any:
     """JSON has no inf or NaN: they become null."""
     if isinstance(x, float):
@@ -357,6 +385,7 @@ class PlannerService:
         out["edge_device"], out["cloud_device"] = profs[0].device, profs[1].device
         out["layers"] = len(g)
         out["boundary_bytes"] = sum(g.tensor[t].bytes_per_sample or 0 for t in plan.boundary)
+        _require_finite(out)
         return _finite(out)
 
     def frontier(self, body: Any) -> dict[str, Any]:
@@ -367,6 +396,7 @@ class PlannerService:
         f = frontier(g, profs, rng, sc.objective, sc.constraints, sc.encodings)
         out = f.to_dict()
         out["breakpoints_bps"] = list(f.breakpoints_bps)
+        _require_finite(out)
         return _finite(out)
 
     def sweep(self, body: Any) -> dict[str, Any]:

@@ -331,3 +331,12 @@ def test_a_profile_with_an_infinite_time_says_finite_number(service: PlannerServ
     code, out = _call(service, "PUT", "/v1/profiles/inf", body)
     assert (code, out["field"]) == (422, "layers.0.ms")
     assert out["error"] == "profile field layers.0.ms is inf; it must be a finite number >= 0"
+
+
+def test_profiles_too_large_to_add_up_get_a_422_not_nulls(service: PlannerService) -> None:
+    huge = {"schema": "splitinfer.profile/1", "device": "x",
+            "layers": {str(i): {"ms": 1.7e308} for i in range(len(service.graph("chain")))}}
+    for path, extra in (("/v1/plan", {"uplink": "1mbit"}), ("/v1/frontier", {"uplink_lo": "1mbit", "uplink_hi": "2mbit"})):
+        code, out = _call(service, "POST", path, _base(edge=huge, **extra))
+        assert (code, out["field"]) == (422, "(profiles)"), out
+        assert "is not a finite number" in out["error"]
