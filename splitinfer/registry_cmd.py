@@ -170,8 +170,12 @@ def add_model(spec: str, registry: str, o: AddOptions = AddOptions(), *,
     say(f"      {len(graph)} layers, {graph.total_flops / 1e9:.2f} GFLOPs, "
         f"{graph.total_param_bytes / 2**20:.1f} MiB of weights")
     made = [d for d in (registry, os.path.join(registry, name)) if not os.path.isdir(d)]
-    os.makedirs(registry, exist_ok=True)
-    stage = tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=registry)
+    try:
+        os.makedirs(registry, exist_ok=True)
+        stage = tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=registry)
+    except OSError as e:
+        raise RegistryCommandError(f"cannot write to REGISTRY {registry!r} ({e.strerror}); give a directory you "
+                                   "can write to") from e
     done = False
     try:
         vdir = os.path.join(stage, name, version)
@@ -179,7 +183,11 @@ def add_model(spec: str, registry: str, o: AddOptions = AddOptions(), *,
         say(f"[{next(step)}/{steps}] writing {name}/{version}/model.onnx and model.yaml")
         import onnx
 
-        onnx.save_model(model, os.path.join(vdir, "model.onnx"))
+        try:
+            onnx.save_model(model, os.path.join(vdir, "model.onnx"))
+        except ValueError as e:  # a model of 2 GiB or more does not fit one protobuf
+            raise RegistryCommandError(f"{spec}: cannot be written as one model.onnx ({e}); the registry holds "
+                                       "single-file models under 2 GiB") from e
         _write_yaml(os.path.join(vdir, "model.yaml"), name, version, o.description or where)
         written = ["model.onnx", "model.yaml"]
         if o.profile or o.edge is not None or o.cloud is not None:
@@ -195,6 +203,9 @@ def add_model(spec: str, registry: str, o: AddOptions = AddOptions(), *,
             written += _frontier(stage, name, version, say, f"[{next(step)}/{steps}]")
         _move_into_place(stage, vdir, final, o.force)
         done = True
+    except OSError as e:
+        raise RegistryCommandError(f"cannot write {e.filename or registry} ({e.strerror}); check the free space and "
+                                   "the permissions of REGISTRY") from e
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if not done:

@@ -143,3 +143,11 @@ def test_list_shows_versions_and_what_does_not_fit(tmp_path, capsys):
     assert "not served: resnet50/model.onnx: not in a version directory; move it to resnet50/1/model.onnx" in out
     rc, _, err = _run(capsys, "list", str(tmp_path / "nope"))
     assert rc == 2 and "does not exist" in err
+
+
+def test_a_registry_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    rc, _, err = _run(capsys, "add", "squeezenet", str(tmp_path / "file"))
+    assert rc == 2 and "is a file; give a directory" in err
+    rc, _, err = _run(capsys, "add", "squeezenet", str(tmp_path / "file" / "models"))
+    assert rc == 2 and "cannot write to REGISTRY" in err and "Traceback" not in err
