@@ -225,6 +225,9 @@ def _frontier(stage: str, name: str, version: str, say: Callable[[str], None], l
     say(f"{label} frontier.json and the tails of its cuts")
     front = files.frontier()
     say(f"      {len(front.cuts)} cuts to preload ({front.source} frontier)")
+    if front.source == "default":
+        say("      (the default chain cuts: the planner's frontier needs both profiles; give --profile, or --edge "
+            "and --cloud)")
     if not front.cuts:
         say("      every plan keeps the whole model on the device: the device profile is not slower than the "
             "cloud's; give --edge DEVICE (such as rpi4) for a slower device")
