@@ -219,3 +219,26 @@ def test_sigterm_stops_the_ray_gateway_cleanly_mid_stream(tmp_path):
                            zoo="squeezenet")
     assert "gateway stopped" in err
     assert not [n for n in NOISE if n in err], err
+
+
+def test_sigterm_while_loading_stops_loading_and_exits_0(tmp_path):
+    import shutil
+
+    from splitinfer.registry_cmd import add_model
+
+    first = add_model("squeezenet", str(tmp_path / "models"), say=lambda _: None)
+    for v in range(2, 9):  # eight versions to load, each cutting its frontier tails first
+        shutil.copytree(first, tmp_path / "models" / "squeezenet" / str(v))
+    proc = _start(tmp_path, tmp_path / "models", "--ray-address", "local-noray", "--version-policy", "all")
+    try:
+        _addresses(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        err = proc.stderr.read()
+        assert "stop requested while loading the registry" in err and "gateway stopped" in err
+        assert err.count("loaded squeezenet@") < 8  # the versions after the signal were not loaded
+        assert not [n for n in NOISE if n in err], err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
