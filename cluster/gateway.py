@@ -276,14 +276,14 @@ class Gateway:
         else:
             asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def start(self) -> None:
+    async def start(self, *, keep_going: bool = False) -> None:
         """Loads every model's versions per policy and preloads their frontier tails.
 
-        A model that fails to load does not stop the others: `readiness()` names it with
-        its error, and the gateway stays NOT_SERVING (see [Note: not ready] in
-        cluster/registry.py)."""
+        The first model that fails to load is raised; with `keep_going` (the gateway
+        process) it does not stop the others: `readiness()` names it with its error, and
+        the gateway stays NOT_SERVING (see [Note: not ready] in cluster/registry.py)."""
         self._loop = asyncio.get_running_loop()
-        await self._loop.run_in_executor(None, functools.partial(self.registry.load_all, keep_going=True))
+        await self._loop.run_in_executor(None, functools.partial(self.registry.load_all, keep_going=keep_going))
         if self.registry.policy_dir is not None:
             # The first pass re-applies what load_all read (a no-op) and catches any change since.
             await self.sync_policies()

@@ -150,7 +150,7 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
 
 async def _serve(a: argparse.Namespace, gateway, stop: asyncio.Event) -> int:  # noqa: ANN001 - a cluster Gateway
     """Loads the registry while serving, then waits for `stop`; 2 when no model could be loaded."""
-    starting = asyncio.ensure_future(gateway.start())
+    starting = asyncio.ensure_future(gateway.start(keep_going=True))
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
