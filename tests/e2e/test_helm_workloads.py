@@ -538,3 +538,17 @@ def test_edge_agent_daemonset_runs_on_edge_nodes_with_its_config() -> None:
                       "objective": "energy", "apiHost": "0.0.0.0", "apiPort": 8500}
     service = _one("edge-daemonset", "Service", f"{FULLNAME}-edge-agent")
     assert service["spec"]["internalTrafficPolicy"] == "Local"
+
+
+def test_gateway_allow_empty_registry_value_passes_allow_empty() -> None:
+    with helm.Chart.load(CHART_DIR) as chart:
+        out = chart.render({"gateway": {"allowEmptyRegistry": True}}, name=RELEASE, namespace=NAMESPACE)
+    docs = [d for path, text in sorted(out.items()) if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    (gateway,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{FULLNAME}-gateway"]
+    args = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--allow-empty" in args
+    # The gateway's own parser takes the flag the chart renders.
+    from splitinfer.gateway_cmd import make_parser
+
+    assert make_parser().parse_args(args[1:]).allow_empty is True
+    assert "--allow-empty" not in _container("default", f"{FULLNAME}-gateway")["args"]
