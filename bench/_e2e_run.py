@@ -121,13 +121,13 @@ class _Edge:
     """The edge child process: JSON lines in, JSON lines out."""
 
     def __init__(self, address: str, model: str, setup: dict[str, Any], quota: Any) -> None:
-        from splitinfer.demo_edge import _die_with_parent
+        from splitinfer.emulate import die_with_parent
 
         self.quota = quota
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench._e2e_edge", address, model, "1"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, start_new_session=True, text=True,
-            env=_child_env(), preexec_fn=_die_with_parent)
+            env=_child_env(), preexec_fn=die_with_parent)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(setup) + "\n")
         self.proc.stdin.flush()
@@ -303,8 +303,8 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     """Profiles `name`, starts the stack and measures every strategy and the oracle on each link."""
     from partitioner import Splitter, chain_points, make_cut, prefix_cut
     from planner import Link
-    from splitinfer.demo_edge import CpuQuota
-    from splitinfer.demo_setup import prepare
+    from splitinfer.demo.edge import CpuQuota
+    from splitinfer.demo.setup import prepare
     from splitinfer.netem import LinkSetting, ThreadedLinkEmulator
 
     out = ModelRun(name)

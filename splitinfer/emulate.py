@@ -317,7 +317,7 @@ def run_emulated(config: EdgeConfig, *, log_level: str = "info", ready_timeout_s
     Returns the agent's exit code. Everything started is stopped, and the cgroup and the
     child's config file removed, on every way out."""
     from splitinfer.netem import ThreadedLinkEmulator
-    from splitinfer.netem_link import LinkSetting
+    from splitinfer.netem import LinkSetting
 
     link = link_from_config(config)
     if config.api_socket is None and config.api_port == 0:

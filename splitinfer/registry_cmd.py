@@ -128,7 +128,7 @@ def _profiles(model: Any, graph: Any, o: AddOptions, say: Callable[[str], None])
     """profiles/ file name -> (Profile, what it is)."""
     out: dict[str, tuple[Any, str]] = {}
     if o.profile:
-        from splitinfer.demo_setup import measure_profiles
+        from splitinfer.demo.setup import measure_profiles
 
         dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, o.runs, say, lambda: None)
         out["device.json"] = (dev, f"{source} with 1 thread, {dev_ms:.0f} ms per run")

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ray
 _SCRIPT = textwrap.dedent("""
     import sys, time
     import ray
-    from splitinfer.demo_stack import start_ray, stop_ray
+    from splitinfer.demo.stack import start_ray, stop_ray
 
     start_ray(quiet=sys.argv[1] == "quiet")
 

@@ -13,7 +13,9 @@ import textwrap
 
 import pytest
 
-from splitinfer import demo, demo_setup, demo_stack
+from splitinfer import demo
+from splitinfer.demo import setup as demo_setup
+from splitinfer.demo import stack as demo_stack
 
 
 @pytest.fixture
@@ -75,7 +77,8 @@ def test_demo_refuses_bad_numbers_before_making_anything(flag: tuple[str, str], 
 
 _SIGTERM_SCRIPT = textwrap.dedent("""
     import sys, time
-    from splitinfer import demo, demo_setup
+    from splitinfer import demo
+    from splitinfer.demo import setup as demo_setup
 
     def prepare(name, work_dir, *, runs, quota=None, say=print, before_cloud=lambda: None):
         print("ready", work_dir, flush=True)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from splitinfer.demo_edge import CpuQuota
+    from splitinfer.demo.edge import CpuQuota
 
 __all__ = ["main", "make_parser"]
 
@@ -95,10 +95,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
-    from splitinfer import demo_stack
-    from splitinfer.demo_setup import prepare
-    from splitinfer.demo_stream import make_trace, reference_outputs, stream
-    from splitinfer.demo_summary import make_cut_labeler, summarize
+    from splitinfer.demo import stack as demo_stack
+    from splitinfer.demo.setup import prepare
+    from splitinfer.demo.stream import make_trace, reference_outputs, stream
+    from splitinfer.demo.summary import make_cut_labeler, summarize
     from splitinfer.report import write_report
 
     _catch_ctrl_c()
@@ -128,7 +128,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
         _say(f"[4/6] plan frontier ({dm.front.objective.value}, uplink {dm.front.link_range.up_lo_bps / 1e6:g}-"
              f"{dm.front.link_range.up_hi_bps / 1e6:g} Mbit/s, downlink 4x, RTT 20 ms); breakpoints at "
              + (", ".join(f"{b / 1e6:.3g}" for b in dm.front.breakpoints_bps) or "none") + " Mbit/s")
-        from splitinfer.demo_setup import describe_frontier
+        from splitinfer.demo.setup import describe_frontier
 
         for r in describe_frontier(dm):
             _say(f"      {r['up_lo_bps'] / 1e6:8.3g}-{r['up_hi_bps'] / 1e6:<8.3g} Mbit/s  {label(r['cut_id']):<20} "
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if not a.verbose:
         _quiet_parts()
-    from splitinfer.demo_edge import CpuQuota
+    from splitinfer.demo.edge import CpuQuota
 
     _INTERRUPTED.clear()
     _SIGNAL["number"] = signal.SIGINT

@@ -20,7 +20,7 @@ import yaml
 from partitioner import Cut, LayerGraph, boundary_bytes, build_graph
 from partitioner.zoo import load_zoo
 from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
-from splitinfer.demo_edge import ENCODINGS, CpuQuota, ThrottledTimer
+from splitinfer.demo.edge import ENCODINGS, CpuQuota, ThrottledTimer
 
 __all__ = ["DemoModel", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles", "predicted_ms", "prepare",
            "slow_down"]

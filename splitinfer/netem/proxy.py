@@ -39,7 +39,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
-from splitinfer.netem_link import (
+from splitinfer.netem.link import (
     LinkSetting,
     NetemError,
     NetemStats,

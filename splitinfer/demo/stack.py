@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from splitinfer.demo_edge import CpuQuota, EdgeProcess
+from splitinfer.demo.edge import CpuQuota, EdgeProcess
 from splitinfer.netem import LinkEmulator, LinkSetting, TraceStep
 
 __all__ = ["Stack", "start_ray", "stop_ray"]

@@ -1,7 +1,7 @@
 """The link model of the emulator: settings, traces and the token bucket.
 
-Values and arithmetic only; the proxy that applies them is `splitinfer.netem_proxy`, and
-`splitinfer.netem` is the public entry point that re-exports all of it. Time is always
+Values and arithmetic only; the proxy that applies them is `splitinfer.netem.proxy`, and
+the package `splitinfer.netem` re-exports all of it. Time is always
 passed in, so everything here is testable without a clock or a socket.
 """
 

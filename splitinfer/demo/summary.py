@@ -13,8 +13,8 @@ import numpy as np
 
 from partitioner import Cut
 from planner import Link
-from splitinfer.demo_setup import DemoModel, describe_frontier, predicted_ms
-from splitinfer.demo_stream import REL_TOL, StreamResult
+from splitinfer.demo.setup import DemoModel, describe_frontier, predicted_ms
+from splitinfer.demo.stream import REL_TOL, StreamResult
 from splitinfer.netem import TraceStep
 
 __all__ = ["LOCAL_LABEL", "make_cut_labeler", "plan_labels", "summarize"]

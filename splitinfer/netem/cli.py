@@ -1,160 +1,20 @@
-"""User-space link emulator: a TCP proxy with per-direction bandwidth, delay and outages.
-
-`tc netem` needs root and a kernel module; neither is available on every developer
-machine or CI runner, so the demo, the adaptation benchmark and the chaos tests put this
-proxy between the edge agent and the gateway instead. It is a byte pipe, so gRPC/HTTP2
-passes through unchanged. How bandwidth, delay and outages are modelled is in
-[Note: timing model] in `splitinfer.netem_proxy`.
-
-This module is the public entry point: the values and traces (`splitinfer.netem_link`),
-the asyncio `LinkEmulator` (`splitinfer.netem_proxy`), a threaded runner for
-synchronous callers, and ``main`` for ``splitinfer netem``.
-"""
+"""``splitinfer netem`` (and ``python -m splitinfer.netem``): run the link emulator until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import signal
 import sys
-import threading
-from typing import Any, Sequence
+from typing import Any
 
-from splitinfer.netem_link import (
-    TRACE_HEADER,
-    LinkSetting,
-    NetemError,
-    NetemStats,
-    OutageMode,
-    TokenBucket,
-    TraceFormatError,
-    TraceStep,
-    load_trace,
-    resolve_trace,
-    setting_at,
-    shipped_trace_names,
-    shipped_trace_path,
-    trace_position,
-)
-from splitinfer.netem_proxy import LinkEmulator
+from splitinfer.netem.link import LinkSetting, NetemError, OutageMode, load_trace, shipped_trace_names
+from splitinfer.netem.proxy import LinkEmulator
 from splitinfer.units import parse_args, parse_duration_ms, parse_rate_bps
 
-__all__ = [
-    "TRACE_HEADER",
-    "LinkEmulator",
-    "LinkSetting",
-    "NetemError",
-    "NetemStats",
-    "OutageMode",
-    "ThreadedLinkEmulator",
-    "TokenBucket",
-    "TraceFormatError",
-    "TraceStep",
-    "load_trace",
-    "main",
-    "resolve_trace",
-    "setting_at",
-    "shipped_trace_names",
-    "shipped_trace_path",
-    "trace_position",
-]
-
-_LOG = logging.getLogger(__name__)
-
-
-class ThreadedLinkEmulator:
-    """A `LinkEmulator` on its own event loop in a background thread, for synchronous callers.
-
-    ``with ThreadedLinkEmulator(upstream=..., setting=...) as emu: emu.port``; takes the
-    same keyword arguments as `LinkEmulator`.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.emulator = LinkEmulator(**kwargs)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stop: asyncio.Event | None = None
-
-    @property
-    def port(self) -> int:
-        return self.emulator.port
-
-    @property
-    def control_port(self) -> int:
-        return self.emulator.control_port
-
-    def start(self, timeout_s: float = 10.0) -> ThreadedLinkEmulator:
-        started: "concurrent.futures.Future[None]" = concurrent.futures.Future()
-
-        async def _main() -> None:
-            self._stop = asyncio.Event()
-            try:
-                await self.emulator.start()
-            except BaseException as e:
-                started.set_exception(e)
-                return
-            started.set_result(None)
-            try:
-                await self._stop.wait()
-            finally:
-                await self.emulator.stop()
-
-        def _run() -> None:
-            self._loop = asyncio.new_event_loop()
-            try:
-                self._loop.run_until_complete(_main())
-            finally:
-                self._loop.close()
-
-        self._thread = threading.Thread(target=_run, name="netem", daemon=True)
-        self._thread.start()
-        started.result(timeout_s)
-        return self
-
-    def _call(self, fn: Any, timeout_s: float = 10.0) -> Any:
-        if self._loop is None or self._thread is None or not self._thread.is_alive():
-            raise NetemError("the emulator thread is not running", fix="call start() first")
-
-        async def _run() -> Any:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(_run(), self._loop).result(timeout_s)
-
-    def set(self, setting: LinkSetting | None = None, **changes: Any) -> LinkSetting:
-        return self._call(lambda: self.emulator.set(setting, **changes))
-
-    def replay(self, trace: Sequence[TraceStep] | None = None, *, loop: bool | None = None) -> None:
-        self._call(lambda: self.emulator.replay(trace, loop=loop))
-
-    @property
-    def setting(self) -> LinkSetting:
-        return self.emulator.setting
-
-    def stats(self) -> NetemStats:
-        return self._call(self.emulator.stats)
-
-    def state(self) -> dict[str, Any]:
-        return self._call(self.emulator.state)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self._loop is not None and self._stop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                _LOG.warning("netem thread did not stop within %.1f s", timeout_s)
-        self._thread = None
-
-    def __enter__(self) -> ThreadedLinkEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-# -- command line ------------------------------------------------------------------
+__all__ = ["main"]
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -245,6 +105,3 @@ async def _serve(emu: LinkEmulator) -> int:
         await stop.wait()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,15 +30,13 @@ __all__ = ["ENCODINGS", "CpuQuota", "EdgeProcess", "ThrottledTimer"]
 logger = logging.getLogger(__name__)
 
 # The boundary encodings the demo's agent may choose: fp16 halves what crosses the link
-# for an output within 1e-2 of the whole model's (`demo_stream.REL_TOL`).
+# for an output within 1e-2 of the whole model's (`splitinfer.demo.stream.REL_TOL`).
 ENCODINGS = ("fp32", "fp16")
 
 # The timing child idles three quota periods before each timed run, and times at least
 # this many runs: see [Note: quota bursts].
 _IDLE_BEFORE_RUN_S = 3 * PERIOD_US / 1e6
 _MIN_TIMED_RUNS = 7
-# The name bench/_e2e_run.py imports.
-_die_with_parent = die_with_parent
 
 
 class EdgeProcess:
@@ -139,7 +137,7 @@ class ThrottledTimer:
     def __init__(self, model_path: str, quota: CpuQuota, runs: int) -> None:
         self.quota = quota
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "splitinfer.demo_edge", model_path, str(runs)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "splitinfer.demo.edge", model_path, str(runs)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
             env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_parent)
         self._moved = False

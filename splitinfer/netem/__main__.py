@@ -1,0 +1,7 @@
+"""``python -m splitinfer.netem``: the same as ``splitinfer netem``."""
+
+import sys
+
+from splitinfer.netem.cli import main
+
+sys.exit(main())
