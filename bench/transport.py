@@ -48,10 +48,10 @@ import numpy as np
 from cluster.errors import EncodingError
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.protocol.encoding import decode, encode, measure_codec
-from cluster.protocol.messages import InferRequest, InferResponse
-from cluster.protocol.testing import EchoBackend
-from cluster.server import _Service, ignore_poller_race, new_event_loop, serve, serve_in_thread
-from workers._malloc import freed_memory_kept_by_default, keep_freed_memory
+from cluster.protocol.messages import InferRequest, InferResponse, encode_response_frame
+from cluster.server import ignore_poller_race, new_event_loop, serve, serve_in_thread
+from cluster.testing import EchoBackend
+from workers import freed_memory_kept_by_default, keep_freed_memory
 
 SIZES_BYTES = (4 << 10, 1 << 20, 8 << 20)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -206,7 +206,7 @@ async def _codec_only(raw: bytes, ctx: Any) -> bytes:
     req = InferRequest.from_msgpack(raw)
     resp = InferResponse(request_id=req.request_id, outputs=req.tensors, timings_ms={"queue": 0.0, "compute": 0.0},
                          served_by="echo@1")
-    return _Service._encode_response(resp, 0.0)
+    return encode_response_frame(resp, 0.0)
 
 
 async def _start_plain_aio(echo: Any) -> tuple[grpc.aio.Server, int]:

@@ -84,8 +84,7 @@ class RayPool:
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
                  metrics: GatewayMetrics | None = None, direct: bool = True,
                  start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S) -> None:
-        from workers._pool import PoolConfig
-        from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool
+        from workers.actors import DEFAULT_BATCHER_CONFIG, PoolConfig, ReplicaPool
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
 

@@ -32,11 +32,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cluster.errors import DeadlineExceeded, NotSupported, ProtocolError
-from cluster.protocol import _small
 from cluster.protocol import status as _status
-from cluster.protocol._msgpack import SMALL_FRAME_BYTES, Writer, pack_small
 from cluster.protocol.messages import (
-    PROTOCOL_VERSION,
     ArtifactsRequest,
     ArtifactsResponse,
     ErrorInfo,
@@ -46,8 +43,9 @@ from cluster.protocol.messages import (
     SERVICE_NAME,
     PlanResponse,
     StreamFrame,
+    encode_response_frame,
 )
-from workers._malloc import keep_freed_memory
+from workers import keep_freed_memory
 
 __all__ = [
     "SERVICE_NAME",
@@ -281,34 +279,6 @@ class _Service:
             raise TypeError(f"backend.infer returned {type(resp).__name__}, not InferResponse")
         return resp
 
-    @staticmethod
-    def _encode_response(resp: InferResponse, decode_ms: float, seq: Any = None, stream: bool = False) -> bytes:
-        t0 = time.perf_counter()
-        timings = dict(resp.timings_ms)
-        timings["decode"] = decode_ms
-        # [Note: small-frame fast path] in cluster.protocol._small; None means the general path.
-        fast = _small.encode_response(resp, timings, t0, (lambda p: {"v": list(PROTOCOL_VERSION), "seq": seq, "response": p})
-                                      if stream else None)
-        if fast is not None:
-            return fast
-        # [Note: encode time] covers framing and packing up to the last step, which
-        # packs (small frames) or joins the parts with one copy (big frames): that
-        # step makes the bytes that carry the number, so it cannot be in it.
-        if resp.tensor_bytes() <= SMALL_FRAME_BYTES:
-            plain = resp.to_plain(defer="timings_ms")
-            timings["encode"] = (time.perf_counter() - t0) * 1e3
-            plain["timings_ms"] = timings
-            if stream:
-                plain = {"v": list(PROTOCOL_VERSION), "seq": seq, "response": plain}
-            return pack_small(plain, "InferResponse")
-        w = Writer()
-        if stream:
-            StreamFrame.write_header(w, seq, "response")
-        resp.write(w, defer="timings_ms")
-        timings["encode"] = (time.perf_counter() - t0) * 1e3
-        InferResponse.write_field(w, "timings_ms", timings)
-        return w.getvalue()
-
     # -- methods -----------------------------------------------------------------------
 
     async def infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -318,7 +288,7 @@ class _Service:
             req = InferRequest.from_msgpack(raw)
             decode_ms = (time.perf_counter() - t0) * 1e3
             resp = await self._run_infer(req, context, "Infer", received)
-            return self._encode_response(resp, decode_ms)
+            return encode_response_frame(resp, decode_ms)
         except asyncio.CancelledError:
             raise
         except grpc.aio.AbortError:
@@ -339,7 +309,7 @@ class _Service:
                 raise ProtocolError(reason="client frames must carry 'request'", where="StreamFrame")
             decode_ms = (time.perf_counter() - t0) * 1e3
             resp = await self._run_infer(frame.request, context, "InferStream", received)
-            return self._encode_response(resp, decode_ms, seq=seq, stream=True)
+            return encode_response_frame(resp, decode_ms, seq=seq, stream=True)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - becomes this frame's error frame
@@ -485,7 +455,7 @@ async def serve(
     `max_message_bytes` bounds each message both ways (larger ones get
     RESOURCE_EXHAUSTED from gRPC). `ready` is the initial health status.
     The process keeps freed buffers instead of returning them to the OS
-    (`workers._malloc.keep_freed_memory`; SPLITINFER_KEEP_FREED_MEMORY=0 opts out).
+    (`workers.keep_freed_memory`; SPLITINFER_KEEP_FREED_MEMORY=0 opts out).
     """
     if stream_window < 1:
         raise ValueError(f"stream_window={stream_window} must be >= 1 (frames in flight per stream)")

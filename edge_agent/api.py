@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cluster.errors import ClusterError
+from cluster.protocol.errors import ClusterError
 from edge_agent import wire
 from edge_agent.errors import EdgeError, NotReadyError, RequestError
 

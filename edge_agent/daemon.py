@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from cluster.errors import (
+from cluster.protocol.errors import (
     ClusterError,
     PermissionDenied,
     Unauthenticated,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cluster.errors import ClusterError
+from cluster.protocol.errors import ClusterError
 from cluster.protocol.messages import InferRequest
 from edge_agent import breaker as B
 from edge_agent.policy import LOCAL, OFFLOAD, Action

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from cluster.errors import EncodingError, Unauthenticated, UnknownCutError
 from cluster.protocol.encoding import decode, encode
+from cluster.protocol.errors import EncodingError, Unauthenticated, UnknownCutError
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EncodedTensor
 from edge_agent import breaker as B

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.errors import ClusterError
 from cluster.protocol import status as _status
+from cluster.protocol.errors import ClusterError
 from cluster.protocol.messages import (
     SERVICE_NAME,
     ArtifactsChunk,

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from cluster.errors import ProtocolError
+from cluster.protocol.errors import ProtocolError
 
 __all__ = ["Writer", "unpackb", "pack_small", "MAX_DEPTH", "MAX_CONTAINER_LEN", "SMALL_FRAME_BYTES"]
 

@@ -2,7 +2,7 @@
 `SyncInferenceClient` (blocking, for scripts and threads).
 
 Both send frames as bytes and decode them here, and both turn a failed call
-into the `cluster.errors` class the server raised (see `status.from_status`).
+into the `cluster.protocol.errors` class the server raised (see `status.from_status`).
 The bearer token rides in `authorization` metadata; it is never logged or shown
 in a repr.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.errors import ClusterError
+from cluster.protocol.errors import ClusterError
 from cluster.protocol import status as _status
 from cluster.protocol.messages import (
     ArtifactsChunk,

@@ -26,7 +26,7 @@ import lz4.frame
 import numpy as np
 import zstandard
 
-from cluster.errors import EncodingError, ProtocolError
+from cluster.protocol.errors import EncodingError, ProtocolError
 from cluster.protocol.tensors import COMPRESSIONS, PRECISIONS, EncodedTensor
 
 __all__ = ["encode", "decode", "measure_codec", "CodecStats", "Precision", "Compression"]

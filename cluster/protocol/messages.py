@@ -10,6 +10,7 @@ Fields added in a later minor must have defaults, so older frames still decode.
 from __future__ import annotations
 
 import reprlib
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -17,7 +18,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
-from cluster.errors import ProtocolError, VersionMismatch
+from cluster.protocol.errors import ProtocolError, VersionMismatch
 from cluster.protocol import _small
 from cluster.protocol._msgpack import SMALL_FRAME_BYTES, Writer, pack_small, unpackb
 from cluster.protocol.tensors import EncodedTensor, read_ext, tensor_nbytes, write_tensor
@@ -37,6 +38,7 @@ __all__ = [
     "ArtifactsChunk",
     "ArtifactsResponse",
     "check_version",
+    "encode_response_frame",
 ]
 
 #: The gRPC service every method belongs to.
@@ -421,7 +423,7 @@ class ErrorInfo(_Message):
     code: int
     """gRPC status code number (e.g. 5 NOT_FOUND)."""
     error: str
-    """Error class name from cluster.errors, or '' when none applies."""
+    """Error class name from cluster.protocol.errors, or '' when none applies."""
     message: str
     """Human-readable message."""
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -510,6 +512,36 @@ class StreamFrame:
     def from_msgpack(cls, data: bytes) -> StreamFrame:
         fast = _small.decode_stream_frame(cls, data, SUPPORTED_MAJORS, InferRequest, InferResponse)
         return fast or cls.from_dict(unpackb(data, read_ext))
+
+
+def encode_response_frame(resp: InferResponse, decode_ms: float, *, seq: int | None = None,
+                          stream: bool = False) -> bytes:
+    """The bytes a server sends for `resp`: an InferResponse, or with `stream` the
+    StreamFrame answering `seq`. Its timings are `resp.timings_ms` plus 'decode'
+    (`decode_ms`) and 'encode' (the time spent here)."""
+    t0 = time.perf_counter()
+    timings = dict(resp.timings_ms)
+    timings["decode"] = decode_ms
+    envelope = (lambda p: {"v": list(PROTOCOL_VERSION), "seq": seq, "response": p}) if stream else None
+    # [Note: small-frame fast path] in _small; None means the general path.
+    fast = _small.encode_response(resp, timings, t0, envelope)
+    if fast is not None:
+        return fast
+    # [Note: encode time] covers framing and packing up to the last step, which
+    # packs (small frames) or joins the parts with one copy (big frames): that
+    # step makes the bytes that carry the number, so it cannot be in it.
+    if resp.tensor_bytes() <= SMALL_FRAME_BYTES:
+        plain = resp.to_plain(defer="timings_ms")
+        timings["encode"] = (time.perf_counter() - t0) * 1e3
+        plain["timings_ms"] = timings
+        return pack_small(plain if envelope is None else envelope(plain), "InferResponse")
+    w = Writer()
+    if stream:
+        StreamFrame.write_header(w, seq, "response")
+    resp.write(w, defer="timings_ms")
+    timings["encode"] = (time.perf_counter() - t0) * 1e3
+    InferResponse.write_field(w, "timings_ms", timings)
+    return w.getvalue()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import msgpack
 
-from cluster import errors as E
+from cluster.protocol import errors as E
 
 __all__ = [
     "STATUS_OF",

@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from cluster.errors import ProtocolError
+from cluster.protocol.errors import ProtocolError
 from cluster.protocol._msgpack import Writer
 
 __all__ = [

@@ -19,7 +19,7 @@ import pytest
 
 from cluster.protocol.client import make_request
 from cluster.protocol.messages import StreamFrame
-from cluster.protocol.testing import EchoBackend
+from cluster.testing import EchoBackend
 from cluster.server import SERVICE_NAME, serve_in_thread
 
 pytestmark = pytest.mark.grpc

@@ -16,7 +16,7 @@ from cluster.protocol import status as S
 from cluster.protocol.client import InferenceClient, SyncInferenceClient, make_request
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.messages import InferRequest, StreamFrame
-from cluster.protocol.testing import EchoBackend
+from cluster.testing import EchoBackend
 from cluster.server import SERVICE_NAME, serve, serve_in_thread
 
 pytestmark = pytest.mark.grpc

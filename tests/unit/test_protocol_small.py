@@ -17,9 +17,8 @@ from hypothesis.extra import numpy as hnp
 from cluster.errors import ClusterError, ProtocolError, VersionMismatch
 from cluster.protocol import _small
 from cluster.protocol.encoding import encode
-from cluster.protocol.messages import SUPPORTED_MAJORS, InferRequest, InferResponse, StreamFrame, _Message
+from cluster.protocol.messages import SUPPORTED_MAJORS, InferRequest, InferResponse, StreamFrame, _Message, encode_response_frame
 from cluster.protocol.tensors import DTYPE_CODES, EncodedTensor
-from cluster.server import _Service
 
 
 def _req(tensors, **kw) -> InferRequest:
@@ -69,7 +68,7 @@ def test_fast_request_bytes_and_values_equal_the_general_path(data, dtype, shape
 def test_fast_response_matches_the_general_path_and_carries_the_stage_timings():
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
     resp = InferResponse(request_id="r", outputs={"y": x}, timings_ms={"queue": 1.5, "compute": 2}, served_by="m@1")
-    raw = _Service._encode_response(resp, 0.25)
+    raw = encode_response_frame(resp, 0.25)
     got = InferResponse.from_msgpack(raw)
     assert _outcome(InferResponse.from_msgpack, raw) == _outcome(lambda r: _general_decode(InferResponse, r), raw)
     assert got.timings_ms["decode"] == 0.25 and got.timings_ms["encode"] >= 0 and got.timings_ms["compute"] == 2.0
@@ -80,7 +79,7 @@ def test_fast_response_matches_the_general_path_and_carries_the_stage_timings():
 def test_stream_response_frames_take_the_fast_path_too():
     x = np.arange(4, dtype=np.float32)
     resp = InferResponse(request_id="r", outputs={"y": x}, timings_ms={}, served_by="m@1")
-    frame = StreamFrame.from_msgpack(_Service._encode_response(resp, 0.1, seq=7, stream=True))
+    frame = StreamFrame.from_msgpack(encode_response_frame(resp, 0.1, seq=7, stream=True))
     assert frame.seq == 7 and frame.response is not None
     np.testing.assert_array_equal(frame.response.outputs["y"], x)
 
@@ -196,7 +195,7 @@ def test_stream_frames_take_the_fast_path_both_ways_and_match_the_general_path()
     fast, general = _frame_outcome(raw)
     assert fast == general and fast[1] == 3
     resp = InferResponse(request_id="r", outputs={"y": x}, timings_ms={"queue": 1.0}, served_by="m@1")
-    raw = _Service._encode_response(resp, 0.5, seq=4, stream=True)
+    raw = encode_response_frame(resp, 0.5, seq=4, stream=True)
     fast, general = _frame_outcome(raw)
     assert fast == general and fast[3] == "InferResponse"
 
