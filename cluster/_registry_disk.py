@@ -60,10 +60,23 @@ class RegistryError(ClusterError):
         super().__init__(f"{path}: {reason}; {fix}")
 
 
-def version_sort_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Natural order: '2' < '10', '1.2' < '1.10'; numeric parts sort before text."""
-    parts = re.split(r"[.\-_]", version)
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
+_VERSION_PARTS = re.compile(r"[.\-_]")
+_VERSION_RUNS = re.compile(r"[0-9]+|[^0-9]+")
+
+
+def version_sort_key(version: str) -> tuple[tuple[tuple[tuple[int, int, str], ...], ...], str]:
+    """The project's one version order (the registry's; the planner asks the registry for it).
+
+    Natural order: a version splits at '.', '-' and '_', and each part compares as runs of
+    digits (by value) and of text, a number before text. So '2' < '10', 'v2' < 'v10',
+    '1.2' < '1.10' and '9' < 'v1', as a person numbering versions means them. The string
+    itself breaks the ties that values leave ('01' < '1').
+    """
+    parts = tuple(
+        tuple((0, int(run), "") if run[0].isdigit() else (1, 0, run) for run in _VERSION_RUNS.findall(part))
+        for part in _VERSION_PARTS.split(version)
+    )
+    return parts, version
 
 
 def _check_keys(d: Any, allowed: Sequence[str], where: str, path: str) -> dict[str, Any]:

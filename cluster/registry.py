@@ -94,12 +94,43 @@ __all__ = [
     "parse_policy",
     "read_policy_dir",
     "route",
+    "model_files",
     "set_model_yaml",
     "survey",
     "version_sort_key",
+    "versions_on_disk",
 ]
 
 logger = logging.getLogger(__name__)
+
+def versions_on_disk(root: str) -> dict[str, tuple[str, ...]]:
+    """model -> its version directories under `root`, highest first in `version_sort_key`'s
+    order; {} when `root` is not a directory."""
+    out = {}
+    if not os.path.isdir(root):
+        return out
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if not os.path.isdir(d) or name.startswith(".") or not NAME_PATTERN.match(name):
+            continue
+        vs = [v for v in os.listdir(d) if os.path.isdir(os.path.join(d, v)) and NAME_PATTERN.match(v)]
+        if vs:
+            out[name] = tuple(sorted(vs, key=version_sort_key, reverse=True))
+    return out
+
+
+def model_files(root: str) -> dict[str, str]:
+    """'model@version' -> the model.onnx path of every version under `root`, and 'model' ->
+    that of its highest version: the one a request for '' or 'latest' is routed to unless
+    policy.yaml pins a default_version. The planner's `--registry` lists models through this
+    (the planner may not import cluster/), so the planner and the registry hold one order."""
+    out = {}
+    for model, versions in versions_on_disk(root).items():
+        for v in versions:
+            out[f"{model}@{v}"] = os.path.join(root, model, v, "model.onnx")
+        out[model] = out[f"{model}@{versions[0]}"]
+    return out
+
 
 class LoadedVersion:
     """A loaded model version: its files, config and frontier, and the leases on it."""
@@ -165,16 +196,8 @@ class Registry:
     # -- discovery ----------------------------------------------------------------------
 
     def available(self) -> dict[str, tuple[str, ...]]:
-        """model -> versions on disk (directories holding model.onnx), highest first."""
-        out = {}
-        for name in sorted(os.listdir(self.root)):
-            d = os.path.join(self.root, name)
-            if not os.path.isdir(d) or name.startswith(".") or not NAME_PATTERN.match(name):
-                continue
-            vs = [v for v in os.listdir(d) if os.path.isdir(os.path.join(d, v)) and NAME_PATTERN.match(v)]
-            if vs:
-                out[name] = tuple(sorted(vs, key=version_sort_key, reverse=True))
-        return out
+        """model -> versions on disk, highest first (see `versions_on_disk`)."""
+        return versions_on_disk(self.root)
 
     def _override_path(self, model: str) -> str | None:
         return os.path.join(self.policy_dir, model + POLICY_FILE_SUFFIX) if self.policy_dir else None

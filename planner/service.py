@@ -25,7 +25,6 @@ import importlib
 import json
 import logging
 import math
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -174,13 +173,16 @@ class PlannerService:
     def __init__(
         self,
         *,
-        registry_dir: str | None = None,
+        registry_models: Callable[[], Mapping[str, str]] | None = None,
         profiles: Mapping[str, Profile] | None = None,
         units: UnitParsers | None = None,
         on_profile_saved: Callable[[str, Profile], None] | None = None,
         max_cached_graphs: int = 16,
     ) -> None:
-        self.registry_dir = registry_dir
+        self._list_registry = registry_models
+        """Lists the registry's models as name -> model path: 'name@version', and 'name' for
+        the version the registry serves as latest. The caller asks the registry (the planner
+        may not import cluster/), so the planner keeps no version order of its own."""
         self.units = units or UnitParsers()
         self._on_profile_saved = on_profile_saved
         self._profiles: dict[str, Profile] = dict(profiles or {})
@@ -195,25 +197,8 @@ class PlannerService:
 
     # -- models ---------------------------------------------------------------
     def _registry_models(self) -> dict[str, str]:
-        """name -> model path for `registry_dir/<name>/<version>/model.onnx` (named
-        'name@version', and 'name' for the highest version in natural order, as the
-        registry orders them: 2 < 10) and `registry_dir/<name>.onnx`."""
-        out: dict[str, str] = {}
-        root = self.registry_dir
-        if not root or not os.path.isdir(root):
-            return out
-        for entry in sorted(os.listdir(root)):
-            path = os.path.join(root, entry)
-            if entry.endswith(".onnx") and os.path.isfile(path):
-                out[entry[: -len(".onnx")]] = path
-            elif os.path.isdir(path):
-                versions = [v for v in sorted(os.listdir(path), key=_natural)
-                            if os.path.isfile(os.path.join(path, v, "model.onnx"))]
-                for version in versions:
-                    out[f"{entry}@{version}"] = os.path.join(path, version, "model.onnx")
-                if versions and entry not in out:
-                    out[entry] = out[f"{entry}@{versions[-1]}"]
-        return out
+        """name -> model path of the registry's models (see `registry_models`)."""
+        return dict(self._list_registry()) if self._list_registry else {}
 
     def models(self) -> dict[str, Any]:
         zoo = [{"name": m, "source": "zoo"} for m in ZOO_MODELS]
@@ -458,10 +443,6 @@ class PlannerService:
         if p is None:
             raise NotFoundError(f"no stored profile {name!r}; GET /v1/profiles lists them", field="name")
         return p.to_dict()
-
-
-def _natural(text: str) -> list[Any]:
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p]
 
 
 def _parse_body(body: bytes | None) -> Any:

@@ -11,6 +11,7 @@ A tier (``--edge``/``--cloud``) is a profile JSON file, a built-in reference dev
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -62,9 +63,25 @@ def parse_rate_range(text: str) -> tuple[float, float]:
     return parse_rate_bps(lo), parse_rate_bps(hi)
 
 
-def make_service(**kw: Any) -> PlannerService:
-    """A service that reads rate, duration and size strings (see [Note: service units])."""
-    return PlannerService(units=UnitParsers(parse_rate_bps, parse_duration_ms, parse_size_bytes), **kw)
+def make_service(*, registry_dir: str | None = None, **kw: Any) -> PlannerService:
+    """A service that reads rate, duration and size strings (see [Note: service units]),
+    planning for the models of `registry_dir` (see `_registry_models`)."""
+    listing = functools.partial(_registry_models, registry_dir) if registry_dir else None
+    return PlannerService(units=UnitParsers(parse_rate_bps, parse_duration_ms, parse_size_bytes),
+                          registry_models=listing, **kw)
+
+
+def _registry_models(root: str) -> dict[str, str]:
+    """name -> model path: the registry's `<name>/<version>/model.onnx`, listed by the registry,
+    which owns the version order (so 'name' is the version it serves as latest), and each
+    `<name>.onnx` file in `root` as one more model `name`."""
+    from cluster.registry import model_files
+
+    flat = {}
+    if os.path.isdir(root):
+        flat = {e[: -len(".onnx")]: os.path.join(root, e) for e in sorted(os.listdir(root))
+                if e.endswith(".onnx") and os.path.isfile(os.path.join(root, e))}
+    return {**model_files(root), **flat}
 
 
 def _device(value: str, flag: str) -> str | Mapping[str, Any]:
