@@ -7,16 +7,15 @@ Nothing here imports Ray.
 
 [Note: direct channel]
 A plain Ray actor call carries a request through the caller's and the worker's core
-workers and, for arrays over 100 KiB, the object store: measured here 2.5 ms for 4 B
-and 10 ms for 1 MiB on 2 cores (bench/workers.py). A compiled graph cuts that to
-0.8-0.9 ms but its readers spin, which on a small machine takes a core from the engines
-(PoolConfig's old ``fast_path``, measured and replaced). This channel is a plain
+workers and, for arrays over 100 KiB, the object store: 2.9 ms for 4 B and 8.4 ms for
+1 MiB each way on 2 cores. A compiled graph cuts that to 0.5 and 0.8 ms but its
+readers spin, which on a small machine takes a core from the engines
+(an actor holding a graph used 1.9 s of CPU in 3 s while idle). This channel is a plain
 socket: one ``sendmsg`` per frame from the sender's memory, arrays received straight
 into the buffers that become the receiver's arrays, the reader asleep in the event
-loop while nothing arrives (0.39 ms for 4 B, and for 1 MiB each way 0.70 ms with the
-shared arenas below or 1.09 ms through the socket alone, measured beside the two above;
-since frames are read in the reader callback, [Note: frames in the reader], 0.27 ms,
-0.64 ms and 0.91 ms in bench/workers.py's run 23).
+loop while nothing arrives (0.31 ms for 4 B, and for 1 MiB each way 0.53 ms with the
+shared arenas below or 0.89 ms through the socket alone, measured beside the two above:
+``transport`` in bench/results/workers.json).
 
 A frame is ``<u32 meta_bytes><u32 n_buffers><u32 n_released><u32 codec>``, then per buffer
 ``<u64 bytes><u64 arena_offset>`` (all ones: the buffer follows in the frame), then
@@ -417,8 +416,8 @@ def _decode_answer(meta: memoryview, buffers: list) -> tuple:
 # and the arena lookups of ``send``; with regions waiting to go back it takes
 # ``send``, which carries them, and so it does once any region of the arena has been
 # unpinned since the frame was made (the arena counts them), so that a frame never
-# names a region that was freed and perhaps lent again. Measured through Ray on the transformer tail at c1 (one
-# process, alternating 3 s rounds, 8 each, median; script not committed): the pool
+# names a region that was freed and perhaps lent again. Measured through Ray on the
+# transformer tail at c1 (one process, alternating 3 s rounds, 8 each, median): the pool
 # with the input kept in shared memory 0.523 ms, a bound request 0.474 ms; the same
 # frame sent by hand on the pool's channel (a lower bound for this) 0.471 ms, against
 # the channel client called directly 0.511 ms and the pool 0.541 ms.
@@ -1004,8 +1003,8 @@ class _Connection:
         event-loop iteration per frame (the future it waits on wakes the task a turn
         later) and two ``epoll_ctl`` calls each time it waits; right after an engine run
         every such step runs with cold caches. Read here instead, on both ends, the c1
-        serving overhead through a Ray worker (p50 per 2 s round, old and new code
-        alternating, script not committed) went from 1.47-1.68 ms to 0.86-1.41 ms for
+        serving overhead through a Ray worker (p50 per 2 s round, a reader task and this
+        alternating) went from 1.47-1.68 ms to 0.86-1.41 ms for
         the transformer tail (1 MiB in and out) and from 0.66-0.75 ms to 0.58-0.63 ms
         for DenseNet121's; ResNet50's read 0.56-1.03 ms against 0.80-1.08 ms, no change
         above this machine's noise. Frames are read as a state machine:
@@ -1062,11 +1061,10 @@ class _Connection:
         set and the caller's task waking. Bytes that came meanwhile are not missed: the
         event loop's poll is level-triggered, so it calls this again while any wait.
         The transformer tail's c1 serving overhead with its input kept in shared memory,
-        our worker and caller in two processes without Ray (old and new code in
-        alternating processes, six pairs of four 3 s rounds, median; script not
-        committed): 0.500 -> 0.464 ms. Through Ray (bench/workers.py, input kept), 0.54 ms
-        in run 37 and 0.50 ms in run 38, then 0.56 and 0.58 ms in runs 39-40 with the
-        later changes too: through Ray, runs differ by more than this.
+        our worker and caller in two processes without Ray (reading until it would
+        block and returning, in alternating processes, six pairs of four 3 s rounds,
+        median): 0.500 -> 0.464 ms. Through Ray (bench/workers.py, input kept) whole
+        runs of the bench differ by more than this (0.50-0.58 ms).
         """
         self._drained = False  # called again: the socket holds bytes, or its end
         try:

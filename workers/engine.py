@@ -657,8 +657,8 @@ class Engine:
         one that lies elsewhere takes over the oldest, which binds only what differs.
         A kept binding points at memory that may since have been unmapped, but it is
         only ever run for a request whose arrays lie at exactly those addresses now.
-        Measured in one process, old and new code alternating (six rounds of 50
-        transformer runs each, medians of the rounds' medians, script not committed),
+        Measured in one process, one binding and kept bindings alternating (six rounds
+        of 50 transformer runs each, medians of the rounds' medians),
         ``engine.run``'s time outside ONNX Runtime's own run: 217-288 -> 147-153 us for
         an input in an arena answered into one; 200-231 -> 117-137 us for inputs copied
         afresh each time (glibc hands back the same few addresses); with every input at
