@@ -25,7 +25,7 @@ It reports the absolute percentage error |predicted - measured| / measured: medi
 p90 per model, per tier and overall, and the ratio after/before. Writes
 bench/results/costmodel.json and costmodel.png (predicted vs measured).
 
-    python -m bench.costmodel [--models squeezenet,resnet50] [--runs 7] [--cuts 10]
+    python -m bench.costmodel [--models squeezenet,resnet50] [--runs=7] [--cuts=10]
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ logger = logging.getLogger("bench.costmodel")
 
 RESULTS = os.path.join(_ROOT, "bench", "results")
 DEVICE_THREADS = 1
-# The cloud may run 2 threads (--cloud-threads 2), but on this shared 2-core host, with
+# The cloud may use 2 threads (--cloud-threads 2), but on this shared 2-core host, with
 # other jobs keeping the load average at 10-17, a 2-thread ORT pool spends most of a run
-# waiting for its preempted partner (runs 20-70x slower than 1 thread), which measures
+# waiting for its preempted partner (a run takes 20-70x as long as on 1 thread), which measures
 # the scheduler, not the model. The committed results therefore use 1 thread for both.
 CLOUD_THREADS = 1
 # The two biggest models take seconds per run on this host: fewer timed runs keep the

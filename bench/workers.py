@@ -21,7 +21,7 @@ on all of them alike):
    the limit, with no serving at all; and beside it two sessions of one intra-op
    thread each, each looping on a thread of its own at batch 8: on 2 cores a higher
    limit than one session of two threads, reported but not the target's (every
-   contender runs 2 threads);
+   contender has 2 threads);
 2. ours: a ReplicaPool of one SegmentWorker (batching up to 8, no queue delay),
    requests over the replica's direct channel (a Unix-domain socket and, for arrays of
    32 KiB and more, memory shared with the worker: the default),
@@ -47,10 +47,9 @@ on all of them alike):
 
 Every client runs on the event loop our gateway serves on (``cluster.server.new_event_loop``:
 uvloop where installed, as it is with the cloud extra), as the Ray worker runs on
-uvloop (Ray installs it); runs 1-33 ran their clients on asyncio's own loop, which
-added about 0.06 ms to ours' c1 overhead (0.825 against 0.885 ms, the transformer with
-its input kept in shared memory, two pools in one process, one per loop, six alternating
-3 s rounds).
+uvloop (Ray installs it); asyncio's own loop adds about 0.06 ms to ours' c1 overhead
+(0.885 against 0.825 ms, the transformer with its input kept in shared memory, two pools
+in one process, one per loop, six alternating 3 s rounds).
 
 Closed-loop clients are counted over a window of steady state: it opens after a
 warm-up of a fifth of the slice and closes while they are all still sending (see
@@ -668,11 +667,11 @@ def markdown(results: dict) -> str:
 
 
 def _shared_words(r: dict) -> str:
-    if "ours_shared_c1_overhead_p50_ms" not in r:  # results from before session 11
+    if "ours_shared_c1_overhead_p50_ms" not in r:  # a results file without the kept-input point
         return ""
     words = (f", input kept in shared memory {r['ours_shared_c1_overhead_p50_ms']:.2f} ms, p50 over raw b1 "
              f"+{r['ours_shared_c1_added_p50_ms']:.2f} ms")
-    if "ours_bound_c1_overhead_p50_ms" in r:  # from session 15
+    if "ours_bound_c1_overhead_p50_ms" in r:  # a results file with the bound-request point
         words += (f", bound request **{r['ours_bound_c1_overhead_p50_ms']:.2f} ms**, p50 over raw b1 "
                   f"+{r['ours_bound_c1_added_p50_ms']:.2f} ms")
     return words
