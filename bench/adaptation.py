@@ -13,7 +13,7 @@ timeline (adaptation.png, adaptation_fast.png):
 * fast: a 10 fps run (`--fast-model`, `--fast-slowdown`) where local execution takes
   less than the 100 ms between frames, so 10 fps is sustainable through the outage.
 
-The device is emulated as DESIGN.md ("Measuring") allows: its engines run on one
+The device is emulated as docs/architecture.md ("Measuring") allows: its engines run on one
 thread and every local engine run is followed by a sleep of (slowdown - 1) times its
 own duration, so the device is `slowdown` times slower than one core of this machine;
 its profile is the FLOPs estimate calibrated to that. The cloud profile

@@ -4,8 +4,8 @@ For each zoo model (seeded random weights via ``load_zoo(..., random_weights=Tru
 timing does not depend on the weights' values, and random weights keep activations in a
 normal range) and each tier:
 
-* the *device* is emulated by ONNX Runtime with 1 intra-op thread (DESIGN.md's "one
-  thread" emulation of a slower device); the *cloud* also by 1 on this shared host
+* the *device* is emulated by ONNX Runtime with 1 intra-op thread (the "one
+  thread" emulation of a slower device, docs/architecture.md "Measuring"); the *cloud* also by 1 on this shared host
   (see CLOUD_THREADS; ``--cloud-threads 2`` gives it both cores). One-thread runs are
   timed by thread CPU time and layers by their fastest run ([Note: clocks on a shared
   host] in docs/profiles.md);

@@ -1,6 +1,6 @@
 """Ray for the gateway: connecting to (or starting) a cluster, and pools of Ray actors.
 
-The only module of `cluster` that imports Ray (DESIGN.md's layer table). The actors
+The only module of `cluster` that imports Ray (the `ray` door of docs/architecture.md). The actors
 themselves are `workers.actors` (SegmentWorker, ReplicaPool); this module adapts one
 ReplicaPool per tail to the gateway's `Pool` interface.
 

@@ -307,7 +307,7 @@ def _session(model: onnx.ModelProto, base_dir: str | None, tag: str, label: str)
     Raises PartitionError naming ``label`` when ONNX Runtime cannot load the model.
     """
     # Imported lazily on purpose, inside this function and not at module level:
-    # verification is the partitioner's one runtime door (DESIGN.md keeps the
+    # verification is the partitioner's one runtime door (docs/architecture.md keeps the
     # partitioner to onnx + numpy at import time; a grep for onnxruntime finds this
     # line, and the import-rule test allows it).
     import onnxruntime as ort

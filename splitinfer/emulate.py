@@ -4,8 +4,8 @@ Used by `splitinfer demo` (its edge agent) and by `splitinfer edge run --emulate
 DEVICE [--emulate-link RATE[,rtt=D][,down=RATE]]` (see `run_emulated`).
 
 [Note: edge throttle]
-DESIGN.md emulates an edge device by a CPU-throttled process: a cgroup CPU quota where
-the machine allows it, otherwise one thread. The agent runs as a child process with one
+An edge device is a CPU-throttled process (docs/architecture.md, "Measuring"): a cgroup
+CPU quota where the machine allows it, otherwise one thread. The agent runs as a child process with one
 ONNX Runtime thread and, where a cgroup CPU controller is writable (v2 `cpu.max`, else
 v1 `cpu.cfs_quota_us`), is put in a cgroup with a quota of q CPUs once it is ready
 (start-up is not throttled, so nobody waits on it). A CFS quota of q CPUs stretches a

@@ -1,6 +1,6 @@
 """Ray actors of the cloud tier: segment workers, a replica pool and pipelined tails.
 
-The only module of ``workers`` that imports Ray (DESIGN.md's layer table); the pure
+The only module of ``workers`` that imports Ray (the `ray` door of docs/architecture.md); the pure
 parts (routing, deadlines, input checks, stage cuts) are in :mod:`workers._pool` and
 :mod:`workers.pipeline`.
 

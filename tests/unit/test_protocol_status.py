@@ -8,7 +8,8 @@ import grpc
 import msgpack
 import pytest
 
-from cluster import errors as E
+import cluster.errors
+from cluster.protocol import errors as E
 from cluster.protocol import status as S
 
 #: One instance of every error class with its fields, and the code it must map to.
@@ -104,3 +105,10 @@ def test_long_name_lists_are_shortened():
     err = E.UnknownModelError(model="x", known=[f"m{i}" for i in range(20)])
     assert "and 12 more" in err.message
     assert "serves none" in E.UnknownModelError(model="x").message
+
+
+def test_cluster_errors_are_the_wire_errors_defined_once():
+    assert cluster.errors.__all__ == E.__all__
+    for name in E.__all__:
+        assert getattr(cluster.errors, name) is getattr(E, name), name
+    assert {c.__name__ for c in S.STATUS_OF} == set(E.__all__) - {"ClusterError"}
