@@ -33,9 +33,9 @@ locally, and the fast run shows 10 fps with a model and device where it is susta
 The sleep follows each run's own CPU time (`time.thread_time`: ONNX Runtime with one
 intra-op thread runs on the calling thread), not its wall time. With the wall time, a
 run that the shared host descheduled for 100 ms (other jobs, or the in-process gateway
-and emulator, which stand for the cloud and the network, not the device) slept 300 ms
-more, so host contention reached the latencies 4x, and the requests behind it queued
-for it (`--sleep-basis wall` keeps the old emulation). With the CPU time contention
+and emulator, which stand for the cloud and the network, not the device) sleeps 300 ms
+more, so host contention reaches the latencies 4x, and the requests behind it queue
+for it (`--sleep-basis wall` emulates so). With the CPU time contention
 still counts, once, as the run's own wall time.
 
 [Note: local baseline]

@@ -88,9 +88,9 @@ class _Hosted:
     It pays where operators are too small to keep several threads busy: on 2 cores,
     two one-thread sessions ran the DenseNet121 tail's batch 8 at 1.3-1.5x the rate of
     one two-thread session, the transformer block's at 1.0x (bench/workers.py). So N
-    is the operator's choice. Choosing it at load, by timing both ways for a fraction
-    of a second, was tried and dropped: on this shared machine such timings of the
-    DenseNet121 tail read anywhere from 0.6x to 1.3x.
+    is the operator's choice, not timed at load: timing both ways for a fraction of a
+    second reads anywhere from 0.6x to 1.3x for the DenseNet121 tail on this shared
+    machine, against 1.3-1.5x over seconds.
     """
 
     def __init__(self, key: str, engine: Engine, batcher_config: BatcherConfig,

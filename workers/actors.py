@@ -29,9 +29,9 @@ echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
   they live, so :class:`Pipeline` copies them out. Compiled graphs are static, call
   only synchronous methods, and a dead actor breaks the graph until it is compiled
   again; and their readers spin on ``sched_yield`` (about 0.6 of a core per idle
-  reader, measured), which is why the pool no longer uses them: an earlier fast path
-  that sent lone requests over a graph to an idle replica added 2.2-4.9 ms at
-  concurrency 1 and slowed the engines beside it.
+  reader, measured), which is why the pool does not use them: sending lone requests
+  over a graph to an idle replica adds 2.2-4.9 ms at concurrency 1 and slows the
+  engines beside it.
 
 [Note: fault tolerance]
 Replicas are created with ``max_restarts`` and ``max_task_retries=0``: Ray restarts a
