@@ -10,12 +10,12 @@ accepted, because the cloud tier is the one this gateway runs and its profile is
 for the plan frontier over the version's `frontier` link range as well. Quantities are
 plain numbers (bits/s, ms, bytes): the wire has no unit strings.
 
-The work is `planner.service.PlannerService` itself (its validation, device specs,
-solve, baselines and frontier), so the gRPC and HTTP answers agree; this module only
-maps the query onto it and its errors onto cluster errors. Every cut id the answer
-names is one the gateway can serve: range ids rebuild from the graph, and a hashed id
-(a cut too irregular for ranges) is remembered in the registry before the answer
-leaves (`VersionFiles.remember_cut`).
+The work is the typed what-if API, `planner.whatif` (its request validation, device
+specs, solve, baselines and frontier), so the gRPC and HTTP answers agree; this module
+only maps the query onto a `PlanRequest` and its errors onto cluster errors. Every cut
+id the answer names is one the gateway can serve: range ids rebuild from the graph, and
+a hashed id (a cut too irregular for ranges) is remembered in the registry before the
+answer leaves (`VersionFiles.remember_cut`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.errors import FailedPrecondition, InternalError, InvalidArgument
 from cluster.registry import LoadedVersion
+
+if TYPE_CHECKING:
+    from planner.whatif import PlanRequest
 
 __all__ = ["PlanQuery", "GatewayPlanner", "QUERY_FIELDS", "read_query"]
 
@@ -98,15 +101,15 @@ def read_query(query: Any) -> PlanQuery:
 
 
 class GatewayPlanner:
-    """Plans for registry model versions with `planner.service.PlannerService`.
+    """Plans for registry model versions with a `planner.whatif.Workspace`.
 
     Blocking (graph builds, solves): call `plan` off the event loop. Thread-safe.
     """
 
     def __init__(self) -> None:
-        from planner.service import PlannerService
+        from planner.whatif import Workspace
 
-        self._service = PlannerService()
+        self._workspace = Workspace()
         self._lock = threading.Lock()
         self._models: dict[str, str] = {}
 
@@ -114,34 +117,31 @@ class GatewayPlanner:
         """The plan (and frontier) for `query` on `lv`; raises cluster errors only."""
         from partitioner import PartitionError
         from planner.errors import InfeasibleError, PlannerError
-        from planner.service import NotFoundError, RequestError
+        from planner.whatif import PlanRequest
 
         name = self._model(lv)
         cloud = self._cloud_profile(lv)
         body = dict(query.body or {})
         self._check_device(body.get("edge"))
         try:
-            plan = self._service.plan({**body, "model": name, "cloud": cloud})
-            front = self._frontier(lv, body, name, cloud) if query.with_frontier else None
-        except RequestError as e:
-            raise InvalidArgument(field=e.field or "query", reason=e.message) from e
-        except NotFoundError as e:
-            raise InvalidArgument(field=e.field or "query", reason=e.message) from e
+            request = PlanRequest.from_dict({**body, "model": name, "cloud": cloud})
+            answer = self._workspace.plan(request)
+            front = self._frontier(lv, request, name) if query.with_frontier else None
         except InfeasibleError as e:
             logger.info("no feasible plan for %s: %s (query %s)", lv.key, e.message, query.to_dict())
             raise InvalidArgument(field=_constraint_field(e.constraint), reason=e.message) from e
-        except PlannerError as e:
+        except PlannerError as e:  # a bad field, an unknown name, a profile that does not fit
             raise InvalidArgument(field=e.field or "query", reason=e.message) from e
         except PartitionError as e:
             logger.error("the graph of %s could not be built for planning", lv.key, exc_info=e)
             raise InternalError(detail=f"the graph of {lv.key} could not be built") from e
-        graph = self._service.graph(name)
-        cut_id = self._serve(lv, plan["edge_layers"], len(graph))
+        plan = answer.to_dict()
+        cut_id = self._serve(lv, list(answer.plan.edge_layers), answer.layers)
         out: dict[str, Any] = {
             "model": lv.model,
             "version": lv.version,
             "cut_id": cut_id,
-            "offload": len(plan["edge_layers"]) < len(graph),
+            "offload": len(answer.plan.edge_layers) < answer.layers,
             "preloaded": cut_id in lv.frontier.cut_ids,
             "cloud_profile": f"profiles/{lv.config.frontier.cloud_profile}",
             "plan": plan,
@@ -157,7 +157,7 @@ class GatewayPlanner:
         name = f"{lv.model}@{lv.version}"
         with self._lock:
             if self._models.get(name) != lv.files.model_path:
-                self._service.add_model(name, lv.files.model_path)
+                self._workspace.add_model(name, lv.files.model_path)
                 self._models[name] = lv.files.model_path
         return name
 
@@ -185,11 +185,11 @@ class GatewayPlanner:
 
     @staticmethod
     def _check_device(edge: Any) -> None:
-        # The planner service also knows profiles stored over HTTP; the gateway stores
+        # The planner's HTTP API also knows profiles stored over HTTP; the gateway stores
         # none, so a name can only be a reference device and the hint says so.
         if not isinstance(edge, str):
             return
-        from planner.service import reference_devices
+        from planner.whatif import reference_devices
 
         names, _ = reference_devices()
         if edge not in names:
@@ -198,19 +198,19 @@ class GatewayPlanner:
                 reason=f"{edge[:60]!r} is not a reference device; use one of {', '.join(names) or 'none'}, "
                        f"a profile object (schema 'splitinfer.profile/1') or a roofline {{\"gflops\": ...}}")
 
-    def _frontier(self, lv: LoadedVersion, body: Mapping[str, Any], name: str,
-                  cloud: Mapping[str, Any]) -> dict[str, Any] | None:
-        if body.get("objective", "latency") == "throughput":
+    def _frontier(self, lv: LoadedVersion, request: PlanRequest, name: str) -> dict[str, Any] | None:
+        from planner.types import Objective
+        from planner.whatif import FrontierRequest
+
+        if request.scenario.objective is Objective.THROUGHPUT:
             return None  # the frontier covers latency and energy only (they are affine in 1/bandwidth)
         fc = lv.config.frontier
-        fbody = {k: v for k, v in body.items() if k not in ("uplink", "downlink")}
-        fbody.update(model=name, cloud=cloud, uplink_lo=fc.up_lo_bps, uplink_hi=fc.up_hi_bps,
-                     down_ratio=fc.down_ratio)
-        front = self._service.frontier(fbody)
-        n = len(self._service.graph(name))
-        for entry in front.get("entries", ()):
+        front = self._workspace.frontier(FrontierRequest(request.scenario, fc.up_lo_bps, fc.up_hi_bps, fc.down_ratio))
+        n = len(self._workspace.graph(name))
+        out = {**front.to_dict(), "breakpoints_bps": list(front.breakpoints_bps)}
+        for entry in out["entries"]:
             entry["cut_id"] = self._serve(lv, entry["plan"]["edge_layers"], n)
-        return front
+        return out
 
     @staticmethod
     def _serve(lv: LoadedVersion, edge_layers: list[int], n_layers: int) -> str:

@@ -1,7 +1,8 @@
 """`splitinfer plan`, `splitinfer sweep` and `splitinfer planner serve`.
 
-Thin adapters over `planner.service.PlannerService`: the arguments become one request,
-so the command line and the HTTP API validate and answer alike.
+Thin adapters over the typed what-if API (`planner.whatif`): the arguments become one
+`PlanRequest` or `SweepRequest`, which checks its own limits, so the command line and
+the HTTP API validate and answer alike.
 
 A tier (``--edge``/``--cloud``) is a profile JSON file, a built-in reference device
 (where `planner.devices` provides them), or ``<N>gflops``: a FLOPs roofline device
@@ -12,23 +13,27 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerError
 from planner.profile import Profile
-from planner.service import PlannerService, reference_devices
-from planner.service_requests import ENCODING_CHOICES, MAX_SWEEP_POINTS, UnitParsers
-from planner.types import COMPRESSIONS, Objective
+from planner.types import COMPRESSIONS, Constraints, Objective
+from planner.whatif import (
+    ENCODING_CHOICES, MAX_SWEEP_POINTS, SERIES, DeviceSpec, InvalidRequestError, PlanAnswer, PlanRequest, Roofline,
+    Scenario, SweepAnswer, SweepRequest, Workspace, metric_value, reference_devices,
+)
 from splitinfer.units import arg_type, format_rate_bps, parse_args, parse_duration_ms, parse_rate_bps
 
+if TYPE_CHECKING:
+    from splitinfer.planner_api import PlannerService
+
 __all__ = [
-    "plan_main", "sweep_main", "planner_main", "make_service", "parse_size_bytes", "parse_rate_range",
-    "format_plan", "format_sweep",
+    "plan_main", "sweep_main", "planner_main", "make_service", "parse_size_bytes", "parse_rate_range", "format_plan",
+    "format_sweep",
 ]
 
 _SIZE_RE = re.compile(r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
@@ -64,11 +69,17 @@ def parse_rate_range(text: str) -> tuple[float, float]:
 
 
 def make_service(*, registry_dir: str | None = None, **kw: Any) -> PlannerService:
-    """A service that reads rate, duration and size strings (see [Note: service units]),
-    planning for the models of `registry_dir` (see `_registry_models`)."""
-    listing = functools.partial(_registry_models, registry_dir) if registry_dir else None
+    """The HTTP API's service (`splitinfer.planner_api`) reading rate, duration and size
+    strings (see [Note: service units] there), planning for the models of `registry_dir`
+    (see `_registry_models`)."""
+    from splitinfer.planner_api import PlannerService, UnitParsers
+
     return PlannerService(units=UnitParsers(parse_rate_bps, parse_duration_ms, parse_size_bytes),
-                          registry_models=listing, **kw)
+                          registry_models=_listing(registry_dir), **kw)
+
+
+def _listing(registry_dir: str | None) -> Callable[[], dict[str, str]] | None:
+    return functools.partial(_registry_models, registry_dir) if registry_dir else None
 
 
 def _registry_models(root: str) -> dict[str, str]:
@@ -84,11 +95,14 @@ def _registry_models(root: str) -> dict[str, str]:
     return {**model_files(root), **flat}
 
 
-def _device(value: str, flag: str) -> str | Mapping[str, Any]:
-    """A tier argument as a service device spec."""
+def _device(value: str, flag: str) -> DeviceSpec:
+    """A tier argument as a device spec."""
     m = _GFLOPS_RE.match(value)
     if m:
-        return {"gflops": float(m.group("num"))}
+        try:
+            return Roofline(float(m.group("num")))
+        except InvalidRequestError as e:
+            raise PlannerError(f"{flag} {value!r}: {e.message}", field=flag) from e
     if os.path.exists(value) or value.endswith(".json"):
         try:
             with open(value, encoding="utf-8") as f:
@@ -97,7 +111,7 @@ def _device(value: str, flag: str) -> str | Mapping[str, Any]:
             raise PlannerError(f"{flag} {value!r}: cannot read the profile ({e.strerror}); "
                                f"give an existing profile JSON file", field=flag) from e
         try:
-            return Profile.from_json(text).to_dict()
+            return Profile.from_json(text)
         except PlannerError as e:
             raise PlannerError(f"{flag} {value}: {e.message}", field=flag) from e
     names, _ = reference_devices()
@@ -132,7 +146,7 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _request(args: argparse.Namespace, service: PlannerService) -> dict[str, Any]:
+def _scenario(args: argparse.Namespace, workspace: Workspace) -> Scenario:
     from splitinfer.partition_cmd import resolve_model
 
     name = args.model
@@ -141,66 +155,58 @@ def _request(args: argparse.Namespace, service: PlannerService) -> dict[str, Any
         if not os.path.isfile(path):
             raise PlannerError(f"MODEL {args.model!r} is not a file; give an .onnx file or a zoo name "
                                f"(splitinfer inspect lists a model's layers)", field="model")
-        service.add_model(name, path)
-    req: dict[str, Any] = {
-        "model": name, "edge": _device(args.edge, "--edge"), "cloud": _device(args.cloud, "--cloud"),
-        "rtt": args.rtt, "loss": args.loss, "objective": args.objective, "encoding": args.encoding,
-        "compression": args.compression, "keep_input_local": args.keep_input_local,
-        "first_k_local": args.first_k_local,
-    }
-    if args.device_memory is not None:
-        req["device_memory"] = args.device_memory
-    if args.slo is not None:
-        req["slo"] = args.slo
-    return req
+        workspace.add_model(name, path)
+    return Scenario(
+        model=name, edge=_device(args.edge, "--edge"), cloud=_device(args.cloud, "--cloud"), rtt_ms=args.rtt,
+        loss=args.loss, objective=Objective(args.objective), encoding=args.encoding, compression=args.compression,
+        constraints=Constraints(
+            device_memory_bytes=int(args.device_memory) if args.device_memory is not None else None,
+            raw_input_stays_on_device=args.keep_input_local, first_k_local=args.first_k_local,
+            latency_slo_ms=args.slo),
+    )
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def format_plan(out: Mapping[str, Any]) -> str:
+def format_plan(answer: PlanAnswer) -> str:
     """The human table of one plan."""
     from splitinfer.partition_cmd import format_bytes
 
-    link, b, p = out["link"], out["breakdown"], out["predicted"]
-    enc = out["encoding"]
-    n, k = out["layers"], len(out["edge_layers"])
+    plan, b, link = answer.plan, answer.plan.breakdown, answer.plan.link
+    enc = plan.encoding
+    n, k = answer.layers, len(plan.edge_layers)
     lines = [
-        f"{out['model']}: {k} of {n} layers on the device ({out['edge_device']}), "
-        f"{n - k} in the cloud ({out['cloud_device']})",
-        f"link     up {format_rate_bps(link['up_bps'])}, down {format_rate_bps(link['down_bps'])}, "
-        f"rtt {link['rtt_ms']:g} ms, loss {link['loss']:g}",
-        f"plan     objective {out['objective']}, encoding {enc['precision']}"
-        + (f"+{enc['compression']}" if enc["compression"] != "none" else ""),
-        f"cut      device layers {_ranges(out['edge_layers']) or '(none: cloud only)'}",
-        f"boundary {', '.join(out['boundary']) or '(nothing crosses: edge only)'}"
-        + (f" ({format_bytes(out['boundary_bytes'])} fp32 per sample)" if out["boundary"] else ""),
+        f"{plan.model}: {k} of {n} layers on the device ({answer.edge_device}), "
+        f"{n - k} in the cloud ({answer.cloud_device})",
+        f"link     up {format_rate_bps(link.up_bps)}, down {format_rate_bps(link.down_bps)}, "
+        f"rtt {link.rtt_ms:g} ms, loss {link.loss:g}",
+        f"plan     objective {plan.objective.value}, encoding {enc.precision}"
+        + (f"+{enc.compression}" if enc.compression != "none" else ""),
+        f"cut      device layers {_ranges(plan.edge_layers) or '(none: cloud only)'}",
+        f"boundary {', '.join(plan.boundary) or '(nothing crosses: edge only)'}"
+        + (f" ({format_bytes(answer.boundary_bytes)} fp32 per sample)" if plan.boundary else ""),
         "",
         f"  {'stage':<10}{'ms':>10}",
-        f"  {'edge':<10}{_ms(b['edge_ms']):>10}",
-        f"  {'encode':<10}{_ms(b['encode_ms']):>10}",
-        f"  {'uplink':<10}{_ms(b['uplink_ms']):>10}",
-        f"  {'rtt':<10}{_ms(b['rtt_ms']):>10}",
-        f"  {'queue':<10}{_ms(b['queue_ms']):>10}",
-        f"  {'cloud':<10}{_ms(b['cloud_ms']):>10}",
-        f"  {'downlink':<10}{_ms(b['downlink_ms']):>10}",
-        f"  {'total':<10}{_ms(b['total_ms']):>10}",
+        f"  {'edge':<10}{_ms(b.edge_ms):>10}",
+        f"  {'encode':<10}{_ms(b.encode_ms):>10}",
+        f"  {'uplink':<10}{_ms(b.uplink_ms):>10}",
+        f"  {'rtt':<10}{_ms(b.rtt_ms):>10}",
+        f"  {'queue':<10}{_ms(b.queue_ms):>10}",
+        f"  {'cloud':<10}{_ms(b.cloud_ms):>10}",
+        f"  {'downlink':<10}{_ms(b.downlink_ms):>10}",
+        f"  {'total':<10}{_ms(b.total_ms):>10}",
         "",
-        f"bottleneck {p['bottleneck']} (period {_ms(b['period_ms'])} ms), device energy {b['energy_j'] * 1e3:.2f} mJ",
+        f"bottleneck {b.bottleneck} (period {_ms(b.period_ms)} ms), device energy {b.energy_j * 1e3:.2f} mJ",
     ]
-    metric = out["metric"]
-    unit = "mJ" if metric == "energy_mj" else "ms"
-
-    def val(d: Mapping[str, Any]) -> float:
-        return d["energy_j"] * 1e3 if metric == "energy_mj" else d[metric]
-
+    unit = "mJ" if answer.metric == "energy_mj" else "ms"
     parts = []
-    for name, label in (("edge_only", "edge-only"), ("cloud_only", "cloud-only")):
-        g = out["gain"].get(name)
-        parts.append(f"{label} {val(out['baselines'][name]):.2f} {unit}"
-                     + (f" ({g:.2f}x)" if g is not None else ""))
-    lines.append(f"vs       {'; '.join(parts)} [{metric}]")
+    for base, gain, label in ((answer.edge_only, answer.gain_vs_edge_only, "edge-only"),
+                              (answer.cloud_only, answer.gain_vs_cloud_only, "cloud-only")):
+        parts.append(f"{label} {metric_value(plan.objective, base):.2f} {unit}"
+                     + (f" ({gain:.2f}x)" if gain is not None else ""))
+    lines.append(f"vs       {'; '.join(parts)} [{answer.metric}]")
     return "\n".join(lines)
 
 
@@ -224,43 +230,38 @@ def plan_main(argv: Sequence[str]) -> int:
     ap.add_argument("--downlink", type=arg_type(parse_rate_bps), help="downlink rate (default: the uplink rate)")
     ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
     args = parse_args(ap, argv)
-    service = make_service(registry_dir=args.registry)
-    req = _request(args, service)
-    req["uplink"] = args.uplink
-    if args.downlink is not None:
-        req["downlink"] = args.downlink
-    out = service.plan(req)
-    print(json.dumps(out, indent=1) if args.json else format_plan(out))
+    workspace = Workspace(registry_models=_listing(args.registry))
+    answer = workspace.plan(PlanRequest(_scenario(args, workspace), args.uplink, args.downlink))
+    print(answer.to_json(indent=1) if args.json else format_plan(answer))
     return 0
 
 
-def format_sweep(out: Mapping[str, Any], rows: int = 12) -> str:
+def format_sweep(answer: SweepAnswer, rows: int = 12) -> str:
     """A sampled table of the sweep and its breakpoints."""
-    s, ups = out["series"], out["uplink_bps"]
-    unit = "mJ" if out["metric"] == "energy_mj" else "ms"
-    lines = [f"{out['model']}: {out['metric']} ({unit}) against uplink, {out['objective']} objective, "
-             f"{len(ups)} points, DAG optimum by {out['method']} ({out['solves']} solves)", "",
+    ups = answer.uplink_bps
+    unit = "mJ" if answer.metric == "energy_mj" else "ms"
+    lines = [f"{answer.model}: {answer.metric} ({unit}) against uplink, {answer.objective.value} objective, "
+             f"{len(ups)} points, DAG optimum by {answer.method} ({answer.solves} solves)", "",
              f"  {'uplink':>12}{'edge-only':>12}{'cloud-only':>12}{'chain':>12}{'DAG opt':>12}{'dev layers':>12}"]
     step = max(1, (len(ups) - 1) // max(1, rows - 1))
     idx = sorted(set(list(range(0, len(ups), step)) + [len(ups) - 1]))
     for i in idx:
-        lines.append(f"  {format_rate_bps(ups[i]):>12}" + "".join(
-            f"{_ms(s[k][i]):>12}" for k in ("edge_only", "cloud_only", "chain", "dag"))
-            + f"{out['dag_edge_layers'][i] if out['dag_edge_layers'][i] is not None else '-':>12}")
+        layers = answer.dag_edge_layers[i]
+        lines.append(f"  {format_rate_bps(ups[i]):>12}" + "".join(f"{_ms(answer.series(k)[i]):>12}" for k in SERIES)
+                     + f"{layers if layers is not None else '-':>12}")
     lines.append("")
-    if out["breakpoints"]:
+    if answer.breakpoints:
         lines.append("breakpoints (the DAG optimum changes plan):")
-        for bp in out["breakpoints"]:
-            approx = "" if bp["exact"] else " (between samples)"
-            lines.append(f"  {format_rate_bps(bp['up_bps'])}{approx}: {bp['below']['edge_layers']} -> "
-                         f"{bp['above']['edge_layers']} device layers, boundary "
-                         f"{', '.join(bp['above']['boundary']) or '(none)'}")
+        for bp in answer.breakpoints:
+            approx = "" if bp.exact else " (between samples)"
+            lines.append(f"  {format_rate_bps(bp.up_bps)}{approx}: {bp.below.edge_layers} -> "
+                         f"{bp.above.edge_layers} device layers, boundary "
+                         f"{', '.join(bp.above.boundary) or '(none)'}")
     else:
         lines.append("no breakpoints: one plan is optimal across the range")
-    g = out["max_gain"]
-    if g["vs_chain"] is not None:
-        lines.append(f"largest gain of the DAG optimum: {g['vs_chain']:.3f}x over the chain scan, "
-                     f"{g['vs_best_single_tier']:.3f}x over the better of edge-only and cloud-only")
+    if answer.max_gain_vs_chain is not None:
+        lines.append(f"largest gain of the DAG optimum: {answer.max_gain_vs_chain:.3f}x over the chain scan, "
+                     f"{answer.max_gain_vs_best_single_tier:.3f}x over the better of edge-only and cloud-only")
     return "\n".join(lines)
 
 
@@ -279,18 +280,15 @@ def sweep_main(argv: Sequence[str]) -> int:
     ap.add_argument("--plot", metavar="PNG", help="write the plot here")
     ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
     args = parse_args(ap, argv)
-    service = make_service(registry_dir=args.registry)
-    req = _request(args, service)
+    workspace = Workspace(registry_models=_listing(args.registry))
     lo, hi = args.uplink
-    req.update(uplink_lo=lo, uplink_hi=hi, points=args.points, down_ratio=args.down_ratio)
-    if args.downlink is not None:
-        req["downlink"] = args.downlink
-    out = service.sweep(req)
+    answer = workspace.sweep(SweepRequest(_scenario(args, workspace), lo, hi, points=args.points,
+                                          down_ratio=args.down_ratio, down_bps=args.downlink))
     if args.plot:
         from splitinfer.plots import plot_sweep
 
-        plot_sweep(out, args.plot)
-    print(json.dumps(out, indent=1) if args.json else format_sweep(out))
+        plot_sweep(answer.to_dict(), args.plot)
+    print(answer.to_json(indent=1) if args.json else format_sweep(answer))
     if args.plot and not args.json:
         print(f"plot written to {args.plot}", flush=True)
     return 0
@@ -301,4 +299,3 @@ def planner_main(argv: Sequence[str]) -> int:
     from splitinfer.planner_http import planner_main as serve
 
     return serve(argv)
-

@@ -1,9 +1,9 @@
 """`splitinfer planner serve`: the what-if service on HTTP/JSON (stdlib only).
 
 An adapter: read the request, call `PlannerService.handle`, write its status and JSON
-body. All routing, validation and error mapping live in `planner.service`. Profiles
-PUT to the service are written to ``--profiles-dir`` (when given) and read back at
-start.
+body. Routing, the OpenAPI document, body validation and error mapping live in
+`splitinfer.planner_api`; the work is `planner.whatif`. Profiles PUT to the service are
+written to ``--profiles-dir`` (when given) and read back at start.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from typing import Any
 
 from planner.errors import ProfileError
 from planner.profile import Profile
-from planner.service import PROFILE_NAME_RE, PlannerService
+from planner.whatif import PROFILE_NAME_RE
+from splitinfer.planner_api import MAX_BODY_BYTES, PlannerService
 from splitinfer.units import arg_type, parse_args
 
 __all__ = ["PlannerHTTPServer", "make_server", "load_profiles_dir", "planner_main"]
 
 logger = logging.getLogger(__name__)
-
-_MAX_BODY_BYTES = 16 << 20
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -46,10 +45,10 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(length_text)
         except ValueError:
             length = -1
-        if length < 0 or length > _MAX_BODY_BYTES:
+        if length < 0 or length > MAX_BODY_BYTES:
             status = 400 if length < 0 else 413
             msg = (f"Content-Length {length_text!r} is not a byte count" if length < 0 else
-                   f"the request body is {length} bytes; the limit is {_MAX_BODY_BYTES}")
+                   f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES}")
             self._reply(status, json.dumps({"error": msg, "field": "(body)"}).encode(), close=True)
             return
         body = self.rfile.read(length) if length else b""

@@ -9,6 +9,7 @@ import pytest
 from partitioner import build_graph
 from planner.errors import PlannerError
 from planner.synthetic import make_flops_profile
+from planner.whatif import SweepAnswer
 from splitinfer.plan_cmd import format_sweep, parse_size_bytes, plan_main, sweep_main
 from tests.onnx_models import random_dag, write
 
@@ -79,7 +80,7 @@ def test_sweep_json(model: str, profiles: tuple[str, str], capsys: pytest.Captur
                                      "10kbit..1gbit", "--points", "25", "--rtt", "5ms", "--json"])
     assert len(out["uplink_bps"]) == 25 and set(out["series"]) == {"edge_only", "cloud_only", "chain", "dag"}
     assert out["method"] == "frontier"
-    text = format_sweep(out)
+    text = format_sweep(SweepAnswer.from_dict(out))
     assert "breakpoints" in text or "no breakpoints" in text
 
 

@@ -11,8 +11,8 @@ import pytest
 from partitioner import Cut, build_graph
 from planner.costmodel import evaluate
 from planner.errors import InfeasibleError
-from planner.service import NotFoundError, PlannerService, RequestError, status_of
-from planner.service_requests import FrontierRequest, PlanRequest, SweepRequest, UnitParsers
+from planner.whatif import FrontierRequest, InvalidRequestError, PlanRequest, Roofline, SweepRequest
+from splitinfer.planner_api import NotFoundError, PlannerService, RequestError, UnitParsers, status_of
 from planner.solvers import solve, solve_chain_scan
 from planner.synthetic import make_flops_profile
 from planner.types import Constraints, Encoding, Link
@@ -169,7 +169,7 @@ def test_models_list_zoo_and_registry(service: PlannerService) -> None:
     assert {("resnet50", "zoo"), ("chain", "registry"), ("dag@2", "registry"), ("dag@10", "registry"),
             ("dag", "registry")} <= names
     # a bare name is the highest version in natural order (10 > 2)
-    assert service._model_path("dag") == service._model_path("dag@10")
+    assert service.workspace.model_path("dag") == service.workspace.model_path("dag@10")
 
 
 def test_sweep_series_are_ordered_and_the_frontier_is_exact(service: PlannerService, registry: str) -> None:
@@ -184,7 +184,7 @@ def test_sweep_series_are_ordered_and_the_frontier_is_exact(service: PlannerServ
     assert bps == sorted(bps) and all(1e5 <= b <= 1e9 for b in bps) and all(b["exact"] for b in out["breakpoints"])
     # the frontier's answer at a sample equals a fresh solve there
     g = service.graph("dag@2")
-    profs = [service._profile(g, EDGE, "edge"), service._profile(g, CLOUD, "cloud")]
+    profs = [service.workspace.profile(g, Roofline(**EDGE), "edge"), service.workspace.profile(g, Roofline(**CLOUD), "cloud")]
     for i in (0, 13, 27, 39):
         plan = solve(g, profs, Link(ups[i], ups[i], 5.0))
         assert s["dag"][i] == pytest.approx(plan.breakdown.total_ms, rel=1e-9)
@@ -198,7 +198,7 @@ def test_sweep_baselines_equal_direct_evaluation_at_every_point(service: Planner
     out = service.sweep(_base("dag@2", edge=edge, uplink_lo="10kbit", uplink_hi="1gbit", points=30,
                               objective=objective, encoding=encoding, down_ratio=3.0))
     g = service.graph("dag@2")
-    profs = [service._profile(g, edge, "edge"), service._profile(g, CLOUD, "cloud")]
+    profs = [service.workspace.profile(g, Roofline(**edge), "edge"), service.workspace.profile(g, Roofline(**CLOUD), "cloud")]
     encs = [Encoding(p) for p in (("fp32", "fp16", "int8") if encoding == "auto" else ("fp32",))]
 
     def metric(b: object) -> float:
@@ -253,7 +253,7 @@ def test_requests_round_trip() -> None:
         (SweepRequest, _base(uplink_lo="1mbit", uplink_hi="1gbit", points=7, downlink="3mbit")),
         (FrontierRequest, _base(uplink_lo="1mbit", uplink_hi="1gbit", down_ratio=2.0, encoding="auto")),
     ):
-        req = cls.from_dict(body, units)
+        req = cls.from_dict(body, units.quantity_text())
         assert cls.from_dict(json.loads(json.dumps(req.to_dict()))) == req
     assert PlanRequest.from_dict(_base(uplink=1e6, rtt=5)).scenario.constraints == Constraints()
     assert [e.precision for e in FrontierRequest.from_dict(
@@ -261,8 +261,8 @@ def test_requests_round_trip() -> None:
 
 
 def test_without_unit_parsers_strings_are_refused() -> None:
-    with pytest.raises(RequestError) as e:
-        PlanRequest.from_dict(_base(uplink="1mbit", rtt=5), UnitParsers())
+    with pytest.raises(InvalidRequestError) as e:
+        PlanRequest.from_dict(_base(uplink="1mbit", rtt=5), UnitParsers().quantity_text())
     assert e.value.field == "uplink" and "plain numbers" in e.value.message
 
 
@@ -282,7 +282,7 @@ def test_unexpected_errors_are_500_with_a_generic_message(service: PlannerServic
         raise RuntimeError("secret detail")
 
     monkeypatch.setattr(service, "plan", boom)
-    with caplog.at_level(logging.ERROR, logger="planner.service"):
+    with caplog.at_level(logging.ERROR, logger="splitinfer.planner_api.service"):
         code, out = _call(service, "POST", "/v1/plan", _base(uplink=1))
     assert code == 500 and "secret" not in out["error"]
     assert "secret detail" in caplog.text

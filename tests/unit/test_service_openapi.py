@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from planner.service import PlannerService
-from planner.service_openapi import make_openapi
-from planner.service_requests import FrontierRequest, PlanRequest, SweepRequest
+from planner.whatif import FrontierRequest, PlanRequest, SweepRequest
+from splitinfer.planner_api import PlannerService, make_openapi
 
 
 def _refs(node: Any) -> list[str]:
@@ -99,7 +98,7 @@ def test_every_string_a_pattern_matches_parses_into_its_range(name: str) -> None
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    import planner.service_units as units
+    import splitinfer.planner_api.quantities as units
     from splitinfer.plan_cmd import parse_size_bytes
     from splitinfer.units import parse_duration_ms, parse_rate_bps
 

@@ -5,14 +5,14 @@ DAG optimum, on log-spaced uplink rates. The DAG optimum comes from the plan fro
 (exact, a handful of solves) where its semantics hold: latency or energy, and a
 downlink proportional to the uplink (planner.frontier's [Note: frontier]); otherwise
 from one `solve` per point, and the breakpoints are then placed between the two
-sampled rates where the plan changes.
+sampled rates where the plan changes. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,40 +22,17 @@ from planner.costmodel import evaluate
 from planner.errors import InfeasibleError
 from planner.frontier import frontier
 from planner.profile import Profile
-from planner.service_requests import SweepRequest
 from planner.solvers import solve, solve_chain_scan
-from planner.types import Breakdown, Link, LinkRange, Objective, Plan
+from planner.types import Link, LinkRange, Objective, Plan
+from planner.whatif.answers import Breakpoint, PlanInfo, SweepAnswer
+from planner.whatif.core import metric_of, metric_value
+from planner.whatif.requests import SweepRequest
 
-__all__ = ["compute_sweep", "metric_of", "metric_value", "SERIES"]
+__all__ = ["sweep"]
 
 logger = logging.getLogger(__name__)
 
-SERIES = ("edge_only", "cloud_only", "chain", "dag")
-"""The sweep's series, in plotting order."""
-
-
-def metric_of(objective: Objective) -> str:
-    """The name of the number each objective minimises, as the sweep reports it."""
-    return {Objective.LATENCY: "total_ms", Objective.THROUGHPUT: "period_ms",
-            Objective.ENERGY: "energy_mj"}[objective]
-
-
-def metric_value(objective: Objective, b: Breakdown | Mapping[str, Any]) -> float:
-    """That number for a breakdown (or a dict with total_ms, period_ms and energy_j)."""
-    d = b if isinstance(b, Mapping) else b.to_dict()
-    if objective is Objective.LATENCY:
-        return d["total_ms"]
-    if objective is Objective.THROUGHPUT:
-        return d["period_ms"]
-    return d["energy_j"] * 1000.0
-
-
 _metric = metric_value
-
-
-def _plan_info(plan: Plan) -> dict[str, Any]:
-    return {"key": plan.key, "edge_layers": len(plan.edge_layers), "boundary": list(plan.boundary),
-            "encoding": plan.encoding.key}
 
 
 def _affine_fill(xs: Sequence[float], i: int, j: int, vi: float, vj: float) -> list[float]:
@@ -107,8 +84,10 @@ def _fill_plans(plans: Sequence[Plan], xs: Sequence[float], value_at: Any) -> li
     return out
 
 
-def compute_sweep(graph: LayerGraph, profiles: Sequence[Profile], req: SweepRequest) -> dict[str, Any]:
-    """The four series and the DAG optimum's breakpoints; pure."""
+def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile]) -> SweepAnswer:
+    """The four series and the DAG optimum's breakpoints for ``request`` on ``graph`` with
+    [device, cloud] ``profiles``."""
+    req = request
     sc = req.scenario
     obj = sc.objective
     ups = np.geomspace(req.up_lo_bps, req.up_hi_bps, req.points)
@@ -118,7 +97,6 @@ def compute_sweep(graph: LayerGraph, profiles: Sequence[Profile], req: SweepRequ
     links = [Link(float(u), req.down_bps if req.down_bps is not None else float(u) * req.down_ratio,
                   sc.rtt_ms, sc.loss) for u in ups]
     everything, nothing = Cut(frozenset(range(len(graph)))), Cut(frozenset())
-    series: dict[str, list[float | None]] = {name: [] for name in SERIES}
     xs = [1.0 / link.up_bps for link in links]
     affine = obj is not Objective.THROUGHPUT
 
@@ -128,22 +106,22 @@ def compute_sweep(graph: LayerGraph, profiles: Sequence[Profile], req: SweepRequ
             return [value_at(i) for i in range(len(links))]
         return _affine_fill(xs, 0, len(xs) - 1, value_at(0), value_at(len(xs) - 1))
 
-    series["edge_only"] = along(
+    edge_only = along(
         lambda i: _metric(obj, evaluate(graph, everything, profiles, links[i], sc.encodings[0])))
     # each encoding is affine in 1/up; their minimum is not, so take it per sample
     per_encoding = [along(lambda i, enc=enc: _metric(obj, evaluate(graph, nothing, profiles, links[i], enc)))
                     for enc in sc.encodings]
-    series["cloud_only"] = [min(vals) for vals in zip(*per_encoding)]
+    cloud_only = [min(vals) for vals in zip(*per_encoding)]
     if affine:
-        chain = _envelope(len(links), lambda i: solve_chain_scan(graph, profiles, links[i], obj, sc.encodings))
-        series["chain"] = _fill_plans(chain, xs, lambda p, i: _metric(obj, evaluate(graph, p, profiles, links[i])))
+        scan = _envelope(len(links), lambda i: solve_chain_scan(graph, profiles, links[i], obj, sc.encodings))
+        chain = _fill_plans(scan, xs, lambda p, i: _metric(obj, evaluate(graph, p, profiles, links[i])))
     else:
-        series["chain"] = [_metric(obj, solve_chain_scan(graph, profiles, link, obj, sc.encodings).breakdown)
-                           for link in links]
+        chain = [_metric(obj, solve_chain_scan(graph, profiles, link, obj, sc.encodings).breakdown)
+                 for link in links]
 
     dag: list[Plan | None] = []
     method, solves = "per-point", 0
-    breakpoints: list[dict[str, Any]] = []
+    breakpoints: list[Breakpoint] = []
     if obj is not Objective.THROUGHPUT and req.down_bps is None:
         rng = LinkRange(req.up_lo_bps, req.up_hi_bps, req.down_ratio, sc.rtt_ms, sc.loss)
         try:
@@ -154,8 +132,7 @@ def compute_sweep(graph: LayerGraph, profiles: Sequence[Profile], req: SweepRequ
             method, solves = "frontier", f.solves
             dag = [f.plan_at(link.up_bps) for link in links]
             for a, b in zip(f.entries, f.entries[1:]):
-                breakpoints.append({"up_bps": b.up_lo_bps, "below": _plan_info(a.plan),
-                                    "above": _plan_info(b.plan), "exact": True})
+                breakpoints.append(Breakpoint(b.up_lo_bps, PlanInfo.of(a.plan), PlanInfo.of(b.plan), True))
     if method == "per-point":
         for link in links:
             solves += 1
@@ -166,31 +143,21 @@ def compute_sweep(graph: LayerGraph, profiles: Sequence[Profile], req: SweepRequ
         for i in range(1, len(dag)):
             a, b = dag[i - 1], dag[i]
             if a is not None and b is not None and a.key != b.key:
-                breakpoints.append({"up_bps": math.sqrt(links[i - 1].up_bps * links[i].up_bps),
-                                    "below": _plan_info(a), "above": _plan_info(b), "exact": False})
-    series["dag"] = [None if p is None else _metric(obj, p.breakdown) for p in dag]
+                breakpoints.append(Breakpoint(math.sqrt(links[i - 1].up_bps * links[i].up_bps),
+                                              PlanInfo.of(a), PlanInfo.of(b), False))
+    dag_values = [None if p is None else _metric(obj, p.breakdown) for p in dag]
 
-    def best_gain(base: list[float | None]) -> float | None:
-        gains = [x / y for x, y in zip(base, series["dag"]) if x is not None and y is not None and y > 0]
+    def best_gain(base: Sequence[float | None]) -> float | None:
+        gains = [x / y for x, y in zip(base, dag_values) if x is not None and y is not None and y > 0]
         return max(gains) if gains else None
 
-    return {
-        "schema": "splitinfer.sweep/1",
-        "model": graph.model,
-        "objective": obj.value,
-        "metric": metric_of(obj),
-        "edge_device": profiles[0].device,
-        "cloud_device": profiles[1].device,
-        "rtt_ms": sc.rtt_ms,
-        "uplink_bps": [link.up_bps for link in links],
-        "downlink_bps": [link.down_bps for link in links],
-        "series": series,
-        "dag_edge_layers": [None if p is None else len(p.edge_layers) for p in dag],
-        "breakpoints": breakpoints,
-        "method": method,
-        "solves": solves,
-        "max_gain": {"vs_chain": best_gain(series["chain"]),
-                     "vs_best_single_tier": best_gain([min(e, c) for e, c in
-                                                       zip(series["edge_only"], series["cloud_only"])])},
-        "request": req.to_dict(),
-    }
+    return SweepAnswer(
+        request=req, model=graph.model, objective=obj, metric=metric_of(obj),
+        edge_device=profiles[0].device, cloud_device=profiles[1].device, rtt_ms=sc.rtt_ms,
+        uplink_bps=tuple(link.up_bps for link in links), downlink_bps=tuple(link.down_bps for link in links),
+        edge_only=tuple(edge_only), cloud_only=tuple(cloud_only), chain=tuple(chain), dag=tuple(dag_values),
+        dag_edge_layers=tuple(None if p is None else len(p.edge_layers) for p in dag),
+        breakpoints=tuple(breakpoints), method=method, solves=solves,
+        max_gain_vs_chain=best_gain(chain),
+        max_gain_vs_best_single_tier=best_gain([min(e, c) for e, c in zip(edge_only, cloud_only)]),
+    )

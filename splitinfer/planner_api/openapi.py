@@ -1,8 +1,9 @@
-"""The what-if service's OpenAPI 3.0 document, written by hand.
+"""The planner HTTP API's OpenAPI 3.0 document, written by hand.
 
-Request schemas list exactly the fields the request classes in
-`planner.service_requests` read (a unit test holds them equal); the limits here are
-the limits those classes enforce.
+Request schemas list exactly the fields the typed requests in `planner.whatif` read
+(a unit test holds them equal); the limits here are the limits those requests
+enforce (`planner.whatif.limits`) and the unit strings the body reader takes
+(`splitinfer.planner_api.quantities`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from planner.service_requests import (
+from planner.types import COMPRESSIONS, Objective
+from planner.whatif import (
     ENCODING_CHOICES, FRONTIER_OBJECTIVES, MAX_SWEEP_POINTS, ROOFLINE_KEYS, FrontierRequest, PlanRequest, SweepRequest,
 )
-from planner.service_units import DURATION, MAX_GFLOPS, MIN_GFLOPS, POSITIVE_DURATION, RATE, SIZE, Quantity
-from planner.types import COMPRESSIONS, Objective
+from planner.whatif import PROFILE_NAME_RE, limits
+from splitinfer.planner_api.quantities import DURATION, MAX_GFLOPS, MIN_GFLOPS, POSITIVE_DURATION, RATE, SIZE, Quantity
 
 __all__ = ["make_openapi", "OPENAPI_VERSION", "API_VERSION"]
 
@@ -45,7 +47,7 @@ _ROOFLINE = {
     "properties": {
         "gflops": {"type": "number", "minimum": MIN_GFLOPS, "maximum": MAX_GFLOPS,
                    "description": "Compute speed in GFLOP/s"},
-        **{k: {"type": "number", "minimum": 0, "maximum": 1e9,
+        **{k: {"type": "number", "minimum": limits.POWER.lo, "maximum": limits.POWER.hi,
                "description": "Fixed ms per non-empty segment" if k == "fixed_ms" else "Power in W"}
            for k in ROOFLINE_KEYS[1:]},
     },
@@ -98,7 +100,7 @@ _SCENARIO_PROPS: dict[str, Any] = {
     "edge": _DEVICE,
     "cloud": _DEVICE,
     "rtt": _quantity("Round-trip time", DURATION),
-    "loss": {"type": "number", "minimum": 0, "maximum": 0.999, "description": "Packet loss fraction"},
+    "loss": {"type": "number", "minimum": limits.LOSS.lo, "maximum": limits.LOSS.hi, "description": "Packet loss fraction"},
     "objective": {"type": "string", "enum": [o.value for o in Objective], "default": "latency"},
     "encoding": {"type": "string", "enum": list(ENCODING_CHOICES), "default": "fp32",
                  "description": "Boundary precision; auto tries each"},
@@ -107,12 +109,12 @@ _SCENARIO_PROPS: dict[str, Any] = {
     "slo": _quantity("Latency SLO (throughput and energy objectives)", POSITIVE_DURATION),
     "keep_input_local": {"type": "boolean", "default": False,
                          "description": "Privacy: the raw input never crosses the link"},
-    "first_k_local": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "default": 0,
+    "first_k_local": {"type": "integer", "minimum": 0, "maximum": limits.MAX_FIRST_K_LOCAL, "default": 0,
                       "description": "The first k layers (topological order) run on the device"},
     "pinned_device_layers": {"type": "array", "items": {"type": "integer", "minimum": 0},
                              "description": "Layers that must run on the device"},
 }
-_RATIO = {"type": "number", "minimum": 1e-6, "maximum": 1e6, "default": 1.0,
+_RATIO = {"type": "number", "minimum": limits.DOWN_RATIO.lo, "maximum": limits.DOWN_RATIO.hi, "default": 1.0,
           "description": "Downlink rate as a multiple of the uplink rate"}
 
 
@@ -263,7 +265,7 @@ def make_openapi() -> dict[str, Any]:
         "profiles": {"type": "array", "items": stored},
         "reference_devices": {"type": "array", "items": {"type": "string"}}}}
     name_param = {"name": "name", "in": "path", "required": True,
-                  "schema": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}}
+                  "schema": {"type": "string", "pattern": PROFILE_NAME_RE.pattern}}
     doc = {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "splitinfer planner", "version": API_VERSION,

@@ -1,6 +1,11 @@
-"""The quantities a what-if request may give, and their limits: one table read by both
-the validator (`planner.service_requests`) and the OpenAPI document
-(`planner.service_openapi`), so that the two cannot disagree.
+"""The strings with a unit that the HTTP API takes for a rate, a duration or a size,
+built from the planner's limits (`planner.whatif.limits`): the body reader
+(`splitinfer.planner_api.service`) and the OpenAPI document
+(`splitinfer.planner_api.openapi`) both read this table, so they cannot disagree.
+
+The numeric limits are the planner's, because every caller meets them (Python, gRPC,
+HTTP); the unit strings are this edge's, because only the HTTP API and the command line
+take text for a number.
 
 [Note: quantity strings]
 A rate, a duration or a size is a JSON number in the base unit (bits/s, ms, bytes),
@@ -20,33 +25,44 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Quantity", "RATE", "DURATION", "POSITIVE_DURATION", "SIZE", "MIN_GFLOPS", "MAX_GFLOPS"]
+from planner.whatif import limits
 
-MIN_GFLOPS = 1e-6
-"""Slowest roofline device (1 kFLOP/s): slower than any real one, and a layer's FLOPs
-over it stays a finite time for any model (at 5e-324 GFLOP/s a layer takes inf ms)."""
-MAX_GFLOPS = 1e9
+__all__ = ["Quantity", "RATE", "DURATION", "POSITIVE_DURATION", "SIZE", "MIN_GFLOPS", "MAX_GFLOPS", "BY_LIMIT"]
+
+MIN_GFLOPS = limits.GFLOPS.lo
+"""Slowest roofline device (see `planner.whatif.limits.GFLOPS`)."""
+MAX_GFLOPS = limits.GFLOPS.hi
 """Fastest roofline device."""
 
 
 @dataclass(frozen=True)
 class Quantity:
-    """A kind of quantity: its base unit, its limits and the strings that may give it."""
+    """A kind of quantity: the planner's limit on it and the strings that may give it."""
 
-    unit: str
-    """Base unit of the number form (``bits/s``, ``ms``, ``bytes``)."""
-    lo: float
-    """Least value."""
-    hi: float
-    """Greatest value."""
-    lo_open: bool
-    """``lo`` itself is excluded (a latency SLO of 0 ms means nothing)."""
+    limit: limits.Limit
+    """Unit and range, from `planner.whatif.limits`."""
     pattern: str
-    """The strings with a unit whose value lies in [lo, hi]; see [Note: quantity strings]."""
+    """The strings with a unit whose value lies in the range; see [Note: quantity strings]."""
     example: str
     """A string of this kind, for messages and the document."""
     forms: str
     """The strings in words, for messages."""
+
+    @property
+    def unit(self) -> str:
+        return self.limit.unit
+
+    @property
+    def lo(self) -> float:
+        return self.limit.lo
+
+    @property
+    def hi(self) -> float:
+        return self.limit.hi
+
+    @property
+    def lo_open(self) -> bool:
+        return self.limit.lo_open
 
 
 def _decimal(max_int_digits: int, min_exp: int | None) -> str:
@@ -79,33 +95,38 @@ def _pattern(units: dict[str, float], lo: float, hi: float, *, nonzero: bool, su
     return f"^({body}){suffix}$" if not bare else f"^({body})$"
 
 
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_DURATION_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3, "min": 6e4}
+_SIZE_UNITS = {"": 1.0, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20,
+               "GiB": 2.0 ** 30, "TiB": 2.0 ** 40}
+
 RATE = Quantity(
-    unit="bits/s", lo=1.0, hi=1e15, lo_open=False,
-    pattern=_pattern({"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}, 1.0, 1e15,
-                     nonzero=True, suffix="(/s)?"),
+    limits.RATE,
+    pattern=_pattern(_RATE_UNITS, limits.RATE.lo, limits.RATE.hi, nonzero=True, suffix="(/s)?"),
     example="18.88mbit",
     forms="a decimal and a unit, bit, kbit, mbit, gbit or tbit (e.g. '18.88mbit', '500kbit'), "
           "at least 1bit and under 1000tbit; or a number in bits/s",
 )
 DURATION = Quantity(
-    unit="ms", lo=0.0, hi=1e9, lo_open=False,
-    pattern=_pattern({"us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3, "min": 6e4}, 0.0, 1e9, nonzero=False),
+    limits.DURATION,
+    pattern=_pattern(_DURATION_UNITS, limits.DURATION.lo, limits.DURATION.hi, nonzero=False),
     example="20ms",
     forms="a decimal and a unit, us, ms, s, sec or min (e.g. '20ms', '1.5s'), up to 1e9 ms; "
           "or a number in ms",
 )
 POSITIVE_DURATION = Quantity(
-    unit="ms", lo=0.0, hi=1e9, lo_open=True,
-    pattern=_pattern({"us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3, "min": 6e4}, 0.0, 1e9, nonzero=True),
+    limits.POSITIVE_DURATION,
+    pattern=_pattern(_DURATION_UNITS, limits.POSITIVE_DURATION.lo, limits.POSITIVE_DURATION.hi, nonzero=True),
     example="100ms",
     forms="a non-zero decimal and a unit, us, ms, s, sec or min (e.g. '100ms'), up to 1e9 ms; "
           "or a number in ms",
 )
 SIZE = Quantity(
-    unit="bytes", lo=0.0, hi=2.0 ** 60, lo_open=False,
-    pattern=_pattern({"": 1.0, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20,
-                      "GiB": 2.0 ** 30, "TiB": 2.0 ** 40}, 0.0, 2.0 ** 60, nonzero=False),
+    limits.SIZE,
+    pattern=_pattern(_SIZE_UNITS, limits.SIZE.lo, limits.SIZE.hi, nonzero=False),
     example="64MiB",
     forms="a decimal and a unit, B, KB, MB, GB, KiB, MiB, GiB or TiB (e.g. '64MiB'), up to 2**60 bytes; "
           "or a number in bytes",
 )
+BY_LIMIT = {q.limit.name: q for q in (RATE, DURATION, POSITIVE_DURATION, SIZE)}
+"""The quantity that gives each limit as text, by `Limit.name`."""
