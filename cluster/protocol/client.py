@@ -4,7 +4,9 @@
 Both send frames as bytes and decode them here, and both turn a failed call
 into the `cluster.protocol.errors` class the server raised (see `status.from_status`).
 The bearer token rides in `authorization` metadata; it is never logged or shown
-in a repr.
+in a repr. `options` adds or overrides gRPC channel options (the edge agent sets its
+reconnect back-off there), and `infer_counted` returns, with the answer, the bytes the
+call moved each way and its round trip, which is what a link estimator needs.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.errors import ClusterError
 from cluster.protocol import status as _status
+from cluster.protocol.errors import ClusterError
 from cluster.protocol.messages import (
     ArtifactsChunk,
     ArtifactsRequest,
@@ -33,7 +36,11 @@ from cluster.protocol.messages import (
     Tensor,
 )
 
-__all__ = ["InferenceClient", "SyncInferenceClient", "make_request", "new_request_id", "SERVICE_NAME"]
+__all__ = ["InferenceClient", "SyncInferenceClient", "InferResult", "make_request", "new_request_id", "SERVICE_NAME",
+           "SERVER_TIME_KEYS"]
+
+#: timings_ms keys that are time spent in the server (not on the link).
+SERVER_TIME_KEYS = ("decode", "decode_tensors", "queue", "compute", "encode")
 
 _DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 #: Extra time the gRPC deadline gets beyond the request's own deadline, so the
@@ -80,11 +87,35 @@ def _grpc_timeout(req: InferRequest, timeout_s: float | None) -> float:
     return max(DEADLINE_GRACE_S, req.deadline_unix_ms / 1000.0 - time.time() + DEADLINE_GRACE_S)
 
 
-def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-    ]
+def _options(max_message_bytes: int, extra: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The message size limits both ways, then `extra`; a key in `extra` replaces the default."""
+    options = {
+        "grpc.max_receive_message_length": max_message_bytes,
+        "grpc.max_send_message_length": max_message_bytes,
+    }
+    options.update(extra)
+    return list(options.items())
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """One answered Infer and what the call cost on the link."""
+
+    response: InferResponse
+    up_bytes: int
+    """Bytes of the request frame sent."""
+    down_bytes: int
+    """Bytes of the response frame received."""
+    elapsed_s: float
+    """Round trip of the call as the client saw it (time.monotonic)."""
+    server_ms: float
+    """Time the server says it spent (the SERVER_TIME_KEYS of its timings_ms)."""
+
+    @classmethod
+    def of(cls, raw: bytes, up_bytes: int, elapsed_s: float) -> InferResult:
+        resp = InferResponse.from_msgpack(raw)
+        server_ms = sum(v for k, v in resp.timings_ms.items() if k in SERVER_TIME_KEYS)
+        return cls(resp, up_bytes, len(raw), elapsed_s, server_ms)
 
 
 def _error_of_rpc(e: grpc.RpcError) -> ClusterError:
@@ -114,9 +145,10 @@ class InferenceClient:
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
         max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+        options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.address = address
-        opts = _options(max_message_bytes)
+        opts = _options(max_message_bytes, options)
         if credentials is not None:
             self._channel = grpc.aio.secure_channel(address, credentials, options=opts)
         else:
@@ -143,12 +175,17 @@ class InferenceClient:
 
     async def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
         """One unary Infer. The gRPC deadline follows `request.deadline_unix_ms` unless `timeout_s` is given."""
+        return (await self.infer_counted(request, timeout_s=timeout_s)).response
+
+    async def infer_counted(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResult:
+        """`infer`, with the bytes each way and the round trip of the call."""
         data = request.to_msgpack()
+        t0 = time.monotonic()
         try:
             raw = await self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
         except grpc.RpcError as e:
             raise _error_of_rpc(e) from e
-        return InferResponse.from_msgpack(raw)
+        return InferResult.of(raw, len(data), time.monotonic() - t0)
 
     async def infer_stream(
         self, requests: AsyncIterable[InferRequest] | Iterable[InferRequest], *, timeout_s: float | None = None
@@ -220,9 +257,10 @@ class SyncInferenceClient:
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
         max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+        options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.address = address
-        opts = _options(max_message_bytes)
+        opts = _options(max_message_bytes, options)
         if credentials is not None:
             self._channel = grpc.secure_channel(address, credentials, options=opts)
         else:
@@ -255,12 +293,16 @@ class SyncInferenceClient:
             raise _error_of_rpc(e) from e
 
     def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
+        return self.infer_counted(request, timeout_s=timeout_s).response
+
+    def infer_counted(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResult:
         data = request.to_msgpack()
+        t0 = time.monotonic()
         try:
             raw = self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
         except grpc.RpcError as e:
             raise _error_of_rpc(e) from e
-        return InferResponse.from_msgpack(raw)
+        return InferResult.of(raw, len(data), time.monotonic() - t0)
 
     def infer_stream(
         self, requests: Iterable[InferRequest], *, timeout_s: float | None = None
