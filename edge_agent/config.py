@@ -4,6 +4,12 @@ Keys are snake_case; the camelCase spelling of every key is accepted too, becaus
 Helm chart's DaemonSet ConfigMap writes `gateway`, `model`, `objective`, `apiHost`
 and `apiPort`. Every error names the key and the fix. docs/edge-agent.md is the
 reference.
+
+The policy's and the link monitor's knobs are their own frozen configs,
+`edge_agent.policy.PolicyConfig` and `edge_agent.monitor.MonitorConfig`, set from the
+`policy:` and `monitor:` sections; their defaults and limits live there only.
+`objective`, `slo_ms`, `hysteresis` and `dwell_s` may also stand at the top level
+(the Helm chart writes `objective` there): they set the same policy knobs.
 """
 
 from __future__ import annotations
@@ -16,16 +22,17 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from edge_agent.errors import ConfigError
+from edge_agent.monitor import MonitorConfig
+from edge_agent.policy import OBJECTIVES, PolicyConfig
 
 __all__ = ["EdgeConfig", "load_config", "config_from_dict", "default_cache_dir", "OBJECTIVES", "FALLBACKS"]
 
-OBJECTIVES = ("latency", "energy", "throughput")
 FALLBACKS = ("local", "none")
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
@@ -58,10 +65,10 @@ class EdgeConfig:
     """This device's id for the gateway's quotas and canary routing; empty: $NODE_NAME or the host name."""
     device_profile: str | None = None
     """Device Profile JSON; absent: estimated on first start and cached under `cache_dir`."""
-    objective: str = "latency"
-    """'latency' or 'energy' ('throughput' plans as latency: one device sends one request at a time)."""
-    slo_ms: float | None = None
-    """End-to-end latency target per request; requests whose remote path would miss it run locally."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Where each request runs: objective, SLO, hysteresis, dwell, back-off and trials (`policy:`)."""
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    """How the link is estimated: smoothing, step detection, RTT window, stall bounds (`monitor:`)."""
     fallback: str = "local"
     """'local': finish on the device when the cloud fails or is late; 'none': return the error."""
     cache_dir: str = ""
@@ -80,10 +87,6 @@ class EdgeConfig:
     """Idle time after which the agent probes the link (health RTT and a resent boundary)."""
     recovery_probe_s: float = 0.5
     """While requests run locally, a health check this often on the idle link shows when an outage ends."""
-    hysteresis: float = 0.15
-    """A new plan must be predicted this fraction faster than the current one to switch."""
-    dwell_s: float = 1.0
-    """Least time between two switches (unless the current plan misses the SLO)."""
     breaker_failures: int = 3
     """Consecutive remote failures that open the circuit breaker."""
     breaker_open_s: float = 2.0
@@ -150,7 +153,9 @@ class EdgeConfig:
     @classmethod
     def from_json(cls, text: str) -> EdgeConfig:
         d = json.loads(text)
-        d["encodings"] = tuple(d.get("encodings", ("fp32", "fp16")))
+        d["encodings"] = tuple(d["encodings"])
+        d["policy"] = PolicyConfig(**d["policy"])
+        d["monitor"] = MonitorConfig(**d["monitor"])
         return cls(**d)
 
     def __repr__(self) -> str:  # never show the token
@@ -161,6 +166,13 @@ class EdgeConfig:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(EdgeConfig)}
 _REQUIRED = ("gateway", "model")
+_SECTIONS: dict[str, type[PolicyConfig] | type[MonitorConfig]] = {"policy": PolicyConfig, "monitor": MonitorConfig}
+#: Top-level keys that set a knob of a section.
+_ALIASES = {"objective": "policy.objective", "slo_ms": "policy.slo_ms", "hysteresis": "policy.hysteresis",
+            "dwell_s": "policy.dwell_s"}
+#: Every knob edge.yaml can set, as 'name' or 'section.name'.
+_KNOBS = ([n for n in _FIELDS if n not in _SECTIONS]
+          + [f"{sec}.{f.name}" for sec, cls in _SECTIONS.items() for f in dataclasses.fields(cls)])
 
 
 def _bad(key: str, value: Any, want: str, fix: str) -> ConfigError:
@@ -172,21 +184,12 @@ def _check(c: EdgeConfig) -> None:
         raise _bad("gateway", c.gateway, "host:port", "e.g. gateway: splitinfer-gateway.default.svc:50051")
     if not isinstance(c.model, str) or not re.match(r"^[A-Za-z0-9_.-]+(@[A-Za-z0-9_.-]*)?$", c.model):
         raise _bad("model", c.model, "name@version (or a bare name)", "e.g. model: resnet50@1")
-    if c.objective not in OBJECTIVES:
-        raise _bad("objective", c.objective, f"one of {list(OBJECTIVES)}", "e.g. objective: latency")
     if c.fallback not in FALLBACKS:
         raise _bad("fallback", c.fallback, f"one of {list(FALLBACKS)}", "use 'local' to finish on the device")
-    if c.slo_ms is not None and not (_num(c.slo_ms) and c.slo_ms > 0):
-        raise _bad("slo_ms", c.slo_ms, "a number of ms > 0, or absent", "e.g. slo_ms: 200")
     for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s"):
         v = getattr(c, key)
         if not (_num(v) and v > 0):
             raise _bad(key, v, "a number > 0", f"remove it to use the default ({_FIELDS[key].default})")
-    for key in ("hysteresis", "dwell_s"):
-        v = getattr(c, key)
-        if not (_num(v) and v >= 0) or (key == "hysteresis" and v >= 1):
-            raise _bad(key, v, "a number >= 0" + (" and < 1" if key == "hysteresis" else ""),
-                       f"remove it to use the default ({_FIELDS[key].default})")
     for key, lo in (("breaker_failures", 1), ("intra_op_threads", 0), ("max_inflight", 1), ("api_port", 0)):
         v = getattr(c, key)
         if not isinstance(v, int) or isinstance(v, bool) or v < lo or (key == "api_port" and v > 65535):
@@ -247,28 +250,34 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
         name = _snake(str(key))
         if name in ("tls", "emulate") and isinstance(value, Mapping):  # nested: tls: {ca:, ...}, emulate: {device:, ...}
             pairs = [(f"{name}_{_snake(str(sub))}", f"{key}.{sub}", v) for sub, v in value.items()]
-        elif name == "emulate":
-            raise ConfigError(key=str(key), reason=f"is {value!r}, not a mapping", path=path,
-                              fix="e.g. emulate: {device: rpi4, uplink: 10mbit, rtt: 5ms}")
+        elif name in _SECTIONS and (value is None or isinstance(value, Mapping)):  # policy: {slo_ms:, ...}
+            pairs = [(f"{name}.{_snake(str(sub))}", f"{key}.{sub}", v) for sub, v in (value or {}).items()]
+        elif name in ("emulate", *_SECTIONS):
+            example = {"emulate": "emulate: {device: rpi4, uplink: 10mbit, rtt: 5ms}",
+                       "policy": "policy: {slo_ms: 200, dwell_s: 2}", "monitor": "monitor: {rtt_window: 8}"}[name]
+            raise ConfigError(key=str(key), reason=f"is {value!r}, not a mapping", path=path, fix=f"e.g. {example}")
         else:
-            pairs = [(name, str(key), value)]
+            pairs = [(_ALIASES.get(name, name), str(key), value)]
         for knob, shown, v in pairs:
             if knob in spelled:
                 raise ConfigError(key=shown, reason=f"repeats {spelled[knob]!r} (both set {knob!r})",
                                   fix="keep one of the two keys", path=path)
             spelled[knob] = shown
             d[knob] = v
-    unknown = sorted(set(d) - set(_FIELDS))
+    unknown = sorted(set(d) - set(_KNOBS))
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(_FIELDS), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(_FIELDS)}"
+        known = [*_KNOBS, *_ALIASES]
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
         raise ConfigError(key=unknown[0], reason="is not a known key", fix=hint, path=path)
+    for section, cls in _SECTIONS.items():
+        values = {k.split(".", 1)[1]: d.pop(k) for k in list(d) if k.startswith(section + ".")}
+        d[section] = _make_section(cls, section, values, spelled, path)
     for key in _REQUIRED:
         if d.get(key) in (None, ""):
             raise ConfigError(key=key, reason="is missing", path=path,
                               fix="e.g. gateway: host:50051" if key == "gateway" else "e.g. model: resnet50@1")
-    for key in ("slo_ms", "remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s",
-                "hysteresis", "dwell_s", "breaker_open_s"):
+    for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s"):
         if isinstance(d.get(key), int) and not isinstance(d.get(key), bool):
             d[key] = float(d[key])
     if isinstance(d.get("encodings"), list):
@@ -289,6 +298,38 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
         if path and not e.path:
             raise ConfigError(key=e.key, reason=e.reason, fix=e.fix, path=path) from None
         raise
+
+
+def _make_section(cls: type[PolicyConfig] | type[MonitorConfig], section: str, values: Mapping[str, Any],
+                  spelled: Mapping[str, str], path: str) -> PolicyConfig | MonitorConfig:
+    """`cls(**values)`: a whole number where a float belongs becomes one; a value of the wrong
+    type, or one the config's own limits refuse, is a ConfigError naming the key as written."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        v, key, kind = values[f.name], spelled[f"{section}.{f.name}"], str(f.type)
+        fix = f"remove it to use the default ({f.default!r})"
+        if v is None and kind.endswith("| None"):
+            pass
+        elif kind.startswith("float"):
+            if not _num(v):
+                raise ConfigError(key=key, reason=f"is {v!r}; it must be a number", fix=fix, path=path)
+            v = float(v)
+        elif kind == "int" and (not isinstance(v, int) or isinstance(v, bool)):
+            raise ConfigError(key=key, reason=f"is {v!r}; it must be an integer", fix=fix, path=path)
+        elif kind == "str" and not isinstance(v, str):
+            raise ConfigError(key=key, reason=f"is {v!r}; it must be a string", fix=fix, path=path)
+        kwargs[f.name] = v
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # "name=value must be ...", from the config's own limits
+        name, _, rest = str(e).partition("=")
+        key = spelled.get(f"{section}.{name}", section)
+        want = rest.partition(" must be ")[2] or str(e)
+        default = getattr(cls, name, None)
+        raise ConfigError(key=key, reason=f"is {values.get(name)!r}; it must be {want}", path=path,
+                          fix=f"remove it to use the default ({default!r})") from None
 
 
 def load_config(path: str) -> EdgeConfig:

@@ -46,7 +46,7 @@ import collections
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 __all__ = ["LinkEstimate", "MonitorConfig", "LinkMonitor"]
 
@@ -82,7 +82,7 @@ class LinkEstimate:
 
 @dataclass(frozen=True)
 class MonitorConfig:
-    """Smoothing and step detection."""
+    """Smoothing, step detection and bounds (edge.yaml's `monitor:` section; see [Note: link estimation])."""
 
     alpha: float = 0.15
     """EWMA weight of a new log-rate sample."""
@@ -94,8 +94,6 @@ class MonitorConfig:
     """The RTT is the minimum of this many recent samples (queueing and reconnects only add delay)."""
     rtt_max_age_s: float = 10.0
     """Older RTT samples drop out when a new one comes: a minimum from before a path change must not stay."""
-    down_ratio: float = 4.0
-    """Downlink rate / uplink rate, to count response bytes."""
     min_payload_fraction: float = 0.25
     """Below this share of the network time spent on bytes, a call only bounds the rate from below."""
     stall_factor: float = 2.0
@@ -108,22 +106,36 @@ class MonitorConfig:
     """The level never decays below this rate."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.alpha <= 1 or self.rtt_window < 1:
-            raise ValueError(f"alpha={self.alpha} must be in (0, 1] and rtt_window={self.rtt_window} >= 1")
-        if self.stall_factor <= 1:
-            raise ValueError(f"stall_factor={self.stall_factor} must be > 1 (a transfer on time bounds nothing)")
-        if self.outage_decay < 1 or not self.floor_bps > 0:
-            raise ValueError(f"outage_decay={self.outage_decay} must be >= 1 and floor_bps={self.floor_bps} > 0")
-        if self.delta < 0 or self.threshold <= 0 or self.down_ratio <= 0:
-            raise ValueError(f"need delta >= 0 (got {self.delta}), threshold > 0 (got {self.threshold}) "
-                             f"and down_ratio > 0 (got {self.down_ratio})")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise ValueError(f"{f.name}={value!r} must be {'an integer' if f.type == 'int' else 'a number'}")
+        for name, ok, want in (
+            ("alpha", 0 < self.alpha <= 1, "in (0, 1]"),
+            ("delta", self.delta >= 0, ">= 0"),
+            ("threshold", self.threshold > 0, "> 0"),
+            ("rtt_window", isinstance(self.rtt_window, int) and self.rtt_window >= 1, "an integer >= 1"),
+            ("rtt_max_age_s", self.rtt_max_age_s > 0, "> 0"),
+            ("min_payload_fraction", 0 <= self.min_payload_fraction <= 1, "in [0, 1]"),
+            ("stall_factor", self.stall_factor > 1, "> 1 (a transfer on time bounds nothing)"),
+            ("server_alpha", 0 < self.server_alpha <= 1, "in (0, 1]"),
+            ("outage_decay", self.outage_decay >= 1, ">= 1"),
+            ("floor_bps", self.floor_bps > 0, "> 0"),
+        ):
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be {want}")
 
 
 class LinkMonitor:
     """Passive (and probe) samples in, `estimate()` out."""
 
-    def __init__(self, config: MonitorConfig | None = None) -> None:
+    def __init__(self, config: MonitorConfig | None = None, *, down_ratio: float = 4.0) -> None:
         self.config = config or MonitorConfig()
+        if not (isinstance(down_ratio, (int, float)) and math.isfinite(down_ratio) and down_ratio > 0):
+            raise ValueError(f"down_ratio={down_ratio!r} must be > 0")
+        self.down_ratio = down_ratio
+        """Downlink rate / uplink rate, to count response bytes: the plan frontier's, so the
+        monitor counts bytes as the plans price them (hence not a `MonitorConfig` knob)."""
         self._level: float | None = None  # log(bps)
         self._rtts: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.config.rtt_window)
         self._up = 0.0
@@ -210,7 +222,7 @@ class LinkMonitor:
         net_s = elapsed_s - max(0.0, server_ms) / 1e3
         if net_s <= 0:
             return False
-        bits = 8.0 * (up_bytes + down_bytes / c.down_ratio)
+        bits = 8.0 * (up_bytes + down_bytes / self.down_ratio)
         if self._level is not None and bits / math.exp(self._level) < c.min_payload_fraction * net_s:
             # Almost no bytes at the level's rate: the rest of the network time is an RTT sample.
             self.observe_rtt((net_s - bits / math.exp(self._level)) * 1e3, now_s)
@@ -302,7 +314,7 @@ class LinkMonitor:
         up = None if self._level is None else math.exp(self._level)
         return LinkEstimate(
             up_bps=up,
-            down_bps=None if up is None else up * self.config.down_ratio,
+            down_bps=None if up is None else up * self.down_ratio,
             rtt_ms=self._rtt_ms,
             samples=self._samples,
             last_sample_s=self._last_sample_s,

@@ -57,34 +57,60 @@ from dataclasses import dataclass, field
 from edge_agent.monitor import LinkEstimate
 from planner import Encoding, Frontier, Objective
 
-__all__ = ["Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "LOCAL", "OFFLOAD"]
+__all__ = ["OBJECTIVES", "Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "LOCAL", "OFFLOAD"]
 
 LOCAL, OFFLOAD = "local", "offload"
+OBJECTIVES = ("latency", "energy", "throughput")
 _MAX_UTILISATION = 0.9
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
+    """The policy's knobs (edge.yaml's `policy:` section; see [Note: policy] for their roles)."""
+
     objective: str = "latency"
-    """'latency' or 'energy' (anything else plans as latency)."""
+    """'latency', 'energy' or 'throughput' (plans as latency: one device sends one request at a time)."""
     slo_ms: float | None = None
-    """Per-request latency target; None: none."""
+    """Per-request latency target; requests whose remote path would miss it run locally. None: none."""
     hysteresis: float = 0.15
-    """Required relative improvement before switching."""
+    """A new option must be predicted this fraction cheaper than the current one to switch (< 1)."""
     dwell_s: float = 1.0
     """Least time between switches unless forced."""
     initial_up_bps: float | None = None
     """Rate assumed before the first sample; None: the frontier range's geometric middle."""
     urgent_ratio: float = 0.5
-    """A target costing at most this fraction of the current option switches even inside the dwell."""
+    """A target costing at most this fraction of the current option switches even inside the dwell (0: never)."""
     flap_window_s: float = 10.0
     """Holding an option this long beyond its back-off dwell clears the reversals."""
     max_backoff: int = 4
     """The dwell before a return doubles per reversal, at most 2**max_backoff times."""
     trial_ratio: float = 1.5
-    """While local, a remote target predicted this many times faster gets trial requests."""
+    """While local, a remote target predicted this many times faster gets trial requests (>= 1)."""
     trial_every_s: float = 2.0
     """Least time between two trials."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r} must be one of {list(OBJECTIVES)}")
+        for name, ok, want in (
+            ("slo_ms", self.slo_ms is None or (_finite(self.slo_ms) and self.slo_ms > 0), "> 0 ms, or absent"),
+            ("hysteresis", _finite(self.hysteresis) and 0 <= self.hysteresis < 1, ">= 0 and < 1"),
+            ("dwell_s", _finite(self.dwell_s) and self.dwell_s >= 0, ">= 0"),
+            ("initial_up_bps", self.initial_up_bps is None
+             or (_finite(self.initial_up_bps) and self.initial_up_bps > 0), "> 0 bit/s, or absent"),
+            ("urgent_ratio", _finite(self.urgent_ratio) and 0 <= self.urgent_ratio <= 1, "in [0, 1]"),
+            ("flap_window_s", _finite(self.flap_window_s) and self.flap_window_s >= 0, ">= 0"),
+            ("max_backoff", isinstance(self.max_backoff, int) and not isinstance(self.max_backoff, bool)
+             and 0 <= self.max_backoff <= 30, "an integer in [0, 30]"),
+            ("trial_ratio", _finite(self.trial_ratio) and self.trial_ratio >= 1, ">= 1"),
+            ("trial_every_s", _finite(self.trial_every_s) and self.trial_every_s > 0, "> 0"),
+        ):
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be {want}")
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)

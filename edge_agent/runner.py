@@ -45,11 +45,11 @@ from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EncodedTensor
 from edge_agent import breaker as B
 from edge_agent.config import EdgeConfig
-from edge_agent.engines import CutEngines, ModelSet
+from edge_agent.engines import DEFAULT_LINK_RANGE, CutEngines, ModelSet
 from edge_agent.errors import RequestError
 from edge_agent.flow import RequestFlow, Step
-from edge_agent.monitor import LinkMonitor, MonitorConfig
-from edge_agent.policy import LOCAL, Action, Health, PolicyConfig, PolicyState, after_trial, policy
+from edge_agent.monitor import LinkMonitor
+from edge_agent.policy import LOCAL, Action, Health, PolicyState, after_trial, policy
 from edge_agent.probing import LinkProbing
 from edge_agent.transport import Remote, RemoteResult
 from planner import Frontier
@@ -130,10 +130,11 @@ class Runner(LinkProbing):
         self.frontier = frontier
         self.remote = remote
         self.config = config
-        self.monitor = LinkMonitor(MonitorConfig(down_ratio=frontier.link_range.down_ratio if frontier else 4.0))
+        link_range = frontier.link_range if frontier else DEFAULT_LINK_RANGE
+        self.monitor = LinkMonitor(config.monitor, down_ratio=link_range.down_ratio)
         self.breaker_config = B.BreakerConfig(config.breaker_failures, config.breaker_open_s)
         self.breaker = B.BreakerState()
-        self.policy_config = PolicyConfig(config.objective, config.slo_ms, config.hysteresis, config.dwell_s)
+        self.policy_config = config.policy
         self.state = PolicyState()
         self.last_action: Action | None = None
         self.counters = Counters()
@@ -250,11 +251,12 @@ class Runner(LinkProbing):
 
     def _remote_budget_s(self, start_s: float, ce: CutEngines) -> float:
         cap = self.config.remote_timeout_ms / 1e3
-        if self.config.slo_ms is None:
+        slo_ms = self.policy_config.slo_ms
+        if slo_ms is None:
             return cap
         tail_ms = ce.tail.stats().median_ms or self.local_ms
-        left = self.config.slo_ms / 1e3 - (time.monotonic() - start_s) - tail_ms / 1e3
-        return min(cap, max(left, 0.3 * self.config.slo_ms / 1e3))
+        left = slo_ms / 1e3 - (time.monotonic() - start_s) - tail_ms / 1e3
+        return min(cap, max(left, 0.3 * slo_ms / 1e3))
 
     # -- running ------------------------------------------------------------------------
 

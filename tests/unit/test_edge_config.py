@@ -4,6 +4,8 @@ import pytest
 
 from edge_agent.config import EdgeConfig, config_from_dict, default_cache_dir, load_config
 from edge_agent.errors import ConfigError
+from edge_agent.monitor import MonitorConfig
+from edge_agent.policy import PolicyConfig
 
 BASE = {"gateway": "127.0.0.1:50051", "model": "resnet50@1"}
 
@@ -13,20 +15,20 @@ def test_helm_configmap_keys_load(tmp_path):
     p.write_text("gateway: splitinfer-gateway.default.svc:50051\nmodel: resnet50@2\nobjective: energy\n"
                  "apiHost: 0.0.0.0\napiPort: 8600\n")
     c = load_config(str(p))
-    assert (c.gateway, c.model_name, c.model_version, c.objective, c.api_host, c.api_port) == (
+    assert (c.gateway, c.model_name, c.model_version, c.policy.objective, c.api_host, c.api_port) == (
         "splitinfer-gateway.default.svc:50051", "resnet50", "2", "energy", "0.0.0.0", 8600)
 
 
 def test_defaults_and_bare_model_name():
     c = config_from_dict({"gateway": "gw:1", "model": "resnet50"})
     assert c.model_version == "" and c.api_host == "127.0.0.1" and c.api_port == 8500
-    assert c.fallback == "local" and c.slo_ms is None
+    assert c.fallback == "local" and c.policy == PolicyConfig() and c.monitor == MonitorConfig()
     assert c.resolved_cache_dir == default_cache_dir()
 
 
 def test_snake_and_camel_and_nested_tls(tmp_path):
     c = config_from_dict(BASE | {"sloMs": 150, "cache_dir": str(tmp_path), "tls": {"ca": "ca.pem"}})
-    assert c.slo_ms == 150.0 and isinstance(c.slo_ms, float) and c.tls_ca == "ca.pem"
+    assert c.policy.slo_ms == 150.0 and isinstance(c.policy.slo_ms, float) and c.tls_ca == "ca.pem"
 
 
 def test_json_round_trip_and_repr_hides_token():
@@ -122,7 +124,7 @@ def test_one_knob_given_twice_in_two_spellings_is_refused(raw, first, second):
 def test_camel_and_snake_in_one_yaml_file_is_refused(tmp_path):
     p = tmp_path / "edge.yaml"
     p.write_text("gateway: gw:1\nmodel: m@1\nsloMs: 100\nslo_ms: 200\n")
-    with pytest.raises(ConfigError, match=r"'slo_ms' repeats 'sloMs' \(both set 'slo_ms'\)"):
+    with pytest.raises(ConfigError, match=r"'slo_ms' repeats 'sloMs' \(both set 'policy.slo_ms'\)"):
         load_config(str(p))
 
 

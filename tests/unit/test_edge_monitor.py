@@ -52,7 +52,7 @@ def test_one_outlier_does_not_move_the_level_much():
 
 
 def test_transfer_sample_subtracts_server_time_and_rtt():
-    mon = LinkMonitor(MonitorConfig(down_ratio=4.0))
+    mon = LinkMonitor(down_ratio=4.0)
     mon.observe_rtt(20.0, 0.0)
     # 125000 bytes up (1 Mbit) + 40000 down (= 10000 up-equivalent bytes): 1.08 Mbit in 0.5 s of payload.
     mon.observe_transfer(125_000, 40_000, elapsed_s=0.5 + 0.020 + 0.030, server_ms=30.0, now_s=1.0)
