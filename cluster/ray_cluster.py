@@ -10,9 +10,14 @@ ReplicaPool per tail to the gateway's `Pool` interface.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -40,22 +45,27 @@ def connect(address: str, *, num_cpus: int | None = None, quiet: bool = False) -
     a local one for 'local'. Returns the cluster's resources. Raises Unavailable when it cannot.
 
     ``quiet`` (the demo's console) keeps the workers' stdout and stderr in Ray's log files
-    (/tmp/ray/session_latest/logs) instead of forwarding them to this process: the C++
-    components' error lines (E ... core_worker.cc) among them. Ray's own Python logger
-    logs at ERROR."""
+    (/tmp/ray/session_latest/logs) instead of forwarding them to this process, and Ray's
+    own Python logger logs at ERROR. The C++ core worker inside this process writes its
+    error lines (``E ... core_worker.cc``, e.g. ray-project/ray#53727's line for every
+    actor made with ``max_restarts`` and its arguments in the object store) straight to
+    this process's stderr; quiet sets its level to FATAL (``RAY_BACKEND_LOG_LEVEL``,
+    unless already set) and drops the one line that setting prints at start."""
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     kwargs: dict[str, Any] = {"ignore_reinit_error": True, "include_dashboard": False,
                               "logging_level": logging.ERROR if quiet else logging.WARNING}
     if quiet:
         kwargs["log_to_driver"] = False
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     if address == "local":
         kwargs["num_cpus"] = num_cpus
     else:
         kwargs["address"] = address
     try:
         try:
-            ray.init(**kwargs)
+            with _stderr_without(_RAY_LOG_LEVEL_LINE if quiet else None):
+                ray.init(**kwargs)
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception when its raylet never starts
             if address != "local" or "timed out during startup" not in str(e):
                 raise
@@ -70,6 +80,34 @@ def connect(address: str, *, num_cpus: int | None = None, quiet: bool = False) -
     res = dict(ray.cluster_resources())
     logger.info("connected to Ray at %s: %s", address, {k: v for k, v in res.items() if k in ("CPU", "GPU")})
     return res
+
+
+# What the C++ logger prints when RAY_BACKEND_LOG_LEVEL is set, whatever the level.
+_RAY_LOG_LEVEL_LINE = re.compile(rb"^\[[^\]]*\] logging\.cc:\d+: Set ray log level from environment variable")
+
+
+@contextlib.contextmanager
+def _stderr_without(pattern: re.Pattern[bytes] | None) -> Iterator[None]:
+    """Runs the block with file descriptor 2 on a temporary file, then writes what it
+    caught to the real stderr less the lines that match ``pattern``. C++ code writes to
+    the descriptor, not to ``sys.stderr``, so only this catches it."""
+    if pattern is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True) if not pattern.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def shutdown() -> None:

@@ -1,5 +1,6 @@
-"""The demo's Ray keeps its workers' log lines (Ray's C++ `E ...` lines among them) off the
-console unless --verbose: `start_ray(quiet=True)` does not forward them to the driver."""
+"""The demo's Ray keeps its workers' log lines and the driver's own C++ `E ...` lines off the
+console unless --verbose: `start_ray(quiet=True)` does not forward the workers' lines to
+the driver, and sets the driver's C++ log level to FATAL."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ _SCRIPT = textwrap.dedent("""
         return 1
 
     ray.get(noisy.remote())
+
+    @ray.remote(max_restarts=1)
+    class Restartable:
+        def __init__(self, blob):
+            self.n = len(blob)
+
+        def size(self):
+            return self.n
+
+    # Arguments this large travel through the object store, and the driver's C++ core
+    # worker writes an error line for an actor that may restart (ray-project/ray#53727).
+    ray.get(Restartable.remote(ray.put(bytes(1 << 20))).size.remote())
     time.sleep(2)  # Ray forwards a worker's lines to the driver within about a second
     stop_ray()
 """)
@@ -40,8 +53,10 @@ def test_demo_ray_keeps_worker_log_lines_off_the_console() -> None:
     out = _run("quiet")
     assert "line-of-a-worker" not in out
     assert "WARNING" not in out
+    assert "core_worker.cc" not in out and "logging.cc" not in out, out
 
 
 def test_demo_ray_forwards_worker_log_lines_with_verbose() -> None:
     out = _run("verbose")
     assert "stdout-line-of-a-worker" in out and "[E core_worker.cc:1] stderr-line-of-a-worker" in out
+    assert "has constructor arguments in the object store" in out
