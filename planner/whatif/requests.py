@@ -258,8 +258,9 @@ class Scenario:
                 f"field 'pinned_device_layers' is {pinned!r}; give a list of layer ids (integers >= 0)",
                 field="pinned_device_layers")
         memory = r.maybe("device_memory", SIZE, "64MiB")
+        exact = r.d.get("device_memory")  # an integer above 2**53 stays exact
         c = Constraints(
-            device_memory_bytes=int(memory) if memory is not None else None,
+            device_memory_bytes=None if memory is None else exact if type(exact) is int else int(memory),
             pinned_device_layers=frozenset(pinned),
             raw_input_stays_on_device=r.boolean("keep_input_local"),
             first_k_local=r.integer("first_k_local", 0, 0, MAX_FIRST_K_LOCAL),
