@@ -1,7 +1,8 @@
 """The planner: profiles and the cost model, exact solvers, and the plan frontier.
 
 Pure: no I/O, no clocks, no ONNX Runtime, Ray, gRPC or Kubernetes in the core. The
-what-if service and the command line are thin layers over these names.
+typed what-if API (`planner.whatif`) asks these questions by model and device name;
+the HTTP API, the command line and the gateway's `Plan` are adapters over it.
 
     plan = solve(graph, [device_profile, cloud_profile], Link(18.88e6, 50e6, 20.0))
     front = frontier(graph, profiles, LinkRange(1e6, 1e9, down_ratio=2.0, rtt_ms=20.0))

@@ -8,12 +8,11 @@ a sweep's series hold None where no plan is feasible.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.types import Breakdown, Objective, Plan
+from planner.types import Breakdown, Objective, Plan, _Json
 from planner.whatif.requests import SweepRequest
 
 __all__ = ["Summary", "PlanAnswer", "PlanInfo", "Breakpoint", "SweepAnswer", "SERIES", "METRICS"]
@@ -22,15 +21,6 @@ SERIES = ("edge_only", "cloud_only", "chain", "dag")
 """A sweep's series, in plotting order."""
 METRICS = ("total_ms", "period_ms", "energy_mj")
 """The numbers an objective minimises (latency, throughput, energy)."""
-
-
-class _Json:
-    def to_json(self, **kw: Any) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False, **kw)  # type: ignore[attr-defined]
-
-    @classmethod
-    def from_json(cls, text: str) -> Any:
-        return cls.from_dict(json.loads(text))  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -159,10 +149,6 @@ class Breakpoint(_Json):
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Breakpoint:
         return cls(d["up_bps"], PlanInfo.from_dict(d["below"]), PlanInfo.from_dict(d["above"]), d["exact"])
-
-
-
-
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from partitioner import ZOO_MODELS, LayerGraph, PartitionError, build_graph, zoo_path
 from planner.errors import PlannerError

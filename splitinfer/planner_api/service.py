@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from partitioner import PartitionError
-from planner.errors import InfeasibleError, PlannerError, ProfileError
+from planner.errors import InfeasibleError, PlannerError
 from planner.profile import PROFILE_SCHEMA, Profile
 from planner.whatif import (
     PROFILE_NAME_RE, FrontierRequest, InvalidRequestError, Limit, NotFoundError, PlanRequest, QuantityText,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from partitioner import Cut, build_graph
+from partitioner import Cut
 from planner.costmodel import evaluate
 from planner.errors import InfeasibleError, PlannerError
 from planner.solvers import solve
