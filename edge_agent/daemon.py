@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import Any
 
+from cluster.protocol.client import InferenceClient
 from cluster.protocol.errors import (
     ClusterError,
     PermissionDenied,
@@ -34,7 +35,7 @@ from edge_agent.config import EdgeConfig
 from edge_agent.engines import ModelSet, load_or_estimate_profile, make_frontier, profile_model_ms
 from edge_agent.errors import ArtifactError, ConfigError, NotReadyError, StartupError
 from edge_agent.runner import Runner
-from edge_agent.transport import Remote, make_credentials
+from edge_agent.transport import connect, make_credentials
 from planner import Frontier, PlannerError
 from planner.devices import reference_profile
 
@@ -65,7 +66,7 @@ class EdgeAgent:
     def __init__(self, config: EdgeConfig) -> None:
         self.config = config
         self.cache = ArtifactCache(config.resolved_cache_dir)
-        self.remote: Remote | None = None
+        self.remote: InferenceClient | None = None
         self.models: ModelSet | None = None
         self.frontier: Frontier | None = None
         self.runner: Runner | None = None
@@ -114,7 +115,7 @@ class EdgeAgent:
                 if e.filename in (cfg.tls_ca, cfg.tls_cert, cfg.tls_key) else "tls_ca"
             raise ConfigError(key=key, reason=f"({e.filename!r}) cannot be read: {e.strerror}",
                               fix="point it at a readable PEM file") from e
-        self.remote = Remote(cfg.gateway, credentials=creds, token=token)
+        self.remote = connect(cfg.gateway, credentials=creds, token=token)
         files = await self._fetch_or_cache()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._load, files)

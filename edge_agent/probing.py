@@ -27,10 +27,10 @@ from edge_agent import breaker as B
 from edge_agent.policy import LOCAL, OFFLOAD, Action
 
 if TYPE_CHECKING:
+    from cluster.protocol.client import InferenceClient, InferResult
     from edge_agent.config import EdgeConfig
     from edge_agent.engines import CutEngines, ModelSet
     from edge_agent.monitor import LinkMonitor
-    from edge_agent.transport import Remote, RemoteResult
 
 __all__ = ["LinkProbing"]
 
@@ -53,7 +53,7 @@ class LinkProbing:
     """The probing half of `runner.Runner`; the names below are the runner's."""
 
     models: ModelSet
-    remote: Remote | None
+    remote: InferenceClient | None
     config: EdgeConfig
     monitor: LinkMonitor
     breaker: B.BreakerState
@@ -63,7 +63,7 @@ class LinkProbing:
     unusable_cuts: set[str]
     last_remote_s: float
     offload_enabled: bool
-    _remote_tasks: set[asyncio.Task[RemoteResult]]
+    _remote_tasks: set[asyncio.Task[InferResult]]
     _last_request: InferRequest | None
     _last_check_s: float
     _probe_ok: bool | None
@@ -138,10 +138,12 @@ class LinkProbing:
         if self.remote is None:
             return False
         for i in range(2 if self.monitor.estimate().rtt_ms is None else 1):
+            t0 = time.monotonic()
             try:
-                _, rtt_ms = await self.remote.health(timeout_s=timeout_s)
+                await self.remote.health(timeout_s=timeout_s)
             except ClusterError:
                 return False
+            rtt_ms = (time.monotonic() - t0) * 1e3
         self.monitor.observe_rtt(rtt_ms, time.monotonic())
         return True
 
@@ -169,7 +171,7 @@ class LinkProbing:
         t0 = time.monotonic()
         # Watched like a request's upload: a probe stuck in an outage that began under it bounds
         # the rate lower every check, instead of holding the estimate until its timeout.
-        call = asyncio.ensure_future(self.remote.infer(req, timeout_s=timeout_s))
+        call = asyncio.ensure_future(self.remote.infer_counted(req, timeout_s=timeout_s))
         self._watch_stall(call, req.tensor_bytes(), t0)
         try:
             r = await call

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from cluster.protocol.client import InferenceClient, InferResult
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.errors import EncodingError, Unauthenticated, UnknownCutError
 from cluster.protocol.messages import InferRequest
@@ -51,7 +52,6 @@ from edge_agent.flow import RequestFlow, Step
 from edge_agent.monitor import LinkMonitor
 from edge_agent.policy import LOCAL, Action, Health, PolicyState, after_trial, policy
 from edge_agent.probing import LinkProbing
-from edge_agent.transport import Remote, RemoteResult
 from planner import Frontier
 from workers.errors import InputError, WorkerError
 
@@ -122,7 +122,7 @@ def _error_kind(e: BaseException) -> str:
 class Runner(LinkProbing):
     """The online core: one per agent, on one event loop. Link probing is `probing.LinkProbing`."""
 
-    def __init__(self, models: ModelSet, frontier: Frontier | None, remote: Remote | None, config: EdgeConfig,
+    def __init__(self, models: ModelSet, frontier: Frontier | None, remote: InferenceClient | None, config: EdgeConfig,
                  *, executor: concurrent.futures.Executor | None = None, local_ms: float | None = None) -> None:
         self.models = models
         self.local_ms = models.local_ms if local_ms is None else local_ms
@@ -141,11 +141,11 @@ class Runner(LinkProbing):
         self.unusable_cuts: set[str] = set()
         self.last_activity_s = time.monotonic()
         self._last_request: InferRequest | None = None
-        self._remote_tasks: set[asyncio.Task[RemoteResult]] = set()
+        self._remote_tasks: set[asyncio.Task[InferResult]] = set()
         self._local_tasks: set[asyncio.Task[None]] = set()
-        self._abandoned: set[asyncio.Task[RemoteResult]] = set()
+        self._abandoned: set[asyncio.Task[InferResult]] = set()
         """Remote calls past their budget whose requests finish locally (still on the wire until their deadline)."""
-        self._uploads: dict[asyncio.Task[RemoteResult], tuple[float, int]] = {}
+        self._uploads: dict[asyncio.Task[InferResult], tuple[float, int]] = {}
         """Remote calls in flight: (sent at, request bytes)."""
         self._arrivals: collections.deque[float] = collections.deque()
         self.last_remote_s = 0.0
@@ -411,7 +411,7 @@ class Runner(LinkProbing):
 
         timer = loop.call_later(budget_s, on_timeout)
 
-        def on_remote(task: asyncio.Task[RemoteResult]) -> None:
+        def on_remote(task: asyncio.Task[InferResult]) -> None:
             timer.cancel()
             now = time.monotonic()
             if task.cancelled():
@@ -451,7 +451,7 @@ class Runner(LinkProbing):
             else:
                 start_local_tail(f"remote {_error_kind(exc)}: {exc}")
 
-        task = loop.create_task(self.remote.infer(request, timeout_s=call_s))
+        task = loop.create_task(self.remote.infer_counted(request, timeout_s=call_s))
         self._remote_tasks.add(task)
         task.add_done_callback(self._remote_tasks.discard)
         task.add_done_callback(self._abandoned.discard)
@@ -490,7 +490,7 @@ class Runner(LinkProbing):
                 n += 1
         return n
 
-    def _watch_stall(self, task: asyncio.Task[RemoteResult], up_bytes: int, sent_s: float) -> None:
+    def _watch_stall(self, task: asyncio.Task[InferResult], up_bytes: int, sent_s: float) -> None:
         """While `task` runs past what the link estimate allows, its bytes bound the rate from above
         (see [Note: link estimation]): the estimate falls while the transfers are still stuck."""
         after_s = self.monitor.stall_after_s(up_bytes)

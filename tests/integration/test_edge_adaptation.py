@@ -13,7 +13,7 @@ from edge_agent.cache import ArtifactCache
 from edge_agent.config import config_from_dict
 from edge_agent.engines import ModelSet
 from edge_agent.runner import Runner
-from edge_agent.transport import Remote
+from edge_agent.transport import connect
 from partitioner import Cut
 from splitinfer.netem import LinkEmulator, LinkSetting
 from tests.integration._edge_support import TailBackend, fixed_frontier
@@ -66,7 +66,7 @@ def test_step_from_18_88_to_1_1_mbps_is_seen_and_the_plan_goes_local(tmp_path):
         await emu.start()
         cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": "chain@1", "sloMs": 400,
                                 "remoteTimeoutMs": 3000, "cacheDir": str(tmp_path / "cache")})
-        remote = Remote(cfg.gateway)
+        remote = connect(cfg.gateway)
         front = fixed_frontier(models.graph, cloud_only, local_gflops=1.0)
         # Local is claimed at 350 ms (the real model takes ~1 ms; only local answers correct the
         # claim, and the fast phase has none): above the fast link's remote time (~75 ms) even
@@ -129,7 +129,7 @@ def test_a_stuck_transfer_drops_the_estimate_before_its_answer(tmp_path):
         await emu.start()
         cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": "chain@1",
                                 "remoteTimeoutMs": 30000, "cacheDir": str(tmp_path / "cache")})
-        remote = Remote(cfg.gateway)
+        remote = connect(cfg.gateway)
         runner = Runner(models, fixed_frontier(models.graph, cloud_only, local_gflops=1.0), remote, cfg,
                         local_ms=1e5)  # local never pays: only the estimate can move
         try:

@@ -9,6 +9,7 @@ checks the app got exactly one correct answer and the late result was dropped.
 import asyncio
 import contextlib
 import dataclasses
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -20,7 +21,7 @@ from edge_agent.cache import ArtifactCache
 from edge_agent.config import config_from_dict
 from edge_agent.engines import ModelSet
 from edge_agent.runner import Counters, Runner
-from edge_agent.transport import Remote
+from edge_agent.transport import connect
 from partitioner import prefix_cut
 from planner import Encoding
 from splitinfer.netem import LinkEmulator, LinkSetting, OutageMode
@@ -61,12 +62,12 @@ async def _stack(model_dir, *, remote_timeout_ms=400.0, outage_mode=OutageMode.B
     cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": f"{MODEL}@{VERSION}",
                             "remoteTimeoutMs": remote_timeout_ms, "fallback": fallback, "sloMs": slo_ms,
                             "cacheDir": str(d / "cache"), "breakerFailures": 100})
-    remote = Remote(cfg.gateway)
+    remote = connect(cfg.gateway)
     runner = Runner(models, fixed_frontier(models.graph, cut, encoding=encoding), remote, cfg, local_ms=1000.0)
     try:
         # Warm the channel and connection (on a loaded 2-core machine the first call can miss a short budget).
         for _ in range(3):
-            await remote.infer(runner._make_request(runner.decide(0.0), models.cuts[cut.key], {
+            await remote.infer_counted(runner._make_request(runner.decide(0.0), models.cuts[cut.key], {
                 n: np.zeros((1, 4, 5, 5), np.float32) for n in models.cuts[cut.key].boundary}, "warm", 30.0),
                 timeout_s=30.0)
         runner.counters = Counters()
@@ -212,9 +213,11 @@ def test_the_first_call_over_a_long_rtt_link_waits_for_the_handshake(model_dir):
         server = await serve(TailBackend(path, cache_dir=str(d / "server-cache")))
         emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(100, 100, 400))
         await emu.start()
-        remote = Remote(f"127.0.0.1:{emu.port}")
+        remote = connect(f"127.0.0.1:{emu.port}")
         try:
-            return await remote.health(timeout_s=30.0)
+            t0 = time.monotonic()
+            status = await remote.health(timeout_s=30.0)
+            return status, (time.monotonic() - t0) * 1e3
         finally:
             await remote.close()
             await emu.stop()

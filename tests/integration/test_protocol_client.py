@@ -11,7 +11,7 @@ from cluster.protocol.client import SERVER_TIME_KEYS, InferenceClient, SyncInfer
 from cluster.protocol.errors import ResourceExhausted, UnknownModelError
 from cluster.server import serve_in_thread
 from cluster.testing import EchoBackend
-from edge_agent.transport import AGENT_CHANNEL_OPTIONS, Remote
+from edge_agent.transport import AGENT_CHANNEL_OPTIONS, connect
 
 pytestmark = pytest.mark.grpc
 
@@ -59,18 +59,17 @@ def test_the_async_client_counts_and_raises_as_the_sync_one(server):
     assert got.up_bytes == len(req.to_msgpack()) and got.down_bytes > 4000
 
 
-def test_the_agent_calls_the_gateway_through_the_protocol_client(server):
+def test_the_agent_calls_the_gateway_with_the_protocol_client(server):
     async def go():
-        remote = Remote(server.address, token="secret")
+        remote = connect(server.address, token="secret")
         try:
-            assert isinstance(remote.client, InferenceClient)
-            status, rtt_ms = await remote.health(timeout_s=5)
-            got = await remote.infer(_req(), timeout_s=5)
-            return status, rtt_ms, got, repr(remote)
+            got = await remote.infer_counted(_req(), timeout_s=5)
+            assert isinstance(remote, InferenceClient)
+            return await remote.health(timeout_s=5), got, repr(remote)
         finally:
             await remote.close()
 
-    status, rtt_ms, got, text = asyncio.run(go())
-    assert status == "SERVING" and rtt_ms > 0
+    status, got, text = asyncio.run(go())
+    assert status == "SERVING" and isinstance(got.response.outputs["x"], np.ndarray)
     assert got.down_bytes > 4000 and got.response.served_by == "echo@1"
     assert "secret" not in text and "token=set" in text
