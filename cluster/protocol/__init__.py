@@ -1,8 +1,10 @@
 """The wire protocol between edge agents and the cloud gateway.
 
 Messages (`messages`), tensors as msgpack ext values (`tensors`), boundary
-encodings (`encoding`), the error/status table (`status`) and the clients
-(`client`). The server shell is `cluster.server`; docs/protocol.md is the spec.
+encodings (`encoding`), the errors both ends raise (`errors`), their status table
+(`status`) and the client (`client`). It imports nothing else of the project, so
+the edge agent and the gateway share it alone (docs/architecture.md). The server
+shell is `cluster.server`; docs/protocol.md is the spec.
 """
 
 from cluster.protocol.encoding import CodecStats, decode, encode, measure_codec
