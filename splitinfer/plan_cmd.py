@@ -156,14 +156,23 @@ def _scenario(args: argparse.Namespace, workspace: Workspace) -> Scenario:
             raise PlannerError(f"MODEL {args.model!r} is not a file; give an .onnx file or a zoo name "
                                f"(splitinfer inspect lists a model's layers)", field="model")
         workspace.add_model(name, path)
+    try:
+        constraints = Constraints(
+            device_memory_bytes=int(args.device_memory) if args.device_memory is not None else None,
+            raw_input_stays_on_device=args.keep_input_local, first_k_local=args.first_k_local,
+            latency_slo_ms=args.slo)
+    except PlannerError as e:  # Constraints names its own fields; the user typed an option
+        flag = _CONSTRAINT_FLAGS.get(e.field or "", "")
+        raise PlannerError(f"{flag or e.field}: {e.message}", field=flag or e.field) from e
     return Scenario(
         model=name, edge=_device(args.edge, "--edge"), cloud=_device(args.cloud, "--cloud"), rtt_ms=args.rtt,
         loss=args.loss, objective=Objective(args.objective), encoding=args.encoding, compression=args.compression,
-        constraints=Constraints(
-            device_memory_bytes=int(args.device_memory) if args.device_memory is not None else None,
-            raw_input_stays_on_device=args.keep_input_local, first_k_local=args.first_k_local,
-            latency_slo_ms=args.slo),
+        constraints=constraints,
     )
+
+
+_CONSTRAINT_FLAGS = {"device_memory_bytes": "--device-memory", "first_k_local": "--first-k-local",
+                     "latency_slo_ms": "--slo"}
 
 
 def _ms(x: float | None) -> str:

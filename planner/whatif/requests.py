@@ -137,14 +137,14 @@ class _Reader:
         if isinstance(v, str):
             if self.text is None or not example:
                 raise InvalidRequestError(
-                    f"field {key!r} is {v!r}; give a number in {limit.unit}" +
+                    f"field {key!r} is {v!r}; give a number {_in_unit(limit)}" +
                     (" (this reader takes plain numbers only)" if example else ""), field=key)
             x = float(self.text(key, v, limit))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             x = float(v)
         else:
             raise InvalidRequestError(
-                f"field {key!r} is {v!r}; give a number in {limit.unit}" +
+                f"field {key!r} is {v!r}; give a number {_in_unit(limit)}" +
                 (f" or a string such as {example!r}" if example else ""), field=key)
         if not math.isfinite(x) or not limit.holds(x):
             raise InvalidRequestError(f"field {key!r} is {v!r} ({x:g} {limit.unit}); it must be {limit.words()}",
@@ -153,6 +153,10 @@ class _Reader:
 
     def maybe(self, key: str, limit: Limit, example: str = "") -> float | None:
         return self.number(key, limit, example) if self.has(key) else None
+
+
+def _in_unit(limit: Limit) -> str:
+    return limit.unit if limit.unit.startswith("(") else f"in {limit.unit}"
 
 
 def _kind(v: Any) -> str:

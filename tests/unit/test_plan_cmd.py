@@ -95,6 +95,8 @@ def test_sweep_table(model: str, profiles: tuple[str, str], capsys: pytest.Captu
     (["--edge", "nosuch-device", "--cloud", "5gflops", "--uplink", "1mbit"], "--edge"),
     (["--edge", "missing.json", "--cloud", "5gflops", "--uplink", "1mbit"], "--edge"),
     (["--edge", "5gflops", "--cloud", "5gflops", "--uplink", "0bit"], "uplink"),
+    (["--edge", "5gflops", "--cloud", "5gflops", "--uplink", "1mbit", "--slo", "0ms"], "--slo"),
+    (["--edge", "0gflops", "--cloud", "5gflops", "--uplink", "1mbit"], "--edge"),
 ])
 def test_plan_errors_name_the_option(model: str, argv: list[str], field: str) -> None:
     with pytest.raises(PlannerError) as e:
