@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from partitioner import PartitionError
+from partitioner import LayerGraph, PartitionError
 from planner.errors import InfeasibleError, PlannerError
 from planner.profile import PROFILE_SCHEMA, Profile
 from planner.whatif import (
@@ -171,7 +171,7 @@ class PlannerService:
         """How many graphs the workspace built (the rest came from its cache)."""
         return self.workspace.graph_builds
 
-    def graph(self, name: str) -> Any:
+    def graph(self, name: str) -> LayerGraph:
         """The layer graph of a model (`Workspace.graph`)."""
         return self.workspace.graph(name)
 
