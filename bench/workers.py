@@ -27,10 +27,10 @@ on all of them alike):
    32 KiB and more, memory shared with the worker: the default),
    called by closed-loop clients at concurrency 1, 8 and 32 (at 1 also with
    its input kept in memory shared with the worker, ``ReplicaPool.shared_array``:
-   [Note: inputs kept in the arena] in workers/_arena.py, and as a bound request,
+   [Note: inputs kept in the arena] in workers/_transport/arena.py, and as a bound request,
    ``ReplicaPool.bind``, its input and outputs both kept there: [Note: bound
    requests] and, the worker's half, [Note: prepared requests] in
-   workers/_channel.py); and "ours plain",
+   workers/_transport/connection.py); and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
    the caller's side) at concurrency 1 and 32, and "ours, one instance", the same pool
    with one engine per segment (the default) at concurrency 1 and 32. Ours runs
@@ -343,7 +343,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                 if c == 1:
                     for other, label in ((plain, "ours_plain"), (one_instance, "ours_one_instance")):
                         await _closed_loop(lambda: other.infer_timed(key, feed1), c, slice_s, point(f"{label}_c{c}"))
-                    # [Note: inputs kept in the arena] in workers/_arena.py: the caller's
+                    # [Note: inputs kept in the arena] in workers/_transport/arena.py: the caller's
                     # input already lies in memory shared with the worker, as raw ORT's
                     # lies in its own process; no copy per request. Held for this slice
                     # only: the pool's other slices run without any kept array.
@@ -477,7 +477,7 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
     @ray.remote(num_cpus=0)
     class EchoChannel:
         async def open(self) -> str:
-            from workers._channel import open_channel_server
+            from workers._transport.connection import open_channel_server
 
             async def echo(key, inputs, deadline_unix_ms, priority):
                 return inputs, None
@@ -489,7 +489,7 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
     path, token = ray.get(actor.open.remote())
 
     async def main() -> dict:
-        from workers._channel import ChannelClient
+        from workers._transport.connection import ChannelClient
 
         client = await ChannelClient.connect(path, token)
         socket_only = await ChannelClient.connect(path, token, shared_memory=False)

@@ -213,7 +213,7 @@ class PoolConfig:
     direct: bool = True
     """Send requests to replicas over a direct channel (a Unix-domain socket on the
     caller's node, TCP to other nodes; see [Note: direct channel] in
-    workers/_channel.py) instead of plain actor calls; a replica gets plain calls until
+    workers/_transport/connection.py) instead of plain actor calls; a replica gets plain calls until
     its channel is open. ``False`` sends everything by plain calls."""
     direct_over_tcp: bool = False
     """Use the TCP form of the channel for same-node replicas too (where the caller
@@ -221,7 +221,7 @@ class PoolConfig:
     shared_memory: bool = True
     """On a Unix-domain channel, carry arrays of 32 KiB and more through memory shared
     with the replica rather than through the socket (see [Note: channel arena] in
-    workers/_arena.py); ``False`` sends every byte through the socket."""
+    workers/_transport/arena.py); ``False`` sends every byte through the socket."""
 
     instances: int = 1
     """Engines per segment in each replica, running its batches side by side, each on
@@ -327,7 +327,7 @@ class SegmentStats:
     """Engines that run its batches side by side (see [Note: engine instances] in workers/_worker.py)."""
     prepared: int = 0
     """Requests served as prepared: bound requests whose frames the worker did not need
-    to decode (see [Note: prepared requests] in workers/_channel.py); counted in
+    to decode (see [Note: prepared requests] in workers/_transport/connection.py); counted in
     ``completed`` and ``failed`` too."""
 
     def to_json(self) -> str:

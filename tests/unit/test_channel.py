@@ -1,4 +1,4 @@
-"""The direct channel between a pool and a worker (workers/_channel.py), both ends in
+"""The direct channel between a pool and a worker (workers/_transport/connection.py), both ends in
 one process over a real Unix-domain socket; no Ray."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import struct
 import numpy as np
 import pytest
 
-from workers._arena import ARENA_KEEP_BYTES, ARENA_MIN_BYTES, Arena
-from workers._channel import ChannelClient, ChannelClosedError, _Connection, encode_frame, open_channel_server
+from workers._transport.arena import ARENA_KEEP_BYTES, ARENA_MIN_BYTES, Arena
+from workers._transport.connection import ChannelClient, ChannelClosedError, _Connection, encode_frame, open_channel_server
 from workers.batcher import NOT_NOW
 from workers.errors import InputError, WorkerError
 
@@ -156,7 +156,7 @@ def test_a_frame_left_in_the_backlog_keeps_its_bytes_when_the_sender_reuses_the_
 def test_frames_are_read_whatever_pieces_the_socket_delivers_them_in():
     # [Note: frames in the reader]: the reader is a state machine over the socket's
     # reads, so a frame may arrive a byte at a time, and several may arrive at once.
-    from workers._channel import encode_frame
+    from workers._transport.connection import encode_frame
 
     frames = [(0, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}),
               (1, {"empty": np.zeros((0, 4), np.int8), "s": "text"}),
@@ -272,7 +272,7 @@ def test_a_connection_without_the_token_is_closed_before_any_frame_is_read():
     refuses_a_wrong_token("unix")
 
 
-# -- shared arenas (see [Note: channel arena] in workers/_arena.py) ------------------------
+# -- shared arenas (see [Note: channel arena] in workers/_transport/arena.py) ------------------------
 
 
 def test_arena_lends_first_fit_merges_what_comes_back_and_refuses_strangers():
@@ -438,7 +438,7 @@ def test_a_caller_that_declines_shared_memory_sends_every_byte_through_the_socke
 
 
 def test_an_arena_the_worker_cannot_map_is_not_used(monkeypatch):
-    import workers._channel as channel
+    import workers._transport.connection as channel
 
     def refuse(fd):
         os.close(fd)
@@ -449,7 +449,7 @@ def test_an_arena_the_worker_cannot_map_is_not_used(monkeypatch):
 
 
 def test_a_sandbox_without_memfd_serves_through_the_socket(monkeypatch):
-    import workers._channel as channel
+    import workers._transport.connection as channel
 
     def no_memfd():
         raise PermissionError("memfd_create: operation not permitted")
@@ -459,7 +459,7 @@ def test_a_sandbox_without_memfd_serves_through_the_socket(monkeypatch):
 
 
 def test_a_full_arena_sends_in_the_frame(monkeypatch):
-    import workers._channel as channel
+    import workers._transport.connection as channel
 
     monkeypatch.setattr(channel, "Arena", lambda: Arena(size_bytes=1 << 20))  # room for two 512 KiB arrays
 
@@ -692,7 +692,7 @@ def test_requests_and_answers_of_plain_arrays_go_as_tensor_frames_and_the_rest_p
 def test_a_described_answer_that_does_not_match_its_buffers_is_refused():
     # [Note: answers described in advance]: a garbled frame closes the connection (the
     # reader's on_lost), never builds arrays from the wrong bytes.
-    from workers._channel import _decode_described_answer, _DESCRIBED_HEAD
+    from workers._transport.connection import _decode_described_answer, _DESCRIBED_HEAD
 
     head = _DESCRIBED_HEAD.pack(7, 0.0, 0.01, 1, True)
     known: dict = {}

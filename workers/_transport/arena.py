@@ -113,7 +113,7 @@ class Arena:
         """Regions given by :meth:`pin_array`: offset -> bytes; lent until unpinned."""
         self.unpins = 0
         """How many regions :meth:`unpin` has freed: what was pinned before is pinned
-        still while this has not moved (workers/_channel.py, [Note: bound requests])."""
+        still while this has not moved (workers/_transport/connection.py, [Note: bound requests])."""
         self._base = address(self._view)
         self._made: dict[tuple, np.ndarray] = {}
         """Arrays made over regions, by (offset, dtype, shape) ([Note: arrays made once])."""

@@ -28,7 +28,7 @@ out-of-band buffers, so an array's bytes are never copied into the pickle, or, f
 pool's requests and the worker's answers, a marshal of what surrounds the arrays
 (``codec``: [Note: tensor frames]). On a Unix-domain socket the two
 ends share arenas (a ``memfd`` each, passed after the token) and large buffers go
-through them instead (see [Note: channel arena] in workers/_arena.py). Requests are
+through them instead (see [Note: channel arena] in workers/_transport/arena.py). Requests are
 ``(id, args)``, answered with ``(id, True, handler(*args))`` or ``(id, False, error)``. Many requests are in flight
 on one connection at once. The replica pool sends the batches it forms on the caller's
 side (``infer_batch_timed``'s arguments), as it would send them by plain calls.
@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from workers._arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
+from workers._transport.arena import ARENA_MIN_BYTES, Arena, PeerArena, arenas_supported
 from workers._pool import RequestTiming, new_timing
 from workers.batcher import NOT_NOW
 from workers.engine import Outputs, PlacedInputs
@@ -377,7 +377,7 @@ def _decode_answer(meta: memoryview, buffers: list) -> tuple:
 # decodes a lone frame that its last read brought in whole straight from the
 # read-ahead buffer ([Note: reading ahead]), and builds each array on the arena's
 # mapping in one call (the worker's end makes it once per region: [Note: arrays made
-# once] in workers/_arena.py). Measured on the transformer tail at c1 with its input
+# once] in workers/_transport/arena.py). Measured on the transformer tail at c1 with its input
 # kept in shared memory, the serving overhead (latency minus the worker's run; median
 # per 3 s round, old and new code in alternating processes, three pairs of four
 # rounds each): the same channel and worker code in two processes without Ray,
@@ -523,7 +523,7 @@ def _lone_head(codec: int, meta_bytes: int, releases: list[int]) -> bytes:
 def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tuple = ()) -> list:
     """``obj`` as the byte strings of one frame (see [Note: direct channel]); its large
     buffers go into ``arena`` where it has room, and the frame hands back the peer's
-    arena regions at ``releases`` (see [Note: channel arena] in workers/_arena.py).
+    arena regions at ``releases`` (see [Note: channel arena] in workers/_transport/arena.py).
     A pool's requests and a worker's answers go as tensor frames ([Note: tensor
     frames]); anything else is pickled, its arrays by :func:`_reduce_array` ([Note:
     lean array pickling])."""
@@ -935,7 +935,7 @@ class _Connection:
             held: list[int] = []
         else:
             # The worker's end: the regions go back with the answer, so the arrays over
-            # them are made once ([Note: arrays made once] in workers/_arena.py).
+            # them are made once ([Note: arrays made once] in workers/_transport/arena.py).
             arrays = PlacedInputs()
             arrays.route = route
             arrays.addresses = {}
@@ -1495,7 +1495,7 @@ class ChannelClient:
 
     def pin_array(self, shape: tuple, dtype: Any) -> np.ndarray | None:
         """An array of ``shape`` and ``dtype`` in this end's arena that the caller keeps
-        for its inputs ([Note: inputs kept in the arena] in workers/_arena.py), which a
+        for its inputs ([Note: inputs kept in the arena] in workers/_transport/arena.py), which a
         request then carries without asking where it lies ([Note: arrays made once]);
         None over TCP, with shared memory off, or when the arena has no room."""
         arena = self._conn.arena
