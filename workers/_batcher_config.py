@@ -91,7 +91,9 @@ class BatcherStats:
     """Batch size -> number of batches of that size."""
 
     rejected: Mapping[str, int]
-    """Reason ('deadline', 'queue_full', 'cancelled', 'closed') -> requests rejected."""
+    """Reason -> requests rejected: 'deadline' (passed while queued), 'queue_full',
+    'predicted_wait' and 'deadline_unreachable' (cannot finish in time: refused at once,
+    see [Note: deadline-aware batching] in workers/batcher.py), 'cancelled', 'closed'."""
 
     failed_batches: int
     """Batches whose run_batch raised."""
@@ -107,6 +109,10 @@ class BatcherStats:
 
     inline_runs: int = 0
     """Lone requests run on the event loop's thread (``BatcherConfig.inline_max_ms``)."""
+
+    discarded: int = 0
+    """Results computed but thrown away: their deadline had passed, or their caller had
+    stopped waiting, by the time their batch finished."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)

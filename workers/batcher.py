@@ -9,6 +9,8 @@ into batches for a ``run_batch`` callable the way Triton's dynamic batcher does:
 * higher priority requests go first, then older ones;
 * requests with different ``shape_key`` never share a batch;
 * a request whose deadline has passed is rejected and never runs;
+* a request that cannot finish before its deadline is refused at once with a
+  retry-able :class:`OverloadedError` ([Note: deadline-aware batching]);
 * a full queue rejects new requests with a retry-able :class:`QueueFullError`.
 
 [Note: pure scheduling]
@@ -16,6 +18,24 @@ Which batch to form, and how long to sleep otherwise, is decided by the pure fun
 :func:`_next_batch` with the time passed in, in the style of Ray Serve's autoscaling
 ``policy(ctx)``. The event loop in :class:`Batcher` only applies its decisions, so unit
 tests drive the policy without sleeping.
+
+[Note: deadline-aware batching]
+A result that arrives after its deadline is computed for nothing, and under overload
+such results take the whole engine: a batch formed of requests that can no longer make
+their deadline still runs, and the requests behind it then miss theirs too, so goodput
+falls to zero while the engine is busy. The batcher therefore keeps, per batch size, an
+EWMA of how long its batches took (:class:`RunTimes`), and uses it twice:
+
+* on arrival (:meth:`Batcher.enqueue`): the predicted wait (the batches ahead of the
+  request, ``max_concurrent_batches`` at a time, plus what is left of the running ones)
+  plus its own batch's run time; a request whose deadline comes before that is refused
+  at once ('predicted_wait');
+* when a batch forms (:func:`_next_batch`): a request whose deadline comes before the
+  batch's predicted end is left out of it and refused ('deadline_unreachable').
+
+Both refusals carry ``retry_after_s``. Results that finish after their deadline anyway
+(the estimate was short) are counted in ``BatcherStats.discarded``. Before the first
+batch is timed there is no estimate and nothing is refused on it.
 """
 
 from __future__ import annotations
@@ -39,6 +59,7 @@ from workers.errors import (
     BatcherRequestError,
     BatchSizeMismatchError,
     DeadlineExceededError,
+    OverloadedError,
     QueueFullError,
 )
 
@@ -50,11 +71,14 @@ __all__ = [
     "BatcherConfigError",
     "BatcherError",
     "BatcherRequestError",
+    "BatcherLoad",
     "BatcherStats",
     "DeadlineExceededError",
     "NOT_NOW",
+    "OverloadedError",
     "QueueFullError",
     "RunBatch",
+    "RunTimes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +94,69 @@ _REJECT_DEADLINE = "deadline"
 _REJECT_QUEUE_FULL = "queue_full"
 _REJECT_CANCELLED = "cancelled"
 _REJECT_CLOSED = "closed"
+_REJECT_PREDICTED_WAIT = "predicted_wait"
+_REJECT_UNREACHABLE = "deadline_unreachable"
+
+_MIN_RETRY_AFTER_S = 0.001
+
+
+class RunTimes:
+    """How long a batch of each size takes: an EWMA per size of the runs timed.
+
+    A size never timed is estimated from its timed neighbours: linearly between two,
+    the larger neighbour's time below the smallest timed size, and the largest timed
+    size's time scaled by size above it. Both ends err long, since batching costs
+    less than linearly per request: a long estimate refuses a little early, a short
+    one runs requests that then miss their deadline.
+    """
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise BatcherConfigError(f"alpha={alpha} must be in (0, 1]; 0.2 weighs the last five runs",
+                                     field_name="alpha", value=alpha)
+        self.alpha = alpha
+        self._s: dict[int, float] = {}
+
+    def observe(self, size: int, run_s: float) -> None:
+        prev = self._s.get(size)
+        self._s[size] = run_s if prev is None else prev + self.alpha * (run_s - prev)
+
+    def estimate_s(self, size: int) -> float | None:
+        """The predicted run time of a batch of ``size``; None before any batch was timed."""
+        known = self._s
+        if size in known:
+            return known[size]
+        if not known:
+            return None
+        below = max((k for k in known if k < size), default=None)
+        above = min((k for k in known if k > size), default=None)
+        if below is None:
+            assert above is not None
+            return known[above]
+        if above is None:
+            return known[below] * size / below
+        return known[below] + (known[above] - known[below]) * (size - below) / (above - below)
+
+    def as_dict(self) -> dict[int, float]:
+        return dict(sorted(self._s.items()))
+
+
+@dataclass(frozen=True)
+class BatcherLoad:
+    """How loaded a batcher is now (the gateway's gauges and ``/readyz?load=1``)."""
+
+    queue_depth: int
+    """Requests waiting (not yet in a batch)."""
+    running_batches: int
+    """Batches running now."""
+    predicted_wait_s: float | None
+    """How long a request arriving now would wait for its batch to start; None before
+    any batch was timed."""
+    batch_run_s: float | None
+    """Predicted run time of a full batch (``max_batch_size``); None before any run."""
+    capacity_rps: float | None
+    """Requests per second at full batches on every instance: the most this batcher
+    can answer. None before any run."""
 
 
 @dataclass(eq=False)
@@ -104,6 +191,11 @@ class _Decision(NamedTuple):
     wait_s: float | None
     """If no batch formed: how long until the decision may change without a new
     arrival (a delay runs out or a deadline passes); None means only an arrival can."""
+    unreachable: tuple[_Request, ...] = ()
+    """Requests left out of the batch because it is predicted to end after their
+    deadline: refuse them now, never run them ([Note: deadline-aware batching])."""
+    batch_end_s: float | None = None
+    """When the batch is predicted to end (None: no estimate yet)."""
 
 
 def _batch_size(n_waiting: int, config: BatcherConfig, delay_over: bool) -> int:
@@ -118,18 +210,46 @@ def _batch_size(n_waiting: int, config: BatcherConfig, delay_over: bool) -> int:
     return 0
 
 
+def _fit(live: Sequence[_Request], size: int, start_s: float,
+         run_s: Callable[[int], float | None]) -> tuple[list[_Request], list[_Request], float | None]:
+    """(batch, unreachable, predicted end): up to ``size`` of ``live`` in order, leaving
+    out each request whose deadline comes before the batch's predicted end."""
+    est = run_s(size)
+    if est is None:
+        return list(live[:size]), [], None
+    end_s = start_s + est
+    batch: list[_Request] = []
+    unreachable: list[_Request] = []
+    for r in live:
+        if r.deadline_s is not None and r.deadline_s < end_s:
+            unreachable.append(r)
+            continue
+        batch.append(r)
+        if len(batch) == size:
+            break
+    return batch, unreachable, end_s
+
+
 def _next_batch(
-    queues: Queues, now_s: float, config: BatcherConfig, *, flush: bool = False
+    queues: Queues, now_s: float, config: BatcherConfig, *, flush: bool = False,
+    run_s: Callable[[int], float | None] | None = None, start_s: float | None = None,
 ) -> _Decision:
     """Decides the next batch. Pure: reads ``queues``, changes nothing.
 
     Among the shapes that can form a batch now, the one whose best request has the
     highest priority (then the earliest arrival) wins. ``flush`` treats every delay as
     over, which is how ``close(drain=True)`` empties the queue promptly.
+
+    ``run_s(size)`` predicts a batch's run time and ``start_s`` when the next batch can
+    start (default ``now_s``; later while every instance is busy). With them, a request
+    that the batch would finish after its deadline is left out and returned in
+    ``unreachable`` ([Note: deadline-aware batching]).
     """
     delay_s = config.max_queue_delay_ms / 1000.0
+    start_s = now_s if start_s is None else max(start_s, now_s)
     expired: list[_Request] = []
-    best: tuple[tuple[int, int], list[_Request], int] | None = None
+    unreachable: list[_Request] = []
+    best: tuple[tuple[int, int], list[_Request], float | None] | None = None
     wait_s: float | None = None
     for requests in queues.values():
         live = []
@@ -151,12 +271,19 @@ def _next_batch(
             until = due_s - now_s
             wait_s = until if wait_s is None else min(wait_s, until)
             continue
-        if best is None or live[0].sort_key < best[0]:
-            best = (live[0].sort_key, live, size)
+        if run_s is None:
+            batch, end_s = live[:size], None
+        else:
+            batch, left_out, end_s = _fit(live, size, start_s, run_s)
+            unreachable.extend(left_out)
+            if not batch:
+                continue
+        if best is None or batch[0].sort_key < best[0]:
+            best = (batch[0].sort_key, batch, end_s)
     if best is None:
-        return _Decision((), tuple(expired), wait_s)
-    _, live, size = best
-    return _Decision(tuple(live[:size]), tuple(expired), 0.0)
+        return _Decision((), tuple(expired), wait_s, tuple(unreachable))
+    _, batch, end_s = best
+    return _Decision(tuple(batch), tuple(expired), 0.0, tuple(unreachable), end_s)
 
 
 class Batcher:
@@ -204,6 +331,11 @@ class Batcher:
         self._lone_run_s: float | None = None
         """How long the last batch of one took (on the executor: with the hand-offs)."""
         self._inline_runs = 0
+        self._discarded = 0
+        self.run_times = RunTimes()
+        """Batch run time by size ([Note: deadline-aware batching])."""
+        self._batch_ends: dict[asyncio.Task[None], float] = {}
+        """Running batch -> its predicted end on the batcher's clock."""
         self._plain_results = False
         """Whether a lone run returned its results directly (not an awaitable): run_now needs that."""
 
@@ -221,7 +353,34 @@ class Batcher:
             queue_depth=self._depth,
             in_flight_batches=len(self._batch_tasks),
             inline_runs=self._inline_runs,
+            discarded=self._discarded,
         )
+
+    def load(self) -> BatcherLoad:
+        """Queue depth, predicted wait and capacity now (cheap: no lock, no copy of the queue)."""
+        cfg = self._config
+        full_s = self.run_times.estimate_s(cfg.max_batch_size)
+        capacity = None if not full_s else cfg.max_batch_size * cfg.max_concurrent_batches / full_s
+        return BatcherLoad(queue_depth=self._depth, running_batches=len(self._batch_tasks),
+                           predicted_wait_s=self.predicted_wait_s(), batch_run_s=full_s, capacity_rps=capacity)
+
+    def predicted_wait_s(self, now_s: float | None = None) -> float | None:
+        """How long a request arriving now would wait for its batch to start: what is
+        left of the running batches once every instance is busy, plus the full batches
+        queued ahead of it, ``max_concurrent_batches`` at a time. None before any
+        batch was timed."""
+        cfg = self._config
+        full_s = self.run_times.estimate_s(cfg.max_batch_size)
+        if full_s is None:
+            return None
+        now_s = self._clock() if now_s is None else now_s
+        return _predicted_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), full_s, cfg)
+
+    def _retry_after_s(self, now_s: float) -> float:
+        wait_s = self.predicted_wait_s(now_s)
+        if wait_s is None:
+            wait_s = self._config.max_queue_delay_ms / 1e3
+        return max(wait_s, _MIN_RETRY_AFTER_S)
 
     async def submit(
         self,
@@ -265,13 +424,17 @@ class Batcher:
         now_s = self._admit(deadline_s, priority, shape_key)
         if self._depth >= self._config.max_queue_size:
             self._rejected[_REJECT_QUEUE_FULL] += 1
+            retry_s = self._retry_after_s(now_s)
             raise QueueFullError(
                 f"queue full: {self._depth} requests waiting, limit max_queue_size="
-                f"{self._config.max_queue_size}; retry-able: retry after a back-off, or "
+                f"{self._config.max_queue_size}; retry-able: retry after {retry_s * 1e3:.0f} ms, or "
                 "raise max_queue_size",
                 queue_size=self._depth,
                 max_queue_size=self._config.max_queue_size,
+                retry_after_s=retry_s,
             )
+        if deadline_s is not None:
+            self._refuse_if_late(now_s, deadline_s)
         request = _Request(
             seq=next(self._seq),
             payload=payload,
@@ -288,6 +451,28 @@ class Batcher:
         assert self._wakeup is not None
         self._wakeup.set()
         return request
+
+    def _refuse_if_late(self, now_s: float, deadline_s: float) -> None:
+        """Refuses a new request whose predicted wait and run end after its deadline."""
+        cfg = self._config
+        wait_s = self.predicted_wait_s(now_s)
+        if wait_s is None:
+            return
+        run_s = self.run_times.estimate_s(min(cfg.max_batch_size, self._depth + 1))
+        assert run_s is not None  # a wait estimate implies a timed run
+        finish_s = now_s + wait_s + run_s
+        if finish_s <= deadline_s:
+            return
+        self._rejected[_REJECT_PREDICTED_WAIT] += 1
+        retry_s = max(finish_s - deadline_s, _MIN_RETRY_AFTER_S)
+        raise OverloadedError(
+            f"refused at once: predicted to finish {(finish_s - now_s) * 1e3:.1f} ms from now "
+            f"({wait_s * 1e3:.1f} ms queued behind {self._depth} requests + {run_s * 1e3:.1f} ms run), "
+            f"after its deadline {(deadline_s - now_s) * 1e3:.1f} ms from now; retry after "
+            f"{retry_s * 1e3:.0f} ms, send a later deadline or add capacity",
+            reason=_REJECT_PREDICTED_WAIT, predicted_finish_s=finish_s, deadline_s=deadline_s,
+            retry_after_s=retry_s,
+        )
 
     def withdraw(self, request: _Request) -> bool:
         """Takes back a request from :meth:`enqueue` that has not run; False if it already
@@ -334,6 +519,7 @@ class Batcher:
             raise
         finally:
             self._lone_run_s = time.perf_counter() - start_s
+            self.run_times.observe(1, self._lone_run_s)
         self._inline_runs += 1
         results = list(results)  # type: ignore[arg-type] # _plain_results: run_batch returns results, not awaitables
         if len(results) != 1:
@@ -350,6 +536,7 @@ class Batcher:
         self._batches_formed += 1
         self._histogram[1] += 1
         self._lone_run_s = run_s
+        self.run_times.observe(1, run_s)
         if ok:
             self._inline_runs += 1
             self._completed += 1
@@ -494,7 +681,22 @@ class Batcher:
         returns the decision that started none, and when it was made."""
         while True:
             now_s = self._clock()
-            decision = _next_batch(self._queues, now_s, self._config, flush=self._closing)
+            decision = _next_batch(self._queues, now_s, self._config, flush=self._closing,
+                                   run_s=self.run_times.estimate_s, start_s=self._free_at_s(now_s))
+            for request in decision.unreachable:
+                self._remove(request)
+                self._rejected[_REJECT_UNREACHABLE] += 1
+                assert request.deadline_s is not None
+                end_s = decision.batch_end_s if decision.batch_end_s is not None else now_s
+                retry_s = self._retry_after_s(now_s)
+                self._fail(request, OverloadedError(
+                    f"refused before running: its batch is predicted to end {(end_s - now_s) * 1e3:.1f} ms "
+                    f"from now, after its deadline {(request.deadline_s - now_s) * 1e3:.1f} ms from now "
+                    f"(it waited {(now_s - request.arrival_s) * 1e3:.1f} ms); retry after "
+                    f"{retry_s * 1e3:.0f} ms, send a later deadline or add capacity",
+                    reason=_REJECT_UNREACHABLE, predicted_finish_s=end_s, deadline_s=request.deadline_s,
+                    retry_after_s=retry_s,
+                ))
             for request in decision.expired:
                 self._remove(request)
                 self._rejected[_REJECT_DEADLINE] += 1
@@ -506,11 +708,17 @@ class Batcher:
                     now_s=now_s,
                 ))
             if decision.batch and len(self._batch_tasks) < self._config.max_concurrent_batches:
-                self._dispatch(decision.batch)
+                self._dispatch(decision.batch, now_s, decision.batch_end_s)
                 continue
             return decision, now_s
 
-    def _dispatch(self, batch: tuple[_Request, ...]) -> None:
+    def _free_at_s(self, now_s: float) -> float:
+        """When an instance is predicted free: now if one is, else the earliest predicted end."""
+        if len(self._batch_tasks) < self._config.max_concurrent_batches or not self._batch_ends:
+            return now_s
+        return max(now_s, min(self._batch_ends.values()))
+
+    def _dispatch(self, batch: tuple[_Request, ...], now_s: float, end_s: float | None) -> None:
         for request in batch:
             self._remove(request)
         self._batches_formed += 1
@@ -533,12 +741,14 @@ class Batcher:
         # Otherwise a plain run_batch starts on the executor now rather than in the task's
         # first step, an event-loop iteration later (see [Note: back-to-back batches]).
         running = None if self._is_async or inline else loop.run_in_executor(None, self._run_batch, payloads)
-        task = loop.create_task(self._execute(batch, payloads, running, inline))
+        task = loop.create_task(self._execute(batch, payloads, running, inline, now_s))
         self._batch_tasks.add(task)
+        self._batch_ends[task] = end_s if end_s is not None else now_s
         task.add_done_callback(self._batch_done)
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._batch_tasks.discard(task)
+        self._batch_ends.pop(task, None)
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -556,14 +766,17 @@ class Batcher:
         loop and back (an empty ``run_in_executor`` takes 0.2 ms here) and the loop's
         other Python work, which holds the GIL the engine thread needs to start.
         """
-        self._batch_tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        self._batch_tasks.discard(task)  # type: ignore[arg-type]
+        self._batch_ends.pop(task, None)  # type: ignore[arg-type]
         try:
             self._start_ready()
         except Exception:  # noqa: BLE001 - this batch is answered regardless; the
             # scheduling loop, woken by _batch_done, meets the same failure and fails the queue.
             pass
 
-    async def _execute(self, batch: tuple[_Request, ...], payloads: list[Any], running: Any, inline: bool) -> None:
+    async def _execute(self, batch: tuple[_Request, ...], payloads: list[Any], running: Any, inline: bool,
+                       dispatched_s: float) -> None:
         try:
             start_s = time.perf_counter()
             if inline:
@@ -582,6 +795,7 @@ class Batcher:
             results = list(results)
             if len(results) != len(batch):
                 raise _size_mismatch(len(batch), len(results))
+            self.run_times.observe(len(batch), self._clock() - dispatched_s)
         except asyncio.CancelledError:
             for request in batch:
                 self._fail(request, BatcherClosedError(
@@ -599,7 +813,12 @@ class Batcher:
                 self._fail(request, e)
             return
         self._start_next()
+        now_s = self._clock()
         for request, result in zip(batch, results):
+            if request.expired(now_s) or request.future is None or request.future.done():
+                # Computed for nothing ([Note: deadline-aware batching]); still handed
+                # over when someone waits, as the caller decides what is late.
+                self._discarded += 1
             if request.future is not None and not request.future.done():
                 request.future.set_result(result)
                 self._completed += 1
@@ -612,6 +831,19 @@ def _size_mismatch(batch_size: int, num_results: int) -> BatchSizeMismatchError:
         batch_size=batch_size,
         num_results=num_results,
     )
+
+
+def _predicted_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], full_s: float,
+                      config: BatcherConfig) -> float:
+    """How long a request arriving behind ``depth`` waiting ones waits for its batch to
+    start, with full batches taking ``full_s`` and ``batch_ends_s`` the predicted ends of
+    the running ones. Pure."""
+    k = config.max_concurrent_batches
+    free_in_s = 0.0
+    if len(batch_ends_s) >= k:
+        free_in_s = max(0.0, min(batch_ends_s) - now_s)
+    rounds = (depth // config.max_batch_size) // k
+    return free_in_s + rounds * full_s
 
 
 def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:

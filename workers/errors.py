@@ -126,6 +126,7 @@ __all__ += [
     "BatcherRequestError",
     "CalibrationDataError",
     "DeadlineExceededError",
+    "OverloadedError",
     "QueueFullError",
     "QuantizeConfigError",
     "QuantizeError",
@@ -166,10 +167,33 @@ class QueueFullError(BatcherError):
     retryable = True
 
     def __init__(self, message: str, *, queue_size: int, max_queue_size: int,
-                 model: str | None = None, detail: str | None = None) -> None:
+                 model: str | None = None, detail: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message, model=model, detail=detail)
         self.queue_size = queue_size
         self.max_queue_size = max_queue_size
+        self.retry_after_s = retry_after_s
+        """The batcher's estimate of when the queue has room again (None: no runs timed yet)."""
+
+
+class OverloadedError(BatcherError):
+    """The request cannot finish before its deadline: refused at once, never run; retry-able.
+
+    ``reason`` is 'predicted_wait' (refused on arrival: the queue ahead of it takes
+    longer than its deadline allows) or 'deadline_unreachable' (refused when its batch
+    formed: the batch's predicted run time ends after its deadline).
+    ``predicted_finish_s`` and ``deadline_s`` are on the batcher's clock;
+    ``retry_after_s`` is the estimated time until the queue ahead has drained.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, reason: str, predicted_finish_s: float, deadline_s: float,
+                 retry_after_s: float, model: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message, model=model, detail=detail)
+        self.reason = reason
+        self.predicted_finish_s = predicted_finish_s
+        self.deadline_s = deadline_s
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceededError(BatcherError):

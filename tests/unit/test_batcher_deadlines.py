@@ -1,0 +1,235 @@
+"""Deadline-aware batching ([Note: deadline-aware batching] in workers/batcher.py):
+run-time estimates, the pure decision with them, refusal on arrival and at batch time,
+discarded results; with a fake clock, and once on real ONNX Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from tests.onnx_models import C, H, W, conv_bn_relu_chain, write
+from workers.batcher import (
+    Batcher,
+    BatcherConfig,
+    BatcherConfigError,
+    OverloadedError,
+    QueueFullError,
+    RunTimes,
+    _next_batch,
+    _predicted_wait_s,
+)
+from tests.unit.test_batcher_policy import _Q, _payloads
+
+
+def _run(coro):
+    async def guarded():
+        return await asyncio.wait_for(coro, timeout=5.0)
+
+    return asyncio.run(guarded())
+
+
+# -- RunTimes ------------------------------------------------------------------------------
+
+def test_run_times_estimate_from_timed_sizes():
+    rt = RunTimes(alpha=0.5)
+    assert rt.estimate_s(4) is None
+    rt.observe(2, 0.010)
+    assert rt.estimate_s(2) == 0.010
+    assert rt.estimate_s(1) == 0.010  # below the smallest timed size: its time
+    assert rt.estimate_s(4) == pytest.approx(0.020)  # above the largest: scaled by size
+    rt.observe(6, 0.030)
+    assert rt.estimate_s(4) == pytest.approx(0.020)  # between: linear
+    rt.observe(2, 0.020)
+    assert rt.estimate_s(2) == pytest.approx(0.015)  # EWMA with alpha 0.5
+    assert rt.as_dict() == {2: pytest.approx(0.015), 6: pytest.approx(0.030)}
+
+
+def test_run_times_refuse_a_bad_alpha():
+    with pytest.raises(BatcherConfigError, match="alpha=0"):
+        RunTimes(alpha=0.0)
+
+
+# -- the pure decision -----------------------------------------------------------------------
+
+def test_a_batch_leaves_out_requests_it_would_finish_too_late():
+    q = _Q()
+    q.add(0.0, deadline_s=10.05)  # cannot finish: the batch ends at 10.1
+    q.add(0.0, deadline_s=11.0)
+    q.add(0.0)  # no deadline
+    q.add(0.0, deadline_s=10.2)
+    cfg = BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0)
+    d = _next_batch(q.queues, 10.0, cfg, run_s=lambda n: 0.1)
+    assert _payloads(d.batch) == [1, 2, 3]
+    assert _payloads(d.unreachable) == [0]
+    assert d.batch_end_s == pytest.approx(10.1)
+
+
+def test_a_busy_instance_pushes_the_batch_end_and_refuses_more():
+    q = _Q()
+    q.add(0.0, deadline_s=10.15)
+    q.add(0.0, deadline_s=10.5)
+    cfg = BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0)
+    idle = _next_batch(q.queues, 10.0, cfg, run_s=lambda n: 0.1)
+    assert _payloads(idle.batch) == [0, 1] and idle.unreachable == ()
+    busy = _next_batch(q.queues, 10.0, cfg, run_s=lambda n: 0.1, start_s=10.1)
+    assert _payloads(busy.batch) == [1] and _payloads(busy.unreachable) == [0]
+
+
+def test_without_an_estimate_nothing_is_refused():
+    q = _Q()
+    q.add(0.0, deadline_s=10.001)
+    d = _next_batch(q.queues, 10.0, BatcherConfig(max_batch_size=1), run_s=lambda n: None)
+    assert _payloads(d.batch) == [0] and d.unreachable == () and d.batch_end_s is None
+
+
+def test_predicted_wait_counts_full_batches_per_instance_and_the_running_ones():
+    cfg = BatcherConfig(max_batch_size=4, max_concurrent_batches=2)
+    assert _predicted_wait_s(0.0, 3, (), 0.1, cfg) == 0.0
+    # Both instances busy until 0.05 and 0.2: the first frees at 0.05.
+    assert _predicted_wait_s(0.0, 3, (0.05, 0.2), 0.1, cfg) == pytest.approx(0.05)
+    # 8 waiting = two full batches ahead, taken two at a time: one round.
+    assert _predicted_wait_s(0.0, 8, (0.05, 0.2), 0.1, cfg) == pytest.approx(0.15)
+    assert _predicted_wait_s(0.0, 16, (), 0.1, cfg) == pytest.approx(0.2)
+
+
+# -- the Batcher with a fake clock ----------------------------------------------------------
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _timed_batcher(clock: _Clock, run_s: float, **cfg) -> tuple[Batcher, asyncio.Event]:
+    """A batcher whose every batch takes ``run_s`` on ``clock``, held until ``gate`` is set."""
+    gate = asyncio.Event()
+    gate.set()
+
+    async def run_batch(payloads):
+        await gate.wait()
+        clock.now_s += run_s
+        return [p * 10 for p in payloads]
+
+    return Batcher(run_batch, BatcherConfig(max_queue_delay_ms=0.0, **cfg), clock=clock), gate
+
+
+def test_a_request_predicted_to_miss_its_deadline_is_refused_on_arrival():
+    async def main():
+        clock = _Clock()
+        b, gate = _timed_batcher(clock, 0.1, max_batch_size=2)
+        assert await b.submit(1) == 10  # times a batch of one: 0.1 s
+        assert b.load().predicted_wait_s == 0.0
+        gate.clear()
+        running = [asyncio.ensure_future(b.submit(i)) for i in (2, 3)]  # a full batch, running
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(b.submit(i)) for i in (4, 5)]  # the next full batch
+        await asyncio.sleep(0)
+        # Behind one running and one full queued batch: waits 0.1 + 0.2, runs 0.2.
+        wait_s = b.predicted_wait_s()
+        with pytest.raises(OverloadedError) as info:
+            await b.submit(6, deadline_s=clock.now_s + 0.3)
+        fits = asyncio.ensure_future(b.submit(7, deadline_s=clock.now_s + 10.0))
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*running, *queued, fits)
+        return wait_s, info.value, results, b.stats()
+
+    wait_s, err, results, stats = _run(main())
+    assert wait_s == pytest.approx(0.4)  # the running batch of 2 is predicted at 2 x 0.1 s
+    assert err.reason == "predicted_wait" and err.retry_after_s > 0
+    assert "retry after" in str(err) and "queued behind 2 requests" in str(err)
+    assert results == [20, 30, 40, 50, 70]
+    assert stats.rejected == {"predicted_wait": 1}
+
+
+def test_a_request_that_its_batch_would_finish_late_is_refused_when_the_batch_forms():
+    async def main():
+        clock = _Clock()
+        b, gate = _timed_batcher(clock, 0.1, max_batch_size=1)
+        await b.submit(0)
+        gate.clear()
+        first = asyncio.ensure_future(b.submit(1))
+        await asyncio.sleep(0)
+        # Admitted (the running batch is predicted to end in 0.1 s, this one by 0.2 s),
+        # but the running batch overruns: when it ends, 0.25 s have passed.
+        late = asyncio.ensure_future(b.submit(2, deadline_s=clock.now_s + 0.3))
+        await asyncio.sleep(0)
+        clock.now_s += 0.15
+        gate.set()
+        assert await first == 10
+        with pytest.raises(OverloadedError) as info:
+            await late
+        return info.value, b.stats()
+
+    err, stats = _run(main())
+    assert err.reason == "deadline_unreachable" and err.retry_after_s > 0
+    assert stats.rejected == {"deadline_unreachable": 1}
+    assert stats.batch_size_histogram == {1: 2}  # the refused request never ran
+
+
+def test_a_full_queue_says_when_to_retry():
+    async def main():
+        clock = _Clock()
+        b, gate = _timed_batcher(clock, 0.1, max_batch_size=1, max_queue_size=1)
+        await b.submit(0)
+        gate.clear()
+        running = asyncio.ensure_future(b.submit(1))
+        await asyncio.sleep(0)
+        queued = asyncio.ensure_future(b.submit(2))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError) as info:
+            await b.submit(3)
+        gate.set()
+        await asyncio.gather(running, queued)
+        return info.value
+
+    err = _run(main())
+    assert err.retry_after_s == pytest.approx(0.2) and "retry after 200 ms" in str(err)  # the running batch, then the queued one
+
+
+def test_results_that_finish_after_their_deadline_are_counted_as_discarded():
+    async def main():
+        clock = _Clock()
+        b, _ = _timed_batcher(clock, 0.5, max_batch_size=2)
+        # No estimate yet: admitted, and the batch overruns both deadlines.
+        out = await asyncio.gather(b.submit(1, deadline_s=clock.now_s + 0.1),
+                                   b.submit(2, deadline_s=clock.now_s + 0.1))
+        return out, b.stats()
+
+    out, stats = _run(main())
+    assert out == [10, 20] and stats.discarded == 2 and stats.completed == 2
+
+
+# -- real ONNX Runtime -----------------------------------------------------------------------
+
+def test_real_engine_runs_are_timed_and_a_hopeless_deadline_is_refused(tmp_path):
+    from workers.engine import Engine, EngineConfig
+
+    engine = Engine(write(conv_bn_relu_chain(2), tmp_path / "m.onnx"), EngineConfig(provider="cpu"))
+    x = np.ones((1, C, H, W), np.float32)
+
+    async def main():
+        b = Batcher(engine.run_batch, BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0))
+        for _ in range(3):
+            await b.submit({"x": x}, deadline_s=time.monotonic() + 60.0)
+        run_s = b.run_times.estimate_s(1)
+        now_s = b._clock()
+        with pytest.raises(OverloadedError) as info:
+            await b.submit({"x": x}, deadline_s=now_s + run_s / 100)
+        ok = await b.submit({"x": x}, deadline_s=b._clock() + 60.0)
+        await b.close()
+        return run_s, info.value, ok, b.stats()
+
+    try:
+        run_s, err, ok, stats = _run(main())
+    finally:
+        engine.close()
+    assert run_s is not None and run_s > 0
+    assert err.reason == "predicted_wait"
+    assert np.isfinite(next(iter(ok.values()))).all()
+    assert stats.completed == 4 and stats.rejected == {"predicted_wait": 1} and stats.discarded == 0
