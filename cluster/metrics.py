@@ -7,11 +7,25 @@ Metric names (the Helm chart's dashboard and ServiceMonitor read them):
     splitinfer_batch_size                              histogram of batches the workers ran
     splitinfer_bytes_total{direction}                  counter; 'in' (boundary) and 'out' (outputs)
     splitinfer_inflight_requests                       gauge
+    splitinfer_refusals_total{model,reason}            counter; requests refused or expired, by reason
+                                                       (REFUSAL_REASONS), before the handler included
+    splitinfer_queue_depth{model,version,cut}          gauge; requests waiting for a batch, per pool
+    splitinfer_predicted_wait_seconds{model,version,cut}  gauge; predicted wait of a request arriving now
+    splitinfer_capacity_requests_per_second{model,version,cut}  gauge; full batches on every instance
+    splitinfer_discarded_results_total{model,version,cut}  counter; results computed after their deadline
+
+The per-pool series are read from the pools when scraped (`set_load_source`), so they
+cost the request path nothing. Each refusal reason is also logged, at most once per
+`REFUSAL_LOG_INTERVAL_S` with its count, so an overload shows in the log without a
+line per request.
 
 Each `GatewayMetrics` has its own CollectorRegistry, so two gateways in one process
 (tests) do not share counters. The HTTP server is a small threaded http.server: it
 serves /metrics, /healthz (the process answers) and /readyz (200 only when the
-readiness callable is true: the frontier tails are loaded).
+readiness callable is true: the frontier tails are loaded). `/readyz?load=1` adds the
+load per pool and answers 503 while the gateway is overloaded (it refused a request for
+load within the last few seconds); plain /readyz and /healthz do not look at load, so an
+overload never fails liveness or readiness.
 """
 
 from __future__ import annotations
@@ -19,13 +33,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-__all__ = ["GatewayMetrics", "MetricsServer", "JsonLogFormatter", "STAGES", "configure_logging"]
+__all__ = ["GatewayMetrics", "MetricsServer", "JsonLogFormatter", "PoolLoadSample", "REFUSAL_REASONS",
+           "REFUSAL_LOG_INTERVAL_S", "STAGES", "configure_logging"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +52,50 @@ _LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
                       2.5, 5.0, 10.0, 30.0, 100.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _MAX_CACHED_SERIES = 1024
+
+REFUSAL_REASONS = (
+    "queue_full",  # the pool's queue is at max_queue_size
+    "predicted_wait",  # refused on arrival: the queue ahead ends after the deadline
+    "deadline_unreachable",  # refused when its batch formed: the batch ends after the deadline
+    "request_too_large",  # the boundary tensors exceed max_request_bytes
+    "expired_before_backend",  # the deadline had passed when the request reached the server
+    "expired_in_queue",  # the deadline passed while it waited for a batch
+    "expired_while_running",  # the deadline passed during its batch or its encoding
+)
+REFUSAL_LOG_INTERVAL_S = 10.0
+
+PoolLoadSample = tuple[tuple[str, str, str], int, "float | None", "float | None", int]
+"""((model, version, cut), queue depth, predicted wait s, capacity req/s, discarded results)."""
+
+
+class _LoadCollector:
+    """The per-pool series, read from the gateway's load source at scrape time."""
+
+    def __init__(self, source: Callable[[], Iterable[PoolLoadSample]]) -> None:
+        self._source = source
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked: the series depend on the pools loaded at scrape time
+
+    def collect(self) -> Iterable[Any]:
+        labels = ("model", "version", "cut")
+        depth = GaugeMetricFamily("splitinfer_queue_depth", "Requests waiting for a batch, per pool.", labels=labels)
+        wait = GaugeMetricFamily("splitinfer_predicted_wait_seconds",
+                                 "Predicted wait for a batch of a request arriving now, per pool.", labels=labels)
+        cap = GaugeMetricFamily("splitinfer_capacity_requests_per_second",
+                                "Requests per second the pool answers at full batches on every instance.",
+                                labels=labels)
+        discarded = CounterMetricFamily("splitinfer_discarded_results",
+                                        "Results computed after their deadline and thrown away, per pool.",
+                                        labels=labels)
+        for key, n, wait_s, capacity, thrown in self._source():
+            depth.add_metric(key, n)
+            if wait_s is not None:
+                wait.add_metric(key, wait_s)
+            if capacity is not None:
+                cap.add_metric(key, capacity)
+            discarded.add_metric(key, thrown)
+        return [depth, wait, cap, discarded]
 
 
 class GatewayMetrics:
@@ -56,6 +117,42 @@ class GatewayMetrics:
         self._stages = {s: self.stage_latency.labels(s) for s in STAGES}
         self._bytes = {d: self.bytes.labels(d) for d in ("in", "out")}
         self._requests: dict[tuple[str, str, str], Any] = {}
+        self.refusals = Counter("splitinfer_refusals_total",
+                                "Requests refused or expired, by model and reason (see REFUSAL_REASONS).",
+                                ("model", "reason"), registry=self.registry)
+        self._refusals: dict[tuple[str, str], Any] = {}
+        self._refusal_log: dict[str, tuple[float, int]] = {}
+        """reason -> (when it was last logged, count since then)."""
+        self._refusal_lock = threading.Lock()
+        self._load_source: Callable[[], Iterable[PoolLoadSample]] | None = None
+        self.load_view: Callable[[], dict[str, Any]] | None = None
+        """What `/readyz?load=1` shows: {'overloaded': bool, 'pools': {...}} (the gateway sets it)."""
+
+    def set_load_source(self, source: Callable[[], Iterable[PoolLoadSample]]) -> None:
+        """Where the per-pool gauges come from (the gateway's pools); read on each scrape."""
+        if self._load_source is None:
+            self.registry.register(_LoadCollector(lambda: self._load_source() if self._load_source else ()))
+        self._load_source = source
+
+    def observe_refusal(self, model: str, reason: str, *, now_s: float | None = None) -> None:
+        """Counts one refusal or expiry and logs its reason at most once per REFUSAL_LOG_INTERVAL_S."""
+        key = (model or "-", reason)
+        child = self._refusals.get(key)
+        if child is None:
+            child = self.refusals.labels(*key)
+            if len(self._refusals) < _MAX_CACHED_SERIES:
+                self._refusals[key] = child
+        child.inc()
+        now_s = time.monotonic() if now_s is None else now_s
+        with self._refusal_lock:
+            last_s, n = self._refusal_log.get(reason, (float("-inf"), 0))
+            n += 1
+            if now_s - last_s < REFUSAL_LOG_INTERVAL_S:
+                self._refusal_log[reason] = (last_s, n)
+                return
+            self._refusal_log[reason] = (now_s, 0)
+        logger.warning("%d requests refused (%s) since this reason was last logged; the last for model %s",
+                       n, reason, model or "-", extra={"model": model, "status": reason})
 
     def observe_request(self, model: str, version: str, status: str) -> None:
         key = (model, version or "-", status)
@@ -89,6 +186,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.server.routes is not None and self.server.routes(self):  # e.g. OIP REST (cluster.oip_rest)
+            return
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._send(200, self.server.metrics.exposition(), CONTENT_TYPE_LATEST)
@@ -96,10 +195,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"ok\n", "text/plain")
         elif path == "/readyz":
             ready, detail = self.server.ready()
+            code = 200 if ready else 503
+            load = self.server.metrics.load_view
+            if load is not None and "load=1" in self.path.partition("?")[2].split("&"):
+                view = load()
+                detail = {**detail, "load": view}
+                if view.get("overloaded"):
+                    code = 503
             body = json.dumps({"ready": ready, **detail}, sort_keys=True).encode() + b"\n"
-            self._send(200 if ready else 503, body, "application/json")
+            self._send(code, body, "application/json")
         else:
             self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        if self.server.routes is None or not self.server.routes(self):
+            self.close_connection = True  # the body is left unread
+            self._send(404, b"not found: POST serves only the routes given to MetricsServer\n", "text/plain")
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
         self.send_response(code)
@@ -116,16 +227,20 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     metrics: GatewayMetrics
     ready: Callable[[], tuple[bool, dict[str, Any]]]
+    routes: Callable[[BaseHTTPRequestHandler], bool] | None
 
 
 class MetricsServer:
     """/metrics, /healthz and /readyz over HTTP on its own thread.
 
-    `ready()` returns (ready, detail); detail is shown as JSON on /readyz.
+    `ready()` returns (ready, detail); detail is shown as JSON on /readyz. `routes(handler)`,
+    when given, sees each GET and POST first and returns True when it answered (the OIP
+    REST door, `cluster.oip_rest.OipRest.serve`).
     """
 
     def __init__(self, metrics: GatewayMetrics, ready: Callable[[], tuple[bool, dict[str, Any]]],
-                 *, host: str = "127.0.0.1", port: int = 0) -> None:
+                 *, host: str = "127.0.0.1", port: int = 0,
+                 routes: Callable[[BaseHTTPRequestHandler], bool] | None = None) -> None:
         try:
             self._httpd = _Server((host, port), _Handler)
         except OSError as e:
@@ -133,6 +248,7 @@ class MetricsServer:
                           "choose a free --metrics-port or 0") from e
         self._httpd.metrics = metrics
         self._httpd.ready = ready
+        self._httpd.routes = routes
         self.host = host
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics-http", daemon=True)

@@ -39,7 +39,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitinfer gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod); default 127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
-    p.add_argument("--metrics-port", type=int, default=9090, help="HTTP port of /metrics, /healthz, /readyz (-1: off)")
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="HTTP port of /metrics, /healthz, /readyz and the OIP REST API under /v2 (-1: off)")
     p.add_argument("--registry", required=True,
                    help="model repository: <name>/<version>/model.onnx + model.yaml ('splitinfer registry add' "
                         "writes it)")
@@ -138,7 +139,11 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     http = server = None
     rc = 0
     try:
-        http = MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port) if a.metrics_port >= 0 else None
+        from cluster.oip_rest import OipRest
+
+        oip = OipRest(gateway, loop)  # the Open Inference Protocol's REST routes, under /v2
+        http = (MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port, routes=oip.serve)
+                if a.metrics_port >= 0 else None)
         server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,
                              max_message_bytes=a.max_message_bytes)
         print(f"gateway serving on {server.address}" + (f", metrics on {http.url}" if http else ""), flush=True)
