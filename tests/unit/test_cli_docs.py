@@ -149,6 +149,6 @@ def test_the_checks_find_a_missing_and_a_stale_option(monkeypatch):
     """The checks can fail: an option left out of a section, or one a command lacks, is caught."""
     parsers = _parsers(monkeypatch, "netem")
     assert "--trace" in _long_options(parsers[("netem",)])
-    text = _text_of(_sections(), ("netem",)).replace("--trace", "--tr")
+    text = re.sub(r"(?<![\w-])--trace(?![\w-])", "--tr", _text_of(_sections(), ("netem",)))
     assert not _mentions(text, "--trace") and _mentions(text, "--loop")
     assert _stale("netem", _sections(text), parsers) == ["--tr"]
