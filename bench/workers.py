@@ -30,7 +30,7 @@ on all of them alike):
    [Note: inputs kept in the arena] in workers/_transport/arena.py, and as a bound request,
    ``ReplicaPool.bind``, its input and outputs both kept there: [Note: bound
    requests] and, the worker's half, [Note: prepared requests] in
-   workers/_transport/connection.py); and "ours plain",
+   workers/_transport/framing.py); and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
    the caller's side) at concurrency 1 and 32, and "ours, one instance", the same pool
    with one engine per segment (the default) at concurrency 1 and 32. Ours runs
@@ -477,7 +477,7 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
     @ray.remote(num_cpus=0)
     class EchoChannel:
         async def open(self) -> str:
-            from workers._transport.connection import open_channel_server
+            from workers._transport import open_channel_server
 
             async def echo(key, inputs, deadline_unix_ms, priority):
                 return inputs, None
@@ -489,7 +489,7 @@ def _direct_channel_echo(x: np.ndarray, small: np.ndarray, iters: int) -> dict:
     path, token = ray.get(actor.open.remote())
 
     async def main() -> dict:
-        from workers._transport.connection import ChannelClient
+        from workers._transport import ChannelClient
 
         client = await ChannelClient.connect(path, token)
         socket_only = await ChannelClient.connect(path, token, shared_memory=False)

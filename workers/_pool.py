@@ -213,7 +213,7 @@ class PoolConfig:
     direct: bool = True
     """Send requests to replicas over a direct channel (a Unix-domain socket on the
     caller's node, TCP to other nodes; see [Note: direct channel] in
-    workers/_transport/connection.py) instead of plain actor calls; a replica gets plain calls until
+    workers/_transport/framing.py) instead of plain actor calls; a replica gets plain calls until
     its channel is open. ``False`` sends everything by plain calls."""
     direct_over_tcp: bool = False
     """Use the TCP form of the channel for same-node replicas too (where the caller
@@ -327,7 +327,7 @@ class SegmentStats:
     """Engines that run its batches side by side (see [Note: engine instances] in workers/_worker.py)."""
     prepared: int = 0
     """Requests served as prepared: bound requests whose frames the worker did not need
-    to decode (see [Note: prepared requests] in workers/_transport/connection.py); counted in
+    to decode (see [Note: prepared requests] in workers/_transport/framing.py); counted in
     ``completed`` and ``failed`` too."""
 
     def to_json(self) -> str:

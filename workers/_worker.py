@@ -380,7 +380,7 @@ class SegmentHost:
         """A lone request of segment ``key`` on exactly these ``inputs`` (made by the
         direct channel, with outputs to write in place), served again and again without
         the steps that :meth:`infer_now` takes each time ([Note: prepared requests] in
-        workers/_transport/connection.py); None where its engine cannot prepare them.
+        workers/_transport/framing.py); None where its engine cannot prepare them.
 
         ``serve(tag, deadline_unix_ms, priority)`` (NaN for no deadline) runs the request
         when :meth:`infer_now` would run it at once, calls ``answer(tag, queue_s,

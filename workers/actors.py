@@ -19,7 +19,7 @@ echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
 * the replica pool sends its batches (see [Note: caller-side batching]) over each
   replica's direct channel, a socket that the replica opens on request
   (``open_channel``; a Unix-domain socket on the caller's node, TCP across nodes; see
-  [Note: direct channel] in workers/_transport/connection.py); Ray still creates, places,
+  [Note: direct channel] in workers/_transport/framing.py); Ray still creates, places,
   restarts and kills the replicas, and plain calls carry loads, stats and health.
   Until a channel is open, and with ``PoolConfig(direct=False)``, the same batches go
   by plain calls;
@@ -58,8 +58,8 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from workers._transport.arena import address
-from workers._transport.connection import WRITTEN, BoundFrame, ChannelClient, ChannelClosedError, open_channel_server
+from workers._address import address
+from workers._transport import WRITTEN, BoundFrame, ChannelClient, ChannelClosedError, open_channel_server
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, new_timing, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
@@ -168,7 +168,7 @@ class _TimingHost(SegmentHost):
 
     async def open_channel(self) -> dict:
         """Starts this worker's direct channel once (see [Note: direct channel] in
-        workers/_transport/connection.py); returns where it listens and which node this is."""
+        workers/_transport/framing.py); returns where it listens and which node this is."""
         if getattr(self, "_channel", None) is None:
             self._channel = await open_channel_server(self.infer_batch_timed, now=self.infer_batch_now,
                                                       prepare=self.prepare, tcp_host=ray.util.get_node_ip_address())
@@ -229,7 +229,7 @@ def make_worker(
 
 class _DirectLink:
     """A pool's direct channel to one replica (see [Note: direct channel] in
-    workers/_transport/connection.py), connected in the background on first use and again after
+    workers/_transport/framing.py), connected in the background on first use and again after
     the replica restarts: its Unix socket when the replica is on the caller's node
     (unless ``over_tcp``), its TCP port otherwise."""
 
@@ -435,7 +435,7 @@ class ReplicaPool:
         ``outputs``: writable arrays, one per output of the segment with its dtype and
         shape, that the answer is written into and returned as (numpy's ``out=``);
         arrays of :meth:`shared_array` on the request's replica are written by the
-        worker itself ([Note: outputs written in place] in workers/_transport/connection.py).
+        worker itself ([Note: outputs written in place] in workers/_transport/framing.py).
         """
         if outputs is not None and _bound is None:  # a BoundRequest's were checked when it was bound
             outputs = _check_outputs(key, inputs, outputs)
@@ -472,7 +472,7 @@ class ReplicaPool:
 
     def bind(self, key: str, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> BoundRequest:
         """A request of ``key`` whose inputs and outputs stay where they are from run to
-        run ([Note: bound requests] in workers/_transport/connection.py): give arrays of
+        run ([Note: bound requests] in workers/_transport/framing.py): give arrays of
         :meth:`shared_array` on one replica, write the inputs, ``await bound.run()``, read
         the outputs. See :class:`BoundRequest`."""
         return BoundRequest(self, key, dict(inputs), _check_outputs(key, inputs, outputs))
@@ -671,7 +671,7 @@ class BoundRequest:
     (``ReplicaPool.bind``), as ONNX Runtime's IO binding or Triton's registered shared
     memory keep theirs: write ``inputs``, ``await run()``, read ``outputs`` (the same
     arrays every time). Arrays of ``pool.shared_array`` on one replica go as they lie,
-    by a frame made once ([Note: bound requests] in workers/_transport/connection.py); otherwise, or
+    by a frame made once ([Note: bound requests] in workers/_transport/framing.py); otherwise, or
     while that replica is down, a run is an ordinary request (the pool's routing and
     retries) whose answer is copied into ``outputs``. Do not write the inputs or read
     the outputs while a run is in flight; runs of one BoundRequest may not overlap;

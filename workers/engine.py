@@ -48,7 +48,7 @@ import onnx
 import onnxruntime as ort
 from onnx.external_data_helper import uses_external_data
 
-from workers._transport.arena import address
+from workers._address import address
 from workers._ort import OPT_LEVELS, make_session_options, np_dtype_of_ort, select_providers
 from workers._weights import SharedWeights, acquire_weights
 from workers.coldstart import Artefact, compute_artefact_key, load_or_build_artefact, random_feed
@@ -201,7 +201,7 @@ class Outputs(dict):
     """The outputs of a run that filled its bucket: a dict of C-contiguous arrays, and
     ``described``, their names, dtype strings and shapes as ``(names, dtypes, shapes)``,
     made once per bucket, so that whoever sends them on need not look at each array
-    again ([Note: answers described in advance] in workers/_transport/connection.py). Not to be
+    again ([Note: answers described in advance] in workers/_transport/codec.py). Not to be
     changed: ``described`` would then be wrong."""
 
     __slots__ = ("described",)
@@ -211,7 +211,7 @@ class Outputs(dict):
 
 class PlacedInputs(dict):
     """A request's inputs as the direct channel made them over the memory it shares
-    with the caller (workers/_transport/connection.py, [Note: lone frames]): C-contiguous, aligned
+    with the caller (workers/_transport/framing.py, [Note: lone frames]): C-contiguous, aligned
     arrays, ``addresses[name]`` where each one's data starts, and ``route``, the
     declaration they were made from, the same object for every request of that route
     (so that :meth:`Engine.check` checks a route once: [Note: routes checked once]).
@@ -227,7 +227,7 @@ class PlacedInputs(dict):
     the engine's own buffers."""
     frame_key: bytes
     """The lone frame's route and offsets, where the channel's end prepares requests
-    ([Note: prepared requests] in workers/_transport/connection.py)."""
+    ([Note: prepared requests] in workers/_transport/framing.py)."""
 
 
 class _PreparedRun:
@@ -412,7 +412,7 @@ class Engine:
         self._buckets = {b: _Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
         self._lock = threading.Lock()
         self._prepared: weakref.WeakSet[_PreparedRun] = weakref.WeakSet()
-        """The prepared runs still held by someone ([Note: prepared requests] in workers/_transport/connection.py)."""
+        """The prepared runs still held by someone ([Note: prepared requests] in workers/_transport/framing.py)."""
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
         tw = time.perf_counter()
@@ -759,7 +759,7 @@ class Engine:
         channel (:class:`PlacedInputs`) with all their outputs to be written in place,
         filling a bucket on the CPU. Each call runs them as :meth:`run` would, writing
         the outputs where the request asked, without checking or binding anything
-        again ([Note: prepared requests] in workers/_transport/connection.py); it raises
+        again ([Note: prepared requests] in workers/_transport/framing.py); it raises
         :class:`EngineRunError` as :meth:`run` does. None for any other inputs (they
         run the usual way). Raises :class:`InputError` where :meth:`run` would.
 

@@ -1,4 +1,4 @@
-"""The direct channel's TCP form (workers/_transport/connection.py), both ends in this process over
+"""The direct channel's TCP form (workers/_transport/), both ends in this process over
 127.0.0.1: the unit tests' cases, across the loopback network."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ReplicaPool's direct channel (see [Note: direct channel] in workers/_transport/connection.py).
+"""ReplicaPool's direct channel (see [Note: direct channel] in workers/_transport/framing.py).
 
 Requests travel over a socket that the replica opens (Unix-domain on the caller's
 node, TCP otherwise); until it is open, and after the replica dies, they go by plain
@@ -286,8 +286,8 @@ def test_a_shared_array_goes_to_its_replica_in_place_and_follows_its_values(ray_
 
 
 def test_a_bound_request_is_written_in_place_by_a_frame_made_once_and_survives_its_replica(ray_local, engine_config):
-    # [Note: bound requests] and [Note: outputs written in place] in workers/_transport/connection.py.
-    from workers._transport.connection import ChannelClient
+    # [Note: bound requests] and [Note: outputs written in place] in workers/_transport/framing.py.
+    from workers._transport import ChannelClient
     from workers.actors import ReplicaPool
 
     model, key = _doubling_model()
@@ -363,7 +363,7 @@ def test_a_bound_request_is_written_in_place_by_a_frame_made_once_and_survives_i
         assert after["pid"] != before["pid"]
         return x, y
 
-    import workers._transport.connection as channel_module
+    import workers._transport.client as channel_module
 
     try:
         channel_module.ChannelClient.call = call

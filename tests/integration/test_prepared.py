@@ -1,4 +1,4 @@
-"""Prepared requests ([Note: prepared requests] in workers/_transport/connection.py): the host class
+"""Prepared requests ([Note: prepared requests] in workers/_transport/framing.py): the host class
 that the Ray actor runs (``_TimingHost``), with real engines, serving a real direct
 channel in this process over a Unix-domain socket with shared arenas; no Ray started.
 """
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from workers._transport.connection import WRITTEN, ChannelClient, _Connection, open_channel_server
+from workers._transport import WRITTEN, ChannelClient, open_channel_server
+from workers._transport.connection import _Connection
 from workers._pool import make_segment_key
 from workers.batcher import BatcherRequestError
 from workers.engine import EngineConfig

@@ -1,4 +1,4 @@
-"""The direct channel between a pool and a worker (workers/_transport/connection.py), both ends in
+"""The direct channel between a pool and a worker (workers/_transport/), both ends in
 one process over a real Unix-domain socket; no Ray."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from workers._transport.arena import ARENA_KEEP_BYTES, ARENA_MIN_BYTES, Arena
-from workers._transport.connection import ChannelClient, ChannelClosedError, _Connection, encode_frame, open_channel_server
+from workers._transport import ChannelClient, ChannelClosedError, open_channel_server
+from workers._transport.connection import _Connection
+from workers._transport.framing import encode_frame
 from workers.batcher import NOT_NOW
 from workers.errors import InputError, WorkerError
 
@@ -156,7 +158,7 @@ def test_a_frame_left_in_the_backlog_keeps_its_bytes_when_the_sender_reuses_the_
 def test_frames_are_read_whatever_pieces_the_socket_delivers_them_in():
     # [Note: frames in the reader]: the reader is a state machine over the socket's
     # reads, so a frame may arrive a byte at a time, and several may arrive at once.
-    from workers._transport.connection import encode_frame
+    from workers._transport.framing import encode_frame
 
     frames = [(0, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}),
               (1, {"empty": np.zeros((0, 4), np.int8), "s": "text"}),
@@ -692,7 +694,7 @@ def test_requests_and_answers_of_plain_arrays_go_as_tensor_frames_and_the_rest_p
 def test_a_described_answer_that_does_not_match_its_buffers_is_refused():
     # [Note: answers described in advance]: a garbled frame closes the connection (the
     # reader's on_lost), never builds arrays from the wrong bytes.
-    from workers._transport.connection import _decode_described_answer, _DESCRIBED_HEAD
+    from workers._transport.codec import _decode_described_answer, _DESCRIBED_HEAD
 
     head = _DESCRIBED_HEAD.pack(7, 0.0, 0.01, 1, True)
     known: dict = {}

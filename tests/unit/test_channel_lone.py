@@ -1,5 +1,5 @@
 """Lone frames and arrays made once on the direct channel ([Note: lone frames] in
-workers/_transport/connection.py, [Note: arrays made once] in workers/_transport/arena.py): both ends in one
+workers/_transport/framing.py, [Note: arrays made once] in workers/_transport/arena.py): both ends in one
 process over a real Unix-domain socket pair with real shared arenas; no Ray."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 import workers._transport.connection as channel
 from workers._transport.arena import ARENA_MIN_BYTES, Arena
-from workers._transport.connection import (_LONE_ANSWER, _LONE_REQUEST, _LONE_REQUEST_HEAD, _Connection, _lone_frame,
-                              _route_frame)
+from workers._transport.connection import _Connection
+from workers._transport.framing import _LONE_ANSWER, _LONE_REQUEST, _LONE_REQUEST_HEAD, _lone_frame, _route_frame
 from workers._pool import RequestTiming
 from workers.engine import Outputs, PlacedInputs
 
@@ -307,7 +307,8 @@ def test_a_prepared_frame_goes_to_its_serve_until_it_declines_or_its_route_is_de
 
 def test_outputs_pinned_by_the_caller_are_written_in_place_and_answered_without_arrays():
     # [Note: outputs written in place], [Note: bound requests]
-    from workers._transport.connection import WRITTEN, _in_place
+    from workers._transport import WRITTEN
+    from workers._transport.server import _in_place
 
     async def main():
         caller, worker = await _pair()

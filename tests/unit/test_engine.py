@@ -235,7 +235,7 @@ def test_outputs_given_with_placed_inputs_are_written_where_they_lie_and_checked
 
 def test_a_prepared_run_writes_where_its_request_lies_again_and_again_with_its_own_binding(engine, reference,
                                                                                            monkeypatch):
-    # [Note: prepared requests] in workers/_transport/connection.py
+    # [Note: prepared requests] in workers/_transport/framing.py
     x = _x(seed=30)
     y = np.full((1, CNN_CLASSES), np.nan, np.float32)
     route = ("x", "prepared y")
@@ -286,7 +286,7 @@ def test_a_prepared_run_of_a_closed_engine_raises_a_clear_error(cnn_path, cache_
 
 
 def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
-    # [Note: answers described in advance] in workers/_transport/connection.py
+    # [Note: answers described in advance] in workers/_transport/codec.py
     from workers.engine import Outputs
 
     nbytes = engine.output_buffer("y", 1).nbytes

@@ -34,12 +34,13 @@ the caller must not write the region while a request that reads it is in flight.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import math
 import mmap
 import os
 
 import numpy as np
+
+from workers._address import address
 
 __all__ = ["ARENA_BYTES", "ARENA_KEEP_BYTES", "ARENA_MIN_BYTES", "Arena", "PeerArena", "address", "arenas_supported"]
 
@@ -57,16 +58,6 @@ connection's life)."""
 _ALIGN = 64
 _MAX_MADE = 64
 """Arrays an arena keeps made over its regions ([Note: arrays made once]); when full, it forgets them all."""
-
-
-def address(data: memoryview | np.ndarray) -> int:
-    """Where ``data``'s first byte lies in this process's memory (a C-contiguous
-    buffer); -1 for read-only or empty buffers (never a reserved region: those are
-    writable)."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(data))  # a sixth of numpy's .ctypes.data
-    except (TypeError, ValueError):
-        return -1
 
 
 def _made_once(made: dict[tuple, np.ndarray], buffer: mmap.mmap, offset: int, dtype: np.dtype,
@@ -113,7 +104,7 @@ class Arena:
         """Regions given by :meth:`pin_array`: offset -> bytes; lent until unpinned."""
         self.unpins = 0
         """How many regions :meth:`unpin` has freed: what was pinned before is pinned
-        still while this has not moved (workers/_transport/connection.py, [Note: bound requests])."""
+        still while this has not moved (workers/_transport/framing.py, [Note: bound requests])."""
         self._base = address(self._view)
         self._made: dict[tuple, np.ndarray] = {}
         """Arrays made over regions, by (offset, dtype, shape) ([Note: arrays made once])."""

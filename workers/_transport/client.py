@@ -1,0 +1,152 @@
+"""A replica pool's end of one worker's direct channel."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from typing import Any
+
+import numpy as np
+
+from workers._transport.connection import _Connection
+from workers._transport.framing import BoundFrame, ChannelClosedError
+
+__all__ = ["ChannelClient"]
+
+
+class ChannelClient:
+    """A pool's end of one worker's channel; use from the event loop that connected it."""
+
+    def __init__(self, path: str, conn: _Connection) -> None:
+        self.path = path
+        self.loop = asyncio.get_running_loop()
+        self._conn = conn
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+        self.closed = False
+        self.late_answers = 0
+        """Answers that arrived after their caller stopped waiting (cancelled)."""
+        conn.read_frames(self._deliver, self._lost)
+
+    @classmethod
+    async def connect(
+        cls, address: str | tuple[str, int], token: bytes, *, shared_memory: bool = True
+    ) -> ChannelClient:
+        """Connects to a socket path, or a ``(host, port)`` over TCP, and sends the token;
+        over a socket path, offers to share arenas unless ``shared_memory`` is False."""
+        if isinstance(address, str):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        else:
+            address = (address[0], int(address[1]))
+            sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        loop = asyncio.get_running_loop()
+        conn = None
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            await loop.sock_sendall(sock, token)
+            conn = _Connection(sock, views_until_freed=True)
+            if sock.family == socket.AF_UNIX:
+                try:
+                    await conn.share_arenas(offer=True, share=shared_memory)
+                except ConnectionError as e:
+                    raise ChannelClosedError(
+                        f"the worker closed the direct channel {address} at its handshake ({e!r}): a wrong "
+                        "token, or the worker is going away; the pool sends by plain calls meanwhile",
+                        path=address, detail=repr(e)) from e
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            sock.close()
+            raise
+        return cls(address if isinstance(address, str) else f"{address[0]}:{address[1]}", conn)
+
+    @property
+    def arena_lent_bytes(self) -> int:
+        """Bytes of this end's arena that the worker holds (requests it has not answered)."""
+        return self._conn.arena.lent_bytes if self._conn.arena is not None else 0
+
+    def pin_array(self, shape: tuple, dtype: Any) -> np.ndarray | None:
+        """An array of ``shape`` and ``dtype`` in this end's arena that the caller keeps
+        for its inputs ([Note: inputs kept in the arena] in workers/_transport/arena.py), which a
+        request then carries without asking where it lies ([Note: arrays made once]);
+        None over TCP, with shared memory off, or when the arena has no room."""
+        arena = self._conn.arena
+        return None if arena is None or self.closed else arena.pin_array(shape, dtype)
+
+    def unpin(self, region: np.ndarray) -> None:
+        """Frees a region that :meth:`pin_array` gave; no request that reads it may be in
+        flight."""
+        if self._conn.arena is not None:
+            self._conn.arena.unpin(region)
+
+    @property
+    def unpins(self) -> int:
+        """How many regions :meth:`unpin` has freed ([Note: bound requests])."""
+        return self._conn.arena.unpins if self._conn.arena is not None else -1
+
+    @property
+    def arena_fallbacks(self) -> int:
+        """Large buffers sent in the frame because the arena was full."""
+        return self._conn.arena.fallbacks if self._conn.arena is not None else 0
+
+    def _deliver(self, answer: tuple, held: list[int]) -> None:
+        # The connection's on_frame, with no lambda in between.
+        request_id, ok, value = answer
+        fut = self._pending.pop(request_id, None)
+        if fut is None or fut.done():
+            self.late_answers += 1
+        elif ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def _lost(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._conn.close()
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ChannelClosedError(
+                    f"the direct channel {self.path} closed with the request in flight (the worker died or "
+                    "restarted); retry-able: the pool sends it again by a plain call",
+                    path=self.path, detail=repr(exc) if exc else None))
+
+    def bound_frame(self, key: str, inputs: dict, outputs: dict) -> BoundFrame | None:
+        """See :meth:`_Connection.bound_frame` ([Note: bound requests])."""
+        return None if self.closed else self._conn.bound_frame(key, inputs, outputs)
+
+    async def call(self, *args: Any, outputs: dict | None = None, bound: BoundFrame | None = None) -> Any:
+        """The worker's ``handler(*args)``; raises the worker's error, or
+        ChannelClosedError when the connection is lost meanwhile. ``outputs``: for a
+        request of one, arrays of :meth:`pin_array` where the worker may write its
+        outputs; its answer is then ``[(WRITTEN, timing)]`` ([Note: outputs written in
+        place]), or the outputs as usual where the worker did not. ``bound``: the
+        request's frame as :meth:`bound_frame` gave it, sent as it stands where it can be
+        ([Note: bound requests])."""
+        if self.closed:
+            raise ChannelClosedError(f"the direct channel {self.path} is closed; reconnect or send by a plain call",
+                                     path=self.path)
+        request_id = next(self._ids)
+        fut = self.loop.create_future()
+        self._pending[request_id] = fut
+        try:
+            try:
+                if bound is None or not self._conn.send_bound(bound, request_id, args[2][0], args[3][0]):
+                    self._conn.send((request_id, args), outputs)
+            except OSError as e:
+                del self._pending[request_id]  # failed below, by the raise, not by _lost
+                self._lost(e)
+                raise ChannelClosedError(f"sending on the direct channel {self.path} failed ({e!r}); "
+                                         "retry-able: the pool sends it again by a plain call",
+                                         path=self.path, detail=repr(e)) from e
+            return await fut
+        finally:
+            self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        """Stops reading; callers still waiting get ChannelClosedError."""
+        self._lost(None)
