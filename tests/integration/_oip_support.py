@@ -1,0 +1,64 @@
+"""A real gateway with its OIP REST door on loopback: in-process pools, its own event loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import onnx
+
+from cluster.auth import Authorizer, TokenTable
+from cluster.gateway import Gateway, LocalPoolFactory
+from cluster.metrics import GatewayMetrics, MetricsServer
+from cluster.oip_rest import OipRest
+from cluster.registry import Registry
+from cluster.server import new_event_loop
+from tests.onnx_models import conv_bn_relu_chain
+
+TOKEN = "oip-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass
+class Door:
+    url: str
+    """http://127.0.0.1:<port>"""
+    host: str
+    """127.0.0.1:<port>, as tritonclient takes it."""
+    gateway: Gateway
+    oip: OipRest
+    model_path: str
+    """The registry's model.onnx of m@1."""
+
+
+@contextmanager
+def oip_door(root: str) -> Iterator[Door]:
+    """Registry m@1 (a conv chain), a gateway that wants TOKEN, and its HTTP port with the OIP routes."""
+    d = os.path.join(root, "repo", "m", "1")
+    os.makedirs(d)
+    model_path = os.path.join(d, "model.onnx")
+    onnx.save(conv_bn_relu_chain(2), model_path)
+    loop = new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="oip-gateway-loop", daemon=True)
+    thread.start()
+    metrics = GatewayMetrics()
+    gateway = Gateway(Registry(os.path.join(root, "repo")), LocalPoolFactory(cache_dir=os.path.join(root, "ort")),
+                      metrics=metrics,
+                      authorizer=Authorizer(TokenTable.from_dicts([{"name": "dev", "token": TOKEN}])))
+    http = None
+    try:
+        asyncio.run_coroutine_threadsafe(gateway.start(), loop).result(60)
+        oip = OipRest(gateway, loop)
+        http = MetricsServer(metrics, gateway.readiness, routes=oip.serve)
+        yield Door(http.url, f"127.0.0.1:{http.port}", gateway, oip, model_path)
+    finally:
+        if http is not None:
+            http.stop()
+        asyncio.run_coroutine_threadsafe(gateway.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -1,0 +1,185 @@
+"""The OIP REST door with the real tritonclient HTTP client and with plain HTTP, against a real gateway.
+
+The gateway runs m@1 with in-process pools; every answer is compared with ONNX Runtime on the
+same model: the whole model as `m`, and each preloaded tail as `m.tail.<cut>` fed the
+boundary tensors that the head (run by ONNX Runtime) computes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import numpy as np
+import pytest
+
+from tests.integration._oip_support import AUTH, oip_door
+
+triton = pytest.importorskip("tritonclient.http", reason="the test extra installs tritonclient[http]")
+from tritonclient.utils import InferenceServerException  # noqa: E402 - after the importorskip
+
+pytestmark = pytest.mark.grpc
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    with oip_door(str(tmp_path_factory.mktemp("oip"))) as d:
+        yield d
+
+
+@pytest.fixture()
+def client(door):
+    c = triton.InferenceServerClient(door.host)
+    yield c
+    c.close()
+
+
+def auth() -> dict[str, str]:
+    return dict(AUTH)  # tritonclient writes its own headers into the dict it is given
+
+
+def ort_run(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def ort_per_sample(model, x: np.ndarray) -> np.ndarray:
+    """The model's output for a batch: the registry model has batch 1 fixed, the gateway batches."""
+    return np.concatenate([ort_run(model, {"x": x[i:i + 1]})["y"] for i in range(len(x))])
+
+
+def tails(door) -> list[str]:
+    return [c for c in door.gateway.registry.resolve("m", "").frontier.cut_ids if c != "L"]
+
+
+def raw(door, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None):
+    conn = http.client.HTTPConnection(door.host, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers={**AUTH, **(headers or {})})
+        r = conn.getresponse()
+        return r.status, r.read(), dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+def infer_inputs(arrays: dict[str, np.ndarray], *, binary: bool) -> list:
+    out = []
+    for name, a in arrays.items():
+        i = triton.InferInput(name, list(a.shape), "FP32")
+        i.set_data_from_numpy(a, binary_data=binary)
+        out.append(i)
+    return out
+
+
+def test_health_server_metadata_and_model_metadata(door, client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data", "model_configuration", "statistics"]
+    assert client.is_model_ready("m", headers=auth()) and client.is_model_ready("m", "1", headers=auth())
+    meta = client.get_model_metadata("m", headers=auth())
+    assert meta["versions"] == ["1"] and meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4, 5, 5]}]
+    assert meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}]
+    cuts = tails(door)
+    assert cuts, "the default frontier preloads chain cuts besides the empty one"
+    for cut in cuts:
+        tail = client.get_model_metadata(f"m.tail.{cut}", "1", headers=auth())
+        assert tail["name"] == f"m.tail.{cut}" and tail["inputs"] and tail["outputs"][0]["name"] == "y"
+
+
+def test_config_names_max_batch_size_and_stats_count_requests(door, client):
+    config = client.get_model_config("m", headers=auth())
+    assert config["max_batch_size"] == 8 and config["input"][0]["dims"] == [4, 5, 5]
+    x = np.random.default_rng(1).random((2, 4, 5, 5), dtype=np.float32)
+    before = client.get_inference_statistics("m", headers=auth())["model_stats"]
+    client.infer("m", infer_inputs({"x": x}, binary=True), headers=auth())
+    after = client.get_inference_statistics("m", headers=auth())["model_stats"]
+    count = lambda stats: sum(s["inference_stats"]["success"]["count"] for s in stats)  # noqa: E731
+    assert count(after) == count(before) + 1
+    assert sum(s["inference_count"] for s in after) >= 2
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_whole_model_equals_onnx_runtime(door, client, binary):
+    x = np.random.default_rng(2).random((3, 4, 5, 5), dtype=np.float32)
+    outputs = None if binary else [triton.InferRequestedOutput("y", binary_data=False)]
+    r = client.infer("m", infer_inputs({"x": x}, binary=binary), outputs=outputs, headers=auth())
+    assert (r.get_output("y").get("parameters", {}).get("binary_data_size") is not None) == binary
+    np.testing.assert_allclose(r.as_numpy("y"), ort_per_sample(door.model_path, x), rtol=1e-5, atol=1e-5)
+    assert r.get_response()["model_version"] == "1"
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_each_tail_on_the_heads_boundary_equals_the_whole_model(door, client, binary):
+    x = np.random.default_rng(3).random((1, 4, 5, 5), dtype=np.float32)
+    want = ort_run(door.model_path, {"x": x})["y"]
+    lv = door.gateway.registry.resolve("m", "")
+    for cut in tails(door):
+        head, _ = lv.files.splitter().split(lv.files.resolve_cut(cut))
+        boundary = ort_run(head.model.SerializeToString(), {"x": x})
+        meta = client.get_model_metadata(f"m.tail.{cut}", headers=auth())
+        feeds = {i["name"]: boundary[i["name"]] for i in meta["inputs"]}
+        r = client.infer(f"m.tail.{cut}", infer_inputs(feeds, binary=binary), headers=auth(),
+                         outputs=[triton.InferRequestedOutput("y", binary_data=binary)])
+        np.testing.assert_allclose(r.as_numpy("y"), want, rtol=1e-5, atol=1e-5, err_msg=cut)
+
+
+def test_curl_style_json_request_gets_a_json_answer(door):
+    x = np.arange(100, dtype=np.float32).reshape(1, 4, 5, 5) / 100
+    body = json.dumps({"id": "r1", "inputs": [{"name": "x", "shape": [1, 4, 5, 5], "datatype": "FP32",
+                                               "data": x.tolist()}]}).encode()
+    status, out, headers = raw(door, "POST", "/v2/models/m/versions/1/infer", body,
+                               {"Content-Type": "application/json"})
+    assert status == 200 and "Inference-Header-Content-Length" not in headers, out
+    doc = json.loads(out)
+    assert doc["id"] == "r1" and doc["model_name"] == "m" and doc["outputs"][0]["shape"] == [1, 3]
+    np.testing.assert_allclose(np.array(doc["outputs"][0]["data"], np.float32).reshape(1, 3),
+                               ort_run(door.model_path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def expect(client_call, status: int, words: str) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        client_call()
+    assert e.value.status() == str(status), e.value
+    assert words in e.value.message(), e.value
+
+
+def test_errors_come_back_with_the_documented_codes(door, client):
+    x = np.zeros((1, 4, 5, 5), np.float32)
+    expect(lambda: client.get_model_metadata("nope", headers=auth()), 404, "unknown model 'nope'")
+    expect(lambda: client.get_model_metadata("m", "9", headers=auth()), 404, "no version '9'")
+    expect(lambda: client.get_model_metadata("m.tail.L9", headers=auth()), 404, "m.tail.")
+    expect(lambda: client.infer("nope", infer_inputs({"x": x}, binary=True), headers=auth()), 404, "unknown model")
+    expect(lambda: client.infer("m", infer_inputs({"x": x[:, :3]}, binary=True), headers=auth()), 400,
+           "has shape [-1, 4, 5, 5]")
+    i = triton.InferInput("x", [1, 4, 5, 5], "FP64")
+    i.set_data_from_numpy(x.astype(np.float64))
+    expect(lambda: client.infer("m", [i], headers=auth()), 400, "is FP32, the request gives FP64")
+    expect(lambda: client.infer("m", infer_inputs({"z": x}, binary=True), headers=auth()), 400, "takes inputs ['x']")
+    expect(lambda: client.infer("m", infer_inputs({"x": x}, binary=True)), 401, "authorization")
+    expect(lambda: client.get_model_metadata("m"), 401, "authorization")
+    expect(lambda: client.infer("m", infer_inputs({"x": x}, binary=True), headers=auth(), timeout=0), 504,
+           "deadline exceeded")
+
+
+def test_byte_length_and_malformed_bodies_are_400_and_the_server_stays_up(door):
+    head = json.dumps({"inputs": [{"name": "x", "shape": [1, 4, 5, 5], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 400}}]}).encode()
+    for body, n, words in [
+        (head + b"\0" * 399, len(head), "needs 400 binary bytes"),
+        (head + b"\0" * 401, len(head), "1 bytes after the last binary input"),
+        (head.replace(b"400", b"396") + b"\0" * 396, len(head), "binary_data_size 396"),
+        (head + b"\0" * 400, len(head) + 1, "not JSON"),
+        (b"{not json", None, "not JSON"),
+        (b"[1, 2]", None, "JSON list"),
+        (head + b"\0" * 400, len(head) * 9, "outside the body"),
+    ]:
+        extra = {} if n is None else {"Inference-Header-Content-Length": str(n)}
+        status, out, _ = raw(door, "POST", "/v2/models/m/infer", body, extra)
+        assert status == 400, (status, out)
+        assert words in json.loads(out)["error"], out
+    assert raw(door, "GET", "/v2/health/live")[0] == 200
+    assert raw(door, "POST", "/v2/models/m/ready")[0] == 405
+    assert raw(door, "GET", "/v2/models/m/infer")[0] == 405
+    assert raw(door, "GET", "/v2/nothing")[0] == 404
+    assert raw(door, "GET", "/metrics")[0] == 200  # the metrics routes are untouched
