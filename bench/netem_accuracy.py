@@ -1,7 +1,8 @@
 """How closely the user-space link emulator matches its setting, and where it stops keeping up.
 
-Run: ``python -m bench.netem_accuracy`` (about a minute). Writes
-``bench/results/netem_accuracy.json`` and ``.png``.
+Run: ``python -m bench.netem_accuracy`` (about three minutes). Writes
+``bench/results/netem_accuracy.json``, ``.png`` (fixed links) and
+``netem_accuracy_mahimahi.png`` (recorded traces).
 
 Side by side in one run, on loopback:
 - rate: delivered uplink and downlink throughput / the configured bandwidth, for the
@@ -9,23 +10,39 @@ Side by side in one run, on loopback:
 - delay: (round trip through the emulator - direct round trip) / configured RTT, from
   small pings sent alternately on both paths, at the median and the 25th percentile;
 - ceiling: throughput through an unshaped emulator / throughput of a direct loopback
-  connection, i.e. the fastest link this proxy can emulate on this machine.
+  connection, i.e. the fastest link this proxy can emulate on this machine;
+- Mahimahi traces: every ``NAME.up``/``NAME.down`` pair in ``--trace-dir`` (default the
+  recorded cellular traces in ``../shared/traces`` next to the checkout, skipped when
+  absent), first ``--seconds`` of each, both directions saturated at once by one TCP
+  connection: bytes delivered per 1-second window / the trace's opportunities x 1500.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import math
 import os
 import platform
+import socket
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from splitinfer.netem import LinkEmulator, LinkSetting
+from splitinfer.netem import (
+    DEFAULT_QUEUE_BYTES,
+    PACKET_BYTES,
+    LinkEmulator,
+    LinkSetting,
+    MahimahiTrace,
+    ThreadedLinkEmulator,
+    load_mahimahi_trace,
+)
 
 _LOG = logging.getLogger(__name__)
 
@@ -207,21 +224,185 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+# -- Mahimahi traces -----------------------------------------------------------------
+
+
+def _shared_traces_dir() -> Path:
+    return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+def _saturate(sock: socket.socket, stop: threading.Event) -> None:
+    chunk = b"x" * 65536
+    with contextlib.suppress(OSError):
+        while not stop.is_set():
+            sock.sendall(chunk)
+
+
+def _record(sock: socket.socket, stop: threading.Event, arrivals: list[tuple[float, int]]) -> None:
+    with contextlib.suppress(OSError):
+        while not stop.is_set():
+            data = sock.recv(65536)
+            if not data:
+                return
+            arrivals.append((time.monotonic(), len(data)))
+
+
+def _windows(trace: MahimahiTrace, arrivals: list[tuple[float, int]], origin_s: float,
+             first_s: int, end_s: int) -> dict[str, Any]:
+    """Per 1-second window of trace time: delivered bytes / the trace's opportunities x 1500."""
+    delivered = [0] * end_s
+    for t_s, nbytes in arrivals:
+        index = math.floor(t_s - origin_s)
+        if 0 <= index < end_s:
+            delivered[index] += nbytes
+    rows = []
+    for second in range(first_s, end_s):
+        expected = trace.count_between(second * 1000, (second + 1) * 1000) * PACKET_BYTES
+        rows.append({"t_s": second, "expected_bytes": expected, "delivered_bytes": delivered[second]})
+    ratios = [r["delivered_bytes"] / r["expected_bytes"] for r in rows if r["expected_bytes"] > 0]
+    empty = [r for r in rows if r["expected_bytes"] == 0]
+    summary: dict[str, Any] = {
+        "windows": len(ratios), "empty_windows": len(empty),
+        "bytes_delivered_in_empty_windows": sum(r["delivered_bytes"] for r in empty),
+        "expected_bytes": sum(r["expected_bytes"] for r in rows),
+        "delivered_bytes": sum(r["delivered_bytes"] for r in rows), "per_second": rows}
+    if ratios:
+        summary["median_ratio"] = statistics.median(ratios)
+        summary["p10_ratio"] = _quantile(ratios, 0.10) if len(ratios) > 1 else ratios[0]
+        summary["p90_ratio"] = _quantile(ratios, 0.90) if len(ratios) > 1 else ratios[0]
+    return summary
+
+
+def measure_mahimahi(trace_up: MahimahiTrace, trace_down: MahimahiTrace, *, seconds: int, rtt_ms: float = 40.0,
+                     skip_s: int = 1) -> dict[str, Any]:
+    """Saturate both directions of one connection through the emulator on these traces.
+
+    Bytes are counted where they arrive, per 1-second window of trace time, shifted by
+    the one-way delay (rtt/2); windows [skip_s, seconds) are compared with the trace.
+    """
+    listener = socket.create_server((LOOPBACK, 0))
+    stop = threading.Event()
+    up_arrivals: list[tuple[float, int]] = []
+    down_arrivals: list[tuple[float, int]] = []
+    threads: list[threading.Thread] = []
+    conns: list[socket.socket] = []
+
+    def _serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            conns.append(conn)
+            for target, args in ((_record, (conn, stop, up_arrivals)), (_saturate, (conn, stop))):
+                thread = threading.Thread(target=target, args=args, daemon=True)
+                thread.start()
+                threads.append(thread)
+
+    acceptor = threading.Thread(target=_serve, daemon=True)
+    acceptor.start()
+    emu = ThreadedLinkEmulator(upstream=(LOOPBACK, listener.getsockname()[1]), trace_up=trace_up,
+                               trace_down=trace_down, rtt_ms=rtt_ms).start()
+    cpu_start_s = time.process_time()
+    try:
+        origin_s = time.monotonic() - emu.emulator.trace_elapsed_s + rtt_ms / 2000.0
+        client = socket.create_connection((LOOPBACK, emu.port))
+        conns.append(client)
+        for target, args in ((_record, (client, stop, down_arrivals)), (_saturate, (client, stop))):
+            thread = threading.Thread(target=target, args=args, daemon=True)
+            thread.start()
+            threads.append(thread)
+        time.sleep(max(origin_s + seconds - time.monotonic(), 0.0))
+        stats = emu.stats()
+    finally:
+        cpu_s = time.process_time() - cpu_start_s
+        stop.set()
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        emu.stop()
+        listener.close()
+        for thread in threads:
+            thread.join(5.0)
+    return {"up": _windows(trace_up, up_arrivals, origin_s, skip_s, seconds),
+            "down": _windows(trace_down, down_arrivals, origin_s, skip_s, seconds),
+            "rtt_ms": rtt_ms, "seconds": seconds, "queue_bytes": DEFAULT_QUEUE_BYTES,
+            "emulator_bytes_up": stats.bytes_up, "emulator_bytes_down": stats.bytes_down,
+            "process_cpu_s": cpu_s}
+
+
+def run_mahimahi(trace_dir: Path, seconds: int, rtt_ms: float) -> dict[str, Any]:
+    traces = {}
+    for up_path in sorted(trace_dir.glob("*.up")):
+        down_path = up_path.with_suffix(".down")
+        if not down_path.is_file():
+            continue
+        _LOG.info("mahimahi %s: %d s", up_path.stem, seconds)
+        result = measure_mahimahi(load_mahimahi_trace(up_path), load_mahimahi_trace(down_path),
+                                  seconds=seconds, rtt_ms=rtt_ms)
+        traces[up_path.stem] = result
+        _LOG.info("%s: up median %.3f (p10 %.3f, p90 %.3f); down median %.3f (p10 %.3f, p90 %.3f); cpu %.1f s",
+                  up_path.stem, *(result[d].get(k, math.nan) for d in ("up", "down")
+                                  for k in ("median_ratio", "p10_ratio", "p90_ratio")), result["process_cpu_s"])
+    return {"seconds": seconds, "rtt_ms": rtt_ms, "window_s": 1.0, "traces": traces}
+
+
+def _plot_mahimahi(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(result["traces"])
+    fig, axes = plt.subplots(len(names), 2, figsize=(12, 2.8 * len(names)), squeeze=False)
+    for row, name in zip(axes, names):
+        for ax, direction in zip(row, ("up", "down")):
+            data = result["traces"][name][direction]
+            t = [r["t_s"] for r in data["per_second"]]
+            ax.step(t, [r["expected_bytes"] * 8e-6 for r in data["per_second"]], where="post", label="trace")
+            ax.step(t, [r["delivered_bytes"] * 8e-6 for r in data["per_second"]], where="post",
+                    linestyle="--", label="delivered")
+            ax.set_title(f"{name}.{direction}: median {data.get('median_ratio', math.nan):.3f}, "
+                         f"p10 {data.get('p10_ratio', math.nan):.3f}, p90 {data.get('p90_ratio', math.nan):.3f}",
+                         fontsize=9)
+            ax.set_ylabel("Mbit/s (1 s windows)")
+            ax.legend(fontsize=8)
+        row[0].set_xlabel("trace time (s)")
+        row[1].set_xlabel("trace time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--pings", type=int, default=40)
+    parser.add_argument("--only", choices=["all", "fixed", "mahimahi"], default="all",
+                        help="run one part; the other part's results already in the JSON are kept")
+    parser.add_argument("--trace-dir", type=Path, default=_shared_traces_dir(),
+                        help="folder of Mahimahi NAME.up/NAME.down pairs (default ../shared/traces)")
+    parser.add_argument("--seconds", type=int, default=30, help="first N seconds of each trace (default 30)")
+    parser.add_argument("--rtt-ms", type=float, default=40.0, help="RTT added on the Mahimahi traces (default 40)")
     args = parser.parse_args(argv)
+    if args.seconds < 2:
+        parser.error(f"--seconds must be >= 2 (the first second is skipped), got {args.seconds}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("splitinfer").setLevel(logging.WARNING)
-    result = asyncio.run(_run(args.pings))
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                         "load_avg_1m": os.getloadavg()[0]}
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "netem_accuracy.json"
+    result: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    if args.only in ("all", "fixed"):
+        result.update(asyncio.run(_run(args.pings)))
+        _plot(result, args.out / "netem_accuracy.png")
+    if args.only in ("all", "mahimahi"):
+        if args.trace_dir.is_dir():
+            result["mahimahi"] = run_mahimahi(args.trace_dir, args.seconds, args.rtt_ms)
+            _plot_mahimahi(result["mahimahi"], args.out / "netem_accuracy_mahimahi.png")
+        else:
+            _LOG.warning("no trace folder at %s: Mahimahi part skipped", args.trace_dir)
+    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                         "load_avg_1m": os.getloadavg()[0]}
     json_path.write_text(json.dumps(result, indent=2) + "\n")
-    _plot(result, args.out / "netem_accuracy.png")
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "mahimahi"}, indent=2))
     return 0
 
 

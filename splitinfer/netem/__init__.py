@@ -6,7 +6,8 @@ proxy between the edge agent and the gateway instead. It is a byte pipe, so gRPC
 passes through unchanged. How bandwidth, delay and outages are modelled is in
 [Note: timing model] in `splitinfer.netem.proxy`.
 
-This package's names are its public API: the values and traces (`link`), the asyncio
+This package's names are its public API: the values and traces (`link`), Mahimahi
+packet-delivery traces and the link that follows one (`mahimahi`), the asyncio
 `LinkEmulator` (`proxy`), a threaded runner for synchronous callers (`threaded`), and
 ``main`` for ``splitinfer netem`` (`cli`).
 """
@@ -30,20 +31,32 @@ from splitinfer.netem.link import (
     shipped_trace_path,
     trace_position,
 )
+from splitinfer.netem.mahimahi import (
+    DEFAULT_QUEUE_BYTES,
+    PACKET_BYTES,
+    MahimahiTrace,
+    OpportunityLink,
+    load_mahimahi_trace,
+)
 from splitinfer.netem.proxy import LinkEmulator
 from splitinfer.netem.threaded import ThreadedLinkEmulator
 
 __all__ = [
+    "DEFAULT_QUEUE_BYTES",
+    "PACKET_BYTES",
     "TRACE_HEADER",
     "LinkEmulator",
     "LinkSetting",
+    "MahimahiTrace",
     "NetemError",
     "NetemStats",
+    "OpportunityLink",
     "OutageMode",
     "ThreadedLinkEmulator",
     "TokenBucket",
     "TraceFormatError",
     "TraceStep",
+    "load_mahimahi_trace",
     "load_trace",
     "main",
     "resolve_trace",

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from splitinfer.netem.link import LinkSetting, NetemError, OutageMode, load_trace, shipped_trace_names
+from splitinfer.netem.mahimahi import DEFAULT_QUEUE_BYTES, PACKET_BYTES, load_mahimahi_trace
 from splitinfer.netem.proxy import LinkEmulator
 from splitinfer.units import parse_args, parse_duration_ms, parse_rate_bps
 
@@ -46,6 +47,17 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", metavar="CSV|NAME",
                         help="trace CSV (t_s,up_mbps,down_mbps,rtt_ms,up) or a shipped name, from any directory: "
                              + ", ".join(shipped_trace_names()))
+    parser.add_argument("--trace-up", metavar="FILE",
+                        help="Mahimahi trace of the uplink (one line per 1500-byte delivery opportunity, "
+                             "a time in ms; it repeats); needs --trace-down")
+    parser.add_argument("--trace-down", metavar="FILE", help="Mahimahi trace of the downlink; needs --trace-up")
+    queue = parser.add_mutually_exclusive_group()
+    queue.add_argument("--queue-bytes", type=int, metavar="BYTES",
+                       help=f"drop-tail queue per direction on Mahimahi traces; when full the emulator stops "
+                            f"reading from the sender (default {DEFAULT_QUEUE_BYTES})")
+    queue.add_argument("--queue-packets", type=int, metavar="N",
+                       help=f"the same queue in {PACKET_BYTES}-byte packets "
+                            f"(default {DEFAULT_QUEUE_BYTES // PACKET_BYTES})")
     parser.add_argument("--up", type=_arg(parse_rate_bps), metavar="RATE", help="uplink rate, e.g. 18.88mbit")
     parser.add_argument("--down", type=_arg(parse_rate_bps), metavar="RATE", help="downlink rate (default: 4x --up)")
     parser.add_argument("--rtt", type=_arg(parse_duration_ms), default=0.0, metavar="DURATION",
@@ -67,20 +79,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parse_args(parser, argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    mahimahi = args.trace_up is not None or args.trace_down is not None
     if args.trace and (args.up is not None or args.down is not None or args.rtt):
         parser.error("give either --trace or --up/--down/--rtt, not both")
+    if mahimahi and (args.trace or args.up is not None or args.down is not None or args.loop):
+        parser.error("--trace-up/--trace-down take only --rtt and --queue-bytes/--queue-packets; "
+                     "drop --trace, --up, --down and --loop (a Mahimahi trace always repeats)")
+    if mahimahi and (args.trace_up is None or args.trace_down is None):
+        parser.error("give both --trace-up FILE and --trace-down FILE")
+    if not mahimahi and (args.queue_bytes is not None or args.queue_packets is not None):
+        parser.error("--queue-bytes/--queue-packets shape Mahimahi traces only; add --trace-up and --trace-down")
+    queue_bytes = DEFAULT_QUEUE_BYTES
+    if args.queue_bytes is not None:
+        queue_bytes = args.queue_bytes
+    elif args.queue_packets is not None:
+        queue_bytes = args.queue_packets * PACKET_BYTES
+    if queue_bytes < PACKET_BYTES:
+        parser.error(f"the queue must hold at least one packet ({PACKET_BYTES} bytes), got {queue_bytes} bytes")
     setting = trace = None
+    extra: dict[str, Any] = {}
     try:
-        if args.trace:
+        if mahimahi:
+            extra = {"trace_up": load_mahimahi_trace(args.trace_up), "trace_down": load_mahimahi_trace(args.trace_down),
+                     "rtt_ms": args.rtt, "queue_bytes": queue_bytes}
+        elif args.trace:
             trace = load_trace(args.trace)
         elif args.up is not None:
             down_bps = args.down if args.down is not None else 4 * args.up
             setting = LinkSetting(up_bps=args.up, down_bps=down_bps, rtt_ms=args.rtt)
         else:
-            parser.error("give --trace CSV, or --up RATE (with optional --down and --rtt)")
+            parser.error("give --trace CSV, or --up RATE (with optional --down and --rtt), "
+                         "or --trace-up FILE with --trace-down FILE (Mahimahi traces)")
         emu = LinkEmulator(listen=args.listen, upstream=args.upstream, setting=setting, trace=trace,
                            loop=args.loop, outage_mode=args.outage_mode, control=args.control,
-                           buffer_bytes=args.buffer)
+                           buffer_bytes=args.buffer, **extra)
     except NetemError as e:
         print(f"splitinfer netem: error: {e}", file=sys.stderr)
         return 2

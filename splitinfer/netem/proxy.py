@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import socket
@@ -48,6 +49,13 @@ from splitinfer.netem.link import (
     TraceStep,
     load_trace,
     trace_position,
+)
+from splitinfer.netem.mahimahi import (
+    DEFAULT_QUEUE_BYTES,
+    PACKET_BYTES,
+    MahimahiTrace,
+    OpportunityLink,
+    load_mahimahi_trace,
 )
 
 __all__ = ["LinkEmulator"]
@@ -111,7 +119,15 @@ class _Pipe:
         # the buffer, or a long link could never reach its rate.
         setting = self._emu.setting
         rate_bps = setting.up_bps if self._direction == "up" else setting.down_bps
-        return self._emu.buffer_bytes + rate_bps / 8.0 * setting.rtt_ms / 2000.0
+        limit = self._emu.buffer_bytes + rate_bps / 8.0 * setting.rtt_ms / 2000.0
+        if self._emu.opportunity_link(self._direction) is not None:
+            limit += self._emu.queue_bytes
+        return limit
+
+    async def _wait_for_room(self) -> None:
+        await self._emu.wait_link_up()
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.queued_bytes <= self._limit_bytes())
 
     async def pump_in(self) -> None:
         emu = self._emu
@@ -119,12 +135,15 @@ class _Pipe:
         while True:
             data = await self._src.read(_READ_BYTES)
             ready_s = time.monotonic()
+            if emu.opportunity_link(self._direction) is not None:
+                await self._feed_trace(data, ready_s)
+                if not data:
+                    return
+                continue
             offset = 0
             while offset < len(data) or not data:
                 if not emu.link_is_up or self.queued_bytes > self._limit_bytes():
-                    await emu.wait_link_up()
-                    async with self._changed:
-                        await self._changed.wait_for(lambda: self.queued_bytes <= self._limit_bytes())
+                    await self._wait_for_room()
                     ready_s = time.monotonic()
                     continue
                 # [Note: just-in-time reservation] A segment reserves the link only when
@@ -142,16 +161,52 @@ class _Pipe:
                 ready_s = max(ready_s, now_s - _MAX_CATCH_UP_S)
                 delay_s = emu.setting.rtt_ms / 2000.0
                 if not data:
-                    await self._push(bucket.reserve(0, now_s=now_s, ready_s=ready_s) + delay_s, None)
+                    await self._push((bucket.reserve(0, now_s=now_s, ready_s=ready_s) + delay_s, None))
                     return
                 segment = data[offset:offset + _segment_bytes(bucket.rate_bps)]
                 offset += len(segment)
-                await self._push(bucket.reserve(len(segment), now_s=now_s, ready_s=ready_s) + delay_s, segment)
+                await self._push((bucket.reserve(len(segment), now_s=now_s, ready_s=ready_s) + delay_s, segment))
 
-    async def _push(self, deliver_s: float, segment: bytes | None) -> None:
+    async def _feed_trace(self, data: bytes, ready_s: float) -> None:
+        """Queue a read chunk on the Mahimahi link (see [Note: opportunity link]).
+
+        A full link queue stops the reading: the bytes wait in the socket buffers and
+        enter the queue when the trace has made room, which is when they count as
+        arrived, however late this task wakes (within _MAX_CATCH_UP_S).
+        """
+        emu = self._emu
+        link = emu.opportunity_link(self._direction)
+        assert link is not None
+        offset = 0
+        while True:
+            if not emu.link_is_up or self.queued_bytes > self._limit_bytes():
+                await self._wait_for_room()
+                ready_s = time.monotonic()
+                continue
+            now_s = time.monotonic()
+            room = emu.queue_bytes - link.backlog_bytes(now_s=now_s)
+            if data and room <= 0:
+                room_s = link.room_at_s(emu.queue_bytes - PACKET_BYTES, now_s=now_s)
+                await asyncio.sleep(max(room_s - now_s, 0.0))
+                ready_s = max(ready_s, room_s)
+                continue
+            piece = data[offset:offset + room]
+            offset += len(piece)
+            delay_s = emu.setting.rtt_ms / 2000.0
+            items: list[tuple[float, bytes | None]] = []
+            start = 0
+            for leave_s, nbytes in link.reserve(len(piece), arrival_s=max(ready_s, now_s - _MAX_CATCH_UP_S)):
+                items.append((leave_s + delay_s, piece[start:start + nbytes] if piece else None))
+                start += nbytes
+            await self._push(*items)
+            if offset >= len(data):
+                return
+
+    async def _push(self, *items: tuple[float, bytes | None]) -> None:
         async with self._changed:
-            self._queue.append((deliver_s, segment))
-            self.queued_bytes += len(segment or b"")
+            for deliver_s, segment in items:
+                self._queue.append((deliver_s, segment))
+                self.queued_bytes += len(segment or b"")
             self._changed.notify_all()
 
     async def pump_out(self) -> None:
@@ -253,7 +308,10 @@ class LinkEmulator:
     Arguments: ``upstream`` and ``listen`` are (host, port); port 0 picks a free port,
     read back from ``port``. Exactly one of ``setting`` (a fixed link) or ``trace``
     (steps, or a trace file or shipped name as `load_trace` takes; replayed, in a loop if
-    ``loop``). ``outage_mode``: blackhole or reset.
+    ``loop``). Or, instead of both, ``trace_up`` and ``trace_down``: Mahimahi
+    packet-delivery traces (`MahimahiTrace` values or file paths), which always repeat,
+    with ``rtt_ms`` added and a drop-tail queue of ``queue_bytes`` per direction (see
+    [Note: opportunity link]). ``outage_mode``: blackhole or reset.
     ``control``: (host, port) for the HTTP/JSON control API, or None. ``buffer_bytes``:
     see [Note: timing model]. ``socket_buffer_bytes``: SO_RCVBUF/SO_SNDBUF of the
     proxy's sockets, kept small so that backpressure reaches the sender promptly (0
@@ -265,12 +323,29 @@ class LinkEmulator:
                  setting: LinkSetting | None = None, trace: Sequence[TraceStep] | str | Path | None = None,
                  loop: bool = False, outage_mode: OutageMode | str = OutageMode.BLACKHOLE,
                  control: tuple[str, int] | None = None, buffer_bytes: int = 256 * 1024,
-                 socket_buffer_bytes: int = 64 * 1024, burst_bytes: int = 0) -> None:
+                 socket_buffer_bytes: int = 64 * 1024, burst_bytes: int = 0,
+                 trace_up: MahimahiTrace | str | Path | None = None,
+                 trace_down: MahimahiTrace | str | Path | None = None,
+                 rtt_ms: float | None = None, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         if isinstance(trace, (str, Path)):
             trace = load_trace(trace)
-        if (setting is None) == (not trace):
-            raise NetemError("LinkEmulator needs exactly one of setting= or trace=",
-                             fix="pass setting=LinkSetting(...) for a fixed link or trace=load_trace(path)")
+        if (trace_up is None) != (trace_down is None):
+            raise NetemError("LinkEmulator needs both trace_up= and trace_down= or neither",
+                             fix="pass a Mahimahi trace for each direction")
+        mahimahi = None
+        if trace_up is not None and trace_down is not None:
+            mahimahi = tuple(t if isinstance(t, MahimahiTrace) else load_mahimahi_trace(t)
+                             for t in (trace_up, trace_down))
+        if (setting is not None) + bool(trace) + (mahimahi is not None) != 1:
+            raise NetemError("LinkEmulator needs exactly one of setting=, trace= or trace_up= with trace_down=",
+                             fix="pass setting=LinkSetting(...) for a fixed link, trace=load_trace(path) for a "
+                                 "CSV trace, or trace_up=/trace_down= for Mahimahi traces")
+        if rtt_ms is not None and mahimahi is None:
+            raise NetemError("rtt_ms= goes with trace_up=/trace_down= only",
+                             fix="put the RTT in the LinkSetting or the trace CSV")
+        if isinstance(queue_bytes, bool) or not isinstance(queue_bytes, int) or queue_bytes < PACKET_BYTES:
+            raise NetemError(f"queue_bytes must be an integer >= {PACKET_BYTES} (one packet), got {queue_bytes!r}",
+                             fix=f"pass e.g. {DEFAULT_QUEUE_BYTES} (100 packets)")
         try:
             self.outage_mode = OutageMode(outage_mode)
         except ValueError as e:
@@ -284,6 +359,11 @@ class LinkEmulator:
         self._socket_buffer_bytes = socket_buffer_bytes
         self._trace = list(trace or [])
         self._loop_trace = loop
+        self.queue_bytes = queue_bytes
+        self._mahimahi: tuple[MahimahiTrace, ...] | None = mahimahi
+        self._opportunity_links: dict[str, OpportunityLink] | None = None
+        if mahimahi is not None:
+            setting = LinkSetting(up_bps=mahimahi[0].mean_bps, down_bps=mahimahi[1].mean_bps, rtt_ms=rtt_ms or 0.0)
         self._setting = setting if setting is not None else self._trace[0].setting
         now_s = time.monotonic()
         self._buckets = {d: TokenBucket(self._rate_bps(d), now_s=now_s, burst_bytes=burst_bytes) for d in ("up", "down")}
@@ -320,6 +400,19 @@ class LinkEmulator:
     def bucket(self, direction: str) -> TokenBucket:
         return self._buckets[direction]
 
+    def opportunity_link(self, direction: str) -> OpportunityLink | None:
+        """The Mahimahi link of ``direction`` while it shapes the traffic; None otherwise."""
+        if self._opportunity_links is None or self._manual:
+            return None
+        return self._opportunity_links[direction]
+
+    def _start_mahimahi(self) -> None:
+        assert self._mahimahi is not None
+        now_s = self._replay_start_s = time.monotonic()
+        self._manual = False
+        self._opportunity_links = {d: OpportunityLink(t, start_s=now_s) for d, t in zip(("up", "down"), self._mahimahi)}
+        _LOG.info("link follows Mahimahi traces %s (up) and %s (down)", *(t.path for t in self._mahimahi))
+
     def stats(self) -> NetemStats:
         counters = dict(self._counters, connections_active=len(self._conns))
         return NetemStats(**counters)
@@ -346,6 +439,9 @@ class LinkEmulator:
             "trace": {"steps": len(self._trace), "loop": self._loop_trace, "index": self._trace_index,
                       "replaying": self._replay_task is not None and not self._replay_task.done(),
                       "elapsed_s": self.trace_elapsed_s},
+            "mahimahi": None if self._mahimahi is None else {
+                "up": self._mahimahi[0].to_json(), "down": self._mahimahi[1].to_json(),
+                "queue_bytes": self.queue_bytes, "shaping": self._opportunity_links is not None and not self._manual},
             "stats": self.stats().to_json(),
             "listen": [self.listen[0], self.port],
             "upstream": list(self.upstream),
@@ -355,7 +451,11 @@ class LinkEmulator:
 
     def set(self, setting: LinkSetting | None = None, *, up_bps: float | None = None, down_bps: float | None = None,
             rtt_ms: float | None = None, up: bool | None = None) -> LinkSetting:
-        """Change the link now; fields left None keep their value. Stops a trace replay."""
+        """Change the link now; fields left None keep their value. Stops a trace replay.
+
+        On Mahimahi traces the link becomes the fixed setting (the traces' mean rates
+        and the RTT, with these changes) until `replay`.
+        """
         base = setting if setting is not None else self._setting
         changes = {k: v for k, v in (("up_bps", up_bps), ("down_bps", down_bps), ("rtt_ms", rtt_ms), ("up", up))
                    if v is not None}
@@ -368,8 +468,17 @@ class LinkEmulator:
         return new
 
     def replay(self, trace: Sequence[TraceStep] | None = None, *, loop: bool | None = None) -> None:
-        """Replay ``trace`` (default: the one given at construction) from its start."""
+        """Replay ``trace`` (default: the one given at construction) from its start.
+
+        On Mahimahi traces, with no ``trace``, restarts them from time 0.
+        """
+        if trace is None and self._mahimahi is not None:
+            self._start_mahimahi()
+            self._apply(dataclasses.replace(self._setting, up_bps=self._mahimahi[0].mean_bps,
+                                            down_bps=self._mahimahi[1].mean_bps, up=True), "replay()")
+            return
         if trace is not None:
+            self._opportunity_links = None
             self._trace = list(trace)
         if loop is not None:
             self._loop_trace = loop
@@ -443,6 +552,8 @@ class LinkEmulator:
         self._apply(self._setting, "start")
         if self._trace and not self._manual and self._replay_task is None:
             self.replay()
+        if self._mahimahi is not None and not self._manual and self._opportunity_links is None:
+            self._start_mahimahi()
         _LOG.info("netem listening on %s:%d -> %s:%d (%s, outages: %s)", self.listen[0], self.port,
                   self.upstream[0], self.upstream[1], self._setting.describe(), self.outage_mode.value)
         return self
