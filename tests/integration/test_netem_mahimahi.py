@@ -6,15 +6,19 @@ short generated trace whose rate changes every second; the bytes that arrive in 
 measurement is the benchmark's own (`bench.netem_accuracy.measure_mahimahi`).
 """
 
+import asyncio
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.netem_accuracy import measure_mahimahi
-from splitinfer.netem import MahimahiTrace, load_mahimahi_trace
+from splitinfer.netem import LinkEmulator, MahimahiTrace, load_mahimahi_trace
 
+LOOPBACK = "127.0.0.1"
 SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
@@ -67,3 +71,61 @@ def test_netem_command_serves_mahimahi_traces_from_the_shared_folder(tmp_path):
         _, err = process.communicate(timeout=10)
     assert process.returncode == 0, err
     assert "Mahimahi traces" in err and "TMobile-LTE-short.up" in err
+
+
+async def _echo(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+async def _ping_s(port, count):
+    reader, writer = await asyncio.open_connection(LOOPBACK, port)
+    samples = []
+    for _ in range(count):
+        start_s = time.monotonic()
+        writer.write(b"p" * 64)
+        await writer.drain()
+        await reader.readexactly(64)
+        samples.append(time.monotonic() - start_s)
+    writer.close()
+    return statistics.median(samples)
+
+
+def test_queueing_delay_grows_under_load_up_to_the_queue_bound():
+    """A saturated 1.2 Mbit/s uplink with a 30-packet queue delays a ping by the queue's 0.3 s drain time."""
+    uplink = _generated([100] * 4)    # 100 packets/s
+    downlink = _generated([2000] * 4)
+    queue_packets = 30
+
+    async def scenario():
+        echo = await asyncio.start_server(_echo, LOOPBACK, 0)
+        async with LinkEmulator(upstream=(LOOPBACK, echo.sockets[0].getsockname()[1]), trace_up=uplink,
+                                trace_down=downlink, rtt_ms=20.0, queue_bytes=queue_packets * 1500) as emu:
+            idle_s = await _ping_s(emu.port, 5)
+            _, bulk = await asyncio.open_connection(LOOPBACK, emu.port)
+            chunk = b"x" * 65536
+
+            async def saturate():
+                while True:
+                    bulk.write(chunk)
+                    await bulk.drain()
+
+            sender = asyncio.ensure_future(saturate())
+            await asyncio.sleep(0.5)  # fill the queue
+            loaded_s = await _ping_s(emu.port, 3)
+            queued = emu.opportunity_link("up").backlog_bytes(now_s=time.monotonic())
+            sender.cancel()
+            bulk.close()
+        echo.close()
+        return idle_s, loaded_s, queued
+
+    idle_s, loaded_s, queued = asyncio.run(scenario())
+    drain_s = queue_packets / 100
+    assert queued <= queue_packets * 1500
+    assert loaded_s - idle_s == pytest.approx(drain_s, rel=0.25)
