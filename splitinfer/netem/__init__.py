@@ -8,8 +8,8 @@ passes through unchanged. How bandwidth, delay and outages are modelled is in
 
 This package's names are its public API: the values and traces (`link`), Mahimahi
 packet-delivery traces and the link that follows one (`mahimahi`), the asyncio
-`LinkEmulator` (`proxy`), a threaded runner for synchronous callers (`threaded`), and
-``main`` for ``splitinfer netem`` (`cli`).
+`LinkEmulator` (`proxy`) and its HTTP/JSON control API (`control`), a threaded runner
+for synchronous callers (`threaded`), and ``main`` for ``splitinfer netem`` (`cli`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ buffers fill and the sender blocks, as behind a real bottleneck. Scheduled but
 undelivered bytes are capped at ``buffer_bytes`` plus one bandwidth-delay product per
 connection and direction, which only binds when the receiver is slower than the link.
 
+On Mahimahi traces (``trace_up``/``trace_down``) a direction's `OpportunityLink`
+replaces its token bucket and data is queued as soon as it is read, up to the link's
+drop-tail bound; see [Note: opportunity link] in `splitinfer.netem.mahimahi`.
+
 Outages (``up`` false, or a direction's bandwidth 0): in ``blackhole`` mode nothing is
 read or delivered, connections stay open and held data flows once the link returns
 (as TCP retransmission would deliver it); in ``reset`` mode every connection is reset
