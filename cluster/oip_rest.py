@@ -277,6 +277,7 @@ class OipRest:
             ready, detail = self.gateway.readiness()
             return HttpAnswer(200, b"") if ready else _json(400, {"error": f"not ready: {detail.get('reason')}"})
         if parts == ["models", "stats"] and get:
+            self.gateway.auth.authorize(headers, model=None, action="read statistics")
             return _json(200, self.stats.to_json(None, None))
         if len(parts) < 2 or parts[0] != "models":
             return _json(404, {"error": f"no route {method} {path[:200]}; see GET /v2 and /v2/models/{{model}}"})
@@ -291,11 +292,14 @@ class OipRest:
             return _json(404 if action not in ("", "ready", "config", "stats", "infer") else 405,
                          {"error": f"no route {method} {path[:200]}; the model routes are GET "
                                    "[/ready|/config|/stats] and POST /infer"})
-        if action == "stats":
-            return _json(200, self.stats.to_json(name, version or None))
         if action == "infer":
+            # Who asks is checked before what is asked for: no model names leak to a caller
+            # without a token. Gateway.infer then authorises (model, rate) as on the native door.
+            self.gateway.auth.authenticate(headers)
             return self._infer(name, version, headers, body, peer)
         self.gateway.auth.authorize(headers, model=self._split(name)[0], action="read metadata of")
+        if action == "stats":
+            return _json(200, self.stats.to_json(name, version or None))
         lv, cut_id = self._resolve(name, version)
         if action == "ready":
             return HttpAnswer(200, b"")

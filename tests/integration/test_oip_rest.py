@@ -158,6 +158,9 @@ def test_errors_come_back_with_the_documented_codes(door, client):
     expect(lambda: client.infer("m", infer_inputs({"z": x}, binary=True), headers=auth()), 400, "takes inputs ['x']")
     expect(lambda: client.infer("m", infer_inputs({"x": x}, binary=True)), 401, "authorization")
     expect(lambda: client.get_model_metadata("m"), 401, "authorization")
+    # Who asks is checked first: a caller without a token learns nothing about model names.
+    expect(lambda: client.infer("nope", infer_inputs({"x": x}, binary=True)), 401, "authorization")
+    expect(lambda: client.get_inference_statistics("m"), 401, "authorization")
     expect(lambda: client.infer("m", infer_inputs({"x": x}, binary=True), headers=auth(), timeout=0), 504,
            "deadline exceeded")
 
