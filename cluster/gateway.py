@@ -26,6 +26,17 @@ files does not see. A file that fails validation is logged with its reason and
 ignored until its content changes again; the model keeps its last good policy and
 readiness is unchanged (a version that a policy adds joins routing only once its
 tails are loaded). A removed file puts the model back on its volume policy.
+
+[Note: admission] A request that cannot be answered before its deadline is refused at
+once with RESOURCE_EXHAUSTED and `retry_after_ms`, never queued to time out: the pool's
+batcher predicts its wait and its batch's run time from the batches it has timed
+([Note: deadline-aware batching] in workers/batcher.py) and refuses it on arrival, or
+when its batch forms if the queue ran slower than predicted. Every refusal and expiry
+is counted by reason (`splitinfer_refusals_total`, cluster.metrics.REFUSAL_REASONS),
+the time a failed request spent in the pool is observed as its queue stage, each
+response's `timings_ms['predicted_wait']` carries the pool's predicted wait, and
+`/readyz?load=1` shows every pool's load and reports the gateway overloaded for
+`overload_window_s` after a refusal for load.
 """
 
 from __future__ import annotations
@@ -67,11 +78,18 @@ from cluster.protocol.status import status_of
 from cluster.protocol.tensors import EncodedTensor, as_wire_array
 from cluster.registry import LoadedVersion, ModelConfig, Registry, read_policy_dir
 
-__all__ = ["Gateway", "Pool", "PoolFactory", "PoolKey", "PoolResult", "LocalPool", "LocalPoolFactory", "to_cluster_error"]
+__all__ = ["Gateway", "Pool", "PoolFactory", "PoolKey", "PoolResult", "LocalPool", "LocalPoolFactory",
+           "refusal_reason", "to_cluster_error"]
 
 logger = logging.getLogger(__name__)
 
 _PRIORITY_LEVELS = 4
+
+_RETRY_AFTER_NO_ESTIMATE_MS = 100.0
+"""The retry-after of a full queue whose batcher has timed no batch yet: a short back-off."""
+
+_LOAD_REASONS = frozenset({"queue_full", "predicted_wait", "deadline_unreachable"})
+"""Refusals that mean the pool is overloaded (not a bad or late request)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +199,14 @@ class LocalPool:
         return await self.batcher.submit((inputs, time.monotonic()), deadline_s=deadline_s,
                                          priority=min(max(priority, 0), _PRIORITY_LEVELS - 1), shape_key=shape_key)
 
+    def load(self) -> tuple[int, float | None, float | None, int]:
+        """(queue depth, predicted wait s, capacity req/s, discarded results) of this pool now."""
+        load = self.batcher.load()
+        return load.queue_depth, load.predicted_wait_s, load.capacity_rps, self.batcher.stats().discarded
+
+    def predicted_wait_s(self) -> float | None:
+        return self.batcher.predicted_wait_s()
+
     async def close(self) -> None:
         await self.batcher.close(drain=True)
         for engine in self.engines:
@@ -198,6 +224,19 @@ class LocalPoolFactory:
         return LocalPool(key, tail_path, config, metrics, cache_dir=self.cache_dir, provider=self.provider)
 
 
+def refusal_reason(e: BaseException) -> str | None:
+    """The REFUSAL_REASONS entry of a worker-side refusal or expiry; None for other errors."""
+    from workers import errors as W
+
+    if isinstance(e, W.OverloadedError):
+        return e.reason
+    if isinstance(e, W.QueueFullError):
+        return "queue_full"
+    if isinstance(e, W.DeadlineExceededError):
+        return "expired_in_queue"
+    return None
+
+
 def to_cluster_error(e: BaseException, where: str) -> ClusterError:
     """The cluster error a worker-side failure becomes (the status table then picks its code)."""
     if isinstance(e, ClusterError):
@@ -206,8 +245,16 @@ def to_cluster_error(e: BaseException, where: str) -> ClusterError:
 
     if isinstance(e, W.DeadlineExceededError):
         return DeadlineExceeded(where=f"in the queue of {where}", overdue_ms=max(0.0, (e.now_s - e.deadline_s) * 1e3))
+    if isinstance(e, W.OverloadedError):
+        # [Note: admission]
+        what = "the queue ahead" if e.reason == "predicted_wait" else "its batch"
+        return ResourceExhausted(resource=f"capacity of {where} ({what} ends after the deadline)",
+                                 retry_after_ms=round(e.retry_after_s * 1e3, 1))
     if isinstance(e, W.QueueFullError):
-        return ResourceExhausted(resource=f"queue of {where}", limit=e.max_queue_size)
+        after_s = getattr(e, "retry_after_s", None)
+        return ResourceExhausted(resource=f"queue of {where}", limit=e.max_queue_size,
+                                 retry_after_ms=_RETRY_AFTER_NO_ESTIMATE_MS if after_s is None
+                                 else round(after_s * 1e3, 1))
     if isinstance(e, (W.InputError, W.BatcherRequestError)):
         return ProtocolError(reason=str(e), where=where)
     if isinstance(e, W.BatcherClosedError):
@@ -229,9 +276,13 @@ class Gateway:
     """
 
     def __init__(self, registry: Registry, pools: PoolFactory, *, authorizer: Authorizer | None = None,
-                 metrics: GatewayMetrics | None = None, policy_poll_s: float = 5.0) -> None:
+                 metrics: GatewayMetrics | None = None, policy_poll_s: float = 5.0,
+                 overload_window_s: float = 5.0) -> None:
         if not policy_poll_s > 0:
             raise ValueError(f"policy_poll_s {policy_poll_s} must be > 0; a few seconds suits a mounted ConfigMap")
+        if not overload_window_s > 0:
+            raise ValueError(f"overload_window_s {overload_window_s} must be > 0; a few seconds "
+                             "keeps /readyz?load=1 from flapping")
         self.registry = registry
         self.pool_factory = pools
         self.auth = authorizer or Authorizer(None)
@@ -252,6 +303,11 @@ class Gateway:
         self._policy_task: asyncio.Task[None] | None = None
         self._planner: GatewayPlanner | None = None
         self._closed = False
+        self.overload_window_s = overload_window_s
+        self._overloaded_at: dict[str, float] = {}
+        """'model@version@cut' -> when it last refused a request for load (time.monotonic())."""
+        self.metrics.set_load_source(self._load_samples)
+        self.metrics.load_view = self.load
         registry.on_loaded.append(self._preload)
         registry.on_drained.append(self._on_drained)
 
@@ -461,6 +517,38 @@ class Gateway:
             self._pools.clear()
         await asyncio.gather(*(p.close() for p in pools), *self._closing, return_exceptions=True)
 
+    # -- load (see [Note: admission]) --------------------------------------------------
+
+    def _load_samples(self) -> list[Any]:
+        with self._pools_lock:
+            pools = list(self._pools.items())
+        out = []
+        for key, pool in pools:
+            load = getattr(pool, "load", None)
+            if load is not None:
+                out.append(((key.model, key.version, key.cut_id), *load()))
+        return out
+
+    def load(self, now_s: float | None = None) -> dict[str, Any]:
+        """{'overloaded': bool, 'pools': {'model@version@cut': {queue_depth, predicted_wait_ms,
+        capacity_rps, discarded, overloaded}}}: what `/readyz?load=1` shows. A pool is
+        overloaded for `overload_window_s` after it refused a request for load."""
+        now_s = time.monotonic() if now_s is None else now_s
+        pools = {}
+        for (model, version, cut), depth, wait_s, capacity, discarded in self._load_samples():
+            name = f"{model}@{version}@{cut}"
+            at = self._overloaded_at.get(name)
+            pools[name] = {"queue_depth": depth, "discarded": discarded,
+                           "predicted_wait_ms": None if wait_s is None else round(wait_s * 1e3, 3),
+                           "capacity_rps": None if capacity is None else round(capacity, 3),
+                           "overloaded": at is not None and now_s - at < self.overload_window_s}
+        return {"overloaded": any(p["overloaded"] for p in pools.values()), "pools": pools}
+
+    def observe_refusal(self, model: str, status: str, reason: str) -> None:
+        """Counts a request the server refused before calling `infer` (cluster.server)."""
+        self.metrics.observe_request(model or "-", "", status)
+        self.metrics.observe_refusal(model, reason)
+
     # -- methods ------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest, context: Any) -> InferResponse:
@@ -468,12 +556,14 @@ class Gateway:
         m = self.metrics
         m.inflight.inc()
         version, status = request.version, "OK"
+        submitted_s: float | None = None
         try:
             principal = self.auth.authorize(context.metadata, model=request.model, device_id=request.device_id)
             with self.registry.lease(request.model, request.version, request.device_id) as lv:
                 version = lv.version
                 nbytes = request.tensor_bytes()
                 if nbytes > lv.config.max_request_bytes:
+                    m.observe_refusal(request.model, "request_too_large")
                     raise ResourceExhausted(resource=f"request size of {lv.key}", limit=lv.config.max_request_bytes)
                 m.add_bytes("in", nbytes)
                 pool = await self._pool(lv, request.cut_id)
@@ -481,12 +571,15 @@ class Gateway:
                 inputs = {k: decode(v) if isinstance(v, EncodedTensor) else v for k, v in request.tensors.items()}
                 decode_s = (entered - context.received_monotonic_s) + (time.monotonic() - t)
                 self.backend_calls += 1
+                submitted_s = time.monotonic()
                 try:
                     result = await pool.run(inputs, deadline_s=context.deadline_monotonic_s, priority=request.priority)
                 except ClusterError:
                     raise
                 except Exception as e:  # noqa: BLE001 - worker errors become cluster errors here
+                    self._refused(e, request.model, f"{lv.key}@{request.cut_id}", submitted_s)
                     raise to_cluster_error(e, f"{lv.key}@{request.cut_id}") from e
+                submitted_s = None
                 t = time.monotonic()
                 outputs = {k: as_wire_array(np.asarray(v), k) for k, v in result.outputs.items()}
                 encode_s = time.monotonic() - t
@@ -499,16 +592,21 @@ class Gateway:
                              result.batch_size, extra={"request_id": request.request_id, "model": request.model,
                                                        "cut_id": request.cut_id, "version": version,
                                                        "principal": principal.name})
-            return InferResponse(
-                request_id=request.request_id,
-                outputs=outputs,
-                timings_ms={"queue": result.queue_s * 1e3, "compute": result.compute_s * 1e3,
-                            "decode_tensors": decode_s * 1e3, "batch_size": float(result.batch_size)},
-                served_by=lv.key,
-            )
+            timings_ms = {"queue": result.queue_s * 1e3, "compute": result.compute_s * 1e3,
+                          "decode_tensors": decode_s * 1e3, "batch_size": float(result.batch_size)}
+            predicted = getattr(pool, "predicted_wait_s", None)
+            wait_s = predicted() if predicted is not None else None
+            if wait_s is not None:
+                timings_ms["predicted_wait"] = wait_s * 1e3
+            return InferResponse(request_id=request.request_id, outputs=outputs, timings_ms=timings_ms,
+                                 served_by=lv.key)
         except asyncio.CancelledError:
             left = context.remaining_s()
             status = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+            if status == "DEADLINE_EXCEEDED":
+                m.observe_refusal(request.model, "expired_while_running")
+            if submitted_s is not None:
+                m.observe_stage("queue", time.monotonic() - submitted_s)
             raise
         except ClusterError as e:
             status = status_of(e).name
@@ -519,6 +617,16 @@ class Gateway:
         finally:
             m.inflight.dec()
             m.observe_request(request.model, version, status)
+
+    def _refused(self, e: BaseException, model: str, where: str, submitted_s: float) -> None:
+        """Counts a pool's refusal or expiry by reason and observes its time in the pool as queue."""
+        self.metrics.observe_stage("queue", time.monotonic() - submitted_s)
+        reason = refusal_reason(e)
+        if reason is None:
+            return
+        self.metrics.observe_refusal(model, reason)
+        if reason in _LOAD_REASONS:
+            self._overloaded_at[where] = time.monotonic()
 
     async def get_artifacts(self, request: ArtifactsRequest, context: Any) -> ArtifactsResponse:
         """The model, model.yaml, profiles and frontier of model@version (routed when version is '')."""

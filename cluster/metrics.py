@@ -61,6 +61,7 @@ REFUSAL_REASONS = (
     "expired_before_backend",  # the deadline had passed when the request reached the server
     "expired_in_queue",  # the deadline passed while it waited for a batch
     "expired_while_running",  # the deadline passed during its batch or its encoding
+    "malformed",  # the frame did not decode (counted by the server, before the gateway)
 )
 REFUSAL_LOG_INTERVAL_S = 10.0
 

@@ -11,6 +11,10 @@ Deadlines: a request's deadline is the earlier of the gRPC deadline and its
 sees it; otherwise the backend gets it as an absolute `time.monotonic()` value
 in `RequestContext.deadline_monotonic_s`, and a backend that overruns it is
 cancelled and answered with DEADLINE_EXCEEDED.
+
+A backend may define `observe_refusal(model, status, reason)`: the server calls it for
+each Infer request it answers without calling the backend (a malformed frame, a
+deadline already passed), so the backend's request counts include them.
 """
 
 from __future__ import annotations
@@ -102,7 +106,8 @@ class RequestContext:
 class Backend(Protocol):
     """What the server calls. Raise cluster.errors classes to choose the status code.
 
-    A backend may also define `bind_health(health: Health)` to set readiness.
+    A backend may also define `bind_health(health: Health)` to set readiness, and
+    `observe_refusal(model, status, reason)` to count the requests refused before it.
     """
 
     async def infer(self, request: InferRequest, context: RequestContext) -> InferResponse: ...
@@ -234,6 +239,16 @@ class _Service:
         self.window = window
         self.chunk_bytes = chunk_bytes
         self.deadlines = _Deadlines()
+        self._observe_refusal = getattr(backend, "observe_refusal", None)
+
+    def _refused(self, model: str, exc: BaseException, reason: str) -> None:
+        """Tells the backend of a request answered without it (its counts include them)."""
+        if self._observe_refusal is None:
+            return
+        try:
+            self._observe_refusal(model, _status.status_of(exc).name, reason)
+        except Exception:  # noqa: BLE001 - counting must never change the answer
+            logger.exception("backend.observe_refusal failed")
 
     # -- shared pieces -----------------------------------------------------------------
 
@@ -256,7 +271,9 @@ class _Service:
         if grpc_left is not None and grpc_left < remaining_s:
             remaining_s = grpc_left
         if remaining_s <= 0:
-            raise DeadlineExceeded(where="before the request reached the backend", overdue_ms=-remaining_s * 1e3)
+            err = DeadlineExceeded(where="before the request reached the backend", overdue_ms=-remaining_s * 1e3)
+            self._refused(req.model, err, "expired_before_backend")
+            raise err
         deadline = time.monotonic() + remaining_s
         ctx = self._context(method, context, received, deadline)
         # [Note: deadline timer] in _Deadlines: the service's one timer cancels this
@@ -285,7 +302,11 @@ class _Service:
         received = time.monotonic()
         try:
             t0 = time.perf_counter()
-            req = InferRequest.from_msgpack(raw)
+            try:
+                req = InferRequest.from_msgpack(raw)
+            except Exception as e:  # noqa: BLE001 - counted here, answered by _abort below
+                self._refused("", e, "malformed")
+                raise
             decode_ms = (time.perf_counter() - t0) * 1e3
             resp = await self._run_infer(req, context, "Infer", received)
             return encode_response_frame(resp, decode_ms)
