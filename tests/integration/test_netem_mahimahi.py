@@ -129,3 +129,43 @@ def test_queueing_delay_grows_under_load_up_to_the_queue_bound():
     drain_s = queue_packets / 100
     assert queued <= queue_packets * 1500
     assert loaded_s - idle_s == pytest.approx(drain_s, rel=0.25)
+
+
+def test_connections_share_one_link_per_direction():
+    """Two saturating uploads together get the trace's opportunities, not twice them."""
+    uplink = _generated([300, 600, 300])
+    arrivals = []
+
+    async def sink(reader, writer):
+        while data := await reader.read(65536):
+            arrivals.append((time.monotonic(), len(data)))
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(sink, LOOPBACK, 0)
+        async with LinkEmulator(upstream=(LOOPBACK, server.sockets[0].getsockname()[1]), trace_up=uplink,
+                                trace_down=uplink, rtt_ms=10.0) as emu:
+            origin_s = time.monotonic() - emu.trace_elapsed_s + 0.005
+            writers = [(await asyncio.open_connection(LOOPBACK, emu.port))[1] for _ in range(2)]
+
+            async def saturate(writer):
+                while True:
+                    writer.write(b"x" * 65536)
+                    await writer.drain()
+
+            senders = [asyncio.ensure_future(saturate(w)) for w in writers]
+            await asyncio.sleep(max(origin_s + 3.0 - time.monotonic(), 0.0))
+            for task in senders:
+                task.cancel()
+            for writer in writers:
+                writer.close()
+        server.close()
+        return origin_s
+
+    origin_s = asyncio.run(scenario())
+    per_second = [0, 0, 0]
+    for t_s, nbytes in arrivals:
+        if 0 <= t_s - origin_s < 3:
+            per_second[int(t_s - origin_s)] += nbytes
+    assert per_second[1] == pytest.approx(600 * 1500, rel=0.05)
+    assert per_second[2] == pytest.approx(300 * 1500, rel=0.05)
