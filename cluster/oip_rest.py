@@ -12,6 +12,7 @@ configuration and statistics extensions (docs/protocol.md, "Open Inference Proto
     GET  /v2/models/{m}[/versions/{v}]/ready          200, or 4xx with {"error"}
     GET  /v2/models/{m}[/versions/{v}]/config         Triton model configuration (max_batch_size)
     GET  /v2/models[/{m}[/versions/{v}]]/stats        Triton statistics of this door's requests
+    POST /v2/repository/index                         Triton's index: every model and tail, per version
     POST /v2/models/{m}[/versions/{v}]/infer          inference: JSON and/or binary tensors
 
 What a model is on this door: `NAME` is the whole model of registry model NAME, run in the
@@ -279,6 +280,9 @@ class OipRest:
         if parts == ["models", "stats"] and get:
             self.gateway.auth.authorize(headers, model=None, action="read statistics")
             return _json(200, self.stats.to_json(None, None))
+        if parts == ["repository", "index"] and method == "POST":
+            self.gateway.auth.authorize(headers, model=None, action="list models")
+            return _json(200, self._index())
         if len(parts) < 2 or parts[0] != "models":
             return _json(404, {"error": f"no route {method} {path[:200]}; see GET /v2 and /v2/models/{{model}}"})
         name, version, rest = parts[1], "", parts[2:]
@@ -310,6 +314,16 @@ class OipRest:
         return _json(200, {"name": name, "versions": self.gateway.registry.describe()[lv.model]["versions"],
                            "platform": "onnxruntime_onnx", "inputs": tensors(sig.inputs),
                            "outputs": tensors(sig.outputs)})
+
+    def _index(self) -> list[dict[str, str]]:
+        """Every model this door serves: each loaded version of NAME and of each of its tails."""
+        out = []
+        for lv in sorted(self.gateway.registry.loaded(), key=lambda v: (v.model, v.version)):
+            for cut_id in lv.frontier.cut_ids if WHOLE_MODEL_CUT in lv.frontier.cut_ids else (
+                    WHOLE_MODEL_CUT, *lv.frontier.cut_ids):
+                name = lv.model if cut_id == WHOLE_MODEL_CUT else f"{lv.model}{TAIL_MARK}{cut_id}"
+                out.append({"name": name, "version": lv.version, "state": "READY"})
+        return out
 
     @staticmethod
     def _split(name: str) -> tuple[str, str]:

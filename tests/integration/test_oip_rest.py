@@ -82,6 +82,8 @@ def test_health_server_metadata_and_model_metadata(door, client):
     assert meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}]
     cuts = tails(door)
     assert cuts, "the default frontier preloads chain cuts besides the empty one"
+    index = client.get_model_repository_index(headers=auth())
+    assert index == [{"name": n, "version": "1", "state": "READY"} for n in ["m"] + [f"m.tail.{c}" for c in cuts]]
     for cut in cuts:
         tail = client.get_model_metadata(f"m.tail.{cut}", "1", headers=auth())
         assert tail["name"] == f"m.tail.{cut}" and tail["inputs"] and tail["outputs"][0]["name"] == "y"
