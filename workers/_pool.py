@@ -218,6 +218,13 @@ class PoolConfig:
     direct_over_tcp: bool = False
     """Use the TCP form of the channel for same-node replicas too (where the caller
     cannot reach the replica's temporary directory, e.g. another container)."""
+    tcp_pickle: bool = False
+    """Let the direct channel's TCP form (replicas on other nodes, or ``direct_over_tcp``)
+    carry pickle frames. Off, a TCP channel carries tensor frames only and refuses pickle
+    on both ends: a request or answer that needs pickle (an error, an object or strided
+    array, a numpy scalar) goes by a plain Ray call instead. The channel's token travels
+    in clear and pickle runs what it reads, so turn this on only where nobody else can
+    reach the cluster network (see [Note: no pickle over TCP] in workers/_transport/framing.py)."""
     shared_memory: bool = True
     """On a Unix-domain channel, carry arrays of 32 KiB and more through memory shared
     with the replica rather than through the socket (see [Note: channel arena] in
@@ -391,6 +398,9 @@ class PoolStats:
     """Actor calls per replica so far (retries included); one call carries a batch."""
     direct_calls: int = 0
     """Requests answered over a replica's direct channel (see PoolConfig.direct)."""
+    tcp_refused: int = 0
+    """Requests that a TCP channel refused because they or their answers needed pickle
+    (see PoolConfig.tcp_pickle), sent by a plain call instead."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

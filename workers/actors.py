@@ -59,7 +59,9 @@ import ray
 from ray.exceptions import RayActorError
 
 from workers._address import address
-from workers._transport import WRITTEN, BoundFrame, ChannelClient, ChannelClosedError, open_channel_server
+from workers._transport import ChannelClient, ChannelClosedError, ChannelRefusedError, open_channel_server
+from workers._transport.bound import BoundRequest, check_outputs, fill_outputs
+from workers._transport.client import DirectLink
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, new_timing, num_gpus_for, pick_replica
 from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
@@ -166,12 +168,16 @@ class _TimingHost(SegmentHost):
         start_s, end_s = stamps
         return [(out, new_timing((start_s - arrival_s, end_s - start_s, 1, True)))]
 
-    async def open_channel(self) -> dict:
+    async def open_channel(self, tcp_pickle: bool = False) -> dict:
         """Starts this worker's direct channel once (see [Note: direct channel] in
-        workers/_transport/framing.py); returns where it listens and which node this is."""
+        workers/_transport/framing.py); returns where it listens and which node this is.
+        ``tcp_pickle`` (PoolConfig.tcp_pickle) lets TCP connections accepted from now on
+        carry pickle frames ([Note: no pickle over TCP] in workers/_transport/framing.py)."""
         if getattr(self, "_channel", None) is None:
             self._channel = await open_channel_server(self.infer_batch_timed, now=self.infer_batch_now,
-                                                      prepare=self.prepare, tcp_host=ray.util.get_node_ip_address())
+                                                      prepare=self.prepare, tcp_host=ray.util.get_node_ip_address(),
+                                                      tcp_pickle=tcp_pickle)
+        self._channel.tcp_pickle = self._channel.tcp_pickle or tcp_pickle
         return {"path": self._channel.path, "tcp": self._channel.tcp_address, "token": self._channel.token,
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
@@ -227,71 +233,6 @@ def make_worker(
     )
 
 
-class _DirectLink:
-    """A pool's direct channel to one replica (see [Note: direct channel] in
-    workers/_transport/framing.py), connected in the background on first use and again after
-    the replica restarts: its Unix socket when the replica is on the caller's node
-    (unless ``over_tcp``), its TCP port otherwise."""
-
-    def __init__(self, actor, caller_node_id: str, *, over_tcp: bool, shared_memory: bool) -> None:
-        self._actor = actor
-        self._caller_node_id = caller_node_id
-        self._over_tcp = over_tcp
-        self._shared_memory = shared_memory
-        self._client: ChannelClient | None = None
-        self._connecting: asyncio.Task | None = None
-        self._failures = 0
-        self.not_before_s = 0.0
-
-    def client(self) -> ChannelClient | None:
-        """The connected channel on the running loop, or ``None`` (then connects, if due)."""
-        loop = asyncio.get_running_loop()
-        client = self._client
-        if client is not None and not client.closed and client.loop is loop:
-            return client
-        if client is not None:
-            self.close()
-        if self._connecting is None and time.monotonic() >= self.not_before_s:
-            self._connecting = loop.create_task(self._connect())
-        return None
-
-    async def _connect(self) -> None:
-        try:
-            info = await self._actor.open_channel.remote()
-            local = info["node_id"] == self._caller_node_id and not self._over_tcp
-            self._client = await ChannelClient.connect(info["path"] if local else tuple(info["tcp"]), info["token"],
-                                                       shared_memory=self._shared_memory)
-            self._failures = 0
-            logger.info("direct channel to replica pid %s open (%s)", info["pid"], "unix" if local else "tcp")
-        except Exception as e:  # noqa: BLE001 - plain calls serve the replica meanwhile
-            self._failures += 1
-            backoff_s = min(30.0, 0.5 * 2.0 ** self._failures)
-            self.not_before_s = time.monotonic() + backoff_s
-            logger.warning("direct channel to a replica not opened (%r); plain calls serve it, next try in %.1f s",
-                           e, backoff_s)
-        finally:
-            self._connecting = None
-
-    def lost(self, down_s: float) -> None:
-        """The channel broke (the replica died or restarted): reconnect after ``down_s``."""
-        self.close()
-        self.not_before_s = time.monotonic() + down_s
-
-    def close(self) -> None:
-        """Drops the connection (the client closes on its own loop)."""
-        client, self._client = self._client, None
-        if client is None or client.closed or client.loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if client.loop is running:
-            client.close()
-        else:
-            client.loop.call_soon_threadsafe(client.close)
-
-
 class ReplicaPool:
     """Replicas of a SegmentWorker behind least-loaded routing and one retry.
 
@@ -331,9 +272,11 @@ class ReplicaPool:
         self._replica_failures = 0
         self._batchers: dict[str, tuple[asyncio.AbstractEventLoop, Batcher]] = {}
         node_id = ray.get_runtime_context().get_node_id()
-        self._links = [_DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp, shared_memory=cfg.shared_memory)
+        self._links = [DirectLink(r, node_id, over_tcp=cfg.direct_over_tcp, shared_memory=cfg.shared_memory,
+                                   tcp_pickle=cfg.tcp_pickle)
                        for r in self.replicas] if cfg.direct else []
         self._direct_calls = 0
+        self._refused = 0
         self._shared: dict[int, tuple[int, ChannelClient, np.ndarray, int]] = {}
         """Arrays of :meth:`shared_array`, by id: (replica, channel, the array, its address)."""
 
@@ -438,7 +381,7 @@ class ReplicaPool:
         worker itself ([Note: outputs written in place] in workers/_transport/framing.py).
         """
         if outputs is not None and _bound is None:  # a BoundRequest's were checked when it was bound
-            outputs = _check_outputs(key, inputs, outputs)
+            outputs = check_outputs(key, inputs, outputs)
         self._requests += 1
         if budget_ms is not None:
             # A budget must not restart with each retry: fix it as a deadline now.
@@ -463,7 +406,7 @@ class ReplicaPool:
             raise result
         if outputs is not None:
             try:
-                result = (_filled(key, outputs, result[0]), result[1])
+                result = (fill_outputs(key, outputs, result[0]), result[1])
             except InputError:
                 self._errors += 1
                 raise
@@ -475,7 +418,7 @@ class ReplicaPool:
         run ([Note: bound requests] in workers/_transport/framing.py): give arrays of
         :meth:`shared_array` on one replica, write the inputs, ``await bound.run()``, read
         the outputs. See :class:`BoundRequest`."""
-        return BoundRequest(self, key, dict(inputs), _check_outputs(key, inputs, outputs))
+        return BoundRequest(self, key, dict(inputs), check_outputs(key, inputs, outputs))
 
     def _batcher(self, key: str) -> Batcher:
         """The caller-side batcher of ``key`` on the running event loop.
@@ -544,14 +487,20 @@ class ReplicaPool:
             client = self._links[i].client() if self._links else None
             try:
                 if client is not None:
-                    if outputs is None or n != 1:
-                        results = await client.call(key, *args)
-                    else:
-                        frame = bound.frame_for(client) if bound is not None else None
-                        results = await client.call(key, *args, outputs=outputs, bound=frame)
-                        if bound is not None and frame is None:
-                            bound.remember(client, client.bound_frame(key, requests[0][0], outputs))
-                    self._direct_calls += n
+                    try:
+                        if outputs is None or n != 1:
+                            results = await client.call(key, *args)
+                        else:
+                            frame = bound.frame_for(client) if bound is not None else None
+                            results = await client.call(key, *args, outputs=outputs, bound=frame)
+                            if bound is not None and frame is None:
+                                bound.remember(client, client.bound_frame(key, requests[0][0], outputs))
+                        self._direct_calls += n
+                    except ChannelRefusedError as e:
+                        # Pickle over TCP, refused: Ray carries it ([Note: no pickle over TCP]).
+                        self._refused += n
+                        logger.debug("request for %s goes by a plain call: %s", key, e)
+                        results = await self.replicas[i].infer_batch_timed.remote(key, *args)
                 else:
                     results = await self.replicas[i].infer_batch_timed.remote(key, *args)
             except (RayActorError, ChannelClosedError) as e:
@@ -586,6 +535,7 @@ class ReplicaPool:
             requests=self._requests, completed=self._completed, retries=self._retries,
             failed=self._failed, errors=self._errors, replica_failures=self._replica_failures,
             in_flight=tuple(self._in_flight), routed=tuple(self._routed), direct_calls=self._direct_calls,
+            tcp_refused=self._refused,
         )
 
     async def worker_stats(self) -> list[WorkerStats]:
@@ -626,93 +576,6 @@ class ReplicaPool:
             link.close()
         for r in self.replicas:
             ray.kill(r, no_restart=True)
-
-
-def _check_outputs(key: str, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> dict:
-    """``outputs`` as a dict, when it is one of writable arrays, none of them an input;
-    raises InputError naming the one that is not."""
-    if not isinstance(outputs, Mapping):
-        raise InputError(f"outputs for {key} must be a dict of output name -> writable numpy array, "
-                         f"got {type(outputs).__name__}", model=key)
-    for name, a in outputs.items():
-        if not isinstance(a, np.ndarray) or not a.flags.writeable:
-            what = "a read-only array" if isinstance(a, np.ndarray) else type(a).__name__
-            raise InputError(f"outputs[{name!r}] for {key} is {what}; give a writable numpy array "
-                             "(pool.shared_array(shape, dtype) for one the worker writes in place)",
-                             model=key, input_name=name)
-        if any(np.may_share_memory(a, x) for x in (*inputs.values(), *(o for n, o in outputs.items() if n != name))
-               if isinstance(x, np.ndarray)):
-            raise InputError(f"outputs[{name!r}] for {key} overlaps an input or another output; give each "
-                             "output its own array", model=key, input_name=name)
-    return dict(outputs)
-
-
-def _filled(key: str, outputs: dict[str, np.ndarray], got: Any) -> dict[str, np.ndarray]:
-    """``outputs`` with the answer ``got`` copied in (nothing to do where the worker
-    wrote them: WRITTEN); raises InputError when they do not match."""
-    if got is WRITTEN:
-        return outputs
-    if got.keys() != outputs.keys():
-        raise InputError(f"outputs for {key} name {sorted(outputs)}, but the segment's outputs are {sorted(got)}; "
-                         "give one array per output", model=key)
-    for name, value in got.items():
-        out = outputs[name]
-        if out.shape != value.shape or out.dtype != value.dtype:
-            raise InputError(f"outputs[{name!r}] for {key} is {out.dtype}{list(out.shape)}, but the output is "
-                             f"{value.dtype}{list(value.shape)}; give an array of that dtype and shape",
-                             model=key, input_name=name, expected=f"{value.dtype}{list(value.shape)}",
-                             given=f"{out.dtype}{list(out.shape)}")
-        np.copyto(out, value)
-    return outputs
-
-
-class BoundRequest:
-    """A request whose inputs and outputs stay where they are from run to run
-    (``ReplicaPool.bind``), as ONNX Runtime's IO binding or Triton's registered shared
-    memory keep theirs: write ``inputs``, ``await run()``, read ``outputs`` (the same
-    arrays every time). Arrays of ``pool.shared_array`` on one replica go as they lie,
-    by a frame made once ([Note: bound requests] in workers/_transport/framing.py); otherwise, or
-    while that replica is down, a run is an ordinary request (the pool's routing and
-    retries) whose answer is copied into ``outputs``. Do not write the inputs or read
-    the outputs while a run is in flight; runs of one BoundRequest may not overlap;
-    free its arrays (``pool.free_shared_array``) only after its last run.
-    """
-
-    def __init__(self, pool: ReplicaPool, key: str, inputs: dict[str, np.ndarray],
-                 outputs: dict[str, np.ndarray]) -> None:
-        self.key = key
-        self.inputs = inputs
-        self.outputs = outputs
-        self._pool = pool
-        self._frame: tuple[ChannelClient, BoundFrame] | None = None
-        self._running = False
-
-    def frame_for(self, client: ChannelClient) -> BoundFrame | None:
-        """The frame made for ``client``, while nothing of its arena was unpinned since;
-        None otherwise (the pool then makes it again after the run)."""
-        entry = self._frame
-        if entry is None or entry[0] is not client or entry[1][3] != client.unpins:
-            return None
-        return entry[1]
-
-    def remember(self, client: ChannelClient, frame: BoundFrame | None) -> None:
-        if frame is not None:
-            self._frame = (client, frame)
-
-    async def run(self, *, deadline_unix_ms: float | None = None, budget_ms: float | None = None,
-                  priority: int = 0) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
-        """Runs the request; returns ``outputs`` (written) and the worker's timing.
-        Raises what :meth:`ReplicaPool.infer` raises."""
-        if self._running:
-            raise RuntimeError(f"a run of this BoundRequest for {self.key} is in flight: its arrays are in use; "
-                               "await it first, or bind another request")
-        self._running = True
-        try:
-            return await self._pool.infer_timed(self.key, self.inputs, deadline_unix_ms=deadline_unix_ms,
-                                                budget_ms=budget_ms, priority=priority, outputs=self.outputs,
-                                                _bound=self)
-        finally:
-            self._running = False
 
 
 class Pipeline:

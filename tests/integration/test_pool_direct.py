@@ -200,6 +200,8 @@ def test_the_channel_over_tcp_serves_like_the_unix_socket(ray_local, tail, refer
     finally:
         pool.shutdown()
     assert stats.direct_calls >= len(frames) * 3 and stats.errors == 1 and stats.failed == 0
+    # The error's answer needs pickle, which TCP refuses by default: it came by a plain call.
+    assert stats.tcp_refused == 1
 
 
 def _doubling_model():

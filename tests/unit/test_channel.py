@@ -36,12 +36,14 @@ def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-def round_trip_arrays(over: str) -> None:
-    """Also run over TCP by tests/integration/test_channel_tcp.py (unit tests use no network)."""
+def round_trip_arrays(over: str, *, tcp_pickle: bool = False) -> None:
+    """Also run over TCP by tests/integration/test_channel_tcp.py (unit tests use no network),
+    where the frames this sends need ``tcp_pickle``."""
     async def main():
-        server = await open_channel_server(_echo, tcp_host="127.0.0.1" if over == "tcp" else None)
+        server = await open_channel_server(_echo, tcp_host="127.0.0.1" if over == "tcp" else None,
+                                           tcp_pickle=tcp_pickle)
         address = server.path if over == "unix" else server.tcp_address
-        client = await ChannelClient.connect(address, server.token)
+        client = await ChannelClient.connect(address, server.token, tcp_pickle=tcp_pickle)
         rng = np.random.default_rng(0)
         inputs = {
             "big": rng.standard_normal((2, 512, 512)).astype(np.float32),  # 2 MiB: received in place
@@ -253,18 +255,18 @@ def refuses_a_wrong_token(over: str) -> None:
 
         async def handler(*args):
             seen.append(args)
-            return None
+            return []  # an answer of no results: a tensor frame
 
         server = await open_channel_server(handler, tcp_host="127.0.0.1" if over == "tcp" else None)
         assert len(server.token) == 32
         address = server.path if over == "unix" else server.tcp_address
         with pytest.raises(ChannelClosedError):
             client = await ChannelClient.connect(address, bytes(32))
-            await client.call("k", {"x": np.ones(1)}, None, 0)
+            await client.call("k", [{"x": np.ones(1)}], [None], [0])
         assert seen == []  # nothing reached the worker
         good = await ChannelClient.connect(address, server.token)
-        await good.call("k")
-        assert seen == [("k",)]
+        await good.call("k", [], [], [])  # a pool's request (of none): a tensor frame, over TCP too
+        assert seen == [("k", [], [], [])]
         server.close()
 
     _run(main())

@@ -17,7 +17,7 @@ frame or ``encode_frame``) -> the worker's ``_Reader._readable`` -> ``ChannelSer
 
 Where each ``[Note: ...]`` of this package is written:
 
-- framing.py: direct channel, lone frames, outputs written in place, bound requests,
+- framing.py: direct channel, no pickle over TCP, lone frames, outputs written in place, bound requests,
   prepared requests;
 - codec.py: lean array pickling, tensor frames, answers described in advance;
 - reader.py: frames in the reader, reading ahead, no read that would block;
@@ -26,7 +26,8 @@ Where each ``[Note: ...]`` of this package is written:
 """
 
 from workers._transport.client import ChannelClient
-from workers._transport.framing import WRITTEN, BoundFrame, ChannelClosedError
+from workers._transport.framing import WRITTEN, BoundFrame, ChannelClosedError, ChannelRefusedError
 from workers._transport.server import ChannelServer, open_channel_server
 
-__all__ = ["WRITTEN", "BoundFrame", "ChannelClient", "ChannelClosedError", "ChannelServer", "open_channel_server"]
+__all__ = ["WRITTEN", "BoundFrame", "ChannelClient", "ChannelClosedError", "ChannelRefusedError", "ChannelServer",
+           "open_channel_server"]

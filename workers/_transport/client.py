@@ -1,18 +1,23 @@
-"""A replica pool's end of one worker's direct channel."""
+"""A replica pool's end of one worker's direct channel: the connection (:class:`ChannelClient`)
+and its life beside the replica (:class:`DirectLink`)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
+import time
 from typing import Any
 
 import numpy as np
 
 from workers._transport.connection import _Connection
-from workers._transport.framing import BoundFrame, ChannelClosedError
+from workers._transport.framing import BoundFrame, ChannelClosedError, ChannelRefusedError
 
-__all__ = ["ChannelClient"]
+__all__ = ["ChannelClient", "DirectLink"]
+
+logger = logging.getLogger(__name__)
 
 
 class ChannelClient:
@@ -31,10 +36,13 @@ class ChannelClient:
 
     @classmethod
     async def connect(
-        cls, address: str | tuple[str, int], token: bytes, *, shared_memory: bool = True
+        cls, address: str | tuple[str, int], token: bytes, *, shared_memory: bool = True, tcp_pickle: bool = False
     ) -> ChannelClient:
         """Connects to a socket path, or a ``(host, port)`` over TCP, and sends the token;
-        over a socket path, offers to share arenas unless ``shared_memory`` is False."""
+        over a socket path, offers to share arenas unless ``shared_memory`` is False.
+        Over TCP, pickle frames go and come only with ``tcp_pickle`` ([Note: no pickle
+        over TCP] in workers/_transport/framing.py); a call that needs one raises
+        ChannelRefusedError."""
         if isinstance(address, str):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         else:
@@ -46,7 +54,7 @@ class ChannelClient:
             sock.setblocking(False)
             await loop.sock_connect(sock, address)
             await loop.sock_sendall(sock, token)
-            conn = _Connection(sock, views_until_freed=True)
+            conn = _Connection(sock, views_until_freed=True, pickle_ok=sock.family == socket.AF_UNIX or tcp_pickle)
             if sock.family == socket.AF_UNIX:
                 try:
                     await conn.share_arenas(offer=True, share=shared_memory)
@@ -109,7 +117,12 @@ class ChannelClient:
         self._conn.close()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
-            if not fut.done():
+            if fut.done():
+                continue
+            if isinstance(exc, ChannelRefusedError):  # the worker refused the connection's frames
+                fut.set_exception(ChannelRefusedError(
+                    f"the worker refused the direct channel {self.path}: {exc}", detail=repr(exc)))
+            else:
                 fut.set_exception(ChannelClosedError(
                     f"the direct channel {self.path} closed with the request in flight (the worker died or "
                     "restarted); retry-able: the pool sends it again by a plain call",
@@ -120,8 +133,10 @@ class ChannelClient:
         return None if self.closed else self._conn.bound_frame(key, inputs, outputs)
 
     async def call(self, *args: Any, outputs: dict | None = None, bound: BoundFrame | None = None) -> Any:
-        """The worker's ``handler(*args)``; raises the worker's error, or
-        ChannelClosedError when the connection is lost meanwhile. ``outputs``: for a
+        """The worker's ``handler(*args)``; raises the worker's error, ChannelClosedError
+        when the connection is lost meanwhile, or ChannelRefusedError when the request or
+        its answer needs pickle over TCP ([Note: no pickle over TCP] in
+        workers/_transport/framing.py). ``outputs``: for a
         request of one, arrays of :meth:`pin_array` where the worker may write its
         outputs; its answer is then ``[(WRITTEN, timing)]`` ([Note: outputs written in
         place]), or the outputs as usual where the worker did not. ``bound``: the
@@ -150,3 +165,70 @@ class ChannelClient:
     def close(self) -> None:
         """Stops reading; callers still waiting get ChannelClosedError."""
         self._lost(None)
+
+
+class DirectLink:
+    """A pool's direct channel to one replica (see [Note: direct channel] in
+    workers/_transport/framing.py), connected in the background on first use and again after
+    the replica restarts: its Unix socket when the replica is on the caller's node
+    (unless ``over_tcp``), its TCP port otherwise."""
+
+    def __init__(self, actor, caller_node_id: str, *, over_tcp: bool, shared_memory: bool,
+                 tcp_pickle: bool = False) -> None:
+        self._actor = actor
+        self._tcp_pickle = tcp_pickle
+        self._caller_node_id = caller_node_id
+        self._over_tcp = over_tcp
+        self._shared_memory = shared_memory
+        self._client: ChannelClient | None = None
+        self._connecting: asyncio.Task | None = None
+        self._failures = 0
+        self.not_before_s = 0.0
+
+    def client(self) -> ChannelClient | None:
+        """The connected channel on the running loop, or ``None`` (then connects, if due)."""
+        loop = asyncio.get_running_loop()
+        client = self._client
+        if client is not None and not client.closed and client.loop is loop:
+            return client
+        if client is not None:
+            self.close()
+        if self._connecting is None and time.monotonic() >= self.not_before_s:
+            self._connecting = loop.create_task(self._connect())
+        return None
+
+    async def _connect(self) -> None:
+        try:
+            info = await self._actor.open_channel.remote(self._tcp_pickle)
+            local = info["node_id"] == self._caller_node_id and not self._over_tcp
+            self._client = await ChannelClient.connect(info["path"] if local else tuple(info["tcp"]), info["token"],
+                                                       shared_memory=self._shared_memory, tcp_pickle=self._tcp_pickle)
+            self._failures = 0
+            logger.info("direct channel to replica pid %s open (%s)", info["pid"], "unix" if local else "tcp")
+        except Exception as e:  # noqa: BLE001 - plain calls serve the replica meanwhile
+            self._failures += 1
+            backoff_s = min(30.0, 0.5 * 2.0 ** self._failures)
+            self.not_before_s = time.monotonic() + backoff_s
+            logger.warning("direct channel to a replica not opened (%r); plain calls serve it, next try in %.1f s",
+                           e, backoff_s)
+        finally:
+            self._connecting = None
+
+    def lost(self, down_s: float) -> None:
+        """The channel broke (the replica died or restarted): reconnect after ``down_s``."""
+        self.close()
+        self.not_before_s = time.monotonic() + down_s
+
+    def close(self) -> None:
+        """Drops the connection (the client closes on its own loop)."""
+        client, self._client = self._client, None
+        if client is None or client.closed or client.loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if client.loop is running:
+            client.close()
+        else:
+            client.loop.call_soon_threadsafe(client.close)

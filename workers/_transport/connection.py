@@ -24,8 +24,10 @@ from workers._transport.arena import Arena, PeerArena, arenas_supported
 from workers._transport.codec import _MAX_KEPT, _describe_arrays
 from workers._transport.framing import (_HEAD, _LONE_ANSWER, _LONE_ANSWER_HEAD, _LONE_REQUEST, _LONE_REQUEST_HEAD,
                                         _MAX_PARTS_PER_SEND, _NO_DEADLINE, _READ_AHEAD_BYTES,
-                                        _SOCKET_BUFFER_BYTES, _WRITTEN_DESCRIBED, WRITTEN, BoundFrame, _lone_frame,
-                                        _lone_head, _lone_struct, _route_frame, _route_key, encode_frame)
+                                        _SOCKET_BUFFER_BYTES, _WRITTEN_DESCRIBED, WRITTEN, BoundFrame,
+                                        ChannelRefusedError, _lone_frame,
+                                        _lone_head, _lone_struct, _route_frame, _route_key, encode_frame,
+                                        refusal_frame)
 from workers._transport.reader import _Reader
 from workers.engine import Outputs
 
@@ -46,7 +48,7 @@ class _Connection(_Reader):
     drains in order; later frames queue behind it.
     """
 
-    def __init__(self, sock: socket.socket, *, views_until_freed: bool) -> None:
+    def __init__(self, sock: socket.socket, *, views_until_freed: bool, pickle_ok: bool = True) -> None:
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -63,6 +65,8 @@ class _Connection(_Reader):
         self.arena: Arena | None = None
         self.peer: PeerArena | None = None
         self._views_until_freed = views_until_freed
+        self.pickle_ok = pickle_ok
+        """Whether pickle frames may be sent and read here ([Note: no pickle over TCP])."""
         self._releases: collections.deque[int] = collections.deque()
         """Regions of the peer's arena this end is done with; they go back with the next
         frame. A deque: finalizers append to it whenever an answer's arrays are freed."""
@@ -155,9 +159,11 @@ class _Connection(_Reader):
         self._releases.extend(regions)
 
     def send(self, obj: Any, outputs: dict | None = None) -> None:
-        """Queues one frame; raises OSError when the connection has failed. ``outputs``:
-        for a request, arrays this end pinned where the answer's outputs should be
-        written ([Note: outputs written in place])."""
+        """Queues one frame; raises OSError when the connection has failed, and
+        ChannelRefusedError, having sent nothing, when ``obj`` needs pickle and this end
+        may not send it ([Note: no pickle over TCP]). ``outputs``: for a request, arrays
+        this end pinned where the answer's outputs should be written ([Note: outputs
+        written in place])."""
         if self.error is not None:
             raise self.error
         # Finalizers append on any thread: each popleft is atomic; no Python frame per send.
@@ -166,8 +172,20 @@ class _Connection(_Reader):
         if self.arena is not None:
             parts = self._encode_lone(obj, releases, outputs)
         if parts is None:
-            parts = [memoryview(p).cast("B") for p in encode_frame(obj, self.arena, releases)]
+            try:
+                frame = encode_frame(obj, self.arena, releases, pickle_ok=self.pickle_ok)
+            except ChannelRefusedError:
+                self._releases.extend(releases)  # they go back with the next frame
+                raise
+            parts = [memoryview(p).cast("B") for p in frame]
         self._send_parts(parts)
+
+    def send_refusal(self, request_id: int, message: str) -> None:
+        """Refuses request ``request_id`` (-1: the whole connection) with ``message``
+        ([Note: no pickle over TCP]); raises OSError when the connection has failed."""
+        if self.error is not None:
+            raise self.error
+        self._send_parts([refusal_frame(request_id, message)])
 
     def send_bound(self, bound: BoundFrame, request_id: int, deadline: float | None, priority: int) -> bool:
         """Sends a request of a :meth:`bound_frame` as it stands, with the id, deadline

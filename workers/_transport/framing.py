@@ -41,8 +41,23 @@ lives in a fresh directory of mode 0700, and every connection must first send th
 channel's 32-byte random token, which the worker hands out only through Ray (an actor
 call, ``open_channel``), i.e. to whoever may call the actor anyway. Workers on other
 nodes are reached the same way over TCP on the worker's node address, token first;
-like Ray's own traffic between nodes it is not encrypted, so a cluster network that
-others can watch needs Ray's TLS and ``PoolConfig(direct=False)``.
+like Ray's own traffic between nodes it is not encrypted ([Note: no pickle over TCP]).
+
+[Note: no pickle over TCP]
+Across nodes the token travels in clear, so anyone who can watch the cluster network can
+replay it, and a pickle executes what it reads. A TCP connection therefore carries
+tensor frames, lone frames and route declarations only (marshal of names, dtype strings,
+shapes and plain numbers, and structs: nothing that runs code), and both ends refuse a
+pickle frame unless the operator opts in (``PoolConfig(tcp_pickle=True)``, which both
+ends then use). The sender refuses before anything is sent: the pool's request that
+needs pickle (an array of an object or strided dtype, a numpy scalar) goes by a plain
+Ray call instead, and so does a request whose answer needs pickle (an error, say): the
+worker answers it with a refusal frame (:func:`refusal_frame`) and the pool sends it again
+by a plain call, which carries the answer and its error's type through Ray. A pickle
+frame that arrives anyway is never unpickled: the worker answers a refusal frame for the
+whole connection, closes that connection and keeps serving. The channel has no TLS of
+its own; Ray's TLS does not cover it, so on a network others can watch, keep the default
+or use ``PoolConfig(direct=False)``.
 """
 
 from __future__ import annotations
@@ -58,15 +73,18 @@ from workers._transport.arena import ARENA_MIN_BYTES, Arena
 from workers._transport.codec import _dumps, _encode_answer, _encode_described_answer, _encode_request
 from workers.errors import WorkerError
 
-__all__ = ["WRITTEN", "BoundFrame", "ChannelClosedError", "encode_frame"]
+__all__ = ["WRITTEN", "BoundFrame", "ChannelClosedError", "ChannelRefusedError", "encode_frame", "refusal_frame"]
 
 _HEAD = struct.Struct("<IIII")
 _BUF = struct.Struct("<QQ")
 _LEN = struct.Struct("<Q")
-_PICKLE, _REQUEST, _ANSWER, _DESCRIBED_ANSWER, _ROUTE, _LONE_REQUEST, _LONE_ANSWER = range(7)
+_PICKLE, _REQUEST, _ANSWER, _DESCRIBED_ANSWER, _ROUTE, _LONE_REQUEST, _LONE_ANSWER, _REFUSED = range(8)
 """How a frame's metadata is encoded (see [Note: tensor frames], [Note: answers
-described in advance], [Note: lone frames])."""
-_LAST_CODEC = _LONE_ANSWER
+described in advance], [Note: lone frames], [Note: no pickle over TCP])."""
+_LAST_CODEC = _REFUSED
+_REFUSED_HEAD = struct.Struct("<q")
+"""A refusal's request id (-1: the whole connection), before its UTF-8 message."""
+_MAX_REFUSAL_BYTES = 4096
 _LONE_REQUEST_HEAD = struct.Struct("<qqdq")
 """A lone request's route, id, deadline (NaN for none) and priority, before its inputs' offsets."""
 _LONE_ANSWER_HEAD = struct.Struct("<qqdd")
@@ -97,6 +115,31 @@ class ChannelClosedError(WorkerError):
     def __init__(self, message: str, *, path: str, detail: str | None = None) -> None:
         super().__init__(message, detail=detail)
         self.path = path
+
+
+class ChannelRefusedError(WorkerError):
+    """The channel would not carry this request or its answer: it needs pickle, over TCP
+    without ``PoolConfig(tcp_pickle=True)`` ([Note: no pickle over TCP]). Not a failure of
+    the worker: the pool sends the request by a plain Ray call instead."""
+
+    def __init__(self, message: str, *, request_id: int = -1, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
+        self.request_id = request_id
+
+
+def refusal_frame(request_id: int, message: str) -> bytes:
+    """A frame refusing request ``request_id`` (-1: everything on the connection), with
+    ``message``: a struct and UTF-8 text, readable without pickle ([Note: no pickle over TCP])."""
+    meta = _REFUSED_HEAD.pack(request_id) + message.encode("utf-8", "replace")[:_MAX_REFUSAL_BYTES]
+    return _HEAD.pack(len(meta), 0, 0, _REFUSED) + meta
+
+
+def decode_refusal(meta: memoryview) -> ChannelRefusedError:
+    """The error a refusal frame carries."""
+    if len(meta) < _REFUSED_HEAD.size or len(meta) > _REFUSED_HEAD.size + _MAX_REFUSAL_BYTES:
+        raise ValueError(f"a refusal frame of {len(meta)} bytes; not a channel frame")
+    (request_id,) = _REFUSED_HEAD.unpack_from(meta)
+    return ChannelRefusedError(bytes(meta[_REFUSED_HEAD.size:]).decode("utf-8", "replace"), request_id=request_id)
 
 
 # [Note: lone frames]
@@ -264,13 +307,15 @@ def _lone_head(codec: int, meta_bytes: int, releases: list[int]) -> bytes:
     return _HEAD.pack(meta_bytes, 0, len(releases), codec) + b"".join(map(_LEN.pack, releases))
 
 
-def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tuple = ()) -> list:
+def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tuple = (), *,
+                 pickle_ok: bool = True) -> list:
     """``obj`` as the byte strings of one frame (see [Note: direct channel]); its large
     buffers go into ``arena`` where it has room, and the frame hands back the peer's
     arena regions at ``releases`` (see [Note: channel arena] in workers/_transport/arena.py).
     A pool's requests and a worker's answers go as tensor frames ([Note: tensor
     frames]); anything else is pickled, its arrays by :func:`_reduce_array` ([Note:
-    lean array pickling])."""
+    lean array pickling]); where that is not ``pickle_ok``, raises ChannelRefusedError
+    ([Note: no pickle over TCP])."""
     codec = _REQUEST
     fast = _encode_request(obj)
     if fast is None:
@@ -280,6 +325,12 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
         codec = _ANSWER
         fast = _encode_answer(obj)
     if fast is None:
+        if not pickle_ok:
+            raise ChannelRefusedError(
+                f"{_what(obj)} holds values that only pickle carries (an error, a numpy scalar, an object or "
+                "strided array), and this TCP channel carries tensors only; it goes by a plain Ray call. "
+                "To send pickle over TCP on a network only the cluster can reach, set PoolConfig(tcp_pickle=True)",
+                request_id=_request_id(obj))
         codec = _PICKLE
         buffers: list[pickle.PickleBuffer] = []
         meta = _dumps(obj, buffers.append)
@@ -302,3 +353,14 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
     return [head, meta, *in_frame]
 
 
+def _request_id(obj: Any) -> int:
+    return obj[0] if type(obj) is tuple and obj and type(obj[0]) is int else -1
+
+
+def _what(obj: Any) -> str:
+    """A frame's object, named for an error: its request and segment where it has them."""
+    if type(obj) is tuple and len(obj) == 2 and type(obj[1]) is tuple and obj[1] and type(obj[1][0]) is str:
+        return f"request {obj[0]} for {obj[1][0]}"
+    if type(obj) is tuple and len(obj) == 3 and type(obj[0]) is int:
+        return f"the answer to request {obj[0]}"
+    return "this frame"

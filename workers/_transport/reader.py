@@ -22,7 +22,8 @@ from workers._transport.codec import _MAX_KEPT, _decode_answer, _decode_describe
 from workers._transport.framing import (_BUF, _DESCRIBED_ANSWER, _HEAD, _IN_FRAME, _LAST_CODEC, _LEN, _LONE_ANSWER,
                                         _LONE_ANSWER_HEAD, _LONE_REQUEST, _LONE_REQUEST_HEAD, _MAX_BUFFERS,
                                         _MAX_FRAME_BYTES, _PICKLE, _READ_AHEAD_BYTES, _REQUEST, _ROUTE,
-                                        _ROUTE_ID, WRITTEN, _lone_struct, _prepared_key)
+                                        _ROUTE_ID, _REFUSED, WRITTEN, ChannelRefusedError, _lone_struct,
+                                        _prepared_key, decode_refusal)
 from workers.engine import PlacedInputs
 
 
@@ -304,6 +305,12 @@ class _Reader:
         if meta_bytes > _MAX_FRAME_BYTES or n > _MAX_BUFFERS or n_released > _MAX_BUFFERS or codec > _LAST_CODEC:
             raise ValueError(f"frame head declares {meta_bytes} metadata bytes, {n} buffers, {n_released} "
                              f"released regions and codec {codec}; not a channel frame")
+        if codec == _PICKLE and not self.pickle_ok:
+            # Refused at the head: nothing of it is read or allocated ([Note: no pickle over TCP]).
+            raise ChannelRefusedError(
+                "a pickle frame came over TCP, where the channel carries tensor frames only; never unpickled. "
+                "Send tensors (dicts of plain arrays), or set PoolConfig(tcp_pickle=True) on both ends where only "
+                "the cluster can reach this network")
         self._rest = bytearray(_BUF.size * n + _LEN.size * n_released + meta_bytes)  # places, releases, metadata
         self._want = memoryview(self._rest)
         self._step = self._got_rest
@@ -361,6 +368,13 @@ class _Reader:
             obj = _decode_described_answer(meta, buffers, self._descriptions)
         elif codec == _PICKLE:
             obj = pickle.loads(meta, buffers=buffers)
+        elif codec == _REFUSED:
+            refusal = decode_refusal(meta)
+            if not self._views_until_freed:
+                raise ValueError("a refusal frame came to a worker's end; not a channel frame")
+            if refusal.request_id < 0:
+                raise refusal  # the whole connection: its owner fails what is in flight with it
+            obj = (refusal.request_id, False, refusal)
         else:
             obj = (_decode_request if codec == _REQUEST else _decode_answer)(meta, buffers)
         self._on_frame(obj, held)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from workers._transport.connection import _Connection
-from workers._transport.framing import _MAX_PREPARED, _TOKEN_BYTES, _TOKEN_WAIT_S, WRITTEN
+from workers._transport.framing import _MAX_PREPARED, _TOKEN_BYTES, _TOKEN_WAIT_S, WRITTEN, ChannelRefusedError
 from workers.batcher import NOT_NOW
 from workers.engine import PlacedInputs
 from workers.errors import WorkerError
@@ -57,8 +57,11 @@ class ChannelServer:
     """A worker's end: answers each request on its connections with ``handler``."""
 
     def __init__(self, handler: Handler, directory: str, now: NowHandler | None = None,
-                 prepare: PrepareHandler | None = None) -> None:
+                 prepare: PrepareHandler | None = None, *, tcp_pickle: bool = False) -> None:
         self._handler = handler
+        self.tcp_pickle = tcp_pickle
+        """Whether TCP connections accepted from now on carry pickle frames ([Note: no
+        pickle over TCP] in workers/_transport/framing.py); Unix-domain ones always do."""
         self._now = now
         self._prepare = prepare
         self._directory = directory
@@ -99,7 +102,8 @@ class ChannelServer:
         loop = asyncio.get_running_loop()
         while True:
             sock, _ = await loop.sock_accept(listener)
-            self._spawn(self._serve(_Connection(sock, views_until_freed=False)))
+            pickle_ok = sock.family == socket.AF_UNIX or self.tcp_pickle
+            self._spawn(self._serve(_Connection(sock, views_until_freed=False, pickle_ok=pickle_ok)))
 
     async def _serve(self, conn: _Connection) -> None:
         self._connections.add(conn)
@@ -117,7 +121,10 @@ class ChannelServer:
             conn.read_frames(lambda request, held: self._handle(conn, request, held),
                              lambda e: lost.done() or lost.set_result(e))
             why = await lost
-            if not isinstance(why, ConnectionError):
+            if isinstance(why, ChannelRefusedError):
+                logger.warning("direct channel %s: %s; closing that connection", self.path, why)
+                conn.send_refusal(-1, str(why))
+            elif not isinstance(why, ConnectionError):
                 logger.error("direct channel %s: a frame did not decode (%r); closing that connection", self.path, why)
         except (ConnectionError, TimeoutError):
             pass  # the pool closed it, or died, or never sent its token
@@ -195,6 +202,9 @@ class ChannelServer:
         try:
             try:
                 conn.send(reply)
+            except ChannelRefusedError as e:  # the pool sends it again by a plain call
+                conn.send_refusal(request_id, str(e))
+                written = False
             except (pickle.PicklingError, TypeError, AttributeError) as e:
                 key = str(args[0]) if args else None
                 conn.send((request_id, False, WorkerError(
@@ -215,15 +225,16 @@ class ChannelServer:
 
 async def open_channel_server(
     handler: Handler, *, now: NowHandler | None = None, prepare: PrepareHandler | None = None,
-    tcp_host: str | None = None,
+    tcp_host: str | None = None, tcp_pickle: bool = False,
 ) -> ChannelServer:
     """Listens on a new socket in a private directory (``server.path``) and, given
     ``tcp_host``, on a TCP port of that address too (``server.tcp_address``). ``now``, if
     given, is tried first for requests with nothing behind them (see [Note: answered at once]);
     ``prepare``, if given with it, prepares lone requests that it answered with their
-    outputs written in place (see [Note: prepared requests])."""
+    outputs written in place (see [Note: prepared requests]). TCP connections carry
+    pickle frames only with ``tcp_pickle`` ([Note: no pickle over TCP])."""
     directory = tempfile.mkdtemp(prefix="splitinfer-ch-")  # mode 0700: see [Note: direct channel]
-    server = ChannelServer(handler, directory, now, prepare)
+    server = ChannelServer(handler, directory, now, prepare, tcp_pickle=tcp_pickle)
     try:
         await server._start(tcp_host)
     except BaseException:
