@@ -237,15 +237,14 @@ class OipRest:
         if headers.get("content-encoding", "identity").lower() != "identity":
             return b"", _json(415, {"error": f"Content-Encoding {headers['content-encoding'][:40]!r} is not "
                                              "accepted; send the body uncompressed"})
-        raw = headers.get("content-length")
+        raw = headers.get("content-length", "0")  # neither it nor Transfer-Encoding: no body (RFC 9112 6.3)
         try:
-            n = int(raw) if raw is not None else -1
+            n = int(raw)
         except ValueError:
             n = -1
         if n < 0:
-            return b"", _json(411 if raw is None else 400,
-                              {"error": f"Content-Length {str(raw)[:40]!r} is not a byte count; "
-                                        "send the body's length"})
+            return b"", _json(400, {"error": f"Content-Length {raw[:40]!r} is not a byte count; "
+                                             "send the body's length"})
         if n > self.max_body_bytes:
             return b"", _json(413, {"error": f"the body of {n} bytes exceeds the limit of {self.max_body_bytes}; "
                                              "send fewer samples per request"})
