@@ -86,6 +86,11 @@ HTTP_STATUS_OF: Mapping[grpc.StatusCode, int] = {
 }
 
 
+#: The routes under /v2/models/{m}[/versions/{v}] -> their method.
+_MODEL_ROUTES: Mapping[str, str] = {"": "GET", "ready": "GET", "config": "GET", "stats": "GET", "infer": "POST"}
+_MODEL_ROUTES_HINT = "a model's routes are GET [/ready|/config|/stats] and POST /infer"
+
+
 @dataclass(frozen=True)
 class HttpAnswer:
     """One HTTP response."""
@@ -224,8 +229,7 @@ class OipRest:
         for k, v in answer.headers:
             handler.send_header(k, v)
         handler.end_headers()
-        if handler.command != "HEAD":
-            handler.wfile.write(answer.body)
+        handler.wfile.write(answer.body)
         return True
 
     def _read_body(self, handler: BaseHTTPRequestHandler,
@@ -268,7 +272,7 @@ class OipRest:
         parts = [unquote(p) for p in path.split("/")[2:]] if path != "/v2" else []
         if parts and parts[-1] == "":
             parts.pop()
-        get = method in ("GET", "HEAD")
+        get = method == "GET"
         if not parts and get:
             return _json(200, self._server_meta)
         if parts == ["health", "live"] and get:
@@ -285,16 +289,13 @@ class OipRest:
         if len(parts) < 2 or parts[0] != "models":
             return _json(404, {"error": f"no route {method} {path[:200]}; see GET /v2 and /v2/models/{{model}}"})
         name, version, rest = parts[1], "", parts[2:]
-        if rest[:1] == ["versions"]:
-            if len(rest) < 2:
-                return _json(404, {"error": f"no route {method} {path[:200]}; give /versions/{{version}}"})
+        if rest[:1] == ["versions"] and len(rest) >= 2:
             version, rest = rest[1], rest[2:]
-        action = rest[0] if len(rest) == 1 else "" if not rest else None
-        want = "POST" if action == "infer" else "GET"
-        if action not in ("", "ready", "config", "stats", "infer") or (method != want and not (get and want == "GET")):
-            return _json(404 if action not in ("", "ready", "config", "stats", "infer") else 405,
-                         {"error": f"no route {method} {path[:200]}; the model routes are GET "
-                                   "[/ready|/config|/stats] and POST /infer"})
+        action = "/".join(rest)
+        if action not in _MODEL_ROUTES:
+            return _json(404, {"error": f"no route {method} {path[:200]}; {_MODEL_ROUTES_HINT}"})
+        if method != _MODEL_ROUTES[action]:
+            return _json(405, {"error": f"{method} is not allowed on {path[:200]}; {_MODEL_ROUTES_HINT}"})
         if action == "infer":
             # Who asks is checked before what is asked for: no model names leak to a caller
             # without a token. Gateway.infer then authorises (model, rate) as on the native door.
@@ -330,10 +331,11 @@ class OipRest:
         model, mark, cut_id = name.partition(TAIL_MARK)
         return (model, cut_id) if mark else (name, WHOLE_MODEL_CUT)
 
-    def _resolve(self, name: str, version: str) -> tuple[Any, str]:
-        """(the loaded version, cut id) a door model name and version go to; 404 errors otherwise."""
+    def _resolve(self, name: str, version: str, device_id: str = "") -> tuple[Any, str]:
+        """(the loaded version, cut id) a door model name and version go to (routed for `device_id`
+        when the version is ''); 404 errors otherwise."""
         model, cut_id = self._split(name)
-        lv = self.gateway.registry.resolve(model, version)
+        lv = self.gateway.registry.resolve(model, version, device_id)
         tails = [c for c in lv.frontier.cut_ids if c != WHOLE_MODEL_CUT]
         if cut_id != WHOLE_MODEL_CUT and cut_id not in tails:
             if not cut_id:
@@ -380,17 +382,23 @@ class OipRest:
                 raise _fail(f"Inference-Header-Content-Length {raw_len[:40]!r} is not a byte count") from None
             req, inputs = decode_body(body, header_length)
             samples = inputs[0].array.shape[0] if inputs[0].array.ndim else 1
-            lv, cut_id = self._resolve(name, version)
-            check_inputs(inputs, self._signature(lv, cut_id).inputs, name)
             params = req.get("parameters", {})
-            timeout = params.get("timeout") if isinstance(params, dict) else None
+            if not isinstance(params, dict):
+                raise _fail(f"'parameters' is a {type(params).__name__}; give a JSON object")
+            device_id = params.get("device_id", "")
+            if not isinstance(device_id, str):
+                raise _fail(f"parameter device_id {str(device_id)[:40]} is not a string")
+            lv, cut_id = self._resolve(name, version, device_id)
+            check_inputs(inputs, self._signature(lv, cut_id).inputs, name)
+            timeout = params.get("timeout")
             if timeout is not None and (type(timeout) is not int or timeout < 0):
                 raise _fail(f"parameter timeout {str(timeout)[:40]} is not a whole number of microseconds >= 0")
             timeout_s = DEFAULT_TIMEOUT_S if timeout is None else timeout / 1e6
             rid = req.get("id")
             request_id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
             native = InferRequest(request_id, self._split(name)[0], lv.version, cut_id,
-                                  int((time.time() + timeout_s) * 1e3), {t.name: t.array for t in inputs})
+                                  int((time.time() + timeout_s) * 1e3), {t.name: t.array for t in inputs},
+                                  device_id=device_id)
             context = RequestContext(method="Infer", received_monotonic_s=received,
                                      deadline_monotonic_s=received + timeout_s, peer=peer, metadata=headers)
             result = self._call(native, context, timeout_s)

@@ -15,7 +15,7 @@ from cluster.auth import Authorizer, TokenTable
 from cluster.gateway import Gateway, LocalPoolFactory
 from cluster.metrics import GatewayMetrics, MetricsServer
 from cluster.oip_rest import OipRest
-from cluster.registry import Registry
+from cluster.registry import Registry, VersionPolicy
 from cluster.server import new_event_loop
 from tests.onnx_models import conv_bn_relu_chain
 
@@ -32,21 +32,23 @@ class Door:
     gateway: Gateway
     oip: OipRest
     model_path: str
-    """The registry's model.onnx of m@1."""
+    """The registry's model.onnx of m@<the first version>."""
 
 
 @contextmanager
-def oip_door(root: str) -> Iterator[Door]:
-    """Registry m@1 (a conv chain), a gateway that wants TOKEN, and its HTTP port with the OIP routes."""
-    d = os.path.join(root, "repo", "m", "1")
-    os.makedirs(d)
-    model_path = os.path.join(d, "model.onnx")
-    onnx.save(conv_bn_relu_chain(2), model_path)
+def oip_door(root: str, versions: tuple[str, ...] = ("1",)) -> Iterator[Door]:
+    """Registry m@versions (conv chains, each with its own weights; all loaded), a gateway that
+    wants TOKEN, and its HTTP port with the OIP routes."""
+    for i, v in enumerate(versions):
+        d = os.path.join(root, "repo", "m", v)
+        os.makedirs(d)
+        onnx.save(conv_bn_relu_chain(2, seed=i), os.path.join(d, "model.onnx"))
+    model_path = os.path.join(root, "repo", "m", versions[0], "model.onnx")
     loop = new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="oip-gateway-loop", daemon=True)
     thread.start()
     metrics = GatewayMetrics()
-    gateway = Gateway(Registry(os.path.join(root, "repo")), LocalPoolFactory(cache_dir=os.path.join(root, "ort")),
+    gateway = Gateway(Registry(os.path.join(root, "repo"), policy=VersionPolicy.parse("all")), LocalPoolFactory(cache_dir=os.path.join(root, "ort")),
                       metrics=metrics,
                       authorizer=Authorizer(TokenTable.from_dicts([{"name": "dev", "token": TOKEN}])))
     http = None

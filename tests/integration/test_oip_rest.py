@@ -188,3 +188,21 @@ def test_byte_length_and_malformed_bodies_are_400_and_the_server_stays_up(door):
     assert raw(door, "GET", "/v2/models/m/infer")[0] == 405
     assert raw(door, "GET", "/v2/nothing")[0] == 404
     assert raw(door, "GET", "/metrics")[0] == 200  # the metrics routes are untouched
+
+
+def test_device_id_parameter_routes_the_canary_as_on_the_native_door(tmp_path):
+    with oip_door(str(tmp_path), versions=("1", "2")) as d2:
+        registry = d2.gateway.registry
+        registry.set_default("m", "1")
+        registry.set_canary("m", "2", 50.0)
+        devices = {registry.resolve("m", "", f"dev{i}").version: f"dev{i}" for i in range(64)}
+        assert set(devices) == {"1", "2"}
+        x = np.zeros((1, 4, 5, 5), np.float32)
+        for version, device in devices.items():
+            body = json.dumps({"parameters": {"device_id": device},
+                               "inputs": [{"name": "x", "shape": [1, 4, 5, 5], "datatype": "FP32",
+                                           "data": x.ravel().tolist()}]}).encode()
+            status, out, _ = raw(d2, "POST", "/v2/models/m/infer", body)
+            assert status == 200 and json.loads(out)["model_version"] == version, out
+        status, out, _ = raw(d2, "POST", "/v2/models/m/infer", body.replace(f'"{device}"'.encode(), b"7"))
+        assert status == 400 and "device_id 7 is not a string" in json.loads(out)["error"], out
