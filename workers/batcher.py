@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import inspect
 import itertools
 import logging
@@ -212,22 +213,27 @@ def _batch_size(n_waiting: int, config: BatcherConfig, delay_over: bool) -> int:
 
 def _fit(live: Sequence[_Request], size: int, start_s: float,
          run_s: Callable[[int], float | None]) -> tuple[list[_Request], list[_Request], float | None]:
-    """(batch, unreachable, predicted end): up to ``size`` of ``live`` in order, leaving
-    out each request whose deadline comes before the batch's predicted end."""
-    est = run_s(size)
-    if est is None:
+    """(batch, unreachable, predicted end).
+
+    ``unreachable``: the requests whose deadline comes before even a batch of one
+    would end. ``batch``: the largest batch, up to ``size``, whose predicted end comes
+    before the deadline of each of its members, taking them in queue order. A batch
+    too large for the deadlines it holds would serve none of them: it shrinks instead
+    (a request it skips stays queued, for a later batch or its own refusal).
+    """
+    one_s = run_s(1)
+    if one_s is None:
         return list(live[:size]), [], None
-    end_s = start_s + est
-    batch: list[_Request] = []
-    unreachable: list[_Request] = []
-    for r in live:
-        if r.deadline_s is not None and r.deadline_s < end_s:
-            unreachable.append(r)
-            continue
-        batch.append(r)
-        if len(batch) == size:
-            break
-    return batch, unreachable, end_s
+    unreachable = [r for r in live if r.deadline_s is not None and r.deadline_s < start_s + one_s]
+    candidates = [r for r in live if r.deadline_s is None or r.deadline_s >= start_s + one_s]
+    for n in range(min(size, len(candidates)), 0, -1):
+        est = run_s(n)
+        assert est is not None  # one size timed: every size has an estimate
+        end_s = start_s + est
+        batch = [r for r in candidates if r.deadline_s is None or r.deadline_s >= end_s][:n]
+        if len(batch) == n:
+            return batch, unreachable, end_s
+    return [], unreachable, None
 
 
 def _next_batch(
@@ -334,6 +340,8 @@ class Batcher:
         self._discarded = 0
         self.run_times = RunTimes()
         """Batch run time by size ([Note: deadline-aware batching])."""
+        self._recent_refusals: collections.deque[float] = collections.deque()
+        """When the refusals for load of the last second happened (the retry-after hint)."""
         self._batch_ends: dict[asyncio.Task[None], float] = {}
         """Running batch -> its predicted end on the batcher's clock."""
         self._plain_results = False
@@ -364,23 +372,41 @@ class Batcher:
         return BatcherLoad(queue_depth=self._depth, running_batches=len(self._batch_tasks),
                            predicted_wait_s=self.predicted_wait_s(), batch_run_s=full_s, capacity_rps=capacity)
 
-    def predicted_wait_s(self, now_s: float | None = None) -> float | None:
+    def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None) -> float | None:
         """How long a request arriving now would wait for its batch to start: what is
-        left of the running batches once every instance is busy, plus the full batches
-        queued ahead of it, ``max_concurrent_batches`` at a time. None before any
-        batch was timed."""
-        cfg = self._config
-        full_s = self.run_times.estimate_s(cfg.max_batch_size)
-        if full_s is None:
+        left of the running batches once every instance is busy, plus the batches of
+        ``batch_size`` (default ``max_batch_size``) queued ahead of it,
+        ``max_concurrent_batches`` at a time. None before any batch was timed."""
+        size = self._config.max_batch_size if batch_size is None else batch_size
+        batch_s = self.run_times.estimate_s(size)
+        if batch_s is None:
             return None
         now_s = self._clock() if now_s is None else now_s
-        return _predicted_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), full_s, cfg)
+        return _predicted_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), batch_s, size,
+                                 self._config.max_concurrent_batches)
 
-    def _retry_after_s(self, now_s: float) -> float:
-        wait_s = self.predicted_wait_s(now_s)
+    def _retry_after_s(self, now_s: float, *, wait_s: float | None = None, batch_size: int | None = None) -> float:
+        """When a refused request should come back ([Note: retry after]); counts the refusal."""
+        refused = self._recent_refusals
+        refused.append(now_s)
+        while refused and refused[0] < now_s - 1.0:
+            refused.popleft()
         if wait_s is None:
-            wait_s = self._config.max_queue_delay_ms / 1e3
-        return max(wait_s, _MIN_RETRY_AFTER_S)
+            wait_s = self.predicted_wait_s(now_s, batch_size=batch_size)
+        if wait_s is None:
+            return max(self._config.max_queue_delay_ms / 1e3, _MIN_RETRY_AFTER_S)
+        size = self._config.max_batch_size if batch_size is None else batch_size
+        batch_s = self.run_times.estimate_s(size)
+        assert batch_s is not None  # a wait estimate implies a timed run
+        capacity_rps = size * self._config.max_concurrent_batches / max(batch_s, 1e-9)
+        # [Note: retry after]
+        # The queue ahead must drain before a request like this one fits, and so must
+        # the other requests refused meanwhile, which come back too: the hint is the
+        # longer of the predicted wait and the time the pool needs to serve the
+        # requests it refused in the last second. A hint of the wait alone brings all
+        # refused clients back at once to be refused again; on 2 cores, 64 clients
+        # sending a ResNet50 input then spent the gateway's CPU on refusals.
+        return max(wait_s, batch_s, len(refused) / capacity_rps, _MIN_RETRY_AFTER_S)
 
     async def submit(
         self,
@@ -453,18 +479,26 @@ class Batcher:
         return request
 
     def _refuse_if_late(self, now_s: float, deadline_s: float) -> None:
-        """Refuses a new request whose predicted wait and run end after its deadline."""
-        cfg = self._config
-        wait_s = self.predicted_wait_s(now_s)
-        if wait_s is None:
+        """Refuses a new request whose predicted wait and run end after its deadline.
+
+        The batches ahead of it are taken to be as large as its own deadline allows
+        (what :func:`_fit` forms), at least one request."""
+        est = self.run_times.estimate_s
+        if est(1) is None:
             return
-        run_s = self.run_times.estimate_s(min(cfg.max_batch_size, self._depth + 1))
-        assert run_s is not None  # a wait estimate implies a timed run
+        budget_s = deadline_s - now_s
+        size = 1
+        while size < self._config.max_batch_size and est(size + 1) <= budget_s:  # type: ignore[operator]
+            size += 1
+        wait_s = self.predicted_wait_s(now_s, batch_size=size)
+        assert wait_s is not None
+        run_s = est(min(size, self._depth % size + 1))
+        assert run_s is not None
         finish_s = now_s + wait_s + run_s
         if finish_s <= deadline_s:
             return
         self._rejected[_REJECT_PREDICTED_WAIT] += 1
-        retry_s = max(finish_s - deadline_s, _MIN_RETRY_AFTER_S)
+        retry_s = self._retry_after_s(now_s, wait_s=wait_s, batch_size=size)
         raise OverloadedError(
             f"refused at once: predicted to finish {(finish_s - now_s) * 1e3:.1f} ms from now "
             f"({wait_s * 1e3:.1f} ms queued behind {self._depth} requests + {run_s * 1e3:.1f} ms run), "
@@ -833,17 +867,16 @@ def _size_mismatch(batch_size: int, num_results: int) -> BatchSizeMismatchError:
     )
 
 
-def _predicted_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], full_s: float,
-                      config: BatcherConfig) -> float:
+def _predicted_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], batch_s: float,
+                      batch_size: int, instances: int) -> float:
     """How long a request arriving behind ``depth`` waiting ones waits for its batch to
-    start, with full batches taking ``full_s`` and ``batch_ends_s`` the predicted ends of
-    the running ones. Pure."""
-    k = config.max_concurrent_batches
+    start, with batches of ``batch_size`` taking ``batch_s``, ``instances`` at a time,
+    and ``batch_ends_s`` the predicted ends of the running ones. Pure."""
     free_in_s = 0.0
-    if len(batch_ends_s) >= k:
+    if len(batch_ends_s) >= instances:
         free_in_s = max(0.0, min(batch_ends_s) - now_s)
-    rounds = (depth // config.max_batch_size) // k
-    return free_in_s + rounds * full_s
+    rounds = (depth // batch_size) // instances
+    return free_in_s + rounds * batch_s
 
 
 def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:

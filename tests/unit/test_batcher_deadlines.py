@@ -78,6 +78,17 @@ def test_a_busy_instance_pushes_the_batch_end_and_refuses_more():
     assert _payloads(busy.batch) == [1] and _payloads(busy.unreachable) == [0]
 
 
+def test_a_batch_shrinks_to_what_its_deadlines_allow():
+    q = _Q()
+    for _ in range(4):
+        q.add(0.0, deadline_s=10.12)
+    cfg = BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0)
+    # A batch of n takes 50 ms per request: 4 or 3 would end after 10.12, 2 ends at 10.1.
+    d = _next_batch(q.queues, 10.0, cfg, run_s=lambda n: 0.05 * n)
+    assert _payloads(d.batch) == [0, 1] and d.unreachable == ()
+    assert d.batch_end_s == pytest.approx(10.1)
+
+
 def test_without_an_estimate_nothing_is_refused():
     q = _Q()
     q.add(0.0, deadline_s=10.001)
@@ -86,13 +97,13 @@ def test_without_an_estimate_nothing_is_refused():
 
 
 def test_predicted_wait_counts_full_batches_per_instance_and_the_running_ones():
-    cfg = BatcherConfig(max_batch_size=4, max_concurrent_batches=2)
-    assert _predicted_wait_s(0.0, 3, (), 0.1, cfg) == 0.0
+    assert _predicted_wait_s(0.0, 3, (), 0.1, 4, 2) == 0.0
     # Both instances busy until 0.05 and 0.2: the first frees at 0.05.
-    assert _predicted_wait_s(0.0, 3, (0.05, 0.2), 0.1, cfg) == pytest.approx(0.05)
-    # 8 waiting = two full batches ahead, taken two at a time: one round.
-    assert _predicted_wait_s(0.0, 8, (0.05, 0.2), 0.1, cfg) == pytest.approx(0.15)
-    assert _predicted_wait_s(0.0, 16, (), 0.1, cfg) == pytest.approx(0.2)
+    assert _predicted_wait_s(0.0, 3, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.05)
+    # 8 waiting = two batches of 4 ahead, taken two at a time: one round.
+    assert _predicted_wait_s(0.0, 8, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.15)
+    assert _predicted_wait_s(0.0, 16, (), 0.1, 4, 2) == pytest.approx(0.2)
+    assert _predicted_wait_s(0.0, 16, (), 0.05, 2, 2) == pytest.approx(0.2)
 
 
 # -- the Batcher with a fake clock ----------------------------------------------------------
@@ -220,7 +231,7 @@ def test_real_engine_runs_are_timed_and_a_hopeless_deadline_is_refused(tmp_path)
         run_s = b.run_times.estimate_s(1)
         now_s = b._clock()
         with pytest.raises(OverloadedError) as info:
-            await b.submit({"x": x}, deadline_s=now_s + run_s / 100)
+            await b.submit({"x": x}, deadline_s=now_s + 0.9 * run_s)  # a batch of one ends later
         ok = await b.submit({"x": x}, deadline_s=b._clock() + 60.0)
         await b.close()
         return run_s, info.value, ok, b.stats()
