@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import logging
 import threading
 import time
 import uuid
@@ -59,8 +58,6 @@ from cluster.server import RequestContext
 
 __all__ = ["OipRest", "HttpAnswer", "HTTP_STATUS_OF", "WHOLE_MODEL_CUT", "TAIL_MARK", "DEFAULT_TIMEOUT_S",
            "MAX_BODY_BYTES", "http_status", "to_answer"]
-
-logger = logging.getLogger(__name__)
 
 WHOLE_MODEL_CUT = "L"
 """The empty cut: the device runs nothing and the cloud runs the whole model."""
@@ -373,7 +370,7 @@ class OipRest:
 
     def _infer(self, name: str, version: str, headers: Mapping[str, str], body: bytes, peer: str) -> HttpAnswer:
         received = time.monotonic()
-        ok, result, samples = False, None, 0
+        ok, result, samples, served = False, None, 0, ""
         try:
             raw_len = headers.get("inference-header-content-length")
             try:
@@ -389,6 +386,7 @@ class OipRest:
             if not isinstance(device_id, str):
                 raise _fail(f"parameter device_id {str(device_id)[:40]} is not a string")
             lv, cut_id = self._resolve(name, version, device_id)
+            served = lv.version  # counted from here on: names that resolve are few, client-sent ones are not
             check_inputs(inputs, self._signature(lv, cut_id).inputs, name)
             timeout = params.get("timeout")
             if timeout is not None and (type(timeout) is not int or timeout < 0):
@@ -410,10 +408,10 @@ class OipRest:
             return HttpAnswer(200, out, "application/octet-stream",
                               (("Inference-Header-Content-Length", str(json_length)),))
         finally:
-            t = result.timings_ms if result is not None else {}
-            served = result.served_by.rsplit("@", 1)[-1] if result is not None else ""
-            self.stats.add(name, version or served, ok, time.monotonic() - received, t.get("queue", 0.0) / 1e3,
-                           t.get("compute", 0.0) / 1e3, samples)
+            if served:
+                t = result.timings_ms if result is not None else {}
+                self.stats.add(name, served, ok, time.monotonic() - received, t.get("queue", 0.0) / 1e3,
+                               t.get("compute", 0.0) / 1e3, samples)
 
     def _call(self, request: InferRequest, context: RequestContext, timeout_s: float) -> Any:
         """`Gateway.infer` on the gateway's loop, cancelled at the deadline as the native door does."""
@@ -422,7 +420,8 @@ class OipRest:
 
         async def call() -> Any:
             try:
-                return await asyncio.wait_for(self.gateway.infer(request, context), timeout_s)
+                return await asyncio.wait_for(self.gateway.infer(request, context),
+                                              context.deadline_monotonic_s - time.monotonic())
             except TimeoutError as e:
                 raise DeadlineExceeded(where="while the backend ran",
                                        overdue_ms=(time.monotonic() - context.deadline_monotonic_s) * 1e3) from e

@@ -159,4 +159,6 @@ def test_malformed_requests_get_a_4xx_with_an_error_body_and_the_server_stays_up
     assert {400, 401, 404} <= set(seen), seen
     status, out = _send(door, "POST", "/v2/models/m/infer", dict(AUTH), good)
     assert status == 200 and np.array(json.loads(out)["outputs"][0]["data"]).shape == (3,)
+    # Statistics keep only names that resolve: client-sent names cannot grow them.
+    assert {s["name"] for s in door.oip.stats.to_json(None, None)["model_stats"]} == {"m"}
     assert grew < 16 << 20, f"RSS grew {grew >> 20} MiB over the second round of {N_PER_ROUND} requests ({seen})"
