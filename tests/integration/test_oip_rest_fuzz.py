@@ -20,7 +20,7 @@ from tests.integration._oip_support import AUTH, oip_door
 
 pytestmark = pytest.mark.grpc
 
-N_PER_ROUND = 1500
+N_PER_ROUND = 1250
 """Two rounds of this many: the first warms the process up, the second must not grow it."""
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _GOOD_INPUT = {"name": "x", "shape": [1, 4, 5, 5], "datatype": "FP32"}
