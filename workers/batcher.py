@@ -541,7 +541,9 @@ class Batcher:
         """
         if not self.can_run_now():
             return NOT_NOW
-        self._admit(deadline_s, priority, shape_key)
+        now_s = self._admit(deadline_s, priority, shape_key)
+        if deadline_s is not None:
+            self._refuse_if_late(now_s, deadline_s)
         self._batches_formed += 1
         self._histogram[1] += 1
         start_s = time.perf_counter()

@@ -244,3 +244,25 @@ def test_real_engine_runs_are_timed_and_a_hopeless_deadline_is_refused(tmp_path)
     assert err.reason == "predicted_wait"
     assert np.isfinite(next(iter(ok.values()))).all()
     assert stats.completed == 4 and stats.rejected == {"predicted_wait": 1} and stats.discarded == 0
+
+
+def test_a_lone_run_now_predicted_to_end_late_is_refused_and_never_runs():
+    calls: list = []
+    clock = _Clock()
+
+    def run_batch(payloads):
+        calls.append(list(payloads))
+        clock.now_s += 0.01
+        return [p + 1 for p in payloads]
+
+    async def main():
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0, inline_max_ms=50.0),
+                    clock=clock)
+        await b.submit(1)  # times a lone run; later lone runs may run now
+        b.ran_alone(0.01, True)
+        with pytest.raises(OverloadedError) as info:
+            b.run_now(2, deadline_s=clock.now_s + 0.005)
+        return info.value, b.run_now(3, deadline_s=clock.now_s + 1.0)
+
+    err, ok = _run(main())
+    assert err.reason == "predicted_wait" and ok == 4 and calls == [[1], [3]]
