@@ -324,10 +324,14 @@ class _Service:
         seq = None
         try:
             t0 = time.perf_counter()
-            frame = StreamFrame.from_msgpack(raw)
-            seq = frame.seq
-            if frame.request is None:
-                raise ProtocolError(reason="client frames must carry 'request'", where="StreamFrame")
+            try:
+                frame = StreamFrame.from_msgpack(raw)
+                seq = frame.seq
+                if frame.request is None:
+                    raise ProtocolError(reason="client frames must carry 'request'", where="StreamFrame")
+            except Exception as e:  # noqa: BLE001 - counted here, answered as an error frame below
+                self._refused("", e, "malformed")
+                raise
             decode_ms = (time.perf_counter() - t0) * 1e3
             resp = await self._run_infer(frame.request, context, "InferStream", received)
             return encode_response_frame(resp, decode_ms, seq=seq, stream=True)

@@ -196,3 +196,21 @@ def test_overload_refusals_map_to_resource_exhausted_with_a_retry_after():
         assert type(back) is ResourceExhausted and back.retry_after_ms == after_ms
     assert refusal_reason(W.DeadlineExceededError("late", deadline_s=1.0, now_s=1.5)) == "expired_in_queue"
     assert refusal_reason(RuntimeError("boom")) is None
+
+
+def test_readyz_reports_overload_only_when_asked():
+    from cluster.metrics import GatewayMetrics
+
+    m = GatewayMetrics()
+    view = {"overloaded": False, "pools": {}}
+    m.load_view = lambda: view
+    http = MetricsServer(m, lambda: (True, {"pools": 1}))
+    try:
+        assert _get(http.url + "/readyz?load=1") == (200, {"ready": True, "pools": 1, "load": view})
+        view = {"overloaded": True, "pools": {"net@1@L": {"overloaded": True}}}
+        code, body = _get(http.url + "/readyz?load=1")
+        assert code == 503 and body["ready"] is True and body["load"]["overloaded"] is True
+        assert _get(http.url + "/readyz") == (200, {"ready": True, "pools": 1})
+        assert _get(http.url + "/readyz?load=0") == (200, {"ready": True, "pools": 1})
+    finally:
+        http.stop()
