@@ -134,7 +134,7 @@ def test_overload_is_refused_at_once_with_a_retry_after_and_nothing_hangs(stack)
     exhausted = m.sample("splitinfer_requests_total", {"model": "s", "version": "1", "status": "RESOURCE_EXHAUSTED"})
     assert exhausted == len(refused)
     early = [e for kind, _, e in outcomes if kind == "expired" and "reached the backend" in e.message]
-    assert m.sample("splitinfer_refusals_total", {"model": "s", "reason": "expired_before_backend"}) == len(early)
+    assert (m.sample("splitinfer_refusals_total", {"model": "s", "reason": "expired_before_backend"}) or 0) == len(early)
     # Queue time is observed for failures too: once per request that reached the pool.
     assert m.sample("splitinfer_stage_latency_seconds_count", {"stage": "queue"}) >= len(outcomes) - len(early)
     labels = {"model": "s", "version": "1", "cut": cut.cut_id}
