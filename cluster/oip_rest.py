@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2) REST door of the gateway, with Triton's binary-data extension.
 
 Served on the gateway's HTTP port (the one with /metrics) beside the native msgpack-over-gRPC
-protocol, so tritonclient HTTP, the KServe client and curl work unchanged. Spec: the OIP REST
+protocol, so tritonclient HTTP and curl work unchanged. Spec: the OIP REST
 API, OpenAPI `info.version` 2.0 (kserve/open-inference-protocol,
 specification/protocol/open_inference_rest.yaml), plus Triton's binary tensor data, model
 configuration and statistics extensions (docs/protocol.md, "Open Inference Protocol (REST)").
@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import socket
 import threading
 import time
 import uuid
@@ -214,18 +215,35 @@ class OipRest:
         if path != "/v2" and not path.startswith("/v2/"):
             return False
         headers = {k.lower(): v for k, v in handler.headers.items()}
-        body = b""
-        answer = None
+        body, answer = b"", None
         if handler.command == "POST":
             body, answer = self._read_body(handler, headers)
+        keep_alive = (answer is None and handler.request_version == "HTTP/1.1"
+                      and headers.get("connection", "").lower() != "close")
         if answer is None:
             answer = self.handle(handler.command, path, headers, body, peer=handler.client_address[0])
-        handler.send_response(answer.status)
-        handler.send_header("Content-Type", answer.content_type)
-        handler.send_header("Content-Length", str(len(answer.body)))
-        for k, v in answer.headers:
-            handler.send_header(k, v)
-        handler.end_headers()
+        # [Note: keep-alive] HTTP/1.1 clients (tritonclient pools its connections) keep theirs:
+        # a new connection per request costs a TCP setup and a server thread: 0.66 vs 1.11 ms
+        # median per tritonclient infer on loopback (two clients alternating). Only this answer
+        # is HTTP/1.1: the server's other routes stay HTTP/1.0, one request per connection.
+        # Headers and body leave in two writes: without NODELAY, Nagle holds the body until
+        # the client's delayed ACK (40 ms) on a kept-alive connection.
+        saved = handler.protocol_version
+        if keep_alive:
+            handler.protocol_version = "HTTP/1.1"
+            handler.close_connection = False
+            handler.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            handler.send_response(answer.status)
+            handler.send_header("Content-Type", answer.content_type)
+            handler.send_header("Content-Length", str(len(answer.body)))
+            for k, v in answer.headers:
+                handler.send_header(k, v)
+            if not keep_alive:
+                handler.send_header("Connection", "close")
+            handler.end_headers()
+        finally:
+            handler.protocol_version = saved
         handler.wfile.write(answer.body)
         return True
 

@@ -206,3 +206,26 @@ def test_device_id_parameter_routes_the_canary_as_on_the_native_door(tmp_path):
             assert status == 200 and json.loads(out)["model_version"] == version, out
         status, out, _ = raw(d2, "POST", "/v2/models/m/infer", body.replace(f'"{device}"'.encode(), b"7"))
         assert status == 400 and "device_id 7 is not a string" in json.loads(out)["error"], out
+
+
+def test_an_http11_connection_is_kept_for_v2_and_closed_after_other_routes(door):
+    conn = http.client.HTTPConnection(door.host, timeout=10)
+    try:
+        for _ in range(3):
+            conn.request("GET", "/v2/models/m/config", headers=AUTH)
+            r = conn.getresponse()
+            assert r.status == 200 and r.version == 11 and not r.will_close
+            r.read()
+        sock = conn.sock
+        conn.request("GET", "/v2/health/live")
+        r = conn.getresponse()
+        r.read()
+        assert conn.sock is sock  # the same connection served four requests
+        conn.request("GET", "/metrics")  # the metrics routes answer HTTP/1.0 and close
+        r = conn.getresponse()
+        assert r.status == 200 and r.will_close and b"splitinfer_requests_total" in r.read()
+        conn.request("POST", "/v2/models/m/infer", body=b"{", headers={**AUTH, "Connection": "close"})
+        r = conn.getresponse()
+        assert r.status == 400 and r.will_close
+    finally:
+        conn.close()
