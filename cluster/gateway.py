@@ -304,6 +304,8 @@ class Gateway:
         self._planner: GatewayPlanner | None = None
         self._closed = False
         self.overload_window_s = overload_window_s
+        self._in_pool: dict[PoolKey, int] = {}
+        """Requests inside pool.run now, per pool without a load() of its own (Ray pools)."""
         self._overloaded_at: dict[str, float] = {}
         """'model@version@cut' -> when it last refused a request for load (time.monotonic())."""
         self.metrics.set_load_source(self._load_samples)
@@ -525,8 +527,13 @@ class Gateway:
         out = []
         for key, pool in pools:
             load = getattr(pool, "load", None)
+            labels = (key.model, key.version, key.cut_id)
             if load is not None:
-                out.append(((key.model, key.version, key.cut_id), *load()))
+                out.append((labels, *load()))
+            else:
+                # Its batchers live in the workers: what the gateway sees is the requests
+                # inside the pool, waiting or running, and no prediction.
+                out.append((labels, self._in_pool.get(key, 0), None, None, 0))
         return out
 
     def load(self, now_s: float | None = None) -> dict[str, Any]:
@@ -572,6 +579,9 @@ class Gateway:
                 decode_s = (entered - context.received_monotonic_s) + (time.monotonic() - t)
                 self.backend_calls += 1
                 submitted_s = time.monotonic()
+                counted = None if hasattr(pool, "load") else PoolKey(lv.model, lv.version, request.cut_id)
+                if counted is not None:
+                    self._in_pool[counted] = self._in_pool.get(counted, 0) + 1
                 try:
                     result = await pool.run(inputs, deadline_s=context.deadline_monotonic_s, priority=request.priority)
                 except ClusterError:
@@ -579,6 +589,9 @@ class Gateway:
                 except Exception as e:  # noqa: BLE001 - worker errors become cluster errors here
                     self._refused(e, request.model, f"{lv.key}@{request.cut_id}", submitted_s)
                     raise to_cluster_error(e, f"{lv.key}@{request.cut_id}") from e
+                finally:
+                    if counted is not None:
+                        self._in_pool[counted] -= 1
                 submitted_s = None
                 t = time.monotonic()
                 outputs = {k: as_wire_array(np.asarray(v), k) for k, v in result.outputs.items()}

@@ -214,3 +214,58 @@ def test_readyz_reports_overload_only_when_asked():
         assert _get(http.url + "/readyz?load=0") == (200, {"ready": True, "pools": 1})
     finally:
         http.stop()
+
+
+class _WorkersPool:
+    """A pool whose batcher the gateway cannot see, as a Ray pool's: a LocalPool without
+    load(), whose runs wait for ``gate``."""
+
+    def __init__(self, inner, gate: asyncio.Event) -> None:
+        self._inner, self._gate = inner, gate
+
+    async def run(self, inputs, *, deadline_s, priority):
+        await self._gate.wait()
+        return await self._inner.run(inputs, deadline_s=deadline_s, priority=priority)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def test_a_pool_without_its_own_load_reports_the_requests_inside_it(tmp_path):
+    from cluster.server import RequestContext
+
+    d = tmp_path / "repo" / "s" / "1"
+    d.mkdir(parents=True)
+    onnx.save(conv_stack(n_layers=1, width=8), str(d / "model.onnx"))
+    (d / "model.yaml").write_text("frontier: {default_cut_count: 0}\n")
+    gates: list[asyncio.Event] = []
+
+    class Factory(LocalPoolFactory):
+        def create(self, key, tail_path, config, metrics):
+            gates.append(asyncio.Event())
+            return _WorkersPool(super().create(key, tail_path, config, metrics), gates[-1])
+
+    registry = Registry(str(tmp_path / "repo"))
+    gateway = Gateway(registry, Factory(cache_dir=str(tmp_path / "ort")))
+    registry.load_all()
+    cut = next(c for c in registry.resolve("s", "1").frontier.cuts if not c.edge_layers)
+    labels = {"model": "s", "version": "1", "cut": cut.cut_id}
+
+    async def main():
+        now = time.monotonic()
+        ctx = RequestContext(method="Infer", received_monotonic_s=now, deadline_monotonic_s=now + 30)
+        calls = [asyncio.ensure_future(gateway.infer(make_request("s", "1", cut.cut_id,
+                                                                  {"x": np.ones(SHAPE, np.float32)}), ctx))
+                 for _ in range(3)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        inside = gateway.metrics.sample("splitinfer_queue_depth", labels)
+        gates[0].set()
+        await asyncio.gather(*calls)
+        after = gateway.metrics.sample("splitinfer_queue_depth", labels)
+        await gateway.close()
+        return inside, after
+
+    inside, after = asyncio.run(main())
+    assert (inside, after) == (3, 0)
+    assert gateway.metrics.sample("splitinfer_predicted_wait_seconds", labels) is None
