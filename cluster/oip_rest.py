@@ -58,7 +58,7 @@ from cluster.protocol.status import status_of, to_status
 from cluster.server import RequestContext
 
 __all__ = ["OipRest", "HttpAnswer", "HTTP_STATUS_OF", "WHOLE_MODEL_CUT", "TAIL_MARK", "DEFAULT_TIMEOUT_S",
-           "MAX_BODY_BYTES", "http_status", "to_answer"]
+           "MAX_BODY_BYTES", "IDLE_TIMEOUT_S", "http_status", "to_answer"]
 
 WHOLE_MODEL_CUT = "L"
 """The empty cut: the device runs nothing and the cloud runs the whole model."""
@@ -68,6 +68,9 @@ DEFAULT_TIMEOUT_S = 60.0
 """Deadline of an infer request that gives no `timeout` parameter."""
 MAX_BODY_BYTES = 64 << 20
 """Largest request body; the native gRPC door's default message limit."""
+IDLE_TIMEOUT_S = 120.0
+"""A kept-alive connection that sends nothing for this long (or stalls inside a request) is
+closed, so idle clients do not hold the server's threads."""
 
 #: gRPC code of a cluster error -> HTTP status (the KServe and Triton HTTP servers' choices).
 HTTP_STATUS_OF: Mapping[grpc.StatusCode, int] = {
@@ -197,10 +200,11 @@ class OipRest:
     """
 
     def __init__(self, gateway: Any, loop: asyncio.AbstractEventLoop, *, server_name: str = "splitinfer",
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.gateway = gateway
         self.loop = loop
         self.max_body_bytes = max_body_bytes
+        self.idle_timeout_s = idle_timeout_s
         self._server_meta = {"name": server_name, "version": _package_version(),
                              "extensions": ["binary_tensor_data", "model_configuration", "statistics"]}
         self._signatures: dict[tuple[str, str, str], _Signature] = {}
@@ -233,6 +237,7 @@ class OipRest:
             handler.protocol_version = "HTTP/1.1"
             handler.close_connection = False
             handler.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            handler.connection.settimeout(self.idle_timeout_s)  # an idle kept connection frees its thread
         try:
             handler.send_response(answer.status)
             handler.send_header("Content-Type", answer.content_type)

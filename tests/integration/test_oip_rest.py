@@ -229,3 +229,18 @@ def test_an_http11_connection_is_kept_for_v2_and_closed_after_other_routes(door)
         assert r.status == 400 and r.will_close
     finally:
         conn.close()
+
+
+def test_an_idle_kept_connection_is_closed_after_the_idle_timeout(door):
+    door.oip.idle_timeout_s = 0.2
+    conn = http.client.HTTPConnection(door.host, timeout=10)
+    try:
+        conn.request("GET", "/v2/health/live")
+        r = conn.getresponse()
+        r.read()
+        assert not r.will_close
+        conn.sock.settimeout(5)
+        assert conn.sock.recv(1) == b""  # the server closed it after 0.2 s without a request
+    finally:
+        conn.close()
+        door.oip.idle_timeout_s = 120.0
