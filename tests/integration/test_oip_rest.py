@@ -165,6 +165,8 @@ def test_errors_come_back_with_the_documented_codes(door, client):
     expect(lambda: client.get_inference_statistics("m"), 401, "authorization")
     expect(lambda: client.infer("m", infer_inputs({"x": x}, binary=True), headers=auth(), timeout=0), 504,
            "deadline exceeded")
+    expect(lambda: client.infer("m", infer_inputs({"x": x}, binary=True), headers=auth(), timeout=1), 504,
+           "deadline exceeded while the backend ran")
 
 
 def test_byte_length_and_malformed_bodies_are_400_and_the_server_stays_up(door):
@@ -244,3 +246,15 @@ def test_an_idle_kept_connection_is_closed_after_the_idle_timeout(door):
     finally:
         conn.close()
         door.oip.idle_timeout_s = 120.0
+
+
+def test_server_ready_is_400_with_the_reason_until_the_registry_is_loaded(tmp_path):
+    from cluster.gateway import Gateway, LocalPoolFactory
+    from cluster.oip_rest import OipRest
+    from cluster.registry import Registry
+
+    (tmp_path / "repo" / "m" / "1").mkdir(parents=True)
+    gateway = Gateway(Registry(str(tmp_path / "repo")), LocalPoolFactory())
+    answer = OipRest(gateway, loop=None).handle("GET", "/v2/health/ready", {})  # type: ignore[arg-type]
+    assert answer.status == 400 and json.loads(answer.body)["error"].startswith("not ready: ")
+    assert OipRest(gateway, loop=None).handle("GET", "/v2/health/live", {}).status == 200  # type: ignore[arg-type]
