@@ -153,6 +153,11 @@ def _read_signature(path: str) -> _Signature:
                       tuple(spec(v) for v in graph.output))
 
 
+def _bump(count_ns: list[int], seconds: float) -> None:
+    count_ns[0] += 1
+    count_ns[1] += int(seconds * 1e9)
+
+
 class _Stats:
     """Triton-style statistics of the requests this door served, per model name and version."""
 
@@ -166,13 +171,14 @@ class _Stats:
             s = self._by_key.setdefault((name, version), {
                 "success": [0, 0], "fail": [0, 0], "queue": [0, 0], "compute_infer": [0, 0], "last": 0,
                 "inference_count": 0})
-            for k, secs in (("success" if ok else "fail", total_s),) + ((("queue", queue_s),
-                                                                         ("compute_infer", compute_s)) if ok else ()):
-                s[k][0] += 1
-                s[k][1] += int(secs * 1e9)
-            if ok:
-                s["inference_count"] += batch
-                s["last"] = int(time.time() * 1e3)
+            if not ok:
+                _bump(s["fail"], total_s)
+                return
+            _bump(s["success"], total_s)
+            _bump(s["queue"], queue_s)
+            _bump(s["compute_infer"], compute_s)
+            s["inference_count"] += batch
+            s["last"] = int(time.time() * 1e3)
 
     def to_json(self, name: str | None, version: str | None) -> dict[str, Any]:
         with self._lock:
@@ -196,7 +202,7 @@ class OipRest:
 
     `serve(handler)` answers one request of an http.server handler thread (the gateway's
     metrics server calls it for paths under /v2); `handle(...)` is the same without sockets.
-    Neither raises: every failure is an HTTP answer.
+    A failed request never raises out of them: it is an HTTP answer.
     """
 
     def __init__(self, gateway: Any, loop: asyncio.AbstractEventLoop, *, server_name: str = "splitinfer",
