@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from workers._pool import RequestTiming, new_timing
-from workers.engine import Outputs
+from workers._engine_types import Outputs
 
 _DESCRIBED_HEAD = struct.Struct("<qddq?")
 """A described answer's request id and RequestTiming, before its outputs' description."""

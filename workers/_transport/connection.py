@@ -29,7 +29,7 @@ from workers._transport.framing import (_HEAD, _LONE_ANSWER, _LONE_ANSWER_HEAD, 
                                         _lone_head, _lone_struct, _route_frame, _route_key, encode_frame,
                                         refusal_frame)
 from workers._transport.reader import _Reader
-from workers.engine import Outputs
+from workers._engine_types import Outputs
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from workers._transport.framing import (_BUF, _DESCRIBED_ANSWER, _HEAD, _IN_FRAM
                                         _MAX_FRAME_BYTES, _PICKLE, _READ_AHEAD_BYTES, _REQUEST, _ROUTE,
                                         _ROUTE_ID, _REFUSED, WRITTEN, ChannelRefusedError, _lone_struct,
                                         _prepared_key, decode_refusal)
-from workers.engine import PlacedInputs
+from workers._engine_types import PlacedInputs
 
 
 class _Reader:

@@ -22,7 +22,7 @@ import numpy as np
 from workers._transport.connection import _Connection
 from workers._transport.framing import _MAX_PREPARED, _TOKEN_BYTES, _TOKEN_WAIT_S, WRITTEN, ChannelRefusedError
 from workers.batcher import NOT_NOW
-from workers.engine import PlacedInputs
+from workers._engine_types import PlacedInputs
 from workers.errors import WorkerError
 
 __all__ = ["ChannelServer", "open_channel_server"]
