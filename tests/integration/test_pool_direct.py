@@ -204,6 +204,28 @@ def test_the_channel_over_tcp_serves_like_the_unix_socket(ray_local, tail, refer
     assert stats.tcp_refused == 1
 
 
+def test_with_tcp_pickle_an_error_crosses_the_tcp_channel_itself(ray_local, tail, frames, engine_config):
+    # The operator's opt-in: both ends of the TCP channel then carry pickle frames.
+    from workers.actors import ReplicaPool
+
+    pool = ReplicaPool({KEY: tail.SerializeToString()},
+                       config=PoolConfig(num_replicas=1, max_restarts=0, direct_over_tcp=True, tcp_pickle=True),
+                       engine_config=engine_config)
+
+    async def main():
+        await pool.ready()
+        await _until_direct(pool, frames[0], before=0)
+        with pytest.raises(InputError):
+            await pool.infer(KEY, {k: v.astype(np.float64) for k, v in frames[0].items()})
+
+    try:
+        asyncio.run(main())
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert stats.tcp_refused == 0 and stats.errors == 1 and stats.failed == 0
+
+
 def _doubling_model():
     """y = 2x on 256 KiB rows: large enough to go through the channel's arenas."""
     from onnx import TensorProto, helper
