@@ -93,9 +93,16 @@ def test_config_names_max_batch_size_and_stats_count_requests(door, client):
     config = client.get_model_config("m", headers=auth())
     assert config["max_batch_size"] == 8 and config["input"][0]["dims"] == [4, 5, 5]
     x = np.random.default_rng(1).random((2, 4, 5, 5), dtype=np.float32)
+    metrics = door.gateway.metrics
+    ok = {"model": "m", "version": "1", "status": "OK"}
+    batches = metrics.sample("splitinfer_batch_size_count") or 0
+    served = metrics.sample("splitinfer_requests_total", ok) or 0
     before = client.get_inference_statistics("m", headers=auth())["model_stats"]
     client.infer("m", infer_inputs({"x": x}, binary=True), headers=auth())
     after = client.get_inference_statistics("m", headers=auth())["model_stats"]
+    # The request went through the native path's batcher and metrics.
+    assert metrics.sample("splitinfer_batch_size_count") == batches + 1
+    assert metrics.sample("splitinfer_requests_total", ok) == served + 1
     count = lambda stats: sum(s["inference_stats"]["success"]["count"] for s in stats)  # noqa: E731
     assert count(after) == count(before) + 1
     assert sum(s["inference_count"] for s in after) >= 2

@@ -58,7 +58,8 @@ def bad_tensor(draw) -> dict:
     elif how == "shape":
         t["shape"] = draw(st.one_of(
             st.lists(st.integers(1, 6), max_size=6).filter(lambda s: s[1:] != [4, 5, 5]),
-            st.lists(st.integers(-5, -1), min_size=1, max_size=4), json_values.filter(lambda v: not isinstance(v, list))))
+            st.lists(st.integers(-5, -1), min_size=1, max_size=4),
+            json_values.filter(lambda v: not isinstance(v, list))))
         t["data"] = [0.5] * 100
     elif how == "count":
         t["data"] = [0.5] * draw(st.integers(0, 200).filter(lambda n: n != 100))
