@@ -8,17 +8,18 @@ it; the engine and the edge agent do not. By role:
 - ``connection.py``: one socket's sending half and its arena handshake;
 - ``reader.py``: its reading half, a state machine in the event loop's reader callback;
 - ``arena.py``: the shared-memory arenas that large arrays go through on one node;
-- ``server.py``: the worker's end; ``client.py``: the pool's end.
+- ``server.py``: the worker's end; ``client.py``: the pool's end and its link to one
+  replica (``DirectLink``); ``bound.py``: requests bound to arrays kept in place.
 
 A request, in order: the pool's ``ChannelClient.call`` -> ``_Connection.send`` (a lone
-frame or ``encode_frame``) -> the worker's ``_Reader._readable`` -> ``ChannelServer._handle``
-(answered at once, or by the handler) -> ``ChannelServer._reply`` -> the pool's reader
+frame or ``encode_frame``) -> the worker's ``_Reader._readable`` ->
+``ChannelServer._handle`` (answered at once, or by the handler) -> ``ChannelServer._reply`` -> the pool's reader
 -> ``ChannelClient._deliver``.
 
 Where each ``[Note: ...]`` of this package is written:
 
-- framing.py: direct channel, no pickle over TCP, lone frames, outputs written in place, bound requests,
-  prepared requests;
+- framing.py: direct channel, no pickle over TCP, lone frames, outputs written in
+  place, bound requests, prepared requests;
 - codec.py: lean array pickling, tensor frames, answers described in advance;
 - reader.py: frames in the reader, reading ahead, no read that would block;
 - server.py: answered at once;
