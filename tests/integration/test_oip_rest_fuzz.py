@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.integration._oip_support import AUTH, oip_door
 
-pytestmark = pytest.mark.grpc
+pytestmark = [pytest.mark.grpc, pytest.mark.slow]
 
 N_PER_ROUND = 1250
 """Two rounds of this many: the first warms the process up, the second must not grow it."""
