@@ -617,7 +617,7 @@ class Gateway:
             left = context.remaining_s()
             status = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
             if status == "DEADLINE_EXCEEDED":
-                m.observe_refusal(request.model, "expired_while_running")
+                m.observe_refusal(request.model, "expired_in_pool")
             if submitted_s is not None:
                 m.observe_stage("queue", time.monotonic() - submitted_s)
             raise

@@ -60,7 +60,7 @@ REFUSAL_REASONS = (
     "request_too_large",  # the boundary tensors exceed max_request_bytes
     "expired_before_backend",  # the deadline had passed when the request reached the server
     "expired_in_queue",  # the deadline passed while it waited for a batch
-    "expired_while_running",  # the deadline passed during its batch or its encoding
+    "expired_in_pool",  # the deadline passed inside the pool: queued longer than predicted, or running
     "malformed",  # the frame did not decode (counted by the server, before the gateway)
 )
 REFUSAL_LOG_INTERVAL_S = 10.0
