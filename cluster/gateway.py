@@ -199,10 +199,11 @@ class LocalPool:
         return await self.batcher.submit((inputs, time.monotonic()), deadline_s=deadline_s,
                                          priority=min(max(priority, 0), _PRIORITY_LEVELS - 1), shape_key=shape_key)
 
-    def load(self) -> tuple[int, float | None, float | None, int]:
-        """(queue depth, predicted wait s, capacity req/s, discarded results) of this pool now."""
+    def load(self) -> tuple[int, float | None, float | None, int, float | None]:
+        """(queue depth, predicted wait s, capacity req/s, discarded results, arrivals req/s) now."""
         load = self.batcher.load()
-        return load.queue_depth, load.predicted_wait_s, load.capacity_rps, self.batcher.stats().discarded
+        return (load.queue_depth, load.predicted_wait_s, load.capacity_rps, self.batcher.stats().discarded,
+                load.arrival_rps)
 
     def predicted_wait_s(self) -> float | None:
         return self.batcher.predicted_wait_s()
@@ -533,21 +534,25 @@ class Gateway:
             else:
                 # Its batchers live in the workers: what the gateway sees is the requests
                 # inside the pool, waiting or running, and no prediction.
-                out.append((labels, self._in_pool.get(key, 0), None, None, 0))
+                out.append((labels, self._in_pool.get(key, 0), None, None, 0, None))
         return out
 
     def load(self, now_s: float | None = None) -> dict[str, Any]:
         """{'overloaded': bool, 'pools': {'model@version@cut': {queue_depth, predicted_wait_ms,
-        capacity_rps, discarded, overloaded}}}: what `/readyz?load=1` shows. A pool is
+        capacity_rps, arrival_rps, headroom_rps, discarded, overloaded}}}: what `/readyz?load=1`
+        shows. Headroom is capacity less arrivals (negative: overloaded). A pool is
         overloaded for `overload_window_s` after it refused a request for load."""
         now_s = time.monotonic() if now_s is None else now_s
         pools = {}
-        for (model, version, cut), depth, wait_s, capacity, discarded in self._load_samples():
+        for (model, version, cut), depth, wait_s, capacity, discarded, arrival_rps in self._load_samples():
             name = f"{model}@{version}@{cut}"
             at = self._overloaded_at.get(name)
             pools[name] = {"queue_depth": depth, "discarded": discarded,
                            "predicted_wait_ms": None if wait_s is None else round(wait_s * 1e3, 3),
                            "capacity_rps": None if capacity is None else round(capacity, 3),
+                           "arrival_rps": None if arrival_rps is None else round(arrival_rps, 3),
+                           "headroom_rps": None if capacity is None or arrival_rps is None
+                           else round(capacity - arrival_rps, 3),
                            "overloaded": at is not None and now_s - at < self.overload_window_s}
         return {"overloaded": any(p["overloaded"] for p in pools.values()), "pools": pools}
 

@@ -12,6 +12,7 @@ Metric names (the Helm chart's dashboard and ServiceMonitor read them):
     splitinfer_queue_depth{model,version,cut}          gauge; requests waiting for a batch, per pool
     splitinfer_predicted_wait_seconds{model,version,cut}  gauge; predicted wait of a request arriving now
     splitinfer_capacity_requests_per_second{model,version,cut}  gauge; full batches on every instance
+    splitinfer_arrival_requests_per_second{model,version,cut}   gauge; arrivals, admitted or not
     splitinfer_discarded_results_total{model,version,cut}  counter; results computed after their deadline
 
 The per-pool series are read from the pools when scraped (`set_load_source`), so they
@@ -65,8 +66,9 @@ REFUSAL_REASONS = (
 )
 REFUSAL_LOG_INTERVAL_S = 10.0
 
-PoolLoadSample = tuple[tuple[str, str, str], int, "float | None", "float | None", int]
-"""((model, version, cut), queue depth, predicted wait s, capacity req/s, discarded results)."""
+PoolLoadSample = tuple[tuple[str, str, str], int, "float | None", "float | None", int, "float | None"]
+"""((model, version, cut), queue depth, predicted wait s, capacity req/s, discarded results,
+arrivals req/s)."""
 
 
 class _LoadCollector:
@@ -86,17 +88,21 @@ class _LoadCollector:
         cap = GaugeMetricFamily("splitinfer_capacity_requests_per_second",
                                 "Requests per second the pool answers at full batches on every instance.",
                                 labels=labels)
+        arrivals = GaugeMetricFamily("splitinfer_arrival_requests_per_second",
+                                     "Requests that reached the pool per second, admitted or not.", labels=labels)
         discarded = CounterMetricFamily("splitinfer_discarded_results",
                                         "Results computed after their deadline and thrown away, per pool.",
                                         labels=labels)
-        for key, n, wait_s, capacity, thrown in self._source():
+        for key, n, wait_s, capacity, thrown, arrival_rps in self._source():
             depth.add_metric(key, n)
             if wait_s is not None:
                 wait.add_metric(key, wait_s)
             if capacity is not None:
                 cap.add_metric(key, capacity)
+            if arrival_rps is not None:
+                arrivals.add_metric(key, arrival_rps)
             discarded.add_metric(key, thrown)
-        return [depth, wait, cap, discarded]
+        return [depth, wait, cap, arrivals, discarded]
 
 
 class GatewayMetrics:

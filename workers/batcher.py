@@ -158,6 +158,13 @@ class BatcherLoad:
     capacity_rps: float | None
     """Requests per second at full batches on every instance: the most this batcher
     can answer. None before any run."""
+    arrival_rps: float = 0.0
+    """Requests that arrived per second (admitted or not) over the last whole second."""
+
+    @property
+    def headroom_rps(self) -> float | None:
+        """Capacity left: ``capacity_rps - arrival_rps``; negative when overloaded."""
+        return None if self.capacity_rps is None else self.capacity_rps - self.arrival_rps
 
 
 @dataclass(eq=False)
@@ -340,6 +347,9 @@ class Batcher:
         self._discarded = 0
         self.run_times = RunTimes()
         """Batch run time by size ([Note: deadline-aware batching])."""
+        self._window_start_s = float("-inf")
+        self._window_arrivals = 0
+        self._arrival_rps = 0.0
         self._recent_refusals: collections.deque[float] = collections.deque()
         """When the refusals for load of the last second happened (the retry-after hint)."""
         self._batch_ends: dict[asyncio.Task[None], float] = {}
@@ -369,8 +379,19 @@ class Batcher:
         cfg = self._config
         full_s = self.run_times.estimate_s(cfg.max_batch_size)
         capacity = None if not full_s else cfg.max_batch_size * cfg.max_concurrent_batches / full_s
+        now_s = self._clock()
+        self._count_arrival(now_s, 0)
         return BatcherLoad(queue_depth=self._depth, running_batches=len(self._batch_tasks),
-                           predicted_wait_s=self.predicted_wait_s(), batch_run_s=full_s, capacity_rps=capacity)
+                           predicted_wait_s=self.predicted_wait_s(now_s), batch_run_s=full_s, capacity_rps=capacity,
+                           arrival_rps=self._arrival_rps)
+
+    def _count_arrival(self, now_s: float, n: int) -> None:
+        """Counts ``n`` arrivals in whole-second windows; a window with no arrival reads 0."""
+        if now_s - self._window_start_s >= 1.0:
+            elapsed_s = now_s - self._window_start_s
+            self._arrival_rps = self._window_arrivals / elapsed_s if elapsed_s < 2.0 else 0.0
+            self._window_start_s, self._window_arrivals = now_s, 0
+        self._window_arrivals += n
 
     def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None) -> float | None:
         """How long a request arriving now would wait for its batch to start: what is
@@ -573,6 +594,7 @@ class Batcher:
         self._histogram[1] += 1
         self._lone_run_s = run_s
         self.run_times.observe(1, run_s)
+        self._count_arrival(self._clock(), 1)
         if ok:
             self._inline_runs += 1
             self._completed += 1
@@ -615,6 +637,7 @@ class Batcher:
                 value=repr(shape_key),
             ) from e
         now_s = self._clock()
+        self._count_arrival(now_s, 1)
         if deadline_s is not None and deadline_s <= now_s:
             self._rejected[_REJECT_DEADLINE] += 1
             raise DeadlineExceededError(

@@ -147,7 +147,9 @@ def test_overload_is_refused_at_once_with_a_retry_after_and_nothing_hangs(stack)
     assert code == 200 and "load" not in body
     code, body = _get(http.url + "/readyz?load=1")
     assert code == 503 and body["ready"] is True and body["load"]["overloaded"] is True
-    assert body["load"]["pools"][f"s@1@{cut.cut_id}"]["queue_depth"] == 0
+    pool_view = body["load"]["pools"][f"s@1@{cut.cut_id}"]
+    assert pool_view["queue_depth"] == 0 and pool_view["capacity_rps"] > 0
+    assert pool_view["headroom_rps"] == pytest.approx(pool_view["capacity_rps"] - pool_view["arrival_rps"], abs=1e-2)
     assert gateway.load(now_s=time.monotonic() + gateway.overload_window_s)["overloaded"] is False
 
 

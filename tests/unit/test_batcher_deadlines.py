@@ -266,3 +266,25 @@ def test_a_lone_run_now_predicted_to_end_late_is_refused_and_never_runs():
 
     err, ok = _run(main())
     assert err.reason == "predicted_wait" and ok == 4 and calls == [[1], [3]]
+
+
+def test_load_reports_arrivals_per_second_and_headroom():
+    async def main():
+        clock = _Clock()
+        b, _ = _timed_batcher(clock, 0.1, max_batch_size=2)
+        start_s = clock.now_s
+        for i in range(5):
+            await b.submit(i)  # each batch of one takes 0.1 s on the clock
+        with pytest.raises(OverloadedError):
+            await b.submit(9, deadline_s=clock.now_s + 0.01)  # refused, but it arrived
+        clock.now_s = start_s + 1.2
+        busy = b.load()
+        clock.now_s = start_s + 3.5
+        b.load()
+        return busy, b.load()
+
+    busy, idle = _run(main())
+    assert busy.arrival_rps == pytest.approx(6 / 1.2)
+    assert busy.capacity_rps == pytest.approx(2 / 0.2)  # a batch of 2 is estimated at 2 x 0.1 s
+    assert busy.headroom_rps == pytest.approx(10 - 5)
+    assert idle.arrival_rps == 0.0

@@ -27,14 +27,15 @@ def test_refusals_are_counted_by_reason_and_logged_once_per_interval(caplog):
 
 def test_pool_load_is_read_when_scraped():
     m = GatewayMetrics()
-    pools = [(("net", "1", "L"), 3, 0.25, 40.0, 2)]
+    pools = [(("net", "1", "L"), 3, 0.25, 40.0, 2, 55.0)]
     m.set_load_source(lambda: pools)
     labels = {"model": "net", "version": "1", "cut": "L"}
     assert m.sample("splitinfer_queue_depth", labels) == 3
     assert m.sample("splitinfer_predicted_wait_seconds", labels) == 0.25
     assert m.sample("splitinfer_capacity_requests_per_second", labels) == 40.0
     assert m.sample("splitinfer_discarded_results_total", labels) == 2
-    pools[0] = (("net", "1", "L"), 0, None, None, 2)  # no batch timed yet: no wait, no capacity
+    assert m.sample("splitinfer_arrival_requests_per_second", labels) == 55.0
+    pools[0] = (("net", "1", "L"), 0, None, None, 2, None)  # no batch timed yet: no wait, no capacity
     assert m.sample("splitinfer_queue_depth", labels) == 0
     assert m.sample("splitinfer_predicted_wait_seconds", labels) is None
     assert b"splitinfer_queue_depth{" in m.exposition()
