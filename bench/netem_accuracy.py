@@ -270,6 +270,9 @@ def _windows(trace: MahimahiTrace, arrivals: list[tuple[float, int]], origin_s: 
         summary["median_ratio"] = statistics.median(ratios)
         summary["p10_ratio"] = _quantile(ratios, 0.10) if len(ratios) > 1 else ratios[0]
         summary["p90_ratio"] = _quantile(ratios, 0.90) if len(ratios) > 1 else ratios[0]
+        summary["min_ratio"] = min(ratios)
+        summary["max_ratio"] = max(ratios)
+        summary["share_within_5pct"] = sum(abs(r - 1.0) <= 0.05 for r in ratios) / len(ratios)
     return summary
 
 
