@@ -505,9 +505,12 @@ class Batcher:
         The batches ahead of it are taken to be as large as its own deadline allows
         (what :func:`_fit` forms), at least one request."""
         est = self.run_times.estimate_s
-        if est(1) is None:
+        one_s = est(1)
+        if one_s is None:
             return
         budget_s = deadline_s - now_s
+        if one_s <= budget_s and self._depth == 0 and len(self._batch_tasks) < self._config.max_concurrent_batches:
+            return  # an idle instance runs it alone at once: the lone request's path stays short
         size = 1
         while size < self._config.max_batch_size and est(size + 1) <= budget_s:  # type: ignore[operator]
             size += 1
