@@ -117,10 +117,14 @@ class RunTimes:
                                      field_name="alpha", value=alpha)
         self.alpha = alpha
         self._s: dict[int, float] = {}
+        self._estimates: dict[int, float] = {}
+        """Estimates of untimed sizes since the last observation: admission asks for
+        several sizes per request, and a batch updates them once."""
 
     def observe(self, size: int, run_s: float) -> None:
         prev = self._s.get(size)
         self._s[size] = run_s if prev is None else prev + self.alpha * (run_s - prev)
+        self._estimates.clear()
 
     def estimate_s(self, size: int) -> float | None:
         """The predicted run time of a batch of ``size``; None before any batch was timed."""
@@ -129,6 +133,13 @@ class RunTimes:
             return known[size]
         if not known:
             return None
+        cached = self._estimates.get(size)
+        if cached is None:
+            cached = self._estimates[size] = self._interpolate(size)
+        return cached
+
+    def _interpolate(self, size: int) -> float:
+        known = self._s
         below = max((k for k in known if k < size), default=None)
         above = min((k for k in known if k > size), default=None)
         if below is None:
@@ -231,6 +242,19 @@ def _fit(live: Sequence[_Request], size: int, start_s: float,
     one_s = run_s(1)
     if one_s is None:
         return list(live[:size]), [], None
+    # The usual case, deadlines far enough for a full batch: one pass over a prefix.
+    end_s = start_s + run_s(size)  # type: ignore[operator] # one size timed: every size has one
+    batch: list[_Request] = []
+    unreachable: list[_Request] = []
+    for r in live:
+        if r.deadline_s is not None and r.deadline_s < start_s + one_s:
+            unreachable.append(r)
+        elif r.deadline_s is not None and r.deadline_s < end_s:
+            break
+        else:
+            batch.append(r)
+            if len(batch) == size:
+                return batch, unreachable, end_s
     unreachable = [r for r in live if r.deadline_s is not None and r.deadline_s < start_s + one_s]
     candidates = [r for r in live if r.deadline_s is None or r.deadline_s >= start_s + one_s]
     for n in range(min(size, len(candidates)), 0, -1):

@@ -40,11 +40,12 @@ def test_run_times_estimate_from_timed_sizes():
     assert rt.estimate_s(2) == 0.010
     assert rt.estimate_s(1) == 0.010  # below the smallest timed size: its time
     assert rt.estimate_s(4) == pytest.approx(0.020)  # above the largest: scaled by size
-    rt.observe(6, 0.030)
-    assert rt.estimate_s(4) == pytest.approx(0.020)  # between: linear
+    rt.observe(6, 0.040)
+    assert rt.estimate_s(4) == pytest.approx(0.025)  # between: linear (the cached 0.020 is gone)
     rt.observe(2, 0.020)
     assert rt.estimate_s(2) == pytest.approx(0.015)  # EWMA with alpha 0.5
-    assert rt.as_dict() == {2: pytest.approx(0.015), 6: pytest.approx(0.030)}
+    assert rt.estimate_s(4) == pytest.approx(0.0275)
+    assert rt.as_dict() == {2: pytest.approx(0.015), 6: pytest.approx(0.040)}
 
 
 def test_run_times_refuse_a_bad_alpha():
