@@ -821,3 +821,31 @@ def test_a_reader_that_emptied_the_socket_does_not_read_again_and_misses_nothing
     reads, why = _run(main())
     assert reads == [1, 2, 3, 4], f"reads after each frame: {reads} (one read per wake-up, none that would block)"
     assert isinstance(why, ConnectionResetError)
+
+
+def test_an_end_without_pickle_refuses_a_pickle_frame_at_its_head_and_sends_none():
+    # [Note: no pickle over TCP]: an end with pickle_ok=False (TCP without opt-in) never
+    # unpickles a frame, and never sends one; tensor frames pass both ways.
+    from workers._transport import ChannelRefusedError
+    from workers._transport.framing import decode_refusal, refusal_frame
+
+    async def main():
+        a, b = socket.socketpair()
+        sender = _Connection(a, views_until_freed=True)  # may send pickle
+        strict = _Connection(b, views_until_freed=False, pickle_ok=False)
+        frames, lost = [], asyncio.get_running_loop().create_future()
+        strict.read_frames(lambda obj, held: frames.append(obj), lost.set_result)
+        sender.send((0, ("k", [{"x": np.ones(2, np.float32)}], [None], [0])))  # a tensor frame
+        sender.send((1, ("k", np.float32(1.0))))  # only pickle carries a numpy scalar
+        why = await lost
+        with pytest.raises(ChannelRefusedError, match=r"the answer to request 1 .*tcp_pickle=True"):
+            strict.send((1, False, ValueError("an error's answer needs pickle")))
+        sender.close()
+        strict.close()
+        return frames, why
+
+    frames, why = _run(main())
+    assert [f[0] for f in frames] == [0]  # the tensor frame was read; the pickle frame was not
+    assert isinstance(why, ChannelRefusedError) and "never unpickled" in str(why)
+    refusal = decode_refusal(memoryview(refusal_frame(7, "why")[16:]))
+    assert refusal.request_id == 7 and str(refusal) == "why"
