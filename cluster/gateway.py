@@ -30,7 +30,7 @@ tails are loaded). A removed file puts the model back on its volume policy.
 [Note: admission] A request that cannot be answered before its deadline is refused at
 once with RESOURCE_EXHAUSTED and `retry_after_ms`, never queued to time out: the pool's
 batcher predicts its wait and its batch's run time from the batches it has timed
-([Note: deadline-aware batching] in workers/batcher.py) and refuses it on arrival, or
+([Note: deadline-aware batching] in workers/_batch_policy.py) and refuses it on arrival, or
 when its batch forms if the queue ran slower than predicted. Every refusal and expiry
 is counted by reason (`splitinfer_refusals_total`, cluster.metrics.REFUSAL_REASONS),
 the time a failed request spent in the pool is observed as its queue stage, each

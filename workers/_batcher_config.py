@@ -93,7 +93,7 @@ class BatcherStats:
     rejected: Mapping[str, int]
     """Reason -> requests rejected: 'deadline' (passed while queued), 'queue_full',
     'predicted_wait' and 'deadline_unreachable' (cannot finish in time: refused at once,
-    see [Note: deadline-aware batching] in workers/batcher.py), 'cancelled', 'closed'."""
+    see [Note: deadline-aware batching] in workers/_batch_policy.py), 'cancelled', 'closed'."""
 
     failed_batches: int
     """Batches whose run_batch raised."""

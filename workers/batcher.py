@@ -13,29 +13,9 @@ into batches for a ``run_batch`` callable the way Triton's dynamic batcher does:
   retry-able :class:`OverloadedError` ([Note: deadline-aware batching]);
 * a full queue rejects new requests with a retry-able :class:`QueueFullError`.
 
-[Note: pure scheduling]
-Which batch to form, and how long to sleep otherwise, is decided by the pure function
-:func:`_next_batch` with the time passed in, in the style of Ray Serve's autoscaling
-``policy(ctx)``. The event loop in :class:`Batcher` only applies its decisions, so unit
-tests drive the policy without sleeping.
-
-[Note: deadline-aware batching]
-A result that arrives after its deadline is computed for nothing, and under overload
-such results take the whole engine: a batch formed of requests that can no longer make
-their deadline still runs, and the requests behind it then miss theirs too, so goodput
-falls to zero while the engine is busy. The batcher therefore keeps, per batch size, an
-EWMA of how long its batches took (:class:`RunTimes`), and uses it twice:
-
-* on arrival (:meth:`Batcher.enqueue`): the predicted wait (the batches ahead of the
-  request, ``max_concurrent_batches`` at a time, plus what is left of the running ones)
-  plus its own batch's run time; a request whose deadline comes before that is refused
-  at once ('predicted_wait');
-* when a batch forms (:func:`_next_batch`): a request whose deadline comes before the
-  batch's predicted end is left out of it and refused ('deadline_unreachable').
-
-Both refusals carry ``retry_after_s``. Results that finish after their deadline anyway
-(the estimate was short) are counted in ``BatcherStats.discarded``. Before the first
-batch is timed there is no estimate and nothing is refused on it.
+The decisions are pure functions in workers/_batch_policy.py: [Note: pure scheduling]
+and [Note: deadline-aware batching] there say how batches form and why a request that
+cannot make its deadline is refused.
 """
 
 from __future__ import annotations
@@ -48,10 +28,19 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any
 
+from workers._batch_policy import (
+    BatcherLoad,
+    RunTimes,
+    _batch_size,
+    _Decision,
+    _earliest_deadline_wait,
+    _next_batch,
+    _predicted_wait_s,
+    _Request,
+)
 from workers._batcher_config import BatcherConfig, BatcherStats
 from workers.errors import (
     BatcherClosedError,
@@ -99,228 +88,6 @@ _REJECT_PREDICTED_WAIT = "predicted_wait"
 _REJECT_UNREACHABLE = "deadline_unreachable"
 
 _MIN_RETRY_AFTER_S = 0.001
-
-
-class RunTimes:
-    """How long a batch of each size takes: an EWMA per size of the runs timed.
-
-    A size never timed is estimated from its timed neighbours: linearly between two,
-    the larger neighbour's time below the smallest timed size, and the largest timed
-    size's time scaled by size above it. Both ends err long, since batching costs
-    less than linearly per request: a long estimate refuses a little early, a short
-    one runs requests that then miss their deadline.
-    """
-
-    def __init__(self, alpha: float = 0.2) -> None:
-        if not 0.0 < alpha <= 1.0:
-            raise BatcherConfigError(f"alpha={alpha} must be in (0, 1]; 0.2 weighs the last five runs",
-                                     field_name="alpha", value=alpha)
-        self.alpha = alpha
-        self._s: dict[int, float] = {}
-        self._estimates: dict[int, float] = {}
-        """Estimates of untimed sizes since the last observation: admission asks for
-        several sizes per request, and a batch updates them once."""
-
-    def observe(self, size: int, run_s: float) -> None:
-        prev = self._s.get(size)
-        self._s[size] = run_s if prev is None else prev + self.alpha * (run_s - prev)
-        self._estimates.clear()
-
-    def estimate_s(self, size: int) -> float | None:
-        """The predicted run time of a batch of ``size``; None before any batch was timed."""
-        known = self._s
-        if size in known:
-            return known[size]
-        if not known:
-            return None
-        cached = self._estimates.get(size)
-        if cached is None:
-            cached = self._estimates[size] = self._interpolate(size)
-        return cached
-
-    def _interpolate(self, size: int) -> float:
-        known = self._s
-        below = max((k for k in known if k < size), default=None)
-        above = min((k for k in known if k > size), default=None)
-        if below is None:
-            assert above is not None
-            return known[above]
-        if above is None:
-            return known[below] * size / below
-        return known[below] + (known[above] - known[below]) * (size - below) / (above - below)
-
-    def as_dict(self) -> dict[int, float]:
-        return dict(sorted(self._s.items()))
-
-
-@dataclass(frozen=True)
-class BatcherLoad:
-    """How loaded a batcher is now (the gateway's gauges and ``/readyz?load=1``)."""
-
-    queue_depth: int
-    """Requests waiting (not yet in a batch)."""
-    running_batches: int
-    """Batches running now."""
-    predicted_wait_s: float | None
-    """How long a request arriving now would wait for its batch to start; None before
-    any batch was timed."""
-    batch_run_s: float | None
-    """Predicted run time of a full batch (``max_batch_size``); None before any run."""
-    capacity_rps: float | None
-    """Requests per second at full batches on every instance: the most this batcher
-    can answer. None before any run."""
-    arrival_rps: float = 0.0
-    """Requests that arrived per second (admitted or not) over the last whole second."""
-
-    @property
-    def headroom_rps(self) -> float | None:
-        """Capacity left: ``capacity_rps - arrival_rps``; negative when overloaded."""
-        return None if self.capacity_rps is None else self.capacity_rps - self.arrival_rps
-
-
-@dataclass(eq=False)
-class _Request:
-    """One waiting request. Ordered in its queue by (-priority, seq)."""
-
-    seq: int
-    payload: Any
-    shape_key: Hashable
-    priority: int
-    arrival_s: float
-    deadline_s: float | None
-    future: asyncio.Future[Any] | None = field(default=None, repr=False)
-
-    @property
-    def sort_key(self) -> tuple[int, int]:
-        return (-self.priority, self.seq)
-
-    def expired(self, now_s: float) -> bool:
-        return self.deadline_s is not None and self.deadline_s <= now_s
-
-
-Queues = Mapping[Hashable, Sequence[_Request]]
-"""shape_key -> waiting requests of that shape, ordered by (-priority, arrival)."""
-
-
-class _Decision(NamedTuple):
-    batch: tuple[_Request, ...]
-    """Requests to run now as one batch (all of one shape), or empty."""
-    expired: tuple[_Request, ...]
-    """Requests whose deadline has passed: reject them, never run them."""
-    wait_s: float | None
-    """If no batch formed: how long until the decision may change without a new
-    arrival (a delay runs out or a deadline passes); None means only an arrival can."""
-    unreachable: tuple[_Request, ...] = ()
-    """Requests left out of the batch because it is predicted to end after their
-    deadline: refuse them now, never run them ([Note: deadline-aware batching])."""
-    batch_end_s: float | None = None
-    """When the batch is predicted to end (None: no estimate yet)."""
-
-
-def _batch_size(n_waiting: int, config: BatcherConfig, delay_over: bool) -> int:
-    """How many of ``n_waiting`` same-shape requests to batch now (0: keep waiting)."""
-    if n_waiting >= config.max_batch_size:
-        return config.max_batch_size
-    reachable = [s for s in config.preferred_batch_sizes if s <= n_waiting]
-    if reachable:
-        return reachable[-1]
-    if delay_over:
-        return n_waiting
-    return 0
-
-
-def _fit(live: Sequence[_Request], size: int, start_s: float,
-         run_s: Callable[[int], float | None]) -> tuple[list[_Request], list[_Request], float | None]:
-    """(batch, unreachable, predicted end).
-
-    ``unreachable``: the requests whose deadline comes before even a batch of one
-    would end. ``batch``: the largest batch, up to ``size``, whose predicted end comes
-    before the deadline of each of its members, taking them in queue order. A batch
-    too large for the deadlines it holds would serve none of them: it shrinks instead
-    (a request it skips stays queued, for a later batch or its own refusal).
-    """
-    one_s = run_s(1)
-    if one_s is None:
-        return list(live[:size]), [], None
-    # The usual case, deadlines far enough for a full batch: one pass over a prefix.
-    end_s = start_s + run_s(size)  # type: ignore[operator] # one size timed: every size has one
-    batch: list[_Request] = []
-    unreachable: list[_Request] = []
-    for r in live:
-        if r.deadline_s is not None and r.deadline_s < start_s + one_s:
-            unreachable.append(r)
-        elif r.deadline_s is not None and r.deadline_s < end_s:
-            break
-        else:
-            batch.append(r)
-            if len(batch) == size:
-                return batch, unreachable, end_s
-    unreachable = [r for r in live if r.deadline_s is not None and r.deadline_s < start_s + one_s]
-    candidates = [r for r in live if r.deadline_s is None or r.deadline_s >= start_s + one_s]
-    for n in range(min(size, len(candidates)), 0, -1):
-        est = run_s(n)
-        assert est is not None  # one size timed: every size has an estimate
-        end_s = start_s + est
-        batch = [r for r in candidates if r.deadline_s is None or r.deadline_s >= end_s][:n]
-        if len(batch) == n:
-            return batch, unreachable, end_s
-    return [], unreachable, None
-
-
-def _next_batch(
-    queues: Queues, now_s: float, config: BatcherConfig, *, flush: bool = False,
-    run_s: Callable[[int], float | None] | None = None, start_s: float | None = None,
-) -> _Decision:
-    """Decides the next batch. Pure: reads ``queues``, changes nothing.
-
-    Among the shapes that can form a batch now, the one whose best request has the
-    highest priority (then the earliest arrival) wins. ``flush`` treats every delay as
-    over, which is how ``close(drain=True)`` empties the queue promptly.
-
-    ``run_s(size)`` predicts a batch's run time and ``start_s`` when the next batch can
-    start (default ``now_s``; later while every instance is busy). With them, a request
-    that the batch would finish after its deadline is left out and returned in
-    ``unreachable`` ([Note: deadline-aware batching]).
-    """
-    delay_s = config.max_queue_delay_ms / 1000.0
-    start_s = now_s if start_s is None else max(start_s, now_s)
-    expired: list[_Request] = []
-    unreachable: list[_Request] = []
-    best: tuple[tuple[int, int], list[_Request], float | None] | None = None
-    wait_s: float | None = None
-    for requests in queues.values():
-        live = []
-        for r in requests:
-            if r.expired(now_s):
-                expired.append(r)
-            else:
-                live.append(r)
-                if r.deadline_s is not None:
-                    until = r.deadline_s - now_s
-                    wait_s = until if wait_s is None else min(wait_s, until)
-        if not live:
-            continue
-        oldest_arrival_s = min(r.arrival_s for r in live)
-        due_s = oldest_arrival_s + delay_s
-        delay_over = flush or due_s <= now_s
-        size = _batch_size(len(live), config, delay_over)
-        if size == 0:
-            until = due_s - now_s
-            wait_s = until if wait_s is None else min(wait_s, until)
-            continue
-        if run_s is None:
-            batch, end_s = live[:size], None
-        else:
-            batch, left_out, end_s = _fit(live, size, start_s, run_s)
-            unreachable.extend(left_out)
-            if not batch:
-                continue
-        if best is None or batch[0].sort_key < best[0]:
-            best = (batch[0].sort_key, batch, end_s)
-    if best is None:
-        return _Decision((), tuple(expired), wait_s, tuple(unreachable))
-    _, batch, end_s = best
-    return _Decision(tuple(batch), tuple(expired), 0.0, tuple(unreachable), end_s)
 
 
 class Batcher:
@@ -616,7 +383,7 @@ class Batcher:
         """Counts a lone request that its owner ran itself, as :meth:`run_now` would
         have run it (checked by :meth:`can_run_now` and :meth:`takes_priority` first):
         a batch of one that took ``run_s`` seconds and succeeded or failed
-        ([Note: prepared requests] in workers/_channel.py)."""
+        ([Note: prepared requests] in workers/_transport/framing.py)."""
         self._batches_formed += 1
         self._histogram[1] += 1
         self._lone_run_s = run_s
@@ -917,22 +684,3 @@ def _size_mismatch(batch_size: int, num_results: int) -> BatchSizeMismatchError:
         batch_size=batch_size,
         num_results=num_results,
     )
-
-
-def _predicted_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], batch_s: float,
-                      batch_size: int, instances: int) -> float:
-    """How long a request arriving behind ``depth`` waiting ones waits for its batch to
-    start, with batches of ``batch_size`` taking ``batch_s``, ``instances`` at a time,
-    and ``batch_ends_s`` the predicted ends of the running ones. Pure."""
-    free_in_s = 0.0
-    if len(batch_ends_s) >= instances:
-        free_in_s = max(0.0, min(batch_ends_s) - now_s)
-    rounds = (depth // batch_size) // instances
-    return free_in_s + rounds * batch_s
-
-
-def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:
-    deadlines = [r.deadline_s for q in queues.values() for r in q if r.deadline_s is not None]
-    if not deadlines:
-        return None
-    return max(0.0, min(deadlines) - now_s)

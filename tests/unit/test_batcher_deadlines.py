@@ -1,4 +1,4 @@
-"""Deadline-aware batching ([Note: deadline-aware batching] in workers/batcher.py):
+"""Deadline-aware batching ([Note: deadline-aware batching] in workers/_batch_policy.py):
 run-time estimates, the pure decision with them, refusal on arrival and at batch time,
 discarded results; with a fake clock, and once on real ONNX Runtime."""
 
