@@ -141,7 +141,7 @@ def test_a_request_predicted_to_miss_its_deadline_is_refused_on_arrival():
         await asyncio.sleep(0)
         queued = [asyncio.ensure_future(b.submit(i)) for i in (4, 5)]  # the next full batch
         await asyncio.sleep(0)
-        # Behind one running and one full queued batch: waits 0.1 + 0.2, runs 0.2.
+        # Behind one running and one full queued batch: waits 0.1 + 0.2, then takes 0.2 itself.
         wait_s = b.predicted_wait_s()
         with pytest.raises(OverloadedError) as info:
             await b.submit(6, deadline_s=clock.now_s + 0.3)
