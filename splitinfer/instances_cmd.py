@@ -22,8 +22,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from splitinfer.profile_cmd import _load, _positive, parse_batches
-from splitinfer.units import parse_args
+from splitinfer.profile_cmd import _load, parse_batches
+from splitinfer.units import int_at_least, parse_args
 
 __all__ = ["instances_main"]
 
@@ -51,14 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path to an .onnx file or a zoo name (resnet50, densenet121, ...)")
     p.add_argument("--after", type=int, metavar="LAYER_ID",
                    help="time the tail after layers 0..LAYER_ID (the cloud's segment); default: the whole model")
-    p.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+    p.add_argument("--threads", type=int_at_least(1), default=os.cpu_count() or 1,
                    help="intra-op threads the worker gives the segment (default: this host's CPUs)")
     p.add_argument("--ep", choices=("cpu", "cuda", "tensorrt", "auto"), default="cpu",
                    help="execution provider of the engines (default cpu; auto takes a GPU where ORT has one)")
-    p.add_argument("--batch", type=_positive, default=8, help="rows a run, the batch the worker forms (default 8)")
+    p.add_argument("--batch", type=int_at_least(1), default=8, help="rows a run, the batch the worker forms (default 8)")
     p.add_argument("--candidates", type=parse_batches, default=(2,),
                    help="engine counts to try against one engine, e.g. 2,4 (default 2)")
-    p.add_argument("--rounds", type=_positive, default=5, help="bracketed rounds (default 5)")
+    p.add_argument("--rounds", type=int_at_least(1), default=5, help="bracketed rounds (default 5)")
     p.add_argument("--seconds", type=_seconds, default=1.0, help="seconds per timed slice (default 1.0)")
     p.add_argument("--margin", type=_margin, default=0.05,
                    help="how much faster than one engine a setting must be to be chosen (default 0.05)")

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from splitinfer.units import parse_args
+from splitinfer.units import int_at_least, parse_args
 
 __all__ = ["profile_main", "parse_batches"]
 
@@ -41,38 +41,22 @@ def parse_batches(text: str) -> tuple[int, ...]:
     return out
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-    return v
 
 
-def _non_negative(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitinfer profile", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="path to an .onnx file or a zoo name (resnet50, squeezenet, ...)")
     p.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
-    p.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+    p.add_argument("--threads", type=int_at_least(1), default=os.cpu_count() or 1,
                    help="intra-op threads to measure with (default: all cores)")
     p.add_argument("--batch", type=parse_batches, default=(1,),
                    help="batch sizes for whole-model batch_ms, e.g. 1,8 (layers are timed at 1)")
     p.add_argument("--ep", choices=("cpu", "cuda"), default="cpu", help="execution provider")
-    p.add_argument("--runs", type=_positive, default=20, help="timed runs (default 20)")
-    p.add_argument("--warmup", type=_non_negative, default=3, help="warm-up runs (default 3)")
-    p.add_argument("--segments", type=_non_negative, default=4,
+    p.add_argument("--runs", type=int_at_least(1), default=20, help="timed runs (default 20)")
+    p.add_argument("--warmup", type=int_at_least(0), default=3, help="warm-up runs (default 3)")
+    p.add_argument("--segments", type=int_at_least(0), default=4,
                    help="cuts whose real segments are timed to fit corrections (default 4; 0: none)")
     p.add_argument("--calibrate", action="store_true",
                    help="also fit this host's roofline efficiencies; writes PROFILE.roofline.json")

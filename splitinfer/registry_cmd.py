@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from splitinfer.units import int_at_least
+
 __all__ = ["AddOptions", "RegistryCommandError", "add_model", "next_version", "registry_main"]
 
 _STAGING_PREFIX = ".registry-add-"
@@ -291,14 +293,6 @@ def list_registry(registry: str, out: Callable[[str], None] = print) -> int:
 # -- command line -------------------------------------------------------------------------
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-    return v
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -315,7 +309,7 @@ def make_parser() -> argparse.ArgumentParser:
     a.add_argument("--description", help="model.yaml's description (default: where the model came from)")
     a.add_argument("--profile", action="store_true",
                    help="measure profiles/device.json (1 thread: the emulated edge) and cloud.json (every core)")
-    a.add_argument("--runs", type=_positive, default=AddOptions.runs, help="timed runs per profile (default 8)")
+    a.add_argument("--runs", type=int_at_least(1), default=AddOptions.runs, help="timed runs per profile (default 8)")
     a.add_argument("--edge", metavar="DEVICE", help="write DEVICE's roofline estimate as profiles/device.json "
                                                    "(rpi4, rpi5, jetson-orin-nano, phone-sd8g2, ...)")
     a.add_argument("--cloud", metavar="DEVICE", help="write DEVICE's roofline estimate as profiles/cloud.json "

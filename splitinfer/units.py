@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
-    "arg_type", "format_duration_ms", "format_rate_bps", "join_dash_values", "parse_args", "parse_duration_ms",
-    "parse_rate_bps",
+    "arg_type", "format_duration_ms", "format_rate_bps", "int_at_least", "join_dash_values", "parse_args",
+    "parse_duration_ms", "parse_rate_bps",
 ]
 
 _NUMBER = r"(?P<sign>[-+]?)(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
@@ -110,6 +110,21 @@ def format_duration_ms(duration_ms: float) -> str:
     if duration_ms >= 1e3:
         return f"{duration_ms / 1e3:.6g}s"
     return f"{duration_ms:.6g}ms"
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for an integer option of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
+        return v
+
+    return parse
 
 
 def arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:

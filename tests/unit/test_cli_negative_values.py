@@ -93,3 +93,15 @@ def test_join_dash_values_joins_only_values_of_one_value_options() -> None:
     # a value that is itself an option, '-' (stdin) and a joined value stay as given
     assert join_dash_values(p, ["--rate", "--flag", "-o", "-", "--rate=-1"]) == [
         "--rate", "--flag", "-o", "-", "--rate=-1"]
+
+
+def test_int_at_least_names_the_bound_and_refuses_non_integers() -> None:
+    import argparse
+
+    from splitinfer.units import int_at_least
+
+    assert int_at_least(1)("3") == 3 and int_at_least(0)("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError, match="0 must be >= 1"):
+        int_at_least(1)("0")
+    with pytest.raises(argparse.ArgumentTypeError, match="'2.5' is not an integer"):
+        int_at_least(0)("2.5")
