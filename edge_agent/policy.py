@@ -41,10 +41,25 @@ as it is detected, but it takes no trial and no breaker probe.
 Predictions are corrected by measurement: `Health.local_ms` is the profile's time times
 the agent's measured/predicted ratio of local answers, and every remote option's time is
 multiplied by `Health.remote_factor`, the same ratio of remote answers.
+The cloud's load is in every remote option (see [Note: cloud load]).
 A half-open breaker lets one probe through: that request goes remote without moving
 the state, so recovery is tried without committing to it; but only when the remote plan
 is predicted to beat local at the estimated link (otherwise the request would pay a
 timeout and a local tail for nothing, and the agent's idle link probe tests the link).
+
+[Note: cloud load]
+A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in its own
+pool). `Health.queue_ms` is the predicted queue wait of a request sent now at that cut
+(the gateway's `timings_ms['predicted_wait']`, drained since it was reported): it is
+the cost model's `queue` term for that plan, replacing the plan's own batch-fill wait
+where larger, so a loaded pool moves the device to a cut whose pool is not loaded (a
+deeper edge cut) or to local, through the same hysteresis, dwell and back-off as a link
+step. `Health.refused_until_s` holds the cuts the gateway refused with
+RESOURCE_EXHAUSTED: until its retry-after ends, such a cut is no option at all (the
+gateway asked for quiet, and a request sent anyway is refused again and pays a round
+trip for nothing); a current plan refused this way is unavailable, so the switch is
+immediate. When the wait drains or the retry-after ends, the remote option returns and
+the usual rules bring the device back.
 """
 
 from __future__ import annotations
@@ -52,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from edge_agent.monitor import LinkEstimate
@@ -135,6 +151,12 @@ class Health:
     """Measured / predicted time of recent local answers (already in `local_ms`; for the reason text)."""
     request: bool = True
     """This decision places a request (False: a re-evaluation; no trial, no probe)."""
+    queue_ms: Mapping[str, float] = field(default_factory=dict)
+    """The cloud's predicted queue wait (ms) for a request sent now, per cut id; a missing cut: 0
+    (no sign of load). See [Note: cloud load]."""
+    refused_until_s: Mapping[str, float] = field(default_factory=dict)
+    """Cut ids the cloud refused for load, with when their retry-after ends (monotonic s); no
+    option until then. See [Note: cloud load]."""
 
 
 @dataclass(frozen=True)
@@ -205,8 +227,12 @@ class _Option:
     encoding: Encoding = field(default_factory=Encoding)
 
 
+def _refused(health: Health, cut_id: str, now_s: float) -> bool:
+    return now_s < health.refused_until_s.get(cut_id, -math.inf)
+
+
 def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: PolicyConfig,
-                    energy: bool) -> list[_Option]:
+                    energy: bool, now_s: float) -> list[_Option]:
     lr = front.link_range
     up = est.up_bps or cfg.initial_up_bps or math.sqrt(lr.up_lo_bps * lr.up_hi_bps)
     out = []
@@ -215,12 +241,13 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         if not plan.boundary:  # edge-only: that is the local option
             continue
         cut_id = plan.cut.key
-        if health.warm_cuts is not None and cut_id not in health.warm_cuts:
+        if health.warm_cuts is not None and cut_id not in health.warm_cuts or _refused(health, cut_id, now_s):
             continue
         # A one-entry frontier rescales this plan's own breakdown to the estimated link.
         p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
         b = p.breakdown
         ms = b.total_ms if est.rtt_ms is None else b.total_ms - b.rtt_ms + est.rtt_ms
+        ms += max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
         ms *= health.remote_factor
         # The uplink serves every request's boundary in turn: an M/D/1 queue at this load.
         util = health.arrival_rps * b.uplink_ms / 1e3
@@ -239,10 +266,17 @@ def _show_factors(health: Health) -> str:
     return f"; measured/predicted: local x{health.local_factor:.2f}, remote x{health.remote_factor:.2f}"
 
 
-def _show(est: LinkEstimate) -> str:
+def _show(est: LinkEstimate, health: Health | None = None, now_s: float = 0.0) -> str:
     up = "unknown" if est.up_bps is None else f"{est.up_bps / 1e6:.2f} Mbit/s"
     rtt = "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f} ms"
-    return f"up {up}, rtt {rtt}, {est.samples} samples"
+    load = ""
+    if health is not None:
+        waits = [f"{k or 'cloud-only'} {ms:.0f} ms" for k, ms in sorted(health.queue_ms.items()) if ms >= 0.5]
+        refused = [f"{k or 'cloud-only'} {(t - now_s) * 1e3:.0f} ms" for k, t in sorted(health.refused_until_s.items())
+                   if t > now_s]
+        load = (f", cloud queue {', '.join(waits)}" if waits else "") + (
+            f", refused for load: retry after {', '.join(refused)}" if refused else "")
+    return f"up {up}, rtt {rtt}, {est.samples} samples{load}"
 
 
 def _backoff(reversals: int, cfg: PolicyConfig) -> float:
@@ -273,7 +307,7 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     local = _Option(LOCAL, LOCAL, health.local_ms, local_energy)
     remote = []
     if frontier is not None and health.remote_allowed:
-        remote = _remote_options(estimate, frontier, health, config, energy)
+        remote = _remote_options(estimate, frontier, health, config, energy, now_s)
     best_remote = min(remote, key=lambda o: o.cost, default=None)
     options = {o.key: o for o in remote}
     if math.isfinite(local.ms):
@@ -284,15 +318,19 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
 
     if health.probe and health.request and best_remote is not None and (
             not math.isfinite(local.ms) or best_remote.cost <= local.cost):
-        return act(best_remote, f"breaker probe ({_show(estimate)})", False, True), state
+        return act(best_remote, f"breaker probe ({_show(estimate, health, now_s)})", False, True), state
 
     # 1-2: the target.
     if best_remote is None:
         target = local
         if not health.remote_allowed:
             why = "breaker " + health.breaker
+        elif frontier is not None and any(t > now_s for t in health.refused_until_s.values()) and _remote_options(
+                estimate, frontier, dataclasses.replace(health, refused_until_s={}, arrival_rps=0.0), config,
+                energy, now_s):
+            why = "the cloud refused every warm plan for load"
         elif frontier is not None and health.arrival_rps > 0 and _remote_options(
-                estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config, energy):
+                estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config, energy, now_s):
             why = f"the uplink cannot carry {health.arrival_rps:.1f} req/s of any warm plan"
         else:
             why = "no warm remote plan"
@@ -311,7 +349,7 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     if current is None or current.key == target.key:
         switched = current is None
         new = state if not switched else _switch(state, target.key, now_s, config)
-        reason = f"{target.key}: {why} ({_show(estimate)})"
+        reason = f"{target.key}: {why} ({_show(estimate, health, now_s)})"
         if switched and state.current:
             reason = f"{state.current} unavailable -> {reason}"
         return act(target, reason, switched), new
@@ -327,16 +365,16 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     better = target.cost < current.cost * (1.0 - config.hysteresis)
     if forced or (better and dwelt):
         reason = (f"{current.key} ({current.ms:.0f} ms) -> {target.key} ({target.ms:.0f} ms): {why}"
-                  f"{'; forced' if forced else ''}{_show_factors(health)} ({_show(estimate)})")
+                  f"{'; forced' if forced else ''}{_show_factors(health)} ({_show(estimate, health, now_s)})")
         return act(target, reason, True), _switch(state, target.key, now_s, config)
     hold = "within hysteresis" if not better else f"dwell {dwell_s:g} s not over"
     if (health.request and current.kind == LOCAL and target.kind == OFFLOAD
             and target.cost * config.trial_ratio <= current.cost
             and (state.trial_s is None or now_s - state.trial_s >= config.trial_every_s)):
         reason = (f"trial {target.key} ({target.ms:.0f} ms) while keeping local ({current.ms:.0f} ms, {hold})"
-                  f"{_show_factors(health)} ({_show(estimate)})")
+                  f"{_show_factors(health)} ({_show(estimate, health, now_s)})")
         return act(target, reason, False, trial=True), dataclasses.replace(state, trial_s=now_s)
-    return act(current, f"keep {current.key}: {hold} ({_show(estimate)})", False), state
+    return act(current, f"keep {current.key}: {hold} ({_show(estimate, health, now_s)})", False), state
 
 
 def after_trial(state: PolicyState, measured_ms: float, local_ms: float, *,

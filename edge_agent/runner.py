@@ -23,6 +23,17 @@ the profile's time; remote: remote answers against the action's prediction) and 
 policy scales its predictions by them. The remote ratio restarts at 1 when the link
 monitor detects a step, so the lag of the estimate behind a step is not learnt as a
 bias and then counted twice.
+
+[Note: refusal]
+A RESOURCE_EXHAUSTED from the gateway is its admission control refusing load, at once:
+the request finishes here from the head's output (the same local tail as any remote
+failure, without waiting for the budget), and `cloud_load.CloudLoad` holds offloading
+at that cut off for the hinted retry-after (see [Note: cloud load] in policy.py). It is
+not a link failure: the gateway answered, quickly, so the breaker records a success
+(which also frees a half-open probe slot) and the link monitor learns nothing from it
+(the round trip has no server time to subtract, and a refusal is not a timeout). Counting
+it as a breaker failure would open the breaker for `open_s` instead of the gateway's own
+hint, and would cut the link off on a device whose link is fine.
 """
 
 from __future__ import annotations
@@ -41,10 +52,11 @@ import numpy as np
 
 from cluster.protocol.client import InferenceClient, InferResult
 from cluster.protocol.encoding import decode, encode
-from cluster.protocol.errors import EncodingError, Unauthenticated, UnknownCutError
+from cluster.protocol.errors import EncodingError, ResourceExhausted, Unauthenticated, UnknownCutError
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EncodedTensor
 from edge_agent import breaker as B
+from edge_agent.cloud_load import CloudLoad
 from edge_agent.config import EdgeConfig
 from edge_agent.engines import DEFAULT_LINK_RANGE, CutEngines, ModelSet
 from edge_agent.errors import RequestError
@@ -135,6 +147,8 @@ class Runner(LinkProbing):
         self.breaker_config = B.BreakerConfig(config.breaker_failures, config.breaker_open_s)
         self.breaker = B.BreakerState()
         self.policy_config = config.policy
+        self.cloud = CloudLoad()
+        """The cloud's reported queue waits and refusals; see [Note: cloud load] in policy.py."""
         self.state = PolicyState()
         self.last_action: Action | None = None
         self.counters = Counters()
@@ -212,7 +226,8 @@ class Runner(LinkProbing):
             self.factors["remote"] = 1.0
         health = Health(remote_ok, probe, self.breaker.state, self.local_ms * self.factors["local"], warm,
                         self._arrival_rps(now_s, count=request), remote_factor=self.factors["remote"],
-                        local_factor=self.factors["local"], request=request)
+                        local_factor=self.factors["local"], request=request,
+                        queue_ms=self.cloud.queue_ms(now_s), refused_until_s=self.cloud.refused_until_s(now_s))
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
         if action.switched:
@@ -421,6 +436,9 @@ class Runner(LinkProbing):
             else:
                 r = task.result()
                 self.last_remote_s = now
+                wait_ms = r.response.timings_ms.get("predicted_wait")
+                if wait_ms is not None:
+                    self.cloud.observe_wait(ce.cut_id, wait_ms, now)
                 self.monitor.observe_transfer(r.up_bytes * share, r.down_bytes * share, r.elapsed_s, r.server_ms, now)
                 if not timed_out:
                     self.breaker = B.on_success(self.breaker, now, self.breaker_config)
@@ -436,7 +454,9 @@ class Runner(LinkProbing):
                 return
             assert exc is not None
             self.last_remote_s = now
-            if not timed_out:
+            if isinstance(exc, ResourceExhausted):
+                self._refused(action, exc, now, timed_out)
+            elif not timed_out:
                 self._remote_failed(_error_kind(exc), action, request.tensor_bytes() * share, now - sent_s, exc)
             elif _error_kind(exc) == "DeadlineExceeded":
                 # Still unanswered at its gRPC deadline, well past the budget: a tighter bound.
@@ -520,6 +540,16 @@ class Runner(LinkProbing):
             t.cancel()
         return len(tasks)
 
+    def _refused(self, action: Action, exc: ResourceExhausted, now_s: float, timed_out: bool) -> None:
+        """The gateway refused for load; see [Note: refusal]."""
+        self.counters.remote_errors["ResourceExhausted"] = self.counters.remote_errors.get("ResourceExhausted", 0) + 1
+        if not timed_out:  # a refusal after the budget already counted as a timeout
+            self.breaker = B.on_success(self.breaker, now_s, self.breaker_config)
+        hold_ms = self.cloud.refuse(action.cut_id, exc.retry_after_ms, now_s)
+        logger.info("the cloud refused cut %s for load (%s); not offloading at it for %.0f ms",
+                    action.cut_id or "cloud-only", exc.resource, hold_ms)
+        self.reevaluate(now_s)
+
     def _remote_failed(self, kind: str, action: Action, up_bytes: int, elapsed_s: float,
                        exc: BaseException | None = None) -> None:
         now = time.monotonic()
@@ -545,6 +575,7 @@ class Runner(LinkProbing):
                                               "reason": a.reason},
             "link": {"up_bps": est.up_bps, "rtt_ms": est.rtt_ms, "samples": est.samples, "changes": est.changes},
             "breaker": self.breaker.state, "offload_enabled": self.offload_enabled,
+            "cloud": self.cloud.to_dict(time.monotonic()),
             "local_ms": self.local_ms, "measured_local_ms": self.models.local_ms,
             "latency_factors": dict(self.factors),
             "warm_cuts": sorted(k for k in self.models.cuts if k not in self.unusable_cuts),
