@@ -174,7 +174,7 @@ EXPECTED_KINDS = {
                 "PodDisruptionBudget": 2, "Service": 2, "PersistentVolumeClaim": 1,
                 "RayCluster": 1, "Role": 1, "RoleBinding": 1, "ClusterRole": 1,
                 "ClusterRoleBinding": 1, "ServiceAccount": 1},
-    "gpu": {"ServiceMonitor": 1},
+    "gpu": {"ServiceMonitor": 1, "ConfigMap": 3},
     "tls-mtls": {"Secret": 1},
     "existing-secrets": {"RayCluster": 0, "HorizontalPodAutoscaler": 0,
                          "PersistentVolumeClaim": 0, "Secret": 0},
@@ -275,6 +275,26 @@ def test_values_schema_is_draft07_and_accepts_every_value_set() -> None:
          "value must be one of"),
         ({"gateway": {"grpcPort": 70000}}, "/gateway/grpcPort", "maximum: got 70,000, want 65,535"),
         ({"gateway": {"poolStartTimeoutSeconds": 0}}, "/gateway/poolStartTimeoutSeconds", "exclusiveMinimum"),
+        ({"gateway": {"autoscaling": {"metric": "latency"}}}, "/gateway/autoscaling/metric",
+         "value must be one of 'queueDepth', 'predictedWait', 'inflight', 'cpu'"),
+        ({"gateway": {"autoscaling": {"queueDepth": {"targetAverageValue": "0"}}}},
+         "/gateway/autoscaling/queueDepth/targetAverageValue", "'0' does not match pattern"),
+        ({"gateway": {"autoscaling": {"inflight": {"targetAverageValue": -3}}}},
+         "/gateway/autoscaling/inflight/targetAverageValue", "exclusiveMinimum: got -3, want 0"),
+        ({"gateway": {"autoscaling": {"predictedWait": {"targetMilliseconds": 0}}}},
+         "/gateway/autoscaling/predictedWait/targetMilliseconds", "minimum: got 0, want 1"),
+        ({"gateway": {"autoscaling": {"predictedWait": {"targetMilliseconds": 0.5}}}},
+         "/gateway/autoscaling/predictedWait/targetMilliseconds", "got number, want integer"),
+        ({"gateway": {"autoscaling": {"cpu": {"targetAverageUtilization": 0}}}},
+         "/gateway/autoscaling/cpu/targetAverageUtilization", "minimum: got 0, want 1"),
+        ({"gateway": {"autoscaling": {"queueDepth": {"metricName": "queue-depth"}}}},
+         "/gateway/autoscaling/queueDepth/metricName", "does not match pattern"),
+        ({"gateway": {"autoscaling": {"metricName": "splitinfer_inflight_requests"}}}, "/gateway/autoscaling",
+         "additional properties 'metricName' not allowed"),
+        ({"metrics": {"adapterRules": {"window": "1 minute"}}}, "/metrics/adapterRules/window",
+         "does not match pattern"),
+        ({"metrics": {"adapterRules": {"namespace": "Monitoring"}}}, "/metrics/adapterRules/namespace",
+         "does not match pattern"),
     ],
 )
 def test_values_schema_rejects_a_bad_value_naming_it(
@@ -333,6 +353,16 @@ def test_the_deployment_guide_lists_every_value() -> None:
     paths = _leaf_paths(_schema(), _schema(), yaml.compose(text), "")
     assert len(paths) > 100
     assert [p for p in paths if f"| `{p}` |" not in table] == []
+
+
+def test_the_adapter_rules_in_the_guide_are_the_ones_the_chart_renders() -> None:
+    guide = (REPO_ROOT / "docs" / "deploy-kubernetes.md").read_text()
+    section = guide[guide.index("## Autoscaling"):guide.index("## Upgrading")]
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, flags=re.S) if "seriesQuery" in b]
+    documented = yaml.safe_load(block)["rules"]["custom"]
+    out = _render_with({"metrics": {"adapterRules": {"enabled": True}}})
+    (configmap,) = yaml.safe_load_all(out["splitinfer/templates/adapter-rules-configmap.yaml"])
+    assert yaml.safe_load(configmap["data"]["config.yaml"])["rules"] == documented
 
 
 # --- template guards: bad combinations fail with the fix in the message -----

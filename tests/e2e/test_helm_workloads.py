@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -22,6 +23,7 @@ CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "splitinfer"
 RELEASE = "demo"
 NAMESPACE = "ml"
 FULLNAME = "demo-splitinfer"
+KUBE_VERSION = "1.30.0"
 VALUE_FILES = {
     "default": None,
     "gpu": "gpu-values.yaml",
@@ -405,17 +407,103 @@ def test_without_persistence_models_is_an_empty_dir() -> None:
 # --- autoscaling and disruption budgets ----------------------------------------
 
 
-def test_gateway_hpa_scales_on_the_inflight_requests_pods_metric() -> None:
+def _render_with(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Renders the chart with `values`; the objects keyed by (kind, name), and the notes."""
+    with helm.Chart.load(CHART_DIR) as chart:
+        out = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    docs = {(d["kind"], d["metadata"]["name"]): d for path, text in out.items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d}
+    docs[("NOTES", "")] = {"text": out["splitinfer/templates/NOTES.txt"]}
+    return docs
+
+
+def test_gateway_hpa_scales_on_the_queue_depth_pods_metric_by_default() -> None:
     (hpa,) = _all("default", "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": f"{FULLNAME}-gateway"}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 10)
     assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
-        "metric": {"name": "splitinfer_inflight_requests"},
-        "target": {"type": "AverageValue", "averageValue": "32"}}}]
+        "metric": {"name": "splitinfer_queue_depth"},
+        "target": {"type": "AverageValue", "averageValue": "8"}}}]
     # The HPA owns the replica count; a fixed one would fight it on upgrade.
     assert "replicas" not in _one("default", "Deployment", f"{FULLNAME}-gateway")["spec"]
+
+
+HPA_METRICS = {
+    "queueDepth": ({"queueDepth": {"targetAverageValue": "12"}},
+                   {"type": "Pods", "pods": {"metric": {"name": "splitinfer_queue_depth"},
+                                             "target": {"type": "AverageValue", "averageValue": "12"}}}),
+    "predictedWait": ({"predictedWait": {"targetMilliseconds": 80}},
+                      {"type": "Pods", "pods": {"metric": {"name": "splitinfer_predicted_wait_seconds"},
+                                                "target": {"type": "AverageValue", "averageValue": "80m"}}}),
+    "inflight": ({"inflight": {"targetAverageValue": 16}},
+                 {"type": "Pods", "pods": {"metric": {"name": "splitinfer_inflight_requests"},
+                                           "target": {"type": "AverageValue", "averageValue": "16"}}}),
+    "cpu": ({"cpu": {"targetAverageUtilization": 60}},
+            {"type": "Resource", "resource": {"name": "cpu",
+                                              "target": {"type": "Utilization", "averageUtilization": 60}}}),
+}
+
+
+@pytest.mark.parametrize("metric", HPA_METRICS)
+def test_each_autoscaling_metric_renders_its_own_hpa_metric_that_validates(metric: str) -> None:
+    targets, want = HPA_METRICS[metric]
+    docs = _render_with({"gateway": {"autoscaling": {"metric": metric, **targets}}})
+    hpa = docs[("HorizontalPodAutoscaler", f"{FULLNAME}-gateway")]
+    assert hpa["spec"]["metrics"] == [want]
+    kubernetes_validate.validate(hpa, KUBE_VERSION, strict=True)
+    notes = docs[("NOTES", "")]["text"]
+    if metric == "cpu":
+        assert "scales on CPU use (target 60% of the request); it needs metrics-server" in notes
+    else:
+        assert f"scales on the Pods metric {want['pods']['metric']['name']} " in notes
+        assert "prometheus-adapter" in notes
+
+
+def test_predicted_wait_milliseconds_become_a_quantity_in_seconds() -> None:
+    # The gauge is in seconds: 1500 ms must be 1.5 s, i.e. the quantity 1500m.
+    docs = _render_with({"gateway": {"autoscaling": {"metric": "predictedWait",
+                                                     "predictedWait": {"targetMilliseconds": 1500}}}})
+    (metric,) = docs[("HorizontalPodAutoscaler", f"{FULLNAME}-gateway")]["spec"]["metrics"]
+    assert metric["pods"]["target"]["averageValue"] == "1500m"
+
+
+def _adapter_rules(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    config = yaml.safe_load(docs[("ConfigMap", f"{FULLNAME}-adapter-rules")]["data"]["config.yaml"])
+    assert set(config) == {"rules"}
+    return {rule["name"]["as"]: rule for rule in config["rules"]}
+
+
+def test_adapter_rules_serve_every_pods_metric_the_hpa_can_ask_for() -> None:
+    assert [d for d in _all("default", "ConfigMap") if d["metadata"]["name"].endswith("-adapter-rules")] == []
+    docs = _render_with({"metrics": {"adapterRules": {"enabled": True, "namespace": "monitoring",
+                                                      "window": "2m"}}})
+    configmap = docs[("ConfigMap", f"{FULLNAME}-adapter-rules")]
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    kubernetes_validate.validate(configmap, KUBE_VERSION, strict=True)
+    rules = _adapter_rules(docs)
+    served = {spec[1]["pods"]["metric"]["name"] for spec in HPA_METRICS.values() if spec[1]["type"] == "Pods"}
+    assert set(rules) == served
+    # A pod's queue depth is the sum over its pools, its predicted wait the longest one.
+    assert rules["splitinfer_queue_depth"]["metricsQuery"].startswith("sum by (<<.GroupBy>>)")
+    assert rules["splitinfer_predicted_wait_seconds"]["metricsQuery"].startswith("max by (<<.GroupBy>>)")
+    for name, rule in rules.items():
+        assert rule["seriesQuery"] == f'{name}{{namespace!="",pod!=""}}'
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"},
+                                                  "pod": {"resource": "pod"}}
+        assert "[2m]" in rule["metricsQuery"]
+
+
+def test_a_renamed_metric_reaches_both_the_hpa_and_the_adapter_rule() -> None:
+    docs = _render_with({"gateway": {"autoscaling": {"metric": "predictedWait",
+                                                     "predictedWait": {"metricName": "gateway_wait"}}},
+                         "metrics": {"adapterRules": {"enabled": True}}})
+    (metric,) = docs[("HorizontalPodAutoscaler", f"{FULLNAME}-gateway")]["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "gateway_wait"
+    rule = _adapter_rules(docs)["gateway_wait"]
+    # The adapter still reads the gateway's own series and serves it under the new name.
+    assert rule["seriesQuery"].startswith("splitinfer_predicted_wait_seconds{")
 
 
 def test_pod_disruption_budgets_cover_gateway_and_planner() -> None:
@@ -480,6 +568,52 @@ def test_raycluster_autoscales_worker_groups_in_tree() -> None:
     assert (cpu["groupName"], cpu["replicas"], cpu["minReplicas"], cpu["maxReplicas"]) == ("cpu", 1, 1, 4)
     shm = {v["name"]: v for v in cpu["template"]["spec"]["volumes"]}["dshm"]
     assert shm["emptyDir"]["medium"] == "Memory"
+
+
+def test_ray_autoscaler_reads_each_worker_groups_bounds_from_values() -> None:
+    """The rendered RayCluster is read by Ray's own KubeRay autoscaler config reader,
+    as the autoscaler sidecar reads it in a cluster: each group's min and max, what
+    one pod of it adds (the demand it can meet), the idle timeout and the speed."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
+
+    docs = _render_with({"rayCluster": {
+        "autoscalerOptions": {"idleTimeoutSeconds": 30, "upscalingMode": "Conservative"},
+        "cpuWorkers": {"replicas": 2, "minReplicas": 2, "maxReplicas": 5,
+                       "rayResources": {"splitinfer-cpu-tier": 1000}},
+        "gpuWorkers": {"enabled": True, "replicas": 0, "minReplicas": 0, "maxReplicas": 3}}})
+    rc = docs[("RayCluster", f"{FULLNAME}-ray")]
+    assert rc["spec"]["enableInTreeAutoscaling"] is True
+    config = _derive_autoscaling_config_from_ray_cr(rc)
+    bounds = {name: (node["min_workers"], node["max_workers"])
+              for name, node in config["available_node_types"].items() if name != "headgroup"}
+    assert bounds == {"cpu": (2, 5), "gpu": (0, 3)}
+    assert config["max_workers"] == 8
+    assert config["available_node_types"]["cpu"]["resources"]["splitinfer-cpu-tier"] == 1000
+    assert config["available_node_types"]["gpu"]["resources"]["GPU"] == 1
+    assert config["idle_timeout_minutes"] == 0.5
+    assert config["upscaling_speed"] == 1
+
+
+def test_ray_autoscaling_off_drops_the_autoscaler_sidecar() -> None:
+    docs = _render_with({"rayCluster": {"enableInTreeAutoscaling": False}})
+    spec = docs[("RayCluster", f"{FULLNAME}-ray")]["spec"]
+    assert spec["enableInTreeAutoscaling"] is False
+    assert "autoscalerOptions" not in spec
+    assert "Ray autoscaling:" not in docs[("NOTES", "")]["text"]
+
+
+def test_notes_say_cpu_tails_without_ray_resources_never_scale_the_cpu_group() -> None:
+    # CPU tail workers ask Ray for no CPU, so only a declared custom resource
+    # gives the Ray autoscaler a demand to act on.
+    from workers.actors import PoolConfig, worker_asks
+    from workers.engine import EngineConfig
+
+    assert worker_asks(EngineConfig(provider="cpu"), num_cpus=PoolConfig().num_cpus) == {"CPU": 0.0, "GPU": 0.0}
+    assert worker_asks(EngineConfig(provider="cuda"))["GPU"] == 1.0
+    default_notes = _render_with({})[("NOTES", "")]["text"]
+    assert "CPU tail workers ask Ray for no resources" in default_notes
+    declared = _render_with({"rayCluster": {"cpuWorkers": {"rayResources": {"splitinfer-cpu-tier": 1000}}}})
+    assert "Ray autoscaling:" not in declared[("NOTES", "")]["text"]
 
 
 # --- monitoring -------------------------------------------------------------------
