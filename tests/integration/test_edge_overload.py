@@ -10,6 +10,7 @@ longer than local execution moves the agent local, and it offloads again as the 
 
 import asyncio
 import contextlib
+import logging
 import time
 
 import numpy as np
@@ -86,7 +87,8 @@ async def _stack(model_dir, *, local_ms=1000.0):
         runner.close()
 
 
-def test_a_refusal_is_answered_here_at_once_and_holds_offloading_off_for_the_retry_after(model_dir):
+def test_a_refusal_is_answered_here_at_once_and_holds_offloading_off_for_the_retry_after(model_dir, caplog):
+    caplog.set_level(logging.INFO, logger="edge_agent.runner")
     path = model_dir[1]
     retry_ms = 1500.0
 
@@ -119,6 +121,8 @@ def test_a_refusal_is_answered_here_at_once_and_holds_offloading_off_for_the_ret
     assert breaker == "closed"
     assert back.served_by == "remote" and served == 1
     assert c.remote_errors == {"ResourceExhausted": 1}
+    # The hint crossed the wire and set the hold-off (not the agent's default for a refusal without one).
+    assert any("refused cut" in r.message and "for 1500 ms" in r.message for r in caplog.records)
     assert (c.requests, c.answered, c.failed, c.local_tail, c.local, c.remote) == (3, 3, 0, 1, 1, 1)
 
 
