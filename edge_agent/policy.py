@@ -52,7 +52,7 @@ A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in 
 pool). `Health.queue_ms` is the predicted queue wait of a request sent now at that cut
 (the gateway's `timings_ms['predicted_wait']`, drained since it was reported): it is
 the cost model's `queue` term for that plan, replacing the plan's own batch-fill wait
-where larger, so a loaded pool moves the device to a cut whose pool is not loaded (a
+where larger (and, being the cloud's own figure, not scaled by the remote factor), so a loaded pool moves the device to a cut whose pool is not loaded (a
 deeper edge cut) or to local, through the same hysteresis, dwell and back-off as a link
 step. `Health.refused_until_s` holds the cuts the gateway refused with
 RESOURCE_EXHAUSTED: until its retry-after ends, such a cut is no option at all (the
@@ -181,6 +181,9 @@ class Action:
     """A breaker probe (the state did not move)."""
     trial: bool = False
     """A remote trial while local is current (the option did not move); see [Note: policy] 5."""
+    queue_ms: float = 0.0
+    """The cloud's reported queue wait in `predicted_ms` beyond the plan's own queue term (not
+    scaled by `Health.remote_factor`); see [Note: cloud load]."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -225,6 +228,7 @@ class _Option:
     cost: float
     cut_id: str = ""
     encoding: Encoding = field(default_factory=Encoding)
+    queue_ms: float = 0.0
 
 
 def _refused(health: Health, cut_id: str, now_s: float) -> bool:
@@ -247,14 +251,16 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
         b = p.breakdown
         ms = b.total_ms if est.rtt_ms is None else b.total_ms - b.rtt_ms + est.rtt_ms
-        ms += max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
         ms *= health.remote_factor
         # The uplink serves every request's boundary in turn: an M/D/1 queue at this load.
         util = health.arrival_rps * b.uplink_ms / 1e3
         if util >= _MAX_UTILISATION:
             continue
         ms += b.uplink_ms * util / (2.0 * (1.0 - util))
-        out.append(_Option(plan.key, OFFLOAD, ms, b.energy_j if energy else ms, cut_id, plan.encoding))
+        # The cloud's own figure, so not scaled by the agent's measured/predicted ratio.
+        queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
+        ms += queue_ms
+        out.append(_Option(plan.key, OFFLOAD, ms, b.energy_j if energy else ms, cut_id, plan.encoding, queue_ms))
     return out
 
 
@@ -266,16 +272,13 @@ def _show_factors(health: Health) -> str:
     return f"; measured/predicted: local x{health.local_factor:.2f}, remote x{health.remote_factor:.2f}"
 
 
-def _show(est: LinkEstimate, health: Health | None = None, now_s: float = 0.0) -> str:
+def _show(est: LinkEstimate, health: Health, now_s: float) -> str:
     up = "unknown" if est.up_bps is None else f"{est.up_bps / 1e6:.2f} Mbit/s"
     rtt = "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f} ms"
-    load = ""
-    if health is not None:
-        waits = [f"{k or 'cloud-only'} {ms:.0f} ms" for k, ms in sorted(health.queue_ms.items()) if ms >= 0.5]
-        refused = [f"{k or 'cloud-only'} {(t - now_s) * 1e3:.0f} ms" for k, t in sorted(health.refused_until_s.items())
-                   if t > now_s]
-        load = (f", cloud queue {', '.join(waits)}" if waits else "") + (
-            f", refused for load: retry after {', '.join(refused)}" if refused else "")
+    waits = [f"{k} {ms:.0f} ms" for k, ms in sorted(health.queue_ms.items()) if ms >= 0.5]
+    refused = [f"{k} {(t - now_s) * 1e3:.0f} ms" for k, t in sorted(health.refused_until_s.items()) if t > now_s]
+    load = (f", cloud queue {', '.join(waits)}" if waits else "") + (
+        f", refused for load: retry after {', '.join(refused)}" if refused else "")
     return f"up {up}, rtt {rtt}, {est.samples} samples{load}"
 
 
@@ -314,7 +317,8 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
         options[LOCAL] = local
 
     def act(o: _Option, reason: str, switched: bool, probe: bool = False, trial: bool = False) -> Action:
-        return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe, trial)
+        return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe, trial,
+                      o.queue_ms)
 
     if health.probe and health.request and best_remote is not None and (
             not math.isfinite(local.ms) or best_remote.cost <= local.cost):

@@ -298,7 +298,8 @@ class Runner(LinkProbing):
         self.counters.inflight += 1
         try:
             action = self.decide(start)
-            raw_predicted_ms = action.predicted_ms / self.factors["remote"]  # before any await moves it
+            # Before any await moves the factor; the cloud's queue wait is not scaled by it.
+            raw_predicted_ms = (action.predicted_ms - action.queue_ms) / self.factors["remote"] + action.queue_ms
             ce = self.models.cuts.get(action.cut_id) if action.kind != LOCAL else None
             flow = RequestFlow(request_id, fallback_local=self.config.fallback == "local")
             if ce is None:
@@ -547,7 +548,7 @@ class Runner(LinkProbing):
             self.breaker = B.on_success(self.breaker, now_s, self.breaker_config)
         hold_ms = self.cloud.refuse(action.cut_id, exc.retry_after_ms, now_s)
         logger.info("the cloud refused cut %s for load (%s); not offloading at it for %.0f ms",
-                    action.cut_id or "cloud-only", exc.resource, hold_ms)
+                    action.cut_id, exc.resource, hold_ms)
         self.reevaluate(now_s)
 
     def _remote_failed(self, kind: str, action: Action, up_bytes: int, elapsed_s: float,

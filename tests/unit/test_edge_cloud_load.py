@@ -87,6 +87,19 @@ def test_the_queue_term_replaces_the_plans_batch_fill_wait_where_larger():
     assert math.isclose(ms(80.0), ms(0.0) + 30.0)
 
 
+def test_the_queue_wait_is_the_clouds_figure_not_scaled_by_the_remote_factor():
+    front = Frontier("m", Objective.LATENCY, LinkRange(0.5e6, 1e9, 4.0, 20.0), (FrontierEntry(0.5e6, 1e9, A),))
+
+    def act(factor, wait):
+        health = Health(local_ms=math.inf, remote_factor=factor, queue_ms={A_CUT: wait})
+        return policy(EST, front, health, PolicyState(), 0.0, config=CFG)[0]
+
+    base = act(1.0, 0.0).predicted_ms
+    loaded = act(2.0, 300.0)
+    assert math.isclose(loaded.predicted_ms, 2.0 * base + 300.0) and loaded.queue_ms == 300.0
+    assert act(2.0, 0.0).queue_ms == 0.0
+
+
 def test_a_refused_cut_is_no_option_until_its_retry_after_ends():
     refused_a = {A_CUT: 1.5}
     refused_both = {A_CUT: 1.5, B_CUT: 1.5}
