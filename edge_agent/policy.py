@@ -260,7 +260,8 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # The cloud's own figure, so not scaled by the agent's measured/predicted ratio.
         queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
         ms += queue_ms
-        out.append(_Option(plan.key, OFFLOAD, ms, b.energy_j if energy else ms, cut_id, plan.encoding, queue_ms))
+        cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else ms  # the device idles while it waits
+        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms))
     return out
 
 

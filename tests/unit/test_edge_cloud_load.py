@@ -135,3 +135,15 @@ def test_cloud_load_holds_a_cut_off_for_the_hint_bounded_and_defaulted():
     load.refuse("c", 10.0, 2.0)
     assert load.refused_until_s(2.0)["c"] == 1.0 + MAX_RETRY_AFTER_MS / 1e3
     assert set(load.to_dict(2.0)) == {"queue_ms", "refusals", "retry_after_ms"}
+
+
+def test_under_the_energy_objective_the_device_idles_through_the_queue_wait():
+    front = Frontier("m", Objective.ENERGY, LinkRange(0.5e6, 1e9, 4.0, 20.0), (FrontierEntry(0.5e6, 1e9, A),),
+                     compute_w=2.0, idle_w=0.5)
+    cfg = PolicyConfig(objective="energy")
+
+    def act(wait):
+        return policy(EST, front, Health(local_ms=400.0, queue_ms={A_CUT: wait}), PolicyState(), 0.0, config=cfg)[0]
+
+    assert act(0.0).kind == OFFLOAD  # ~0 J against 2 W * 0.4 s
+    assert act(2000.0).kind == LOCAL  # 0.5 W * 2 s idle waiting costs more than 0.8 J of compute
