@@ -14,7 +14,6 @@ import logging
 import time
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from cluster.errors import ResourceExhausted
@@ -26,6 +25,7 @@ from edge_agent.runner import Counters, Runner
 from edge_agent.transport import connect
 from partitioner import prefix_cut
 from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, write_model
+from tests.integration.test_edge_runner import _ref, _x
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
 
@@ -53,14 +53,6 @@ def model_dir(tmp_path_factory):
     cut = prefix_cut(models.graph, 1)
     models.load_cut(cut)
     return d, path, models, cut
-
-
-def _x(seed=0):
-    return np.random.default_rng(seed).standard_normal((1, 4, 5, 5)).astype(np.float32)
-
-
-def _ref(path, x):
-    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
 @contextlib.asynccontextmanager

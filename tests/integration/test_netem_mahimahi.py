@@ -19,6 +19,7 @@ import pytest
 
 from bench.netem_accuracy import measure_mahimahi
 from splitinfer.netem import LinkEmulator, MahimahiTrace, load_mahimahi_trace
+from tests.integration.test_netem_link import _echo
 
 LOOPBACK = "127.0.0.1"
 SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
@@ -73,17 +74,6 @@ def test_netem_command_serves_mahimahi_traces_from_the_shared_folder(tmp_path):
         _, err = process.communicate(timeout=10)
     assert process.returncode == 0, err
     assert "Mahimahi traces" in err and "TMobile-LTE-short.up" in err
-
-
-async def _echo(reader, writer):
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
 
 
 async def _ping_s(port, count):
