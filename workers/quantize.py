@@ -5,9 +5,18 @@
 * :func:`to_fp16`: float16 weights and activations for GPUs, with inputs and outputs
   kept float32 unless asked.
 
-Both run the fp32 and the converted model side by side on the same data and report
-top-1 agreement (for classifier-like outputs), max and mean absolute error, and the
-size before and after, in a frozen :class:`QuantizeReport`.
+Both run the fp32 and the converted model side by side on the same data and report,
+for every output, its agreement with fp32 in the metric that fits it (top-1 for class
+vectors, arg-max per position for sequences, IoU for dense maps, relative L2 otherwise:
+:mod:`workers.agreement`), the output that agrees least, max and mean absolute error,
+and the size before and after, in a frozen :class:`QuantizeReport`.
+
+Weights get one scale per output channel by default (``per_channel=True``): one scale
+for a whole Conv/MatMul/Gemm weight lets its largest channel set the step of all the
+others, and OCR and detection models lose whole characters and boxes to it. A model
+that holds quantised ops already (QDQ pairs, QLinearConv, MatMulInteger, ...) is
+returned unchanged with a note: quantising it again would quantise its dequantised
+weights a second time.
 
 [Note: constant folding before quantisation]
 The quantiser only sees weights stored as initializers. Models whose weights are
@@ -31,16 +40,20 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import onnx
-import onnx.version_converter
 import onnxruntime as ort
 
 from workers._quant_data import CalibrationData, Feeds, FeedReader, to_feeds
+from workers._quant_model import load as _load
+from workers._quant_model import opset as _opset
+from workers._quant_model import prepare as _prepare
+from workers._quant_model import quantized_ops
+from workers.agreement import METRICS, AccuracyStats, OutputAgreement, measure_output, summarize
 from workers.errors import (
     CalibrationDataError,
     QuantizeConfigError,
@@ -51,6 +64,7 @@ from workers.errors import (
 __all__ = [
     "AccuracyStats",
     "CalibrationDataError",
+    "OutputAgreement",
     "QuantizeConfigError",
     "QuantizeError",
     "QuantizeModelError",
@@ -59,6 +73,7 @@ __all__ = [
     "compute_accuracy",
     "prepare_model",
     "quantize",
+    "quantized_ops",
     "to_fp16",
 ]
 
@@ -68,42 +83,20 @@ Method = Literal["minmax", "entropy", "percentile"]
 
 _METHODS = ("minmax", "entropy", "percentile")
 _INT8_TYPES = ("int8", "uint8")
-_MIN_QDQ_OPSET = 13  # per-channel QDQ needs the axis attribute of opset 13
-
-
-@dataclass(frozen=True)
-class AccuracyStats:
-    """How far the converted model's output is from fp32 on one data set."""
-
-    num_samples: int
-    """Samples compared (rows along the batch axis, over all feeds)."""
-
-    output_name: str
-    """The output compared."""
-
-    top1_agreement: float | None
-    """Fraction of samples whose arg-max class is the same as fp32's; None when the
-    output has one value per sample (not classifier-like)."""
-
-    max_abs_error: float
-    """Largest |converted - fp32| over all output elements."""
-
-    mean_abs_error: float
-    """Mean |converted - fp32| over all output elements."""
 
 
 @dataclass(frozen=True)
 class QuantizeReport:
     """What was done to a model and what it cost. JSON round-trips exactly."""
 
-    kind: Literal["int8_qdq", "fp16"]
-    """INT8 static QDQ, or float16."""
+    kind: Literal["int8_qdq", "fp16", "already_quantized"]
+    """INT8 static QDQ, float16, or a model quantised already and returned unchanged."""
 
     method: str | None
-    """Calibration method for INT8 ('minmax', 'entropy', 'percentile'); None for fp16."""
+    """Calibration method for INT8 ('minmax', 'entropy', 'percentile'); None otherwise."""
 
     per_channel: bool
-    """Per-output-channel weight scales (INT8 only)."""
+    """Per-output-channel weight scales (INT8 only; False when nothing was done)."""
 
     folded_constants: bool
     """Whether constant sub-graphs were folded into initializers first (see the
@@ -125,10 +118,13 @@ class QuantizeReport:
     """Serialized size of the converted model."""
 
     calibration: AccuracyStats | None
-    """Accuracy against fp32 on the calibration data (INT8), or None."""
+    """Agreement with fp32 on the calibration data (INT8), or None."""
 
     evaluation: AccuracyStats | None
-    """Accuracy against fp32 on the held-out eval data, when given."""
+    """Agreement with fp32 on the held-out eval data, when given."""
+
+    note: str | None = None
+    """Why the model was left as it was (``already_quantized``), or None."""
 
     @property
     def size_ratio(self) -> float:
@@ -140,10 +136,12 @@ class QuantizeReport:
 
     @classmethod
     def from_json(cls, text: str) -> QuantizeReport:
+        """Reads :meth:`to_json`'s output, and reports stored before the per-output
+        agreement (see :meth:`AccuracyStats.from_dict`)."""
         data = json.loads(text)
         for key in ("calibration", "evaluation"):
             if data[key] is not None:
-                data[key] = AccuracyStats(**data[key])
+                data[key] = AccuracyStats.from_dict(data[key])
         return cls(**data)
 
 
@@ -170,7 +168,7 @@ def quantize(
     calibration_data: CalibrationData,
     *,
     method: Method = "minmax",
-    per_channel: bool = False,
+    per_channel: bool = True,
     eval_data: CalibrationData | None = None,
     activation_type: Literal["uint8", "int8"] = "uint8",
     weight_type: Literal["int8", "uint8"] = "int8",
@@ -181,6 +179,7 @@ def quantize(
     nodes_to_exclude: Sequence[str] = (),
     fold_constants: bool | None = None,
     output_name: str | None = None,
+    metrics: Mapping[str, str] | None = None,
 ) -> QuantizeResult:
     """Post-training static INT8 quantisation in QDQ format.
 
@@ -190,8 +189,12 @@ def quantize(
     to report accuracy on. ``activation_type='uint8'`` with ``weight_type='int8'`` is
     ONNX Runtime's advice for x86; set ``reduce_range=True`` on x86 CPUs without VNNI
     if accuracy suffers from saturation. ``percentile`` applies to
-    ``method='percentile'``. ``fold_constants`` None folds when needed (see the module
-    note). ``output_name`` picks the output compared (default: the first float one).
+    ``method='percentile'``. ``per_channel=False`` gives each weight one scale (see
+    the module's docstring for why that is not the default). ``fold_constants`` None
+    folds when needed (see the module note). Every tensor output is compared with fp32,
+    or only ``output_name``; ``metrics`` maps output names to a metric of
+    :data:`workers.agreement.METRICS` where the picked one does not fit. A model that is
+    quantised already comes back unchanged, its report's ``note`` saying why.
     """
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -223,12 +226,15 @@ def quantize(
             field_name="calibration_batch_size", value=calibration_batch_size,
         )
     original, label = _load(model)
+    present = quantized_ops(original)
+    if present:
+        return _unchanged(original, label, present)
     prepared, folded = _prepare(original, label, fold_constants)
+    out_names = _compared_outputs(prepared, output_name, metrics, label)
     calib = to_feeds(calibration_data, prepared, calibration_batch_size, label,
                       "calibration_data", equal_runs=method != "minmax")
     evals = (None if eval_data is None
              else to_feeds(eval_data, prepared, calibration_batch_size, label, "eval_data"))
-    out_name = _pick_output(prepared, output_name, label)
 
     calibrate_method = {
         "minmax": CalibrationMethod.MinMax,
@@ -271,9 +277,10 @@ def quantize(
                 "with nodes_to_exclude",
                 stage="quantize", model=label, detail=repr(e),
             ) from e
-    calib_stats = compute_accuracy(prepared, quantized, calib, out_name, label=label)
-    eval_stats = (None if evals is None
-                  else compute_accuracy(prepared, quantized, evals, out_name, label=label))
+    calib_stats = compute_accuracy(prepared, quantized, calib, out_names, metrics=metrics,
+                                   label=label)
+    eval_stats = (None if evals is None else compute_accuracy(
+        prepared, quantized, evals, out_names, metrics=metrics, label=label))
     report = QuantizeReport(
         kind="int8_qdq",
         method=method,
@@ -301,6 +308,7 @@ def to_fp16(
     eval_batch_size: int = 32,
     providers: Sequence[str] = ("CPUExecutionProvider",),
     output_name: str | None = None,
+    metrics: Mapping[str, str] | None = None,
 ) -> QuantizeResult:
     """Converts weights and activations to float16 (for GPUs).
 
@@ -310,7 +318,8 @@ def to_fp16(
     ``op_block_list`` names op types to leave in float32 (the converter's default list
     when None). With ``eval_data`` both models run on ``providers`` and the error is
     reported; ONNX Runtime's CPU provider lacks fp16 kernels for some ops (Conv on
-    x86), for which pass a GPU provider or no eval_data.
+    x86), for which pass a GPU provider or no eval_data. ``output_name`` and ``metrics``
+    are as for :func:`quantize`.
     """
     try:
         from onnxconverter_common import float16 as _f16
@@ -319,9 +328,9 @@ def to_fp16(
 
     original, label = _load(model)
     prepared, folded = _prepare(original, label, fold_constants)
+    out_names = _compared_outputs(prepared, output_name, metrics, label)
     evals = (None if eval_data is None
              else to_feeds(eval_data, prepared, eval_batch_size, label, "eval_data"))
-    out_name = _pick_output(prepared, output_name, label)
     try:
         kwargs: dict[str, Any] = {"keep_io_types": keep_io_types}
         if op_block_list is not None:
@@ -338,7 +347,8 @@ def to_fp16(
             stage="fp16", model=label, detail=repr(e),
         ) from e
     eval_stats = (None if evals is None else compute_accuracy(
-        prepared, converted, evals, out_name, label=label, providers=providers))
+        prepared, converted, evals, out_names, metrics=metrics, label=label,
+        providers=providers))
     report = QuantizeReport(
         kind="fp16",
         method=None,
@@ -370,151 +380,72 @@ def compute_accuracy(
     reference: onnx.ModelProto,
     candidate: onnx.ModelProto,
     feeds: Feeds,
-    output_name: str,
+    output_names: str | Sequence[str] | None = None,
     *,
+    metrics: Mapping[str, str] | None = None,
     label: str = "model",
     providers: Sequence[str] = ("CPUExecutionProvider",),
 ) -> AccuracyStats:
-    """Runs both models on ``feeds`` and compares ``output_name`` (see AccuracyStats)."""
-    ref = _run_all(reference, feeds, output_name, label, providers)
-    new = _run_all(candidate, feeds, output_name, label, providers)
-    ref = ref.astype(np.float64).reshape(ref.shape[0], -1)
-    new = new.astype(np.float64).reshape(new.shape[0], -1)
-    diff = np.abs(new - ref)
-    top1 = None
-    if ref.shape[1] > 1:
-        top1 = float(np.mean(ref.argmax(axis=1) == new.argmax(axis=1)))
-    return AccuracyStats(
-        num_samples=int(ref.shape[0]),
-        output_name=output_name,
-        top1_agreement=top1,
-        max_abs_error=float(diff.max()) if diff.size else 0.0,
-        mean_abs_error=float(diff.mean()) if diff.size else 0.0,
-    )
+    """Runs both models on ``feeds`` and compares each of ``output_names`` (every
+    tensor output when None) in the metric that fits it, or the one ``metrics`` names
+    (see :mod:`workers.agreement`)."""
+    if isinstance(output_names, str):
+        output_names = [output_names]
+    names = list(output_names) if output_names is not None else _compared_outputs(
+        reference, None, metrics, label)
+    ref = _run_all(reference, feeds, names, label, providers)
+    new = _run_all(candidate, feeds, names, label, providers)
+    metrics = metrics or {}
+    entries = [measure_output(n, ref[n], new[n], metric=metrics.get(n)) for n in names]
+    return summarize(entries, num_samples=_num_samples(feeds))
 
 
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _load(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, str]:
-    if isinstance(model, onnx.ModelProto):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return copy, model.graph.name or "<ModelProto>"
-    if not isinstance(model, (str, os.PathLike)):
-        raise QuantizeConfigError(
-            f"model is a {type(model).__name__}; pass an onnx.ModelProto or the path of "
-            "an .onnx file",
-            field_name="model", value=type(model).__name__,
-        )
-    path = os.fspath(model)
-    if not os.path.isfile(path):
-        raise QuantizeModelError(
-            f"model file {path!r} does not exist; pass the path of an .onnx file",
-            stage="load", model=path,
-        )
-    try:
-        loaded = onnx.load_model(path)
-    except Exception as e:
-        raise QuantizeModelError(
-            f"{path!r} is not a readable ONNX model ({type(e).__name__}: {e}); pass an "
-            ".onnx file saved by onnx.save_model or an exporter",
-            stage="load", model=path, detail=repr(e),
-        ) from e
-    if not loaded.graph.node:
-        raise QuantizeModelError(
-            f"{path!r} parsed as an ONNX model with no nodes, so it is not one; pass an "
-            ".onnx file saved by onnx.save_model or an exporter",
-            stage="load", model=path,
-        )
-    return loaded, path
+def _unchanged(model: onnx.ModelProto, label: str, present: Mapping[str, int]) -> QuantizeResult:
+    """The result for a model that holds quantised ops already: the model as given."""
+    ops = ", ".join(f"{op} x{k}" for op, k in sorted(present.items()))
+    note = (f"{label} is quantised already ({ops}); returned unchanged, because quantising "
+            "it again would quantise its dequantised weights a second time. Quantise the "
+            "float model instead to choose the settings")
+    size = model.ByteSize()
+    report = QuantizeReport(
+        kind="already_quantized", method=None, per_channel=False, folded_constants=False,
+        opset_before=_opset(model), opset_after=_opset(model), size_original_bytes=size,
+        size_fp32_bytes=size, size_after_bytes=size, calibration=None, evaluation=None,
+        note=note,
+    )
+    logger.warning("%s", note)
+    return QuantizeResult(model=model, report=report)
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 0
+_NUMPY_ELEM_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL,
+})
 
 
-def _needs_folding(model: onnx.ModelProto) -> bool:
-    """True when some node computes from constants alone (ConstantOfShape weights,
-    Constant nodes): the quantiser would not see those tensors as weights."""
-    const = {t.name for t in model.graph.initializer}
-    for node in model.graph.node:  # nodes are topologically sorted in valid ONNX
-        if node.op_type == "Constant":
-            return True
-        if node.input and all(i in const or not i for i in node.input):
-            return True
-    return False
-
-
-def _tidy_inputs(model: onnx.ModelProto) -> None:
-    """Drops graph inputs that are initializers or unused (IR 3 listed every weight as
-    an input; folding leaves the shape inputs dangling). Both confuse the fp16
-    converter and make initializers overridable."""
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    inits = {t.name for t in model.graph.initializer}
-    keep = [i for i in model.graph.input if i.name not in inits and i.name in used]
-    if len(keep) != len(model.graph.input):
-        del model.graph.input[:]
-        model.graph.input.extend(keep)
-        # IR 4 is the version from which initializers need not be inputs.
-        model.ir_version = max(model.ir_version, 4)
-    # ONNX Runtime's optimiser declares every domain it knows; keep the ones used.
-    used_domains = {n.domain for n in model.graph.node} | {""}
-    keep_opsets = [o for o in model.opset_import if o.domain in used_domains or o.domain == "ai.onnx"]
-    if len(keep_opsets) != len(model.opset_import):
-        del model.opset_import[:]
-        model.opset_import.extend(keep_opsets)
-
-
-def _prepare(
-    model: onnx.ModelProto, label: str, fold_constants: bool | None
-) -> tuple[onnx.ModelProto, bool]:
-    """Folds constants if needed, tidies inputs and brings the opset to 13 or later
-    (see the module note). Returns the fp32 baseline and whether it was folded."""
-    fold = _needs_folding(model) if fold_constants is None else fold_constants
-    if fold:
-        model = _fold_with_ort(model, label)
-    _tidy_inputs(model)
-    if _opset(model) < _MIN_QDQ_OPSET:
-        try:
-            model = onnx.version_converter.convert_version(model, _MIN_QDQ_OPSET)
-        except Exception as e:
-            raise QuantizeModelError(
-                f"converting {label} from opset {_opset(model)} to {_MIN_QDQ_OPSET} failed: "
-                f"{e}; export the model at opset >= {_MIN_QDQ_OPSET}",
-                stage="fold", model=label, detail=repr(e),
-            ) from e
-    return model, fold
-
-
-def _fold_with_ort(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
-    with tempfile.TemporaryDirectory(prefix="splitinfer-fold-") as tmp:
-        out = os.path.join(tmp, "folded.onnx")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = out
-        options.log_severity_level = 3  # the unused-initializer warnings are expected
-        try:
-            ort.InferenceSession(model.SerializeToString(), options,
-                                 providers=["CPUExecutionProvider"])
-            folded = onnx.load_model(out)
-        except Exception as e:
-            raise QuantizeModelError(
-                f"constant folding of {label} with ONNX Runtime's basic optimisations failed: "
-                f"{e}; check that the model loads in ONNX Runtime, or pass "
-                "fold_constants=False if its weights are initializers already",
-                stage="fold", model=label, detail=repr(e),
-            ) from e
-    logger.info("folded constants of %s: %d -> %d nodes, %d initializers", label,
-                len(model.graph.node), len(folded.graph.node), len(folded.graph.initializer))
-    return folded
-
-
-def _pick_output(model: onnx.ModelProto, output_name: str | None, label: str) -> str:
+def _compared_outputs(model: onnx.ModelProto, output_name: str | None,
+                      metrics: Mapping[str, str] | None, label: str) -> list[str]:
+    """The outputs to compare: ``output_name``, or every numeric tensor output (a
+    sequence or map output, as scikit-learn's ZipMap gives, is left out)."""
     outputs = [o.name for o in model.graph.output]
+    for name, metric in (metrics or {}).items():
+        if name not in outputs:
+            raise QuantizeConfigError(
+                f"metrics names output {name!r}, which {label} does not have; its outputs "
+                f"are {outputs}",
+                field_name="metrics", value=name,
+            )
+        if metric not in METRICS:
+            raise QuantizeConfigError(
+                f"metrics[{name!r}]={metric!r} is not one of {METRICS}",
+                field_name="metrics", value=metric,
+            )
     if output_name is not None:
         if output_name not in outputs:
             raise QuantizeConfigError(
@@ -522,32 +453,44 @@ def _pick_output(model: onnx.ModelProto, output_name: str | None, label: str) ->
                 f"{outputs}",
                 field_name="output_name", value=output_name,
             )
-        return output_name
-    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
-    for o in model.graph.output:
-        if o.type.tensor_type.elem_type in floats:
-            return o.name
-    raise QuantizeConfigError(
-        f"{label} has no float output to compare (outputs {outputs}); quantisation needs "
-        "a float model",
-        field_name="output_name", value=None,
-    )
+        return [output_name]
+    tensors = [o.name for o in model.graph.output
+               if o.type.HasField("tensor_type")
+               and o.type.tensor_type.elem_type in _NUMPY_ELEM_TYPES]
+    if not tensors:
+        raise QuantizeConfigError(
+            f"{label} has no tensor output to compare (outputs {outputs}); give "
+            "output_name, or convert a model whose outputs are tensors",
+            field_name="output_name", value=None,
+        )
+    return tensors
+
+
+def _num_samples(feeds: Feeds) -> int:
+    """Rows along the batch axis over all runs: the first axis of each run's first
+    input of rank 1 or more (a run of scalars is one sample)."""
+    total = 0
+    for feed in feeds:
+        ranked = [a for a in feed.values() if np.ndim(a) >= 1]
+        total += len(ranked[0]) if ranked else 1
+    return total
 
 
 def _run_all(
-    model: onnx.ModelProto, feeds: Feeds, output_name: str, label: str,
+    model: onnx.ModelProto, feeds: Feeds, output_names: Sequence[str], label: str,
     providers: Sequence[str],
-) -> np.ndarray:
+) -> dict[str, list[np.ndarray]]:
+    """Each output's array per run."""
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         session = ort.InferenceSession(model.SerializeToString(), options,
                                        providers=list(providers))
-        outs = [session.run([output_name], feed)[0] for feed in feeds]
+        runs = [session.run(list(output_names), feed) for feed in feeds]
     except Exception as e:
         raise QuantizeModelError(
             f"running {label} on {list(providers)} to measure accuracy failed: {e}; "
             "if a kernel is missing (fp16 on CPU), evaluate on a GPU provider",
             stage="evaluate", model=label, detail=repr(e),
         ) from e
-    return np.concatenate(outs, axis=0)
+    return {name: [np.asarray(run[k]) for run in runs] for k, name in enumerate(output_names)}

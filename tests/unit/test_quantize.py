@@ -8,9 +8,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from workers.errors import WorkerError
+from workers.agreement import summarize
 from workers.quantize import (
-    AccuracyStats,
     CalibrationDataError,
+    OutputAgreement,
     QuantizeConfigError,
     QuantizeModelError,
     QuantizeReport,
@@ -73,10 +74,15 @@ def test_int8_qdq_reports_accuracy_and_size():
     assert not report.folded_constants
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in result.model.graph.node}
     assert {"W1", "W2"} <= _quantized_weights(result.model)  # stored as 8-bit
-    assert report.size_after_bytes < report.size_fp32_bytes
     assert report.calibration.num_samples == 64 and report.evaluation.num_samples == 64
-    assert report.evaluation.top1_agreement >= 0.9
-    assert 0.0 <= report.evaluation.mean_abs_error <= report.evaluation.max_abs_error < 0.2
+    [y] = report.evaluation.outputs
+    assert y.output_name == "Y" and y.metric == "top1" and y.value >= 0.9
+    assert report.evaluation.worst_output == "Y" and report.evaluation.agreement == y.value
+    assert 0.0 <= y.mean_abs_error <= y.max_abs_error < 0.2
+    # Per-tensor scales cost one number per weight: even this tiny model shrinks.
+    per_tensor = quantize(_mlp(), _data(64), per_channel=False).report
+    assert not per_tensor.per_channel
+    assert per_tensor.size_after_bytes < per_tensor.size_fp32_bytes
 
 
 def test_constant_of_shape_weights_are_folded_before_quantising():
@@ -107,8 +113,9 @@ def test_fp16_runs_on_cpu_and_keeps_io_float32():
     assert any(t.data_type == TensorProto.FLOAT16 for t in model.graph.initializer)
     stats = result.report.evaluation
     assert result.report.kind == "fp16" and result.report.calibration is None
-    assert stats.num_samples == 50 and stats.top1_agreement == 1.0
-    assert 0.0 < stats.max_abs_error < 1e-2
+    assert stats.num_samples == 50 and stats.agreement == 1.0
+    assert stats.output("Y").metric == "top1"
+    assert 0.0 < stats.output("Y").max_abs_error < 1e-2
     assert result.report.size_ratio < 0.7
 
 
@@ -132,8 +139,9 @@ def test_calibration_data_forms():
 def test_report_json_round_trip():
     report = quantize(_mlp(), _data(20), eval_data=_data(10)).report
     assert QuantizeReport.from_json(report.to_json()) == report
-    stats = AccuracyStats(num_samples=3, output_name="y", top1_agreement=None,
-                          max_abs_error=0.5, mean_abs_error=0.25)
+    stats = summarize([OutputAgreement(output_name="y", metric="rel_l2", value=0.5,
+                                       agreement=0.5, threshold=None, num_samples=3,
+                                       max_abs_error=0.5, mean_abs_error=0.25)], num_samples=3)
     fp16 = QuantizeReport(kind="fp16", method=None, per_channel=False, folded_constants=False,
                           opset_before=9, opset_after=13, size_original_bytes=10,
                           size_fp32_bytes=100, size_after_bytes=50, calibration=None,
