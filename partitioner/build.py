@@ -21,6 +21,13 @@ carry the constants it needs, so grouping goes in three steps:
 
 Layers are then topologically sorted (fusion can make a layer read from a layer created
 after it) and numbered in that order.
+
+Every step reads a node's inputs *and* the outer-scope names its subgraphs read
+(`node_reads`, [Note: outer-scope reads] in partitioner/subgraphs.py). An If, Loop or
+Scan node is therefore one layer whose dependencies include what its branches and body
+read; cuts never enter a subgraph, since layers are made of top-level nodes only. Its
+parameters include the weights its subgraphs hold, and its FLOPs follow
+[Note: control-flow FLOPs] in partitioner/flops.py.
 """
 
 from __future__ import annotations
@@ -32,13 +39,17 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, shape_inference
+from onnx import helper, numpy_helper, shape_inference
 
 from partitioner.errors import PartitionError
 from partitioner.flops import node_flops
 from partitioner.graph import BATCH, Layer, LayerGraph, TensorInfo
+from partitioner.subgraphs import node_reads, subgraph_ops, subgraph_outer_reads, subgraph_weight_bytes
 
-__all__ = ["load_model", "build_graph", "node_names", "strip_weights", "FUSABLE_OPS"]
+__all__ = [
+    "load_model", "build_graph", "node_names", "strip_weights", "node_reads", "subgraph_outer_reads",
+    "FUSABLE_OPS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -164,16 +175,20 @@ def strip_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _toposort(model: onnx.ModelProto, known: set[str], name: str) -> list[int]:
-    """Node indices in a topological order (the file's own order where it is one)."""
+    """Node indices in a topological order (the file's own order where it is one).
+
+    A node depends on the producers of its inputs and of what its subgraphs read.
+    """
     graph = model.graph
     producer: dict[str, int] = {}
     for i, n in enumerate(graph.node):
         for o in n.output:
             if o:
                 producer[o] = i
+    reads = [node_reads(n) for n in graph.node]
     deps: list[set[int]] = []
-    for n in graph.node:
-        deps.append({producer[x] for x in n.input if x and x in producer})
+    for r in reads:
+        deps.append({producer[x] for x in r if x in producer})
     order: list[int] = []
     state = [0] * len(graph.node)  # 0 new, 1 on stack, 2 done
     for root in range(len(graph.node)):
@@ -198,8 +213,8 @@ def _toposort(model: onnx.ModelProto, known: set[str], name: str) -> list[int]:
                 state[nxt] = 1
                 stack.append((nxt, iter(sorted(deps[nxt]))))
     for i, n in enumerate(graph.node):
-        for x in n.input:
-            if x and x not in producer and x not in known:
+        for x in reads[i]:
+            if x not in producer and x not in known:
                 raise PartitionError(
                     f"node {n.name or i} ({n.op_type}) of {name} reads {x!r}, which no "
                     "node, input or initializer defines; the model is malformed",
@@ -228,6 +243,7 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
     known = set(inits) | {i.name for i in g.input}
     order = _toposort(model, known, name)
     names = node_names(model)
+    reads = [node_reads(n) for n in g.node]
 
     inferred = _infer(model, name)
     vinfo: dict[str, onnx.ValueInfoProto] = {}
@@ -245,16 +261,16 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
     first_shape = shape(inputs[0])
     batch: int | str = first_shape[0] if first_shape else 1
 
-    # 1. constants
+    # 1. constants (a node with subgraphs only when they too read constants, deterministically)
     const_tensors = set(inits)
     const_nodes: set[int] = set()
     for i in order:
         n = g.node[i]
         if n.op_type in _NONDETERMINISTIC or n.domain not in ("", "ai.onnx"):
             continue
-        if all((not x) or x in const_tensors for x in n.input) and not any(
-            x in inputs for x in n.input
-        ):
+        if any(op in _NONDETERMINISTIC or dom not in ("", "ai.onnx") for dom, op in subgraph_ops(n)):
+            continue
+        if all(x in const_tensors for x in reads[i]) and not any(x in inputs for x in reads[i]):
             const_nodes.add(i)
             const_tensors.update(o for o in n.output if o)
 
@@ -267,8 +283,8 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
                 producer[o] = i
         if i in const_nodes:
             continue
-        for x in n.input:
-            if x and x not in const_tensors and i not in consumers[x]:
+        for x in reads[i]:
+            if x not in const_tensors and i not in consumers[x]:
                 consumers[x].append(i)
 
     # 2. fusion into layers (node index lists)
@@ -282,7 +298,7 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
         n = g.node[i]
         target = None
         if n.op_type in FUSABLE_OPS:
-            prods = [producer[x] for x in n.input if x in producer and x not in const_tensors]
+            prods = [producer[x] for x in reads[i] if x in producer and x not in const_tensors]
             if prods:
                 p = max(prods, key=pos.__getitem__)
                 lid = layer_of[p]
@@ -301,7 +317,7 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
     lpreds: list[set[int]] = [set() for _ in members]
     for lid, nodes in enumerate(members):
         for i in nodes:
-            for x in g.node[i].input:
+            for x in reads[i]:
                 if x in producer and producer[x] not in const_nodes:
                     q = layer_of[producer[x]]
                     if q != lid:
@@ -370,13 +386,13 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
 
     def const_closure(nodes: Sequence[int]) -> list[int]:
         need: set[int] = set()
-        stack = [producer[x] for i in nodes for x in g.node[i].input if x in producer and producer[x] in const_nodes]
+        stack = [producer[x] for i in nodes for x in reads[i] if x in producer and producer[x] in const_nodes]
         while stack:
             j = stack.pop()
             if j in need:
                 continue
             need.add(j)
-            stack.extend(producer[x] for x in g.node[j].input if x in producer and producer[x] in const_nodes)
+            stack.extend(producer[x] for x in reads[j] if x in producer and producer[x] in const_nodes)
         return sorted(need, key=pos.__getitem__)
 
     def nbytes_of(t: str) -> int:
@@ -388,12 +404,34 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
             return 0
         return int(np.prod(shp, dtype=np.int64)) * _itemsize(dtype(t))
 
+    # Subgraphs carry their own shapes only in the inferred copy of the model.
+    inferred_nodes = inferred.graph.node
+
+    def shaped_node(i: int) -> onnx.NodeProto:
+        if len(inferred_nodes) == len(g.node) and inferred_nodes[i].op_type == g.node[i].op_type:
+            return inferred_nodes[i]
+        return g.node[i]
+
+    constant_of = {n.output[0]: n for n in g.node if n.op_type == "Constant" and n.output and n.domain in ("", "ai.onnx")}
+
+    def const_value(t: str) -> np.ndarray | None:
+        """The value of an initializer or a Constant node's output (a Loop's trip count)."""
+        try:
+            if t in inits:
+                return numpy_helper.to_array(inits[t])
+            if t in constant_of and constant_of[t].attribute:
+                v = helper.get_attribute_value(constant_of[t].attribute[0])
+                return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+        except Exception:  # external data not loaded here, or a sparse value
+            return None
+        return None
+
     layers = []
     for lid, nodes in enumerate(members):
-        params = {x for i in nodes for x in g.node[i].input if x and x in const_tensors}
+        params = {x for i in nodes for x in reads[i] if x in const_tensors}
         flops: int | None = 0
         for i in nodes:
-            f = node_flops(g.node[i], shape, batch)
+            f = node_flops(shaped_node(i), shape, batch, const_value)
             flops = None if f is None or flops is None else flops + f
         layers.append(
             Layer(
@@ -402,7 +440,7 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
                 nodes=tuple(names[i] for i in nodes),
                 ops=tuple(g.node[i].op_type for i in nodes),
                 flops=flops,
-                param_bytes=sum(nbytes_of(x) for x in params),
+                param_bytes=sum(nbytes_of(x) for x in params) + sum(subgraph_weight_bytes(g.node[i]) for i in nodes),
                 inputs=tuple(layer_in[lid]),
                 outputs=tuple(layer_out[lid]),
                 const_nodes=tuple(names[j] for j in const_closure(nodes)),

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from partitioner.build import _toposort, build_graph, node_names, strip_weights
+from partitioner.build import _toposort, build_graph, node_names, node_reads, strip_weights
 from partitioner.cuts import Cut, boundary, make_cut, tier_layers
 from partitioner.errors import PartitionError
 from partitioner.graph import LayerGraph
@@ -89,7 +89,7 @@ class _Source:
         for name in wanted_nodes:
             seen.add(name)
         nodes = [self.node_by_name[n] for n in sorted(seen, key=self.position.__getitem__)]
-        used = {x for n in nodes for x in n.input if x}
+        used = {x for n in nodes for x in node_reads(n)}  # subgraphs read outer initializers by name
         inits = [self.init_by_name[x] for x in sorted(used) if x in self.init_by_name]
         graph_inputs = [self._vi(x) for x in inputs]
         if self.model.ir_version < 4:
