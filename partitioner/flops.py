@@ -103,7 +103,7 @@ def node_flops(node: onnx.NodeProto, shape: ShapeFn, batch: int | str, value: Va
         w = ins[3] if op == "QLinearConv" else ins[1]
         if out is None or w is None or len(w) < 2:
             return None
-        group = int(_attr(node, "group", 1))  # type: ignore[arg-type]
+        # groups need no term of their own: w[1] is already C_in / group
         if op == "ConvTranspose":
             x = ins[0]
             if x is None:
@@ -114,7 +114,6 @@ def node_flops(node: onnx.NodeProto, shape: ShapeFn, batch: int | str, value: Va
         flops = 2 * prod(out) * cin_per_group * prod(w[2:])
         if op == "Conv" and len(node.input) > 2 and node.input[2]:
             flops += prod(out)
-        del group  # group is folded into w[1] (= C_in / group)
         return flops
     if op == "Gemm":
         a = ins[0]
