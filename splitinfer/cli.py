@@ -11,12 +11,14 @@ import difflib
 import importlib
 import importlib.util
 import logging
+import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
-__all__ = ["main", "Terminated", "check_extras", "extras_hint", "missing_extra_hint", "COMMANDS", "EXTRA_OF_MODULE"]
+__all__ = ["main", "Terminated", "check_extras", "extras_hint", "missing_extra_hint", "ort_failure",
+           "COMMANDS", "EXTRA_OF_MODULE"]
 
 # name -> (module, function, one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -100,6 +102,40 @@ def missing_extra_hint(error: BaseException) -> str | None:
     return None
 
 
+# "[ONNXRuntimeError] : 10 : INVALID_GRAPH : Load model ... failed: ..."
+_ORT_MESSAGE = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*(\w+)\s*:\s*(.*)$", re.DOTALL)
+
+
+def _is_ort_error(error: BaseException) -> bool:
+    # ONNX Runtime's exception types (Fail, InvalidGraph, ...) are not public: they live
+    # in its compiled module, so they are known by that module or by their message.
+    return (type(error).__module__.split(".")[0] == "onnxruntime"
+            or str(error).startswith("[ONNXRuntimeError]"))
+
+
+def ort_failure(error: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for an ONNX Runtime failure, or for an error raised from one
+    (``raise ... from``): "ONNX Runtime 1.x failed on MODEL: INVALID_GRAPH: ...", naming
+    the first ``.onnx`` argument of ``argv`` as the model. None for any other error."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen and not _is_ort_error(e):
+        seen.add(id(e))
+        e = e.__cause__
+    if e is None or id(e) in seen:
+        return None
+    text = str(e)
+    match = _ORT_MESSAGE.match(text)
+    if match:
+        text = f"{match.group(1)}: {match.group(2)}"
+    text = " ".join(text.split()) or type(e).__name__
+    loaded = sys.modules.get("onnxruntime")
+    runtime = " ".join(["ONNX Runtime", getattr(loaded, "__version__", "")]).strip()
+    models = [a.split("=", 1)[-1] for a in argv if a.lower().endswith(".onnx")]
+    where = f" on {models[0]}" if models else ""
+    return f"{runtime} failed{where}: {text}"
+
+
 def check_extras(modules: Sequence[str]) -> str | None:
     """The `extras_hint` for those of ``modules`` that are not installed, or None when all
     are: for a command that needs them late (after minutes of work) to say so at once."""
@@ -148,10 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"splitinfer {name}: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # only the project's own errors are turned into one line
-        if type(e).__module__.split(".")[0] not in _OUR_PACKAGES:
+    except Exception as e:  # the project's own errors and ONNX Runtime's become one line
+        if type(e).__module__.split(".")[0] in _OUR_PACKAGES:
+            print(f"splitinfer {name}: error: {e}", file=sys.stderr)
+            return 2
+        ort_line = ort_failure(e, rest)
+        if ort_line is None:
             raise
-        print(f"splitinfer {name}: error: {e}", file=sys.stderr)
+        print(f"splitinfer {name}: error: {ort_line}", file=sys.stderr)
         return 2
     finally:
         if on_main:
