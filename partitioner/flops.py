@@ -234,7 +234,9 @@ def graph_flops(graph: onnx.GraphProto, outer_shape: ShapeFn, batch: int | str, 
         if t in inits:
             return tuple(int(d) for d in inits[t].dims)
         if t in local:
-            return _declared_shape(local[t])
+            dims = _declared_shape(local[t])
+            # a symbolic batch counts 1 wherever it sits (an RNN state is [layers, N, hidden])
+            return None if dims is None else tuple(1 if d == batch and isinstance(d, str) else d for d in dims)
         return outer_shape(t)
 
     defined = set(local) | {o for n in graph.node for o in n.output}

@@ -286,3 +286,15 @@ def test_profile_measures_every_layer_of_a_model_with_control_flow(caplog: pytes
         m = measure(model, g, threads=1, warmup=1, runs=2, progress=False)
     assert set(m.profile.layers) == set(range(len(g)))
     assert m.profile.layers[_layer(g, "loop")].ms > 0
+
+
+def test_subgraph_flops_count_a_symbolic_batch_as_one_wherever_it_sits() -> None:
+    from partitioner.flops import graph_flops
+
+    body = helper.make_graph(
+        [helper.make_node("Tanh", ["s"], ["t"])], "cell",
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, "batch", 4])],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, "batch", 4])],
+    )
+    assert graph_flops(body, lambda t: None, "batch") == 4 * 2 * 4
+    assert graph_flops(body, lambda t: None, "other") is None  # an unknown symbol stays unknown
