@@ -103,14 +103,15 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """An input or output of the segment; ``shape[0]`` is ``None`` when batching is dynamic."""
+    """An input or output of the segment; ``shape[0]`` is ``None`` when batching is dynamic,
+    and any other dim is ``None`` where the model leaves it symbolic (any size)."""
 
     name: str
     dtype: str
     shape: tuple[int | None, ...]
 
     def describe(self, max_batch: int | None = None) -> str:
-        dims = ["N" if d is None else str(d) for d in self.shape]
+        dims = [("N" if i == 0 else "*") if d is None else str(d) for i, d in enumerate(self.shape)]
         text = f"{self.dtype}[{','.join(dims)}]"
         return text + (f" with N in 1..{max_batch}" if self.shape and self.shape[0] is None and max_batch else "")
 

@@ -71,6 +71,14 @@ def register_error_pickling() -> None:
 register_error_pickling()
 
 
+
+def _shape_key(hosted: "_Hosted", inputs: Mapping[str, np.ndarray]) -> tuple | None:
+    """The batcher's shape_key: requests of different per-sample shapes never share a batch
+    of a segment with symbolic dims ([Note: any shape] in workers/engine.py); None otherwise."""
+    if not hosted.engine.any_shape:
+        return None
+    return tuple(sorted((k, v.shape[1:]) for k, v in inputs.items()))
+
 class _Hosted:
     """One segment in a worker: its engines, its batcher and its counters.
 
@@ -315,7 +323,8 @@ class SegmentHost:
         hosted = self._get(key)
         _, deadline_s = self._admit(hosted, inputs, deadline_unix_ms, budget_ms)
         try:
-            out = await hosted.batcher.submit(inputs, deadline_s=deadline_s, priority=priority)
+            out = await hosted.batcher.submit(inputs, deadline_s=deadline_s, priority=priority,
+                                              shape_key=_shape_key(hosted, inputs))
         except Exception:
             hosted.failed += 1
             raise
@@ -447,7 +456,8 @@ class SegmentHost:
                 results[i] = e
                 continue
             try:
-                queued.append((i, hosted.batcher.enqueue(inputs, deadline_s=deadline_s, priority=p)))
+                queued.append((i, hosted.batcher.enqueue(inputs, deadline_s=deadline_s, priority=p,
+                                                         shape_key=_shape_key(hosted, inputs))))
             except Exception as e:  # noqa: BLE001
                 hosted.failed += 1
                 results[i] = e

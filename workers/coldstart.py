@@ -24,8 +24,10 @@ Building one (:func:`load_or_build_artefact`) runs these steps, each a small fun
    large initializers move to a weights file;
 5. ONNX Runtime optimises the graph (fusions, constant folding and, at level ``all``,
    NCHWc weight layouts) and saves it; the weights are re-laid out aligned;
-6. the batch check: a batch of N must equal N runs of batch 1. If it does not, the
-   artefact is rebuilt without step 3 and records why.
+6. the batch check: a batch of N must equal N runs of batch 1, on the segment's sample
+   inputs where it has some (real data: a classifier's 0/1 dummy masks differed by
+   more than the tolerance where its real bytes agreed to 1.2e-7). If it does not,
+   the artefact is rebuilt without step 3 and records why.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +57,7 @@ from workers.rewrite import (
     fuse_transformer,
     looks_like_transformer,
     make_batch_dynamic,
+    shape_feeding_inputs,
     strip_initializer_inputs,
 )
 
@@ -63,11 +66,13 @@ __all__ = [
     "BATCH_DIM",
     "check_batching",
     "compute_artefact_key",
+    "digest_samples",
     "externalise_weights",
     "fuse_transformer",
     "load_or_build_artefact",
     "looks_like_transformer",
     "make_batch_dynamic",
+    "make_batch_feed",
     "random_feed",
     "strip_initializer_inputs",
 ]
@@ -131,16 +136,29 @@ def compute_artefact_key(
     dynamic_batch: bool,
     batch_check_size: int,
     transformer_fusion: bool,
+    samples_digest: str = "",
 ) -> str:
-    """Cache key of an artefact (hex, 32 characters)."""
+    """Cache key of an artefact (hex, 32 characters). ``samples_digest``: of the sample
+    inputs the batch check runs on (:func:`digest_samples`); empty for random ones."""
     h = hashlib.sha256()
     h.update(model_bytes)
     facts = (
         f"v{_FORMAT_VERSION}|ort={ort.__version__}|onnx={onnx.__version__}|ep={provider}|opt={opt_level}"
         f"|dyn={dynamic_batch}|check={batch_check_size}|tf={transformer_fusion}|host={host_fingerprint()}"
+        + (f"|samples={samples_digest}" if samples_digest else "")
     )
     h.update(facts.encode())
     return h.hexdigest()[:32]
+
+
+def digest_samples(samples: Mapping[str, np.ndarray]) -> str:
+    """A hash of sample inputs: names, dtypes, shapes and bytes (hex, 16 characters)."""
+    h = hashlib.sha256()
+    for name in sorted(samples):
+        v = np.ascontiguousarray(samples[name])
+        h.update(f"{name}|{v.dtype.str}|{v.shape}|".encode())
+        h.update(v.tobytes())
+    return h.hexdigest()[:16]
 
 
 # -- graph rewrites (pure: ModelProto in, new ModelProto out) --------------------------
@@ -289,12 +307,44 @@ def _random_feed(session: ort.InferenceSession, batch: int, rng: np.random.Gener
     return random_feed(((i.name, np_dtype_of_ort(i.type), i.shape) for i in session.get_inputs()), batch, rng)
 
 
-def check_batching(session: ort.InferenceSession, batch: int, *, rtol: float = 1e-4, atol: float = 1e-5) -> str:
-    """Run one batch of ``batch`` random samples against ``batch`` runs of one each.
+def make_batch_feed(samples: Mapping[str, np.ndarray], batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``batch`` rows made from real sample inputs: their own rows first, then copies of
+    them; a copy's floating-point inputs get noise of 1 % of their spread, so that no two
+    rows are equal, while integer inputs (ids, masks, lengths) keep their real values."""
+    rows = min((v.shape[0] for v in samples.values() if np.ndim(v)), default=1)
+    feed = {}
+    for name, value in samples.items():
+        value = np.asarray(value)
+        if not value.ndim:
+            feed[name] = value
+            continue
+        picked = value[[j % rows for j in range(batch)]].copy()
+        if picked.dtype.kind == "f" and batch > rows:
+            spread = float(np.std(value)) or 1.0
+            noise = rng.standard_normal(picked[rows:].shape) * (0.01 * spread)
+            picked[rows:] = (picked[rows:] + noise).astype(picked.dtype)
+        feed[name] = picked
+    return feed
 
-    Returns an empty string when they agree (``np.allclose``), else the reason.
+
+def check_batching(session: ort.InferenceSession, batch: int, *, rtol: float = 1e-4, atol: float = 1e-5,
+                   samples: Mapping[str, np.ndarray] | None = None, shape_inputs: Sequence[str] = ()) -> str:
+    """Run one batch of ``batch`` samples against ``batch`` runs of one each.
+
+    The samples are ``samples`` (real inputs, see :func:`make_batch_feed`) when given,
+    else random ones. Random values are never made for ``shape_inputs`` (integer inputs
+    that set shapes, :func:`workers.rewrite.shape_feeding_inputs`): without samples
+    such a segment is reported unsafe without running. Returns an empty string when
+    they agree (``np.allclose``), else the reason.
     """
-    feed = _random_feed(session, batch, np.random.default_rng(1234))
+    rng = np.random.default_rng(1234)
+    if samples is not None:
+        feed = make_batch_feed(samples, batch, rng)
+    elif shape_inputs:
+        return (f"its integer inputs {', '.join(shape_inputs)} set shapes, and there are no sample inputs to "
+                "check a batch on; give the model sample inputs (model.yaml sample_inputs, or --inputs)")
+    else:
+        feed = _random_feed(session, batch, rng)
     try:
         together = session.run(None, feed)
         apart = [session.run(None, {k: v[j : j + 1] for k, v in feed.items()}) for j in range(batch)]
@@ -372,7 +422,8 @@ def _build_once(
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _checked_reason(model_path: str, providers: list, intra_op_threads: int, batch: int) -> str:
+def _checked_reason(model_path: str, providers: list, intra_op_threads: int, batch: int,
+                    samples: Mapping[str, np.ndarray] | None, shape_inputs: Sequence[str]) -> str:
     weights = acquire_weights(model_path)  # must outlive the session that borrows it
     # fatal only: a batch that does not run is returned as the reason, not logged
     so = make_session_options(
@@ -381,7 +432,7 @@ def _checked_reason(model_path: str, providers: list, intra_op_threads: int, bat
     weights.apply(so)
     session = ort.InferenceSession(model_path, so, providers=providers)
     try:
-        return check_batching(session, batch)
+        return check_batching(session, batch, samples=samples, shape_inputs=shape_inputs)
     finally:
         del session
         del weights
@@ -400,8 +451,12 @@ def load_or_build_artefact(
     transformer_fusion: bool,
     intra_op_threads: int = 0,
     base_dir: str | None = None,
+    samples: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[Artefact, bool]:
     """The artefact for ``key``, built when absent. Returns it and whether it was cached.
+
+    ``samples``: real inputs of the segment that the batch check runs on (the key must
+    then cover them: ``compute_artefact_key(samples_digest=...)``).
 
     Concurrent builders of one key are safe: each builds in a private directory and
     the first to rename it into place wins.
@@ -441,7 +496,8 @@ def load_or_build_artefact(
                 folded, nbytes = _build_once(
                     dyn, chosen, base_dir=base_dir, providers=providers, opt_level=opt_level, intra_op_threads=intra_op_threads
                 )
-                reason = _checked_reason(os.path.join(chosen, "model.onnx"), providers, intra_op_threads, batch_check_size)
+                reason = _checked_reason(os.path.join(chosen, "model.onnx"), providers, intra_op_threads,
+                                         batch_check_size, samples, shape_feeding_inputs(base))
                 batch_safe = not reason
                 if reason:
                     chosen, rewrites = None, ()

@@ -23,6 +23,15 @@ random samples equals N runs of batch 1 (rtol 1e-4, atol 1e-5). Otherwise the en
 keeps the fixed batch, :meth:`Engine.run_batch` raises :class:`BatchingUnsafeError`
 with the reason, and loops over batch-1 runs only if the caller allows it.
 
+[Note: any shape]
+A segment whose inputs or outputs have symbolic dims besides the batch (an image's H
+and W, a sequence length) has no fixed buffers to bind: the engine checks each
+request's rank, dtype and fixed dims, and runs it with ``InferenceSession.run`` at the
+shape it came in. :meth:`Engine.run_batch` stacks only requests of one per-sample shape
+(the batcher groups them so: ``shape_key``). Warm-up runs the segment's sample inputs,
+or nothing: it never invents sizes for symbolic dims, nor values for integer inputs
+that set shapes (``workers.rewrite.shape_feeding_inputs``); it logs what it skipped.
+
 [Note: weight sharing] is in workers/_weights.py. The config, the tensors' specs, the
 stats and the dicts a run takes and gives (``Outputs``, ``PlacedInputs``) are in
 workers/_engine_types.py, which the direct channel (workers/_transport/) shares without
@@ -49,8 +58,9 @@ from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, Pla
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers
 from workers._weights import SharedWeights, acquire_weights
-from workers.coldstart import Artefact, compute_artefact_key, load_or_build_artefact, random_feed
+from workers.coldstart import Artefact, compute_artefact_key, digest_samples, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
+from workers.rewrite import shape_feeding_inputs
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "Outputs", "Place", "PlacedInputs", "TensorSpec"]
 
@@ -130,6 +140,12 @@ def _describe(value: np.ndarray) -> str:
     return f"{value.dtype}[{','.join(map(str, value.shape))}]"
 
 
+def _pin_batch(spec: TensorSpec, batch: int) -> TensorSpec:
+    if not spec.shape or spec.shape[0] is not None:
+        return spec
+    return TensorSpec(spec.name, spec.dtype, (batch,) + spec.shape[1:])
+
+
 def _concrete(shape: tuple[int | None, ...], batch: int) -> tuple[int, ...]:
     return tuple(batch if d is None else d for d in shape)
 
@@ -140,13 +156,18 @@ class Engine:
     ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Construction
     builds or loads the pre-optimised artefact, creates the session, allocates the
     bucket buffers and warms up; it raises :class:`EngineLoadError` on failure.
+    ``sample_inputs``: real inputs of the segment, by name; warm-up and the batch check
+    run on them ([Note: any shape]).
     """
 
-    def __init__(self, model, config: EngineConfig | None = None, *, name: str | None = None) -> None:
+    def __init__(self, model, config: EngineConfig | None = None, *, name: str | None = None,
+                 sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
         t0 = time.perf_counter()
         self.config = cfg = config or EngineConfig()
         proto, identity, base_dir, label = read_model(model)
         self.name = name or label
+        samples = None if sample_inputs is None else {k: np.asarray(v) for k, v in sample_inputs.items()}
+        self._shape_inputs = shape_feeding_inputs(proto)
         cache_dir = cfg.cache_dir or default_cache_dir()
         chosen, providers = select_providers(
             cfg.provider, device_id=cfg.device_id, trt_cache_dir=os.path.join(cache_dir, "tensorrt")
@@ -159,6 +180,7 @@ class Engine:
             dynamic_batch=cfg.dynamic_batch,
             batch_check_size=cfg.batch_check_size,
             transformer_fusion=cfg.transformer_fusion,
+            samples_digest=digest_samples(samples) if samples else "",
         )
         try:
             self.artefact, from_cache = load_or_build_artefact(
@@ -173,6 +195,7 @@ class Engine:
                 transformer_fusion=cfg.transformer_fusion,
                 intra_op_threads=cfg.intra_op_threads,
                 base_dir=base_dir,
+                samples=samples,
             )
         except EngineLoadError as e:
             if e.model is not None:
@@ -184,6 +207,8 @@ class Engine:
         build_ms = 0.0 if from_cache else self.artefact.build_ms
         self._session, self._weights = self._create_session(self.artefact, providers)
         self.inputs, self.outputs = self._specs()
+        self.any_shape = any(d is None for spec in self.inputs + self.outputs for d in spec.shape[1:])
+        """Symbolic dims besides the batch: no fixed buffers, runs at each request's shape ([Note: any shape])."""
         self.batch_safe = self.artefact.batch_safe
         self.batch_reason = self.artefact.batch_reason
         if self.batch_safe:
@@ -191,21 +216,25 @@ class Engine:
         else:
             first = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
             self.buckets = (first or 1,)
-            self.inputs = tuple(TensorSpec(s.name, s.dtype, (self.buckets[0],) + s.shape[1:]) if s.shape else s for s in self.inputs)
-            self.outputs = tuple(TensorSpec(s.name, s.dtype, (self.buckets[0],) + s.shape[1:]) if s.shape else s for s in self.outputs)
+            # Only a symbolic dim 0 is pinned: an input without a batch dim (a shape tensor) keeps its own.
+            self.inputs = tuple(_pin_batch(s, self.buckets[0]) for s in self.inputs)
+            self.outputs = tuple(_pin_batch(s, self.buckets[0]) for s in self.outputs)
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
         self._checked_routes: dict[int, tuple[object, int]] = {}
         """[Note: routes checked once]: id of a route -> (the route, its rows)."""
         device = "cuda" if chosen == "cuda" else "cpu"
-        self._buckets = {b: _Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
+        self._buckets = {} if self.any_shape else {
+            b: _Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
+        self._output_names = [s.name for s in self.outputs]
         self._lock = threading.Lock()
         self._prepared: weakref.WeakSet[_PreparedRun] = weakref.WeakSet()
         """The prepared runs still held by someone ([Note: prepared requests] in workers/_transport/framing.py)."""
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
         tw = time.perf_counter()
-        self._warm_up()
+        self.warmed_up = self._warm_up(samples)
+        """What warm-up ran: 'samples', 'buckets' or 'skipped: <why>' ([Note: any shape])."""
         self._warmup_ms = (time.perf_counter() - tw) * 1e3
         self._from_cache = from_cache
         self._build_ms = build_ms
@@ -247,40 +276,68 @@ class Engine:
             ) from e
 
     def _specs(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        def spec(arg, kind: str) -> TensorSpec:
-            dims = list(arg.shape)
-            for i, d in enumerate(dims[1:], start=1):
-                if not isinstance(d, int):
-                    raise EngineLoadError(
-                        f"{kind} {arg.name!r} of {self.name} has a symbolic dimension {d!r} at position {i}; only "
-                        "dimension 0 (the batch) may be symbolic: fix the others with "
-                        "onnx.tools.update_model_dims.update_inputs_outputs_dims before loading",
-                        model=self.name,
-                        stage="session",
-                    )
-            shape = tuple([None if not dims or not isinstance(dims[0], int) else dims[0]][: len(dims)] + dims[1:])
+        def spec(arg) -> TensorSpec:
+            # A symbolic dim (a name, or None) is None: any size ([Note: any shape]).
+            shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
             return TensorSpec(arg.name, np_dtype_of_ort(arg.type).name, shape)
 
-        ins = tuple(spec(a, "input") for a in self._session.get_inputs())
-        outs = tuple(spec(a, "output") for a in self._session.get_outputs())
+        ins = tuple(spec(a) for a in self._session.get_inputs())
+        outs = tuple(spec(a) for a in self._session.get_outputs())
         return ins, outs
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, samples: Mapping[str, np.ndarray] | None) -> str:
+        """Warm-up runs ([Note: any shape]); returns what ran."""
+        runs = self.config.warmup_runs
+        if not runs:
+            return "skipped: warmup_runs is 0"
+        if samples is not None:
+            rows = max(1, min((v.shape[0] for v in samples.values() if v.ndim), default=1))
+            take = min(rows, self.max_batch)
+            specs = {spec.name: spec for spec in self.inputs}
+
+            def fit(name: str, v: np.ndarray) -> np.ndarray:
+                spec = specs.get(name)
+                if not v.ndim or spec is None or not spec.shape:
+                    return v
+                return v[:take] if spec.shape[0] is None else v[:spec.shape[0]]
+
+            feed = {k: fit(k, v) for k, v in samples.items()}
+            try:
+                self.check(feed)
+            except InputError as e:
+                raise EngineLoadError(f"the sample inputs of {self.name} do not fit it: {e}; give samples of "
+                                      "its inputs' names, dtypes and shapes", model=self.name, stage="warmup") from e
+            for _ in range(runs):
+                self._warm_run(lambda: self.run(feed), take)
+            return "samples"
+        whys = []
+        if self._shape_inputs:
+            whys.append(f"its integer inputs {', '.join(self._shape_inputs)} set shapes")
+        if self.any_shape:
+            whys.append("its inputs or outputs have symbolic dims besides the batch")
+        why = f"{' and '.join(whys)}, and it has no sample inputs to warm up on" if whys else ""
+        if why:
+            logger.info("engine %s: warm-up skipped: %s; the first request pays the first-run costs", self.name, why)
+            return f"skipped: {why}"
         sizes = self.buckets if self.config.warmup_all_buckets else self.buckets[:1]
         for k, size in enumerate(sizes):
             bucket = self._buckets[size]
-            for _ in range(self.config.warmup_runs if k == 0 else 1):
-                try:
-                    bucket.push_inputs()
-                    self._session.run_with_iobinding(bucket.binding)
-                except Exception as e:  # noqa: BLE001
-                    raise EngineLoadError(
-                        f"warm-up run of {self.name} at batch {size} failed: {str(e).splitlines()[0][:300]}; "
-                        "check the model with onnxruntime directly",
-                        model=self.name,
-                        detail=str(e),
-                        stage="warmup",
-                    ) from e
+            for _ in range(runs if k == 0 else 1):
+                self._warm_run(lambda b=bucket: (b.push_inputs(), self._session.run_with_iobinding(b.binding)), size)
+        return "buckets"
+
+    def _warm_run(self, run: Callable[[], Any], size: int) -> None:
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001
+            cause = e.detail if isinstance(e, EngineRunError) and e.detail else str(e)
+            raise EngineLoadError(
+                f"warm-up run of {self.name} at batch {size} failed: {cause.splitlines()[0][:300]}; "
+                "check the model with onnxruntime directly",
+                model=self.name,
+                detail=cause,
+                stage="warmup",
+            ) from e
 
     # -- running ------------------------------------------------------------------------
 
@@ -305,6 +362,9 @@ class Engine:
             if hit is not None and hit[0] is route:
                 return hit[1]
             rows = self._check(inputs, where)
+            if inputs.outputs is not None and self.any_shape:
+                raise InputError(f"{_where(where)}outputs cannot be placed for {self.name}: its outputs' sizes "
+                                 "are known only after the run ([Note: any shape]); give none", model=self.name)
             if inputs.outputs is not None:
                 self._check_written(inputs.outputs, rows, where)
             if len(self._checked_routes) >= _MAX_CHECKED_ROUTES:
@@ -377,7 +437,7 @@ class Engine:
                 )
             if rows is None:
                 rows = n
-            elif n != rows:
+            elif n != rows and self.batch_safe:  # unbatched, each input has its own fixed dim 0
                 raise InputError(
                     f"{_where(where)}input {spec.name!r} of {self.name} has {n} rows but the other inputs have "
                     f"{rows}; give every input the same batch size",
@@ -524,6 +584,8 @@ class Engine:
         """
         self._check_open()
         rows = self.check(inputs) if rows is None else rows
+        if self.any_shape:
+            return self._run_as_given(inputs)
         bucket = self._bucket_for(rows)
         with self._lock:
             if rows == bucket.size and not bucket.on_device:
@@ -559,7 +621,7 @@ class Engine:
         the buffers.
         """
         self._check_open()
-        if type(inputs) is not PlacedInputs or inputs.outputs is None:
+        if type(inputs) is not PlacedInputs or inputs.outputs is None or self.any_shape:
             return None
         rows = self.check(inputs)
         bucket = self._bucket_for(rows)
@@ -602,6 +664,8 @@ class Engine:
                 )
             return [self.run(r, copy=True) for r in requests]
         rows = [self.check(r, where=f"request {i}") for i, r in enumerate(requests)]
+        if self.any_shape:
+            return self._run_batch_as_given(requests, rows)
         results: list[dict[str, np.ndarray]] = []
         start = 0
         while start < len(requests):
@@ -624,10 +688,65 @@ class Engine:
             start = stop
         return results
 
+    def _run_as_given(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One checked run at the shapes the inputs have ([Note: any shape]); private arrays."""
+        feed = {name: inputs[name] for name in self._input_names}
+        with self._lock:
+            self._check_open()
+            t = time.perf_counter()
+            try:
+                outs = self._session.run(self._output_names, feed)
+            except Exception as e:  # noqa: BLE001 - ORT's error types are not public
+                shapes = ", ".join(f"{k}: {_describe(np.asarray(v))}" for k, v in sorted(feed.items()))
+                raise EngineRunError(
+                    f"ONNX Runtime failed running {self.name} on {{{shapes}}}: {str(e).splitlines()[0][:300]}; "
+                    "the inputs have the ranks, dtypes and fixed dims the model declares, so check that the model "
+                    "accepts these sizes in its symbolic dims",
+                    model=self.name, detail=str(e),
+                ) from e
+            self._latency_ms[self._run_count % _LATENCY_WINDOW] = (time.perf_counter() - t) * 1e3
+            self._run_count += 1
+        return dict(zip(self._output_names, outs))
+
+    def _run_batch_as_given(self, requests: Sequence[Mapping[str, np.ndarray]],
+                            rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Consecutive requests of one per-sample shape run stacked, up to ``max_batch``
+        rows; a request of another shape starts a new run ([Note: any shape])."""
+        def shape_of(r: Mapping[str, np.ndarray]) -> tuple:
+            return tuple((k, r[k].shape[1:]) for k in sorted(self._input_names))
+
+        results: list[dict[str, np.ndarray]] = []
+        start = 0
+        while start < len(requests):
+            key, stop, total = shape_of(requests[start]), start, 0
+            while (stop < len(requests) and total + rows[stop] <= self.max_batch
+                   and (stop == start or shape_of(requests[stop]) == key)):
+                total += rows[stop]
+                stop += 1
+            group = requests[start:stop]
+            if len(group) == 1:
+                results.append(self._run_as_given(group[0]))
+            else:
+                outs = self._run_as_given({k: np.concatenate([r[k] for r in group]) for k in self._input_names})
+                if any(np.ndim(v) == 0 or v.shape[0] != total for v in outs.values()):
+                    raise BatchingUnsafeError(
+                        f"{self.name} answered a batch of {total} rows with outputs of "
+                        f"{ {k: np.shape(v) for k, v in outs.items()} }; its outputs do not carry the batch",
+                        model=self.name, reason="outputs do not carry the batch")
+                offset = 0
+                for n in rows[start:stop]:
+                    results.append({k: v[offset:offset + n] for k, v in outs.items()})
+                    offset += n
+            start = stop
+        return results
+
     # -- introspection ------------------------------------------------------------------
 
     def output_buffer(self, name: str, batch: int = 1) -> np.ndarray:
         """The pre-allocated output array that runs of ``batch`` rows write into."""
+        if self.any_shape:
+            raise EngineRunError(f"{self.name} has symbolic dims besides the batch, so it has no output buffers; "
+                                 "read the outputs that run() returns", model=self.name)
         return self._bucket_for(batch).outputs[name]
 
     @property

@@ -3,7 +3,9 @@
 * :func:`strip_initializer_inputs` lets ORT treat IR 3 initializers as constants;
 * :func:`make_batch_dynamic` makes the batch dimension symbolic (see [Note: dynamic
   batching] in workers/engine.py; only the batch check in workers/coldstart.py trusts it);
-* :func:`fuse_transformer` applies ONNX Runtime's BERT fusions.
+* :func:`fuse_transformer` applies ONNX Runtime's BERT fusions;
+* :func:`shape_feeding_inputs` finds the integer inputs whose values set shapes (no
+  warm-up or batch check may invent values for them).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "fuse_transformer",
     "looks_like_transformer",
     "make_batch_dynamic",
+    "shape_feeding_inputs",
     "strip_initializer_inputs",
 ]
 
@@ -53,6 +56,49 @@ def _input_dependent(model: onnx.ModelProto) -> set[str]:
         if any(x in live for x in node.input if x):
             live.update(o for o in node.output if o)
     return live
+
+
+_SHAPE_ARGS = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Slice": (1, 2, 3, 4), "Pad": (1,), "Resize": (2, 3), "Upsample": (1,), "Split": (1,), "Squeeze": (1,),
+    "Unsqueeze": (1,), "TopK": (1,), "OneHot": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
+    "ReduceMin": (1,), "ReduceProd": (1,), "CenterCropPad": (1,), "Loop": (0,),
+}
+"""Operator -> the input positions whose values set a shape, a count or a range: an
+invented value there gives an error or a tensor of the wrong size, not a wrong number."""
+
+_SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+"""Operators whose output depends on their input's shape only, never on its values."""
+
+
+def shape_feeding_inputs(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The real integer inputs whose values reach an argument that sets a shape, a count
+    or a range (Reshape's shape, Expand, Slice, Tile, ConstantOfShape, Range, ...),
+    through any chain of operators; a path through Shape or Size does not count.
+
+    Warm-up and the batch check never invent values for these: zeros or 0/1 masks make
+    ONNX Runtime fail, or build a tensor of the wrong size."""
+    ints = [vi.name for vi in _real_inputs(model)
+            if vi.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32,
+                                                 onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+                                                 onnx.TensorProto.UINT8, onnx.TensorProto.UINT64,
+                                                 onnx.TensorProto.UINT32, onnx.TensorProto.UINT16)]
+    if not ints:
+        return ()
+    out = []
+    for name in ints:
+        reach = {name}
+        for node in model.graph.node:  # topologically sorted in a valid model
+            if node.op_type in _SHAPE_ONLY_OPS:
+                continue
+            hit = [i for i, x in enumerate(node.input) if x and x in reach]
+            if not hit:
+                continue
+            if set(hit) & set(_SHAPE_ARGS.get(node.op_type, ())):
+                out.append(name)
+                break
+            reach.update(o for o in node.output if o)
+    return tuple(out)
 
 
 def _set_batch(vi: onnx.ValueInfoProto) -> None:
