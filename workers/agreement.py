@@ -59,6 +59,7 @@ __all__ = [
     "Metric",
     "OutputAgreement",
     "argmax_agreement",
+    "compare_runs",
     "exact_agreement",
     "iou_agreement",
     "iou_threshold",
@@ -161,6 +162,38 @@ def summarize(outputs: Sequence[OutputAgreement], *, num_samples: int) -> Accura
         worst_output=None if worst is None else worst.output_name,
         agreement=None if worst is None else worst.agreement,
     )
+
+
+def compare_runs(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    *,
+    metrics: Mapping[str, str] | None = None,
+    num_samples: int | None = None,
+) -> AccuracyStats:
+    """Compares every output of the reference runs (one dict of output name to array
+    per run) with the candidate's, each in the metric that fits it or the one
+    ``metrics`` names. ``num_samples`` defaults to the first output's."""
+    if len(reference) != len(candidate) or not reference:
+        raise QuantizeConfigError(
+            f"{len(candidate)} candidate runs against {len(reference)} reference runs; give "
+            "one or more runs of both, on the same inputs",
+            field_name="candidate", value=len(candidate),
+        )
+    names = list(reference[0])
+    for k, run in enumerate(candidate):
+        if set(run) != set(names):
+            raise QuantizeConfigError(
+                f"candidate run {k} has outputs {sorted(run)} but the reference has "
+                f"{sorted(names)}; compare the same outputs",
+                field_name="candidate", value=sorted(run),
+            )
+    metrics = metrics or {}
+    entries = [measure_output(n, [r[n] for r in reference], [c[n] for c in candidate],
+                              metric=metrics.get(n)) for n in names]
+    if num_samples is None:
+        num_samples = entries[0].num_samples if entries else 0
+    return summarize(entries, num_samples=num_samples)
 
 
 # -- picking ----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from workers._quant_model import load as _load
 from workers._quant_model import opset as _opset
 from workers._quant_model import prepare as _prepare
 from workers._quant_model import quantized_ops
-from workers.agreement import METRICS, AccuracyStats, OutputAgreement, measure_output, summarize
+from workers.agreement import METRICS, AccuracyStats, OutputAgreement, compare_runs
 from workers.errors import (
     CalibrationDataError,
     QuantizeConfigError,
@@ -395,9 +395,7 @@ def compute_accuracy(
         reference, None, metrics, label)
     ref = _run_all(reference, feeds, names, label, providers)
     new = _run_all(candidate, feeds, names, label, providers)
-    metrics = metrics or {}
-    entries = [measure_output(n, ref[n], new[n], metric=metrics.get(n)) for n in names]
-    return summarize(entries, num_samples=_num_samples(feeds))
+    return compare_runs(ref, new, metrics=metrics, num_samples=_num_samples(feeds))
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -479,8 +477,8 @@ def _num_samples(feeds: Feeds) -> int:
 def _run_all(
     model: onnx.ModelProto, feeds: Feeds, output_names: Sequence[str], label: str,
     providers: Sequence[str],
-) -> dict[str, list[np.ndarray]]:
-    """Each output's array per run."""
+) -> list[dict[str, np.ndarray]]:
+    """The outputs of each run, by name."""
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 3
@@ -493,4 +491,4 @@ def _run_all(
             "if a kernel is missing (fp16 on CPU), evaluate on a GPU provider",
             stage="evaluate", model=label, detail=repr(e),
         ) from e
-    return {name: [np.asarray(run[k]) for run in runs] for k, name in enumerate(output_names)}
+    return [{name: np.asarray(a) for name, a in zip(output_names, run)} for run in runs]

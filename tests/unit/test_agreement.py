@@ -10,6 +10,7 @@ from workers.agreement import (
     AccuracyStats,
     OutputAgreement,
     argmax_agreement,
+    compare_runs,
     exact_agreement,
     iou_agreement,
     iou_threshold,
@@ -171,3 +172,21 @@ def test_summary_names_the_worst_output_and_reads_the_older_form():
     assert read.worst_output == "y" and read.agreement == 0.5
     assert read.outputs == (OutputAgreement("y", "top1", 0.5, 0.5, None, 3, 0.25, 0.125),)
     assert AccuracyStats.from_dict({**legacy, "top1_agreement": None}).outputs == ()
+
+
+def test_compare_runs_measures_every_output_of_every_run():
+    probs = _softmax(RNG.standard_normal((4, 3)), axis=1)
+    flipped = probs.copy()
+    flipped[0] = np.roll(probs[0], 1)  # its arg-max moves
+    labels = np.array([0, 1, 2, 1])
+    ref = [{"probs": probs, "label": labels}, {"probs": probs, "label": labels}]
+    cand = [{"probs": flipped, "label": labels}, {"probs": probs, "label": np.array([0, 1, 0, 0])}]
+    stats = compare_runs(ref, cand)
+    assert stats.num_samples == 8
+    assert stats.output("probs").metric == "top1" and stats.output("probs").value == 7 / 8
+    assert stats.output("label").metric == "exact" and stats.output("label").value == 6 / 8
+    assert stats.worst_output == "label" and stats.agreement == 0.75
+    with pytest.raises(QuantizeConfigError, match=r"candidate run 0 has outputs \['probs'\]"):
+        compare_runs(ref, [{"probs": probs}, {"probs": probs}])
+    with pytest.raises(QuantizeConfigError, match="1 candidate runs against 2 reference runs"):
+        compare_runs(ref, cand[:1])
