@@ -38,6 +38,21 @@ The RTT is the windowed minimum of health-check round trips and of the calls tha
 moved almost no bytes (less their bytes' time): a reconnect or a queue only adds
 delay, as in BBR's min_rtt. Jitter within the dead band never accumulates; a single
 outlier (up to ~e^(threshold+delta)) does not move the level by more than one EWMA step.
+
+[Note: held rate and spread]
+The level follows the link within a sample or two, dips included: on a cellular link
+the 1-second rate moves 5-10x between its 10th and 90th percentiles, and a plan that
+followed every dip would switch every few seconds. So the estimate has two more
+figures, for the policy. `up_hold_bps` is the level, or the level `hold_s` ago where
+that was higher: a drop shorter than `hold_s` is never planned for (the requests
+inside it are covered by the hedge, see [Note: hedge] in edge_agent/policy.py), and a
+step is planned for `hold_s` after the level shows it. A rise is planned for at once.
+`spread` is the log prediction error of each recent transfer (its rate over the level
+just before it: the delivery record of the last `window_s`, at most `window_samples`),
+so `up_hold_bps * exp(spread)` is the distribution of the rate the next transfer will
+see, and `up_low_bps` its `low_quantile`: a lower-confidence rate. Errors, not rates,
+are kept because a step moves the level, not the spread: after a step the distribution
+moves with the level instead of mixing both sides of the step for `window_s`.
 """
 
 from __future__ import annotations
@@ -46,9 +61,20 @@ import collections
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["LinkEstimate", "MonitorConfig", "LinkMonitor"]
+__all__ = ["LinkEstimate", "MonitorConfig", "LinkMonitor", "quantile"]
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The `q` quantile of `values` (linear between order statistics, as numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("quantile of no values")
+    pos = min(max(q, 0.0), 1.0) * (len(xs) - 1)
+    i = int(pos)
+    return xs[i] if i + 1 >= len(xs) else xs[i] + (xs[i + 1] - xs[i]) * (pos - i)
 
 
 @dataclass(frozen=True)
@@ -71,13 +97,31 @@ class LinkEstimate:
     """Steps detected so far."""
     unreachable: int = 0
     """Reachability checks failed in a row since the last answer (0: the link answers)."""
+    up_hold_bps: float | None = None
+    """The uplink rate plans use: `up_bps`, or the level `hold_s` ago where that was higher;
+    None: plan with `up_bps`. See [Note: held rate and spread]."""
+    up_low_bps: float | None = None
+    """Lower-confidence uplink rate: the `low_quantile` of `up_hold_bps * exp(spread)`."""
+    spread: tuple[float, ...] = ()
+    """Log prediction errors (log rate - log level) of recent transfers, oldest first; empty: a
+    point estimate."""
+
+    def rates_bps(self) -> tuple[float, ...]:
+        """The distribution of the rate the next transfer sees: `up_hold_bps` times each recent
+        prediction error; `(up_bps,)` without a spread; () before the first sample."""
+        base = self.up_hold_bps or self.up_bps
+        if base is None:
+            return ()
+        return tuple(base * math.exp(d) for d in self.spread) or (base,)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> LinkEstimate:
-        return cls(**json.loads(text))
+        d = json.loads(text)
+        d["spread"] = tuple(d.get("spread", ()))
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -104,6 +148,15 @@ class MonitorConfig:
     """Each failed reachability check divides the level by this (the estimate decays during an outage)."""
     floor_bps: float = 1e3
     """The level never decays below this rate."""
+    hold_s: float = 1.5
+    """A drop of the level shorter than this is not planned for; a step is planned for this long
+    after it is seen (0: plan with the level). See [Note: held rate and spread]."""
+    window_s: float = 10.0
+    """Transfers this recent make the spread (the delivery record the policy's distribution uses)."""
+    window_samples: int = 32
+    """At most this many recent transfers make the spread."""
+    low_quantile: float = 0.2
+    """`up_low_bps` is this quantile of the rate distribution (0.2: four transfers in five saw more)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -121,6 +174,10 @@ class MonitorConfig:
             ("server_alpha", 0 < self.server_alpha <= 1, "in (0, 1]"),
             ("outage_decay", self.outage_decay >= 1, ">= 1"),
             ("floor_bps", self.floor_bps > 0, "> 0"),
+            ("hold_s", self.hold_s >= 0, ">= 0"),
+            ("window_s", self.window_s > 0, "> 0"),
+            ("window_samples", isinstance(self.window_samples, int) and self.window_samples >= 1, "an integer >= 1"),
+            ("low_quantile", 0 < self.low_quantile <= 0.5, "in (0, 0.5]"),
         ):
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be {want}")
@@ -150,14 +207,34 @@ class LinkMonitor:
         self._bounded = False  # the level is an upper bound, not a measurement
         self._bound_s = -math.inf  # when the current bound was last set or tightened
         self._unreachable = 0
+        self._levels: collections.deque[tuple[float, float]] = collections.deque()
+        """(time, log level) after each change of the level, back to `hold_s` before the latest."""
+        self._errors: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.config.window_samples)
+        """(time, log rate - log level before it) of recent transfers; see [Note: held rate and spread]."""
+        self._now_s = -math.inf
 
     # -- samples ------------------------------------------------------------------------
 
-    def observe_rate(self, bps: float, now_s: float, *, started_s: float | None = None) -> bool:
+    def observe_rate(self, bps: float, now_s: float, *, started_s: float | None = None,
+                     spread: bool = True) -> bool:
         """One bandwidth sample (of a transfer that began at `started_s`; None: a fresh one).
+        `spread` False: a bound from below, not a measurement (it joins no spread).
         Returns True when it completed a step."""
         if not bps > 0 or not math.isfinite(bps):
             return False
+        before, bounded, samples = self._level, self._bounded, self._samples
+        step = self._observe_rate(bps, now_s, started_s)
+        self._seen(now_s)
+        if self._level != before:
+            self._note_level(now_s)
+        if spread and self._samples > samples:
+            # A prediction error of the level; the first sample, and the first after a bound (a
+            # ceiling, not a level), predicted nothing.
+            err = 0.0 if before is None or bounded else math.log(bps) - before
+            self._errors.append((now_s, err))
+        return step
+
+    def _observe_rate(self, bps: float, now_s: float, started_s: float | None) -> bool:
         x = math.log(bps)
         if (self._bounded and started_s is not None and started_s < self._bound_s
                 and self._level is not None and x > self._level + self.config.delta):
@@ -202,6 +279,7 @@ class LinkMonitor:
         """An RTT sample (a health probe, or a call that moved almost no bytes)."""
         if not rtt_ms >= 0 or not math.isfinite(rtt_ms):
             return
+        self._seen(now_s)
         self._unreachable = 0
         while self._rtts and now_s - self._rtts[0][0] > self.config.rtt_max_age_s:
             self._rtts.popleft()
@@ -233,7 +311,7 @@ class LinkMonitor:
         # RTT-dominated: the rate is at least this; only a level below it (or none yet) learns anything.
         floor_bps = bits / (c.min_payload_fraction * net_s)
         if self._level is None or math.log(floor_bps) > self._level:
-            return self.observe_rate(floor_bps, now_s, started_s=now_s - elapsed_s)
+            return self.observe_rate(floor_bps, now_s, started_s=now_s - elapsed_s, spread=False)
         self._last_sample_s = now_s
         return False
 
@@ -273,13 +351,15 @@ class LinkMonitor:
         if not ceiling_bps > 0 or not math.isfinite(ceiling_bps):
             return False
         if self._level is None:
-            return self.observe_rate(ceiling_bps, now_s)
+            return self.observe_rate(ceiling_bps, now_s, spread=False)
         x = math.log(ceiling_bps)
+        self._seen(now_s)
         if x >= self._level - self.config.delta:
             return False  # consistent with the level (or within jitter): says nothing
         self._samples += 1
         self._last_sample_s = now_s
         self._level = x
+        self._note_level(now_s)
         self._bounded = True
         self._bound_s = now_s
         self._reset_sums()
@@ -291,10 +371,12 @@ class LinkMonitor:
         """A reachability check on an idle link got no answer; see [Note: link estimation].
         Returns True when it started a run of failures (a change)."""
         self._unreachable += 1
+        self._seen(now_s)
         if self._level is None:
             return False
         c = self.config
         self._level = max(self._level - math.log(c.outage_decay), math.log(c.floor_bps))
+        self._note_level(now_s)
         self._bounded = True
         self._bound_s = now_s
         self._reset_sums()
@@ -304,14 +386,46 @@ class LinkMonitor:
         self._changes += 1
         return True
 
+    def _seen(self, now_s: float) -> None:
+        self._now_s = max(self._now_s, now_s)
+
+    def _note_level(self, now_s: float) -> None:
+        """Keeps the level's history back to `hold_s` before now (one entry older: the level then)."""
+        assert self._level is not None
+        q = self._levels
+        q.append((now_s, self._level))
+        while len(q) > 1 and q[1][0] <= now_s - self.config.hold_s:
+            q.popleft()
+
+    def _level_at(self, t_s: float) -> float | None:
+        """The level that held at `t_s`: the last one set at or before it (None: none yet)."""
+        at = None
+        for when, x in self._levels:
+            if when > t_s:
+                break
+            at = x
+        return at
+
     def _reset_sums(self) -> None:
         self._up = self._down = 0.0
         self._run_up, self._run_down = [], []
 
     # -- estimate -----------------------------------------------------------------------
 
-    def estimate(self) -> LinkEstimate:
+    def estimate(self, now_s: float | None = None) -> LinkEstimate:
+        """What the monitor believes at `now_s` (None: at its latest sample or check)."""
         up = None if self._level is None else math.exp(self._level)
+        now = self._now_s if now_s is None else max(now_s, self._now_s)
+        hold = up
+        if up is not None and self.config.hold_s > 0:
+            then = self._level_at(now - self.config.hold_s)
+            if then is not None and math.exp(then) > up:
+                hold = math.exp(then)
+        c = self.config
+        spread = tuple(e for t, e in self._errors if t > now - c.window_s)
+        low = None
+        if hold is not None:
+            low = quantile([hold * math.exp(e) for e in spread] or [hold], c.low_quantile)
         return LinkEstimate(
             up_bps=up,
             down_bps=None if up is None else up * self.down_ratio,
@@ -321,4 +435,20 @@ class LinkMonitor:
             last_change_s=self._last_change_s,
             changes=self._changes,
             unreachable=self._unreachable,
+            up_hold_bps=hold,
+            up_low_bps=low,
+            spread=spread,
         )
+
+    def transfer_s(self, up_bytes: float, down_bytes: float = 0.0, *, within: float = 0.5,
+                   now_s: float | None = None) -> float | None:
+        """Predicted network time (s) of a transfer of these bytes from the delivery record: the
+        time it takes at most with probability `within` (0.9: as long as nine recent transfers in
+        ten allow), plus one RTT. None before the first sample."""
+        if not 0 <= within <= 1:
+            raise ValueError(f"within={within!r} must be in [0, 1]")
+        rates = self.estimate(now_s).rates_bps()
+        if not rates:
+            return None
+        rate = quantile(rates, 1.0 - within)
+        return 8.0 * (up_bytes + down_bytes / self.down_ratio) / rate + (self._rtt_ms or 0.0) / 1e3

@@ -47,6 +47,39 @@ the state, so recovery is tried without committing to it; but only when the remo
 is predicted to beat local at the estimated link (otherwise the request would pay a
 timeout and a local tail for nothing, and the agent's idle link probe tests the link).
 
+[Note: risk]
+A link that varies is a distribution, not a rate. The estimate carries the rate plans
+use (`LinkEstimate.up_hold_bps`, which does not follow drops shorter than the monitor's
+`hold_s`) and the recent transfers' prediction errors (`spread`); see [Note: held rate
+and spread] in edge_agent/monitor.py. Each remote option is priced at every rate of
+`LinkEstimate.rates_bps()`: its first hop's bytes take time inversely to the rate, the
+rest is fixed. That gives the option's mean time (`ms`, what the objective compares),
+its chance of missing the SLO (`miss`: the share of rates at which it would) and a
+pessimistic time (`hi_ms`: all but `hedge_tail` of its times are shorter, the point at
+which the hedge starts the local run; see [Note: hedge]). Local execution is a point: it
+misses always or never. The target is the option with the least chance of a miss, and
+among those within `risk_tie` of it, the cheapest by the objective. With a point estimate
+(no spread) every chance is 0 or 1 and this is rule 1 above.
+Switching is priced in the same terms: a candidate replaces the current option only if
+what it saves over the requests of one dwell (`arrival_rps * dwell_s`, at least one;
+per request its mean ms, plus `slo_ms` per miss avoided) exceeds `switch_cost_ms`
+times one plus the switches of the last `flap_window_s`. A candidate that is only
+better for the next second or two, or by a few ms, does not pay for the switch, and
+every recent switch makes the next one dearer. Under the energy objective the saving
+is the relative energy gain at the current option's time.
+
+[Note: hedge]
+A request sent to the cloud has a deadline: `slo_ms`, or `remote_timeout_ms` without
+one. `hedge_delay_s` says when the device starts its own run of the rest of the model
+beside the remote call (the cut's tail from the head's output): once the remote answer
+is later than its pessimistic time `Action.hi_ms`, or at the latest moment the local
+run still lands in time with `hedge_margin` of its own time to spare, whichever comes
+first. The remote call is not cancelled: the first valid answer is the request's, the
+other is dropped and counted (`late_dropped`, `local_dropped`), so a request is never
+answered twice and never left without an answer. The hedge is what lets the plan
+ignore short dips: the few requests inside a dip are rescued one by one, and the plan
+moves only for a drop that lasts.
+
 [Note: cloud load]
 A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in its own
 pool). `Health.queue_ms` is the predicted queue wait of a request sent now at that cut
@@ -67,17 +100,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from edge_agent.monitor import LinkEstimate
-from planner import Encoding, Frontier, Objective
+from edge_agent.monitor import LinkEstimate, quantile
+from planner import Breakdown, Encoding, Frontier, Objective
 
-__all__ = ["OBJECTIVES", "Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "LOCAL", "OFFLOAD"]
+__all__ = ["OBJECTIVES", "Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "hedge_delay_s",
+           "LOCAL", "OFFLOAD"]
 
 LOCAL, OFFLOAD = "local", "offload"
 OBJECTIVES = ("latency", "energy", "throughput")
 _MAX_UTILISATION = 0.9
+_HEDGE_RECORD = 3
+"""Measured answers of a plan from which they must agree with a prediction to hedge at once."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +140,17 @@ class PolicyConfig:
     """While local, a remote target predicted this many times faster gets trial requests (>= 1)."""
     trial_every_s: float = 2.0
     """Least time between two trials."""
+    switch_cost_ms: float = 50.0
+    """What one switch is charged, in ms of one request's latency (times one plus the switches of
+    the last `flap_window_s`); a candidate must save more over one dwell's requests. See [Note: risk]."""
+    risk_tie: float = 0.05
+    """Chances of missing the SLO within this of the best count as equal; the objective decides."""
+    hedge_tail: float = 0.1
+    """A request whose remote time, all but this share of its predicted times, nears the deadline
+    starts its local run at once (0: only at the last safe moment). See [Note: hedge]."""
+    hedge_margin: float = 0.25
+    """The local run starts, at the latest, this fraction of its own time before the last moment at
+    which it still meets the deadline."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -120,6 +167,10 @@ class PolicyConfig:
              and 0 <= self.max_backoff <= 30, "an integer in [0, 30]"),
             ("trial_ratio", _finite(self.trial_ratio) and self.trial_ratio >= 1, ">= 1"),
             ("trial_every_s", _finite(self.trial_every_s) and self.trial_every_s > 0, "> 0"),
+            ("switch_cost_ms", _finite(self.switch_cost_ms) and self.switch_cost_ms >= 0, ">= 0 ms"),
+            ("risk_tie", _finite(self.risk_tie) and 0 <= self.risk_tie < 1, ">= 0 and < 1"),
+            ("hedge_tail", _finite(self.hedge_tail) and 0 <= self.hedge_tail <= 0.5, "in [0, 0.5]"),
+            ("hedge_margin", _finite(self.hedge_margin) and self.hedge_margin >= 0, ">= 0"),
         ):
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be {want}")
@@ -184,6 +235,11 @@ class Action:
     queue_ms: float = 0.0
     """The cloud's reported queue wait in `predicted_ms` beyond the plan's own queue term (not
     scaled by `Health.remote_factor`); see [Note: cloud load]."""
+    hi_ms: float = math.inf
+    """Pessimistic end-to-end ms: all but `hedge_tail` of the option's predicted times are shorter
+    (the hedge starts the local run when the remote answer is later); see [Note: hedge]."""
+    miss: float = 0.0
+    """Predicted chance that this option misses the SLO; see [Note: risk]."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -211,13 +267,17 @@ class PolicyState:
     """Recent returns to the option just left; see [Note: policy] 4."""
     trial_s: float | None = None
     """When the last remote trial was let through."""
+    recent_s: tuple[float, ...] = ()
+    """When the switches of the last `flap_window_s` happened; each makes the next one dearer."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> PolicyState:
-        return cls(**json.loads(text))
+        d = json.loads(text)
+        d["recent_s"] = tuple(d.get("recent_s", ()))
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -225,10 +285,13 @@ class _Option:
     key: str
     kind: str
     ms: float
+    """Mean end-to-end ms over the rate distribution."""
     cost: float
     cut_id: str = ""
     encoding: Encoding = field(default_factory=Encoding)
     queue_ms: float = 0.0
+    hi_ms: float = math.inf
+    miss: float = 0.0
 
 
 def _refused(health: Health, cut_id: str, now_s: float) -> bool:
@@ -238,7 +301,8 @@ def _refused(health: Health, cut_id: str, now_s: float) -> bool:
 def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: PolicyConfig,
                     energy: bool, now_s: float) -> list[_Option]:
     lr = front.link_range
-    up = est.up_bps or cfg.initial_up_bps or math.sqrt(lr.up_lo_bps * lr.up_hi_bps)
+    up = est.up_hold_bps or est.up_bps or cfg.initial_up_bps or math.sqrt(lr.up_lo_bps * lr.up_hi_bps)
+    rates = est.rates_bps() or (up,)
     out = []
     for entry in front.entries:
         plan = entry.plan
@@ -250,23 +314,68 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # A one-entry frontier rescales this plan's own breakdown to the estimated link.
         p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
         b = p.breakdown
-        ms = b.total_ms if est.rtt_ms is None else b.total_ms - b.rtt_ms + est.rtt_ms
-        ms *= health.remote_factor
         # The uplink serves every request's boundary in turn: an M/D/1 queue at this load.
-        util = health.arrival_rps * b.uplink_ms / 1e3
-        if util >= _MAX_UTILISATION:
+        if health.arrival_rps * b.uplink_ms / 1e3 >= _MAX_UTILISATION:
             continue
-        ms += b.uplink_ms * util / (2.0 * (1.0 - util))
         # The cloud's own figure, so not scaled by the agent's measured/predicted ratio.
         queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
-        ms += queue_ms
+        times = [_time_at(b, up, r, est.rtt_ms, health, queue_ms) for r in rates]
+        finite = [t for t in times if math.isfinite(t)]
+        if not finite:
+            continue
+        ms = sum(finite) / len(finite)
+        slo = cfg.slo_ms
+        miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)
+        hi_ms = quantile(times, 1.0 - cfg.hedge_tail) if len(finite) == len(times) else math.inf
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else ms  # the device idles while it waits
-        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms))
+        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss))
     return out
 
 
-def _meets(o: _Option, slo: float | None) -> bool:
-    return slo is None or o.ms <= slo
+def _time_at(b: Breakdown, at_bps: float, rate_bps: float, rtt_ms: float | None, health: Health,
+             queue_ms: float) -> float:
+    """End-to-end ms of a plan whose breakdown `b` is priced at `at_bps`, on a first hop of `rate_bps`:
+    that hop's bytes take time inversely to the rate; see [Note: risk]. inf: the uplink saturates."""
+    k = at_bps / rate_bps
+    hop_up = b.hop_up_ms[0] if b.hop_up_ms else b.uplink_ms
+    hop_down = b.hop_down_ms[0] if b.hop_down_ms else b.downlink_ms
+    ms = b.total_ms + (hop_up + hop_down) * (k - 1.0)
+    if rtt_ms is not None:
+        ms += rtt_ms - b.rtt_ms
+    ms *= health.remote_factor
+    uplink_ms = b.uplink_ms + hop_up * (k - 1.0)
+    util = health.arrival_rps * uplink_ms / 1e3
+    if util >= _MAX_UTILISATION:
+        return math.inf
+    return ms + uplink_ms * util / (2.0 * (1.0 - util)) + queue_ms
+
+
+def _local_option(health: Health, frontier: Frontier | None, energy: bool, slo: float | None) -> _Option:
+    cost = (frontier.compute_w * health.local_ms / 1e3) if energy and frontier else health.local_ms
+    miss = 0.0 if slo is None or health.local_ms <= slo else 1.0
+    return _Option(LOCAL, LOCAL, health.local_ms, cost, hi_ms=health.local_ms, miss=miss)
+
+
+def _least_risk(options: list[_Option], tie: float) -> _Option | None:
+    """The cheapest of the options whose chance of a miss is within `tie` of the least; see [Note: risk]."""
+    if not options:
+        return None
+    least = min(o.miss for o in options)
+    return min((o for o in options if o.miss <= least + tie), key=lambda o: o.cost)
+
+
+def _show_miss(o: _Option) -> str:
+    return f" {o.miss:.0%} of the time" if 0 < o.miss < 1 else ""
+
+
+def _gain_ms(current: _Option, target: _Option, slo: float | None, energy: bool) -> float:
+    """What one request gains by the target, in ms: mean time (or the relative energy gain at the
+    current time), plus one SLO per miss avoided; see [Note: risk]."""
+    if energy:
+        gain = (current.cost - target.cost) / current.cost * current.ms if current.cost > 0 else 0.0
+    else:
+        gain = current.ms - target.ms
+    return gain + (0.0 if slo is None else (current.miss - target.miss) * slo)
 
 
 def _show_factors(health: Health) -> str:
@@ -275,6 +384,10 @@ def _show_factors(health: Health) -> str:
 
 def _show(est: LinkEstimate, health: Health, now_s: float) -> str:
     up = "unknown" if est.up_bps is None else f"{est.up_bps / 1e6:.2f} Mbit/s"
+    if est.up_hold_bps is not None and est.up_bps is not None and est.up_hold_bps > est.up_bps * 1.001:
+        up += f" (held at {est.up_hold_bps / 1e6:.2f})"
+    if est.up_low_bps is not None and len(est.spread) > 1:
+        up += f", low {est.up_low_bps / 1e6:.2f}"
     rtt = "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f} ms"
     waits = [f"{k} {ms:.0f} ms" for k, ms in sorted(health.queue_ms.items()) if ms >= 0.5]
     refused = [f"{k} {(t - now_s) * 1e3:.0f} ms" for k, t in sorted(health.refused_until_s.items()) if t > now_s]
@@ -298,8 +411,14 @@ def _switch(state: PolicyState, to: str, now_s: float, cfg: PolicyConfig) -> Pol
     held_s = math.inf if state.switched_s is None else now_s - state.switched_s
     flip = bool(state.current) and to == state.previous and held_s < cfg.flap_window_s
     reversals = _reversals(state, now_s, cfg) + (1 if flip else 0)
+    recent = _recent(state, now_s, cfg) + ((now_s,) if state.current else ())
     return PolicyState(to, now_s, state.switches + (1 if state.current else 0), state.current, reversals,
-                       state.trial_s)
+                       state.trial_s, recent)
+
+
+def _recent(state: PolicyState, now_s: float, cfg: PolicyConfig) -> tuple[float, ...]:
+    """The switches of the last `flap_window_s`."""
+    return tuple(t for t in state.recent_s if now_s - t < cfg.flap_window_s)
 
 
 def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, state: PolicyState,
@@ -307,19 +426,18 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     """The option for the next request; see [Note: policy]."""
     energy = config.objective == Objective.ENERGY.value and frontier is not None
     slo = config.slo_ms
-    local_energy = (frontier.compute_w * health.local_ms / 1e3) if energy and frontier else health.local_ms
-    local = _Option(LOCAL, LOCAL, health.local_ms, local_energy)
+    local = _local_option(health, frontier, energy, slo)
     remote = []
     if frontier is not None and health.remote_allowed:
         remote = _remote_options(estimate, frontier, health, config, energy, now_s)
-    best_remote = min(remote, key=lambda o: o.cost, default=None)
+    best_remote = _least_risk(remote, config.risk_tie)
     options = {o.key: o for o in remote}
     if math.isfinite(local.ms):
         options[LOCAL] = local
 
     def act(o: _Option, reason: str, switched: bool, probe: bool = False, trial: bool = False) -> Action:
         return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe, trial,
-                      o.queue_ms)
+                      o.queue_ms, o.hi_ms, o.miss)
 
     if health.probe and health.request and best_remote is not None and (
             not math.isfinite(local.ms) or best_remote.cost <= local.cost):
@@ -341,10 +459,12 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
             why = "no warm remote plan"
     elif not math.isfinite(local.ms):
         target, why = best_remote, "no local model"
-    elif slo is not None and not _meets(best_remote, slo) and _meets(local, slo):
-        target, why = local, f"remote {best_remote.ms:.0f} ms misses the {slo:.0f} ms SLO, local {local.ms:.0f} ms meets it"
-    elif slo is not None and _meets(best_remote, slo) and not _meets(local, slo):
-        target, why = best_remote, f"only the remote plan ({best_remote.ms:.0f} ms) meets the {slo:.0f} ms SLO"
+    elif slo is not None and best_remote.miss > local.miss + config.risk_tie:
+        target, why = local, (f"remote {best_remote.ms:.0f} ms misses the {slo:.0f} ms SLO{_show_miss(best_remote)}, "
+                              f"local {local.ms:.0f} ms meets it")
+    elif slo is not None and local.miss > best_remote.miss + config.risk_tie:
+        target, why = best_remote, (f"only the remote plan ({best_remote.ms:.0f} ms) meets the {slo:.0f} ms SLO"
+                                    + (f" ({1 - best_remote.miss:.0%} of the time)" if best_remote.miss else ""))
     else:
         target = best_remote if best_remote.cost <= local.cost else local
         unit = "J" if energy else "ms"
@@ -366,13 +486,20 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     dwell_s = config.dwell_s * (_backoff(reversals, config) if returning else 1.0)
     dwelt = held_s >= dwell_s
     urgent = target.cost <= current.cost * config.urgent_ratio and (dwelt or not returning)
-    forced = (slo is not None and not _meets(current, slo) and _meets(target, slo)) or urgent
-    better = target.cost < current.cost * (1.0 - config.hysteresis)
-    if forced or (better and dwelt):
-        reason = (f"{current.key} ({current.ms:.0f} ms) -> {target.key} ({target.ms:.0f} ms): {why}"
-                  f"{'; forced' if forced else ''}{_show_factors(health)} ({_show(estimate, health, now_s)})")
+    forced = (slo is not None and current.miss - target.miss >= 0.5) or urgent
+    better = (target.cost < current.cost * (1.0 - config.hysteresis)
+              or (slo is not None and current.miss - target.miss > config.risk_tie))
+    # [Note: risk] switching is worth it when the gain over one dwell's requests beats its cost.
+    requests = max(1.0, health.arrival_rps * dwell_s)
+    switch_cost_ms = config.switch_cost_ms * (1 + len(_recent(state, now_s, config)))
+    worth = _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
+    if forced or (better and dwelt and worth):
+        reason = (f"{current.key} ({current.ms:.0f} ms{_show_miss(current)}) -> {target.key} ({target.ms:.0f} ms"
+                  f"{_show_miss(target)}): {why}{'; forced' if forced else ''}{_show_factors(health)} "
+                  f"({_show(estimate, health, now_s)})")
         return act(target, reason, True), _switch(state, target.key, now_s, config)
-    hold = "within hysteresis" if not better else f"dwell {dwell_s:g} s not over"
+    hold = ("within hysteresis" if not better else f"dwell {dwell_s:g} s not over" if not dwelt
+            else f"saves less than a switch costs ({switch_cost_ms:.0f} ms over {requests:.0f} requests)")
     if (health.request and current.kind == LOCAL and target.kind == OFFLOAD
             and target.cost * config.trial_ratio <= current.cost
             and (state.trial_s is None or now_s - state.trial_s >= config.trial_every_s)):
@@ -380,6 +507,24 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
                   f"{_show_factors(health)} ({_show(estimate, health, now_s)})")
         return act(target, reason, False, trial=True), dataclasses.replace(state, trial_s=now_s)
     return act(current, f"keep {current.key}: {hold} ({_show(estimate, health, now_s)})", False), state
+
+
+def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, local_ms: float,
+                  record_ms: Sequence[float] = (), config: PolicyConfig = PolicyConfig()) -> float:
+    """Seconds from now until the local run starts beside the remote call of `action`, for a request
+    `elapsed_ms` old whose answer is due `deadline_ms` after its start, when the rest of the model
+    takes `local_ms` here; `record_ms` are recent measured times of remote answers of the same plan.
+    0: at once; inf: no hedge (the local run could not land in time: the remote budget decides).
+    See [Note: hedge]."""
+    latest_ms = deadline_ms - local_ms * (1.0 + config.hedge_margin)
+    if latest_ms <= elapsed_ms:
+        return math.inf
+    near = config.hedge_tail > 0 and action.hi_ms >= latest_ms
+    if near and len(record_ms) >= _HEDGE_RECORD:
+        # The plan's own recent answers must agree: a prediction alone may be off (a profile's
+        # fixed costs, gRPC on a small model), and a race costs the device a run.
+        near = quantile(record_ms, 1.0 - config.hedge_tail) >= latest_ms
+    return 0.0 if near else (latest_ms - elapsed_ms) / 1e3
 
 
 def after_trial(state: PolicyState, measured_ms: float, local_ms: float, *,

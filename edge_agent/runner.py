@@ -12,7 +12,12 @@ A request waits for the cloud until its budget: with an SLO, the SLO minus the t
 already spent minus the local tail's measured time (so the fallback still lands in
 time); without, `remote_timeout_ms`. The gRPC deadline is twice the budget (at least
 one second more): the call is not cancelled at the budget, so a late answer can still
-arrive, be dropped and be measured.
+arrive, be dropped and be measured. The local tail usually starts before the budget,
+beside the remote call: the hedge (see [Note: hedge] in policy.py) starts it once the
+remote answer is later than its pessimistic prediction, or once waiting longer would
+make the local answer late. The flow sees that as a `remote_timeout` (the remote is
+late by its own prediction); the budget's timer then only counts the timeout for the
+breaker and the link monitor if the remote call is still unanswered.
 
 [Note: measured correction]
 The policy's predictions come from profiles, and the agent's own work per request
@@ -62,7 +67,7 @@ from edge_agent.engines import DEFAULT_LINK_RANGE, CutEngines, ModelSet
 from edge_agent.errors import RequestError
 from edge_agent.flow import RequestFlow, Step
 from edge_agent.monitor import LinkMonitor
-from edge_agent.policy import LOCAL, Action, Health, PolicyState, after_trial, policy
+from edge_agent.policy import LOCAL, Action, Health, PolicyState, after_trial, hedge_delay_s, policy
 from edge_agent.probing import LinkProbing
 from planner import Frontier
 from workers.errors import InputError, WorkerError
@@ -74,6 +79,8 @@ _WINDOW = 2048
 _RATE_WINDOW_S = 2.0
 _STALL_CHECK_S = 0.2
 """How often an overdue transfer re-checks whether it bounds the link rate."""
+_RECORD = 32
+"""Remote answers per plan the hedge's record keeps."""
 _FACTOR_ALPHA = 0.3
 _FACTOR_RANGE = {"local": (0.5, 4.0), "remote": (0.5, 3.0)}
 
@@ -108,6 +115,8 @@ class Counters:
     """Remote answers that came after the local one."""
     local_dropped: int = 0
     """Local tails whose remote answer won the race."""
+    hedges: int = 0
+    """Requests whose local tail started beside a late remote call (see [Note: hedge] in policy.py)."""
     remote_errors: dict[str, int] = field(default_factory=dict)
     switches: int = 0
     probes: int = 0
@@ -175,6 +184,8 @@ class Runner(LinkProbing):
         self._last_check_s = 0.0
         self._changes_seen = 0
         self._probe_ok: bool | None = None
+        self._answered_ms: dict[str, collections.deque[float]] = {}
+        """Measured ms of recent remote answers per plan, for the hedge's record."""
         self.offload_enabled = True
         """False: every request runs the whole model here and the link is left alone (no probes or
         checks): the agent as a plain local model server, e.g. as a benchmark's local baseline."""
@@ -220,7 +231,7 @@ class Runner(LinkProbing):
 
     def _policy(self, now_s: float, remote_ok: bool, probe: bool, *, request: bool) -> Action:
         warm = frozenset(k for k in self.models.cuts if k not in self.unusable_cuts)
-        est = self.monitor.estimate()
+        est = self.monitor.estimate(now_s)
         if est.changes != self._changes_seen:
             self._changes_seen = est.changes
             self.factors["remote"] = 1.0
@@ -413,12 +424,14 @@ class Runner(LinkProbing):
 
         def on_timeout() -> None:
             nonlocal timed_out
-            if flow.state != "remote":
+            if task.done():
                 return
             timed_out = True
             self._abandoned.add(task)
             self._remote_failed("timeout", action, request.tensor_bytes() * share, time.monotonic() - sent_s)
             self._estimate_moved()
+            if flow.state != "remote":
+                return  # hedged: the local run is already under way
             step = flow.fire("remote_timeout")
             if step.delivers:  # fallback 'none'
                 deliver(step, TimeoutError(f"no answer from the gateway within {budget_s * 1e3:.0f} ms"), "remote")
@@ -426,9 +439,26 @@ class Runner(LinkProbing):
                 start_local_tail(f"no remote answer within {budget_s * 1e3:.0f} ms")
 
         timer = loop.call_later(budget_s, on_timeout)
+        hedge_s = self._hedge_delay_s(action, ce, start) if flow.fallback_local else math.inf
+
+        def on_hedge() -> None:
+            # [Note: hedge] in policy.py: the remote call goes on; the first answer wins.
+            if flow.state != "remote":
+                return
+            flow.fire("remote_timeout")  # late by its own prediction: the same path to the local tail
+            self.counters.hedges += 1
+            elapsed_ms = (time.monotonic() - start) * 1e3
+            logger.debug("hedge: %s still unanswered after %.0f ms (predicted at most %.0f ms); running the "
+                         "tail here too", action.plan_key, elapsed_ms, action.hi_ms)
+            start_local_tail(f"hedged: no remote answer after {elapsed_ms:.0f} ms "
+                             f"(predicted at most {action.hi_ms:.0f} ms)")
+
+        hedge = loop.call_later(hedge_s, on_hedge) if hedge_s < budget_s else None
 
         def on_remote(task: asyncio.Task[InferResult]) -> None:
             timer.cancel()
+            if hedge is not None:
+                hedge.cancel()
             now = time.monotonic()
             if task.cancelled():
                 kind, exc = "remote_cancelled", asyncio.CancelledError("the remote call was cancelled")
@@ -448,6 +478,8 @@ class Runner(LinkProbing):
                 if step.late:
                     self.counters.late_dropped += 1
                 deliver(step, outs, "remote")
+                self._answered_ms.setdefault(action.plan_key, collections.deque(maxlen=_RECORD)).append(
+                    (now - start) * 1e3)
                 self._observe_latency("remote", (now - start) * 1e3, raw_predicted_ms)
                 if action.trial:
                     self._trial_answered((now - start) * 1e3, step.late)
@@ -481,6 +513,15 @@ class Runner(LinkProbing):
         task.add_done_callback(on_remote)
         self._watch_stall(task, request.tensor_bytes() * share, sent_s)
         return await answer
+
+    def _hedge_delay_s(self, action: Action, ce: CutEngines, start_s: float) -> float:
+        """When this request's local tail starts beside its remote call; see [Note: hedge] in policy.py."""
+        slo_ms = self.policy_config.slo_ms
+        deadline_ms = self.config.remote_timeout_ms if slo_ms is None else slo_ms
+        tail_ms = ce.tail.stats().median_ms or self.local_ms * self.factors["local"]
+        return hedge_delay_s(action, elapsed_ms=(time.monotonic() - start_s) * 1e3, deadline_ms=deadline_ms,
+                             local_ms=tail_ms, record_ms=self._answered_ms.get(action.plan_key, ()),
+                             config=self.policy_config)
 
     def _trial_answered(self, measured_ms: float, late: bool) -> None:
         """A trial's answer: it may clear the back-off that kept the agent local; see [Note: policy] 5."""

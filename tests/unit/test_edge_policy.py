@@ -27,7 +27,9 @@ A = _plan([], 50_000, 0.0, 5.0)
 B = _plan([0, 1], 10_000, 30.0, 3.0)
 FRONT = Frontier("m", Objective.LATENCY, LinkRange(0.5e6, 1e9, 4.0, 20.0),
                  (FrontierEntry(0.5e6, 8e6, B), FrontierEntry(8e6, 1e9, A)), compute_w=2.0, radio_tx_w=1.0)
-CFG = PolicyConfig(hysteresis=0.15, dwell_s=1.0)
+# No switch cost: these tests take the hysteresis, dwell and back-off one at a time
+# (tests/unit/test_edge_policy_risk.py has the switch cost, the risk and the hedge).
+CFG = PolicyConfig(hysteresis=0.15, dwell_s=1.0, switch_cost_ms=0.0)
 HEALTH = Health(local_ms=400.0)
 
 
@@ -64,7 +66,7 @@ def test_no_flapping_under_jitter_near_the_crossover():
     rng = random.Random(3)
     rates = [11.4e6 * rng.lognormvariate(0, 0.25) for _ in range(300)]
     damped, _ = _run(rates)
-    naive, _ = _run(rates, cfg=PolicyConfig(hysteresis=0.0, dwell_s=0.0))
+    naive, _ = _run(rates, cfg=PolicyConfig(hysteresis=0.0, dwell_s=0.0, switch_cost_ms=0.0))
     n_damped = sum(a.switched for a in damped[1:])
     n_naive = sum(a.switched for a in naive[1:])
     assert n_naive > 20 and n_damped <= n_naive / 10
@@ -279,15 +281,17 @@ def test_a_reevaluation_without_a_request_switches_after_a_step_and_takes_no_pro
 
 def test_scripted_outage_and_recovery_through_the_monitor_and_the_policy():
     """18.88 -> 1.1 -> outage -> 5.85 Mbit/s: samples while offloading, failed reachability checks
-    while local, then one probe sample; the plan follows each step at the sample that shows it."""
+    while local, then one probe sample; the plan follows a step down `hold_s` after the sample
+    that shows it, and a step up at that sample."""
     from edge_agent.monitor import LinkMonitor
 
     mon, state, t, plans = LinkMonitor(), PolicyState(), 0.0, []
+    hold_s = mon.config.hold_s
 
     def decide(now, remote_allowed=True, request=True):
         nonlocal state
         h = Health(remote_allowed=remote_allowed, local_ms=400.0, request=request)
-        a, state = policy(mon.estimate(), FRONT, h, state, now, config=CFG)
+        a, state = policy(mon.estimate(now), FRONT, h, state, now, config=CFG)
         plans.append((now, a.plan_key, a.switched))
         return a
 
@@ -295,23 +299,23 @@ def test_scripted_outage_and_recovery_through_the_monitor_and_the_policy():
         t = i / 10
         mon.observe_rate(18.88e6, t)
         assert decide(t).plan_key == A.key
-    for i in range(5):  # 1.1 Mbit/s: the CUSUM sees it at the first sample
+    for i in range(20):  # 1.1 Mbit/s: the CUSUM sees it at the first sample, the plan hold_s later
         t = 3.0 + i / 10
         mon.observe_rate(1.1e6, t)
-        assert decide(t).plan_key == B.key
+        assert decide(t).plan_key == (B.key if t >= 3.0 + hold_s - 1e-9 else A.key), t
     # Outage: the breaker opens (local), and the idle-link checks fail every half second.
-    assert decide(4.0, remote_allowed=False).plan_key == LOCAL
+    assert decide(5.0, remote_allowed=False).plan_key == LOCAL
     ups = []
     for i in range(20):
-        mon.observe_unreachable(4.0 + 0.5 * i)
+        mon.observe_unreachable(5.0 + 0.5 * i)
         ups.append(mon.estimate().up_bps)
-        assert decide(4.0 + 0.5 * i, remote_allowed=False, request=False).plan_key == LOCAL
+        assert decide(5.0 + 0.5 * i, remote_allowed=False, request=False).plan_key == LOCAL
     assert all(b < a for a, b in zip(ups, ups[1:10])) and ups[-1] < 1.1e6 / 1000  # towards 0
     # The link is back: a check answers, the probe measures 5.85 Mbit/s, and a re-evaluation (no
     # request waiting) switches at that instant: B at 5.85 (~67 ms) is over 5x faster than local.
-    mon.observe_rtt(50.0, 14.2)
-    assert mon.observe_rate(5.85e6, 14.3) is True
-    a = decide(14.3, request=False)
+    mon.observe_rtt(50.0, 15.2)
+    assert mon.observe_rate(5.85e6, 15.3) is True
+    a = decide(15.3, request=False)
     assert a.switched and a.plan_key == B.key and "5.85 Mbit/s" in a.reason
-    assert decide(14.4).plan_key == B.key
+    assert decide(15.4).plan_key == B.key
     assert [k for _, k, s in plans if s] == [A.key, B.key, LOCAL, B.key]
