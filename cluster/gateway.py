@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
 import logging
 import queue
 import threading
@@ -59,10 +60,12 @@ from cluster.auth import Authorizer
 from cluster.errors import (
     ClusterError,
     DeadlineExceeded,
+    FailedPrecondition,
     InternalError,
     ProtocolError,
     ResourceExhausted,
     Unavailable,
+    UnknownCutError,
 )
 from cluster.metrics import GatewayMetrics
 from cluster.protocol.encoding import decode
@@ -79,7 +82,7 @@ from cluster.protocol.tensors import EncodedTensor, as_wire_array
 from cluster.registry import LoadedVersion, ModelConfig, Registry, read_policy_dir
 
 __all__ = ["Gateway", "Pool", "PoolFactory", "PoolKey", "PoolResult", "LocalPool", "LocalPoolFactory",
-           "refusal_reason", "to_cluster_error"]
+           "load_failure_reason", "refusal_reason", "to_cluster_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +135,10 @@ offers) is then reported as Unavailable, not waited on for ever."""
 
 
 class PoolFactory(Protocol):
-    """Makes pools. `create` blocks (it loads a model): the gateway calls it off the event loop."""
+    """Makes pools. `create` blocks (it loads a model): the gateway calls it off the event loop.
+
+    It gets `sample_inputs=` (the tail's inputs made from the version's sample inputs,
+    [Note: warm-up inputs] in cluster/_registry_disk.py) only where the version has some."""
 
     def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> Pool: ...
 
@@ -155,7 +161,8 @@ class LocalPool:
     """
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
-                 *, cache_dir: str | None = None, provider: str = "auto") -> None:
+                 *, cache_dir: str | None = None, provider: str = "auto",
+                 sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
         from workers.batcher import Batcher, BatcherConfig
         from workers.engine import Engine, EngineConfig
 
@@ -168,7 +175,7 @@ class LocalPool:
         self.engines: list = []
         try:
             for _ in range(config.replicas):
-                self.engines.append(Engine(tail_path, engine_config, name=str(key)))
+                self.engines.append(Engine(tail_path, engine_config, name=str(key), sample_inputs=sample_inputs))
         except BaseException:
             for engine in self.engines:
                 engine.close()
@@ -195,6 +202,7 @@ class LocalPool:
         return [PoolResult(o, start - submitted, compute_s, len(payloads)) for o, (_, submitted) in zip(outs, payloads)]
 
     async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
+        # Requests of different per-sample shapes never share a batch ([Note: any shape] in workers/engine.py).
         shape_key = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
         return await self.batcher.submit((inputs, time.monotonic()), deadline_s=deadline_s,
                                          priority=min(max(priority, 0), _PRIORITY_LEVELS - 1), shape_key=shape_key)
@@ -221,8 +229,10 @@ class LocalPoolFactory:
         self.cache_dir = cache_dir
         self.provider = provider
 
-    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> Pool:
-        return LocalPool(key, tail_path, config, metrics, cache_dir=self.cache_dir, provider=self.provider)
+    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
+               *, sample_inputs: Mapping[str, np.ndarray] | None = None) -> Pool:
+        return LocalPool(key, tail_path, config, metrics, cache_dir=self.cache_dir, provider=self.provider,
+                         sample_inputs=sample_inputs)
 
 
 def refusal_reason(e: BaseException) -> str | None:
@@ -236,6 +246,37 @@ def refusal_reason(e: BaseException) -> str | None:
     if isinstance(e, W.DeadlineExceededError):
         return "expired_in_queue"
     return None
+
+
+def load_failure_reason(e: BaseException, *, cutting: bool = False) -> str:
+    """The LOAD_FAILURE_REASONS entry (cluster.metrics) of an error that kept a version or a
+    tail from loading; ``cutting``: it was raised while the tail was cut from the model."""
+    from workers import errors as W
+
+    if isinstance(e, W.EngineLoadError):
+        return e.stage if e.stage in ("optimise", "warmup") else "session"
+    if cutting:
+        return "cut"
+    from cluster.registry import RegistryError
+
+    return "registry" if isinstance(e, RegistryError) else "other"
+
+
+def _transient(e: BaseException) -> bool:
+    """A pool that could not start for a reason that may pass (workers not placed yet, shutting
+    down): not recorded as a failed tail, so its next request tries again."""
+    return isinstance(e, (Unavailable, ResourceExhausted, DeadlineExceeded)) and not isinstance(e, FailedPrecondition)
+
+
+def _failed_tail(key: PoolKey, why: str) -> FailedPrecondition:
+    return FailedPrecondition(reason=f"the tail {key} failed to load: {why}",
+                              fix="use another cut (GET /readyz lists the tails that serve), or fix the model and "
+                                  "restart the gateway")
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:500]
 
 
 def to_cluster_error(e: BaseException, where: str) -> ClusterError:
@@ -309,6 +350,9 @@ class Gateway:
         """Requests inside pool.run now, per pool without a load() of its own (Ray pools)."""
         self._overloaded_at: dict[str, float] = {}
         """'model@version@cut' -> when it last refused a request for load (time.monotonic())."""
+        self._failed_tails: dict[PoolKey, str] = {}
+        """Tails whose pool could not start -> why ([Note: failed tails])."""
+        registry.on_failed.append(self._count_failed_version)
         self.metrics.set_load_source(self._load_samples)
         self.metrics.load_view = self.load
         registry.on_loaded.append(self._preload)
@@ -324,8 +368,8 @@ class Gateway:
     def _push_health(self) -> None:
         if self._health is None or self._loop is None:
             return
-        ready, _ = self.readiness()
-        coro = self._health.set_ready(ready)
+        ready, detail = self.readiness()
+        coro = self._health.set_ready(ready, services=self._service_health(detail))
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -407,26 +451,47 @@ class Gateway:
         return {m: dict(s) for m, s in self._policy_status.items()}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """(ready, detail): ready when every model and version the registry found is loaded with
-        all its frontier tails' pools (see [Note: not ready] in cluster/registry.py).
+        """(ready, detail): ready once every model and version the registry found has been
+        tried (none is queued or loading) and at least one serves with all its frontier
+        tails that could start (see [Note: not ready] in cluster/registry.py). A model,
+        version or tail that failed does not hold readiness back: the others serve, and
+        it is listed with its cause ([Note: failed tails]).
 
-        detail: versions loaded, pools, missing (tails without a pool), not_ready
-        ({'model@version' or 'model': why}) and, when not ready, reason (one line)."""
+        detail: versions loaded, pools, missing (tails without a pool yet), not_ready
+        ({'model@version' or 'model': why}), failed (every version, model and
+        'model@version@cut' tail not served, with why) and, when not ready, reason (one line)."""
         loaded = self.registry.loaded()
         not_ready = self.registry.not_ready()
+        failed_tails = self.failed_tails()
         with self._pools_lock:
             missing = [f"{lv.key}@{c}" for lv in loaded for c in lv.frontier.cut_ids
-                       if PoolKey(lv.model, lv.version, c) not in self._pools]
+                       if PoolKey(lv.model, lv.version, c) not in self._pools
+                       and f"{lv.key}@{c}" not in failed_tails]
             n = len(self._pools)
+        waiting = {k: why for k, why in not_ready.items() if why in ("queued", "loading")}
+        failed = {k: why for k, why in not_ready.items() if k not in waiting} | failed_tails
         detail: dict[str, Any] = {"versions": [lv.key for lv in loaded], "pools": n, "missing": missing[:20],
-                                  "not_ready": not_ready}
+                                  "not_ready": not_ready, "failed": failed}
         if self.registry.policy_dir is not None:
             # Shown, not counted: a bad policy file leaves the last good policy serving.
             detail["policy_errors"] = {m: s["error"] for m, s in self._policy_status.items() if s["error"]}
-        ready = bool(loaded) and not missing and not not_ready
+        ready = bool(loaded) and not missing and not waiting
         if not ready:
-            detail["reason"] = self._why_not_ready(bool(loaded), missing, not_ready)
+            detail["reason"] = self._why_not_ready(bool(loaded), missing, not_ready if waiting or not loaded else {})
         return ready, detail
+
+    @staticmethod
+    def _service_health(detail: Mapping[str, Any]) -> dict[str, bool]:
+        """gRPC health service name -> serving: every loaded 'model' and 'model@version' serves;
+        every failed one, and each failed tail as 'model@version@cut', does not."""
+        out: dict[str, bool] = {}
+        for key in detail["failed"]:
+            out[key] = False
+            out.setdefault(key.split("@")[0], False)
+        for key in detail["versions"]:
+            out[key] = True
+            out[key.split("@")[0]] = True
+        return out
 
     def _why_not_ready(self, any_loaded: bool, missing: list[str], not_ready: Mapping[str, str]) -> str:
         if not self.registry.scanned and not any_loaded:
@@ -439,13 +504,43 @@ class Gateway:
         return (f"no model in the registry {self.registry.root}: it holds no <name>/<version>/model.onnx; "
                 f"add one with 'splitinfer registry add MODEL {self.registry.root}' and restart")
 
+    def _count_failed_version(self, model: str, version: str, e: BaseException) -> None:
+        self.metrics.observe_load_failure(model, version, load_failure_reason(e))
+
     def _preload(self, lv: LoadedVersion) -> None:
+        """[Note: failed tails] A frontier tail whose pool cannot start (a cut that cannot be
+        made, a tail that ONNX Runtime refuses, a warm-up that fails) is recorded with its
+        cause and counted, and the version's other tails load and serve: /readyz, the health
+        service and GetArtifacts (failed_tails.json) name it, and its requests get
+        FAILED_PRECONDITION with the cause. Only a version none of whose tails starts fails
+        as a whole (the registry then records it as failed)."""
         t0 = time.monotonic()
+        failed: list[str] = []
         for cut in lv.frontier.cut_ids:
             if self._closed:  # shutting down while loading: the pools made so far are closed by close()
                 raise Unavailable(reason=f"the gateway is shutting down; {lv.key} was not loaded")
-            self._create_pool(lv, cut)
-        logger.info("%s: preloaded %d frontier tails in %.1f s", lv.key, len(lv.frontier.cuts), time.monotonic() - t0)
+            try:
+                self._create_pool(lv, cut)
+            except FailedPrecondition as e:
+                failed.append(f"{cut}: {e.reason}")
+        if failed and len(failed) == len(lv.frontier.cut_ids):
+            for cut in lv.frontier.cut_ids:  # the whole version is counted as failed instead
+                self._failed_tails.pop(PoolKey(lv.model, lv.version, cut), None)
+            raise FailedPrecondition(reason=f"no tail of {lv.key} could be loaded: {'; '.join(failed[:3])}",
+                                     fix="check the model with 'splitinfer split --verify'")
+        logger.info("%s: preloaded %d frontier tails in %.1f s%s", lv.key, len(lv.frontier.cuts) - len(failed),
+                    time.monotonic() - t0, f"; {len(failed)} failed: {'; '.join(failed)}" if failed else "")
+
+    @staticmethod
+    def _pool_samples(lv: LoadedVersion, cut_id: str) -> dict[str, Any]:
+        """`sample_inputs=` for the pool factory, where the version has sample inputs."""
+        samples = lv.files.tail_samples(cut_id, known=lv.frontier.cut_ids)
+        return {} if samples is None else {"sample_inputs": samples}
+
+    def failed_tails(self, model: str | None = None, version: str | None = None) -> dict[str, str]:
+        """'model@version@cut' -> why its pool could not start ([Note: failed tails])."""
+        return {str(k): why for k, why in list(self._failed_tails.items())
+                if (model is None or k.model == model) and (version is None or k.version == version)}
 
     def _create_pool(self, lv: LoadedVersion, cut_id: str) -> Pool:
         key = PoolKey(lv.model, lv.version, cut_id)
@@ -453,11 +548,24 @@ class Gateway:
             pool = self._pools.get(key)
         if pool is not None:
             return pool
-        path = lv.files.tail_path(cut_id, known=lv.frontier.cut_ids)
+        why = self._failed_tails.get(key)
+        if why is not None:
+            raise _failed_tail(key, why)
+        cutting = True
         try:
-            pool = self.pool_factory.create(key, path, lv.config, self.metrics)
-        except Exception as e:  # noqa: BLE001 - becomes Unavailable/Internal with the details logged
-            raise to_cluster_error(e, str(key)) from e
+            path = lv.files.tail_path(cut_id, known=lv.frontier.cut_ids)
+            cutting = False
+            pool = self.pool_factory.create(key, path, lv.config, self.metrics, **self._pool_samples(lv, cut_id))
+        except Exception as e:  # noqa: BLE001 - recorded, or becomes Unavailable/Internal with the details logged
+            if isinstance(e, UnknownCutError) or _transient(e) or self._closed:
+                raise to_cluster_error(e, str(key)) from e
+            why = _one_line(e)
+            self._failed_tails[key] = why
+            self.metrics.observe_load_failure(lv.model, lv.version, load_failure_reason(e, cutting=cutting))
+            logger.error("the tail %s failed to load; the other tails keep serving: %s", key, why,
+                         exc_info=not isinstance(e, ClusterError))
+            self._push_health()
+            raise _failed_tail(key, why) from e
         with self._pools_lock:
             if not self._closed:
                 self._pools[key] = pool
@@ -473,6 +581,9 @@ class Gateway:
             pool = self._pools.get(key)
         if pool is not None:
             return pool
+        why = self._failed_tails.get(key)
+        if why is not None:
+            raise _failed_tail(key, why)
         fut = self._creating.get(key)
         if fut is None:
             # One creation per key however many requests wait on it.
@@ -652,6 +763,10 @@ class Gateway:
                                         action="fetch artifacts of")
         with self.registry.lease(request.model, request.version, request.device_id) as lv:
             files = await asyncio.get_running_loop().run_in_executor(None, lv.files.artifact_files)
+            failed = {k.rsplit("@", 1)[1]: why for k, why in self.failed_tails(lv.model, lv.version).items()}
+            if failed:
+                # [Note: failed tails]: the agent learns which preloaded cuts this gateway cannot serve.
+                files["failed_tails.json"] = json.dumps(failed, sort_keys=True, indent=1).encode()
         logger.info("artifacts of %s (%d files) sent to %s/%s", lv.key, len(files), principal.name,
                     request.device_id or "-")
         return ArtifactsResponse(model=lv.model, version=lv.version, files=files)

@@ -14,6 +14,8 @@ Metric names (the Helm chart's dashboard and ServiceMonitor read them):
     splitinfer_capacity_requests_per_second{model,version,cut}  gauge; full batches on every instance
     splitinfer_arrival_requests_per_second{model,version,cut}   gauge; arrivals, admitted or not
     splitinfer_discarded_results_total{model,version,cut}  counter; results computed after their deadline
+    splitinfer_model_load_failures_total{model,version,reason}  counter; versions and tails that failed to
+                                                       load, by LOAD_FAILURE_REASONS (the cause: /readyz)
 
 The per-pool series are read from the pools when scraped (`set_load_source`), so they
 cost the request path nothing. Each refusal reason is also logged, at most once per
@@ -42,8 +44,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-__all__ = ["GatewayMetrics", "MetricsServer", "JsonLogFormatter", "PoolLoadSample", "REFUSAL_REASONS",
-           "REFUSAL_LOG_INTERVAL_S", "STAGES", "configure_logging"]
+__all__ = ["GatewayMetrics", "MetricsServer", "JsonLogFormatter", "LOAD_FAILURE_REASONS", "PoolLoadSample",
+           "REFUSAL_REASONS", "REFUSAL_LOG_INTERVAL_S", "STAGES", "configure_logging"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,17 @@ REFUSAL_REASONS = (
     "malformed",  # the frame did not decode (counted by the server, before the gateway)
 )
 REFUSAL_LOG_INTERVAL_S = 10.0
+
+LOAD_FAILURE_REASONS = (
+    "registry",  # the version's files: model.yaml, sample inputs, a model the partitioner cannot read
+    "cut",  # the tail of a cut could not be cut from the model
+    "session",  # ONNX Runtime refused the tail (or its pre-optimised artefact)
+    "optimise",  # ONNX Runtime could not optimise the tail
+    "warmup",  # the tail loaded but its warm-up run failed
+    "other",  # anything else (the log has the details)
+)
+"""The `reason` label of splitinfer_model_load_failures_total: a small fixed set, so that
+the series stay few; the full cause is on /readyz and in the log."""
 
 PoolLoadSample = tuple[tuple[str, str, str], int, "float | None", "float | None", int, "float | None"]
 """((model, version, cut), queue depth, predicted wait s, capacity req/s, discarded results,
@@ -128,6 +141,10 @@ class GatewayMetrics:
                                 "Requests refused or expired, by model and reason (see REFUSAL_REASONS).",
                                 ("model", "reason"), registry=self.registry)
         self._refusals: dict[tuple[str, str], Any] = {}
+        self.load_failures = Counter("splitinfer_model_load_failures_total",
+                                     "Model versions and tails that failed to load, by model, version and reason "
+                                     "(see LOAD_FAILURE_REASONS).", ("model", "version", "reason"),
+                                     registry=self.registry)
         self._refusal_log: dict[str, tuple[float, int]] = {}
         """reason -> (when it was last logged, count since then)."""
         self._refusal_lock = threading.Lock()
@@ -160,6 +177,11 @@ class GatewayMetrics:
             self._refusal_log[reason] = (now_s, 0)
         logger.warning("%d requests refused (%s) since this reason was last logged; the last for model %s",
                        n, reason, model or "-", extra={"model": model, "status": reason})
+
+    def observe_load_failure(self, model: str, version: str, reason: str) -> None:
+        """Counts one version or tail that failed to load; ``reason`` is one of LOAD_FAILURE_REASONS."""
+        self.load_failures.labels(model or "-", version or "-",
+                                  reason if reason in LOAD_FAILURE_REASONS else "other").inc()
 
     def observe_request(self, model: str, version: str, status: str) -> None:
         key = (model, version or "-", status)

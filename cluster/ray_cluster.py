@@ -196,7 +196,10 @@ class RayPoolFactory:
         """Send requests to same-node workers over their direct channel
         (workers.PoolConfig.direct); off, every request is a plain Ray actor call."""
 
-    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> RayPool:
+    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
+               *, sample_inputs: Any = None) -> RayPool:
+        """``sample_inputs`` are not sent to the workers: they warm up only where that is safe
+        without them ([Note: any shape] in workers/engine.py)."""
         if not ray.is_initialized():
             raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
         return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, direct=self.direct,

@@ -71,7 +71,7 @@ from cluster._registry_policy import (
     read_policy_dir,
     route,
 )
-from cluster.errors import ClusterError, UnknownModelError, UnknownVersionError
+from cluster.errors import ClusterError, FailedPrecondition, Unavailable, UnknownModelError, UnknownVersionError
 
 __all__ = [
     "LAYOUT",
@@ -192,6 +192,9 @@ class Registry:
         self._stop_loading = threading.Event()
         self.on_loaded: list[Callable[[LoadedVersion], None]] = []
         self.on_drained: list[Callable[[LoadedVersion], None]] = []
+        self.on_failed: list[Callable[[str, str, BaseException], None]] = []
+        """`on_failed(model, version, error)` runs for each version `load_all` could not load
+        ('' for a model whose policy could not be read); the gateway counts them."""
 
     # -- discovery ----------------------------------------------------------------------
 
@@ -239,6 +242,7 @@ class Registry:
                 if not keep_going:
                     raise
                 pending[model] = f"failed: {e}"
+                self._failed(model, [""], e)
                 continue
             selected = policy.select(versions)
             if not selected:
@@ -287,6 +291,15 @@ class Registry:
             if not failed:  # its default or canary could not be set
                 pending[model] = f"failed: {e}"
             self._pending = pending
+        self._failed(model, failed or [""], e)
+
+    def _failed(self, model: str, versions: Sequence[str], e: BaseException) -> None:
+        for v in versions:
+            for hook in self.on_failed:
+                try:
+                    hook(model, v, e)
+                except Exception:  # noqa: BLE001 - a failing hook must not hide the load failure
+                    logger.exception("on_failed hook failed for %s@%s", model, v)
 
     def stop_loading(self) -> None:
         """A running `load_all` loads no further version (the process is shutting down)."""
@@ -335,6 +348,7 @@ class Registry:
             if state is not None and version in state.versions:
                 return state.versions[version]
         files = VersionFiles(self.root, model, version, cache_dir=self.cache_dir)
+        files.check_inputs()
         lv = LoadedVersion(files, files.frontier())
         for hook in self.on_loaded:
             hook(lv)
@@ -527,13 +541,33 @@ class Registry:
             return self._resolve(model, version, device_id)
 
     def _resolve(self, model: str, version: str, device_id: str) -> LoadedVersion:
-        state = self._state(model)
-        if version in ROUTED_VERSIONS:
-            version = route(model, self._default(state), state.canary, device_id)
-        lv = state.versions.get(version)
-        if lv is None:
-            raise UnknownVersionError(model=model, version=version, known=self._known(state))
+        try:
+            state = self._state(model)
+            if version in ROUTED_VERSIONS:
+                version = route(model, self._default(state), state.canary, device_id)
+            lv = state.versions.get(version)
+            if lv is None:
+                raise UnknownVersionError(model=model, version=version, known=self._known(state))
+        except (UnknownModelError, UnknownVersionError) as e:
+            raise self._unserved(model, version) or e from None
         return lv
+
+    def _unserved(self, model: str, version: str) -> ClusterError | None:
+        """Why `model@version` (any version when routed) is not served, when `load_all` found it:
+        FailedPrecondition naming the cause of a failed load, Unavailable while it loads; else None."""
+        pending = self._pending
+        if version in ROUTED_VERSIONS:
+            found = [(k, why) for k, why in pending.items() if k == model or k.startswith(model + "@")]
+        else:
+            found = [(k, pending[k]) for k in (f"{model}@{version}", model) if k in pending]
+        if not found:
+            return None
+        key, why = found[0]
+        if why in ("queued", "loading"):
+            return Unavailable(reason=f"{key} is {why}; retry once GET /readyz lists it among the versions")
+        return FailedPrecondition(reason=f"{key} is not served: {why}",
+                                  fix="fix it as the cause says and restart the gateway (GET /readyz lists every "
+                                      "model that failed and why)")
 
     @contextmanager
     def lease(self, model: str, version: str, device_id: str = "") -> Iterator[LoadedVersion]:

@@ -123,14 +123,32 @@ class Health:
     def __init__(self, servicer: health.aio.HealthServicer) -> None:
         self._servicer = servicer
         self.ready = False
+        self.services: dict[str, bool] = {}
+        """Per-model service name ('model', 'model@version', 'model@version@cut') -> serving."""
 
-    async def set_ready(self, ready: bool) -> None:
-        """SERVING when ready, NOT_SERVING otherwise, for '' and the inference service."""
+    async def set_ready(self, ready: bool, *, services: Mapping[str, bool] | None = None) -> None:
+        """SERVING when ready, NOT_SERVING otherwise, for '' and the inference service.
+
+        ``services``: the state of each model as a service of its own, so a health check of
+        'model' or 'model@version' says whether that one serves (a failed one is
+        NOT_SERVING while the others serve); a name set before and now absent becomes
+        NOT_SERVING."""
+        changed = ready != self.ready
         self.ready = ready
-        st = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-        await self._servicer.set("", st)
-        await self._servicer.set(SERVICE_NAME, st)
-        logger.info("health set to %s", "SERVING" if ready else "NOT_SERVING")
+        await self._servicer.set("", _health_status(ready))
+        await self._servicer.set(SERVICE_NAME, _health_status(ready))
+        if services is not None:
+            now = {k: bool(v) for k, v in services.items()} | {k: False for k in self.services if k not in services}
+            for name, serving in now.items():
+                if self.services.get(name) != serving:
+                    await self._servicer.set(name, _health_status(serving))
+            self.services = now
+        if changed or services is None:
+            logger.info("health set to %s", "SERVING" if ready else "NOT_SERVING")
+
+
+def _health_status(serving: bool) -> int:
+    return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

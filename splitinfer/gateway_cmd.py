@@ -6,10 +6,13 @@
 
 `--ray-address local-noray` runs the tails in this process (Engines and a batcher, no
 Ray). The process serves at once but reports NOT_SERVING (gRPC health, /readyz 503,
-whose JSON names each model not ready yet and why) until every version it found has its
-frontier tails loaded. A registry that is missing, empty or holds nothing in the layout
-`<name>/<version>/model.onnx` is an error at start (exit 2; `--allow-empty` lets an
-empty one start); so is a registry none of whose models loads. SIGTERM or SIGINT
+whose JSON names each model not ready yet and why) until every version it found has been
+tried and at least one serves. A model, version or tail that fails to load is listed
+with its cause (/readyz `failed`, a health service per model, GetArtifacts) and counted,
+and the others serve (see [Note: failed tails] in cluster/gateway.py). A registry that
+is missing, empty or holds nothing in the layout `<name>/<version>/model.onnx` is an
+error at start (exit 2; `--allow-empty` lets an empty one start); so is a registry none
+of whose models loads. SIGTERM or SIGINT
 drains requests for up to 5 s, closes the pools and exits 0, also while loading.
 `--policy-dir` is a directory of `<model>.policy.yaml` files (the registry ConfigMap,
 mounted) that override `<registry>/<model>/policy.yaml` and are applied live when
@@ -167,6 +170,9 @@ async def _serve(a: argparse.Namespace, gateway, stop: asyncio.Event) -> int:  #
         failed = {k: v for k, v in detail["not_ready"].items() if v.startswith("failed")}
         if ready:
             logger.info("gateway ready: %s", gateway.registry.to_json())
+            if failed or detail["failed"]:
+                logger.warning("gateway serving without what failed to load: %s (GET /readyz lists them)",
+                               "; ".join(f"{k}: {v}" for k, v in detail["failed"].items()))
         elif failed and not detail["versions"]:
             shown = "; ".join(f"{k}: {v}" for k, v in failed.items())
             print(f"splitinfer gateway: error: no model of --registry {a.registry!r} could be loaded: {shown}",

@@ -1,5 +1,6 @@
 """Small generated models for serving tests: symbolic H/W, an integer input that sets a
-shape, a mask whose dummy values break the batch check, and a model ONNX Runtime refuses."""
+shape, a mask whose dummy values break the batch check, and a model ONNX Runtime refuses
+in part."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ OPSET = 17
 C = 4
 
 
-def _model(nodes, inputs, outputs, inits=(), *, domains: tuple[str, ...] = ()) -> onnx.ModelProto:
+def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "serving", inputs, outputs, initializer=list(inits))
-    opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in domains]
-    model = helper.make_model(graph, opset_imports=opsets)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8
     return model
 
@@ -64,17 +64,17 @@ def mask_model() -> onnx.ModelProto:
 
 
 def refused_model(*, seed: int = 0) -> onnx.ModelProto:
-    """x[1, 4] -> an operator of a domain ONNX Runtime does not know -> MatMul -> MatMul -> y.
-    It cuts, but ONNX Runtime refuses every segment that holds that first operator: the
-    whole model (the cloud-only cut) fails to load, the tails after it load."""
+    """x[1, 4] float64 -> Tan -> Cast to float32 -> MatMul -> MatMul -> y. A valid model, but
+    ONNX Runtime has no float64 Tan kernel on the CPU, so it refuses every segment that
+    holds that first layer: the whole model (the cloud-only cut) fails to load, and the
+    tails after it load."""
     rng = np.random.default_rng(seed)
     ws = [numpy_helper.from_array(rng.standard_normal((C, C)).astype(np.float32), f"w{i}") for i in range(2)]
     nodes = [
-        helper.make_node("NoSuchOp", ["x"], ["r"], name="nope", domain="test.unknown"),
+        helper.make_node("Tan", ["x"], ["t"], name="tan"),
+        helper.make_node("Cast", ["t"], ["r"], name="cast", to=TensorProto.FLOAT),
         helper.make_node("MatMul", ["r", "w0"], ["m0"], name="mm0"),
         helper.make_node("MatMul", ["m0", "w1"], ["y"], name="mm1"),
     ]
-    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C])], ws, domains=("test.unknown",))
-    model.graph.value_info.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, C]))
-    return model
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, C])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C])], ws)

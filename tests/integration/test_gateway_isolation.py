@@ -1,0 +1,152 @@
+"""A gateway that isolates failures, over real gRPC on 127.0.0.1 with in-process pools: a
+model that cannot load (a corrupt file) and a tail that ONNX Runtime refuses are marked
+failed with their cause, the others serve, and /readyz, the health service, GetArtifacts,
+the metric and the requests themselves say which failed and why."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+from cluster.errors import FailedPrecondition
+from cluster.gateway import Gateway, LocalPoolFactory
+from cluster.metrics import GatewayMetrics, MetricsServer
+from cluster.protocol.client import SyncInferenceClient, make_request
+from cluster.registry import Registry
+from cluster.server import serve_in_thread
+from tests.integration.test_gateway_http import get
+from tests.onnx_models import conv_bn_relu_chain
+from tests.serving_models import refused_model
+
+pytestmark = pytest.mark.grpc
+
+
+def _version(root, name: str, model: onnx.ModelProto | bytes) -> None:
+    d = root / name / "1"
+    d.mkdir(parents=True)
+    if isinstance(model, bytes):
+        (d / "model.onnx").write_bytes(model)
+    else:
+        onnx.save(model, str(d / "model.onnx"))
+    (d / "model.yaml").write_text("frontier: {default_cut_count: 2}\n")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repo")
+    _version(root, "good", conv_bn_relu_chain(2))
+    _version(root, "corrupt", b"\x08\x07 this is not an onnx model")
+    _version(root, "partial", refused_model())
+    registry = Registry(str(root), cache_dir=str(tmp_path_factory.mktemp("cache")))
+    metrics = GatewayMetrics()
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path_factory.mktemp("ort"))), metrics=metrics)
+    server = serve_in_thread(gateway)
+    http = MetricsServer(metrics, gateway.readiness)
+    try:
+        asyncio.run_coroutine_threadsafe(gateway.start(keep_going=True), server._loop).result(120)
+        yield gateway, server, http
+    finally:
+        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
+        server.stop()
+        http.stop()
+
+
+def test_the_good_models_serve_while_the_failed_ones_are_listed_with_their_cause(stack):
+    gateway, server, http = stack
+    code, body = get(http.url + "/readyz")
+    detail = json.loads(body)
+    assert code == 200 and detail["ready"] is True, detail
+    assert sorted(detail["versions"]) == ["good@1", "partial@1"]
+    failed = detail["failed"]
+    assert set(failed) == {"corrupt@1", "partial@1@L"}, failed
+    assert "cannot be parsed as ONNX" in failed["corrupt@1"] or "partitioner" in failed["corrupt@1"]
+    assert "Tan" in failed["partial@1@L"]
+    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    with SyncInferenceClient(server.address) as c:
+        assert c.infer(make_request("good", "1", "L", {"x": x})).outputs["y"].shape == (1, 3)
+        # The tails after the refused operator load and serve.
+        partial = gateway.registry.resolve("partial", "1")
+        assert [cut for cut in partial.frontier.cut_ids if cut != "L"]
+        for cut in partial.frontier.cuts:
+            if cut.cut_id == "L":
+                continue
+            boundary = {name: np.ones((1, 4), np.float32) for name in cut.boundary}
+            assert c.infer(make_request("partial", "1", cut.cut_id, boundary)).outputs["y"].shape == (1, 4)
+
+
+def test_a_request_for_a_failed_model_or_tail_gets_failed_precondition_with_the_cause(stack):
+    _, server, _ = stack
+    with SyncInferenceClient(server.address) as c:
+        with pytest.raises(FailedPrecondition) as e:
+            c.infer(make_request("corrupt", "1", "L", {"x": np.zeros((1, 4), np.float32)}))
+        assert "corrupt@1 is not served: failed: " in str(e.value)
+        with pytest.raises(FailedPrecondition) as e:
+            c.infer(make_request("corrupt", "", "L", {"x": np.zeros((1, 4), np.float32)}))
+        assert "corrupt@1" in str(e.value)
+        with pytest.raises(FailedPrecondition) as e:
+            c.infer(make_request("partial", "1", "L", {"x": np.zeros((1, 4), np.float64)}))
+        assert "the tail partial@1@L failed to load" in str(e.value) and "Tan" in str(e.value)
+        # The server keeps serving after them.
+        x = np.zeros((1, 4, 5, 5), np.float32)
+        assert c.infer(make_request("good", "1", "L", {"x": x})).outputs["y"].shape == (1, 3)
+
+
+def test_health_names_each_model_and_failed_tail(stack):
+    _, server, _ = stack
+    with SyncInferenceClient(server.address) as c:
+        assert c.health() == "SERVING"
+        assert c.health("good") == "SERVING" and c.health("good@1") == "SERVING"
+        assert c.health("corrupt") == "NOT_SERVING" and c.health("corrupt@1") == "NOT_SERVING"
+        assert c.health("partial@1") == "SERVING" and c.health("partial@1@L") == "NOT_SERVING"
+
+
+def test_get_artifacts_says_which_tails_failed_and_why(stack):
+    _, server, _ = stack
+    with SyncInferenceClient(server.address) as c:
+        files = c.get_artifacts("partial", "1").files
+        failed = json.loads(files["failed_tails.json"])
+        assert set(failed) == {"L"} and "Tan" in failed["L"]
+        assert "failed_tails.json" not in c.get_artifacts("good", "1").files
+        with pytest.raises(FailedPrecondition) as e:
+            c.get_artifacts("corrupt", "1")
+        assert "corrupt@1 is not served" in str(e.value)
+
+
+def test_the_metric_counts_each_load_failure_by_reason(stack):
+    _, _, http = stack
+    _, text = get(http.url + "/metrics")
+    lines = [line for line in text.splitlines() if line.startswith("splitinfer_model_load_failures_total{")]
+    assert 'splitinfer_model_load_failures_total{model="corrupt",reason="registry",version="1"} 1.0' in lines, lines
+    assert 'splitinfer_model_load_failures_total{model="partial",reason="optimise",version="1"} 1.0' in lines, lines
+    assert not [line for line in lines if 'model="good"' in line]
+
+
+def test_a_version_none_of_whose_tails_loads_fails_as_a_whole(tmp_path):
+    d = tmp_path / "repo" / "bad" / "1"
+    d.mkdir(parents=True)
+    onnx.save(refused_model(), str(d / "model.onnx"))
+    # Only the cloud-only cut: the one tail there is holds the refused operator.
+    (d / "model.yaml").write_text("frontier: {default_cut_count: 0}\n")
+    _version(tmp_path / "repo", "good", conv_bn_relu_chain(2))
+    registry = Registry(str(tmp_path / "repo"), cache_dir=str(tmp_path / "cache"))
+    metrics = GatewayMetrics()
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "ort")), metrics=metrics)
+
+    async def main():
+        await gateway.start(keep_going=True)
+        try:
+            return gateway.readiness()
+        finally:
+            await gateway.close()
+
+    ready, detail = asyncio.run(main())
+    assert ready and detail["versions"] == ["good@1"]
+    assert detail["failed"]["bad@1"].startswith("failed: ") and "no tail of bad@1 could be loaded" in \
+        detail["failed"]["bad@1"]
+    assert gateway.failed_tails() == {}  # counted once, as the version
+    assert os.path.isdir(tmp_path / "repo" / "bad" / "1")
