@@ -190,9 +190,20 @@ class ModelConfig:
     node. The in-process pool (``local-noray``) has no nodes and ignores it."""
     frontier: FrontierConfig = field(default_factory=FrontierConfig)
     """How the preloaded cuts are chosen."""
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    """Shapes of the model's inputs with symbolic dims, by input name: ``[1, 3, 640, 640]``
+    or ``"1x3x640x640"`` (``--input-shape`` of the other commands). They fix the shapes
+    the model is cut and warmed up at; requests may still bring other sizes in the dims
+    the model leaves symbolic."""
+    sample_inputs: str = ""
+    """An ``.npz`` of real inputs by input name (``numpy.savez``), relative to the
+    version's directory (``--inputs`` of the other commands). Tails are warmed up on
+    what the head makes of them, and the batch check runs on them, never on invented
+    values. Empty: none."""
 
     _FIELDS = ("name", "description", "max_batch_size", "max_queue_delay_ms", "max_queue_size", "replicas",
-               "intra_op_threads", "instances", "max_request_bytes", "ray_resources", "frontier")
+               "intra_op_threads", "instances", "max_request_bytes", "ray_resources", "frontier", "input_shapes",
+               "sample_inputs")
 
     def __post_init__(self) -> None:
         for name, lo in (("max_batch_size", 1), ("max_queue_size", 1), ("replicas", 1), ("intra_op_threads", 0),
@@ -213,9 +224,19 @@ class ModelConfig:
         # A copy of its own: the caller's dict changing later cannot change a frozen
         # config. Left out of the hash (a dict has none), so configs stay hashable.
         object.__setattr__(self, "ray_resources", dict(self.ray_resources))
+        object.__setattr__(self, "input_shapes", _parse_input_shapes(self.input_shapes))
+        if self.sample_inputs:
+            rel = self.sample_inputs
+            if os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == ".." or not rel.endswith(".npz"):
+                raise ValueError(f"sample_inputs={rel!r} must be an .npz file inside the version's directory, "
+                                 "given relative to it, such as inputs.npz")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def input_shape_specs(self) -> list[str]:
+        """``input_shapes`` as ``--input-shape`` values (``NAME=D0xD1x...``)."""
+        return [f"{k}={'x'.join(map(str, v))}" for k, v in self.input_shapes.items()]
 
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
@@ -240,13 +261,44 @@ class ModelConfig:
         return dataclasses.replace(base, frontier=frontier)
 
 
+def _parse_input_shapes(raw: Any) -> dict[str, tuple[int, ...]]:
+    """model.yaml's input_shapes: {NAME: [d0, d1, ...] or "D0xD1x..."} -> {NAME: dims}."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"input_shapes={raw!r} must map input names to shapes, such as "
+                         "{images: [1, 3, 640, 640]} or {images: 1x3x640x640}")
+    out = {}
+    for name, dims in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"input_shapes names {name!r}; name a model input")
+        if isinstance(dims, str):
+            from partitioner import PartitionError
+            from partitioner.shapes import parse_input_shape
+
+            try:
+                named, shape = parse_input_shape(dims)
+            except PartitionError as e:
+                raise ValueError(f"input_shapes[{name!r}]: {e}") from None
+            if named is not None:
+                raise ValueError(f"input_shapes[{name!r}]={dims!r} names an input inside the shape; write "
+                                 f"{name}: {dims.rpartition('=')[2]}")
+        elif (isinstance(dims, (list, tuple)) and dims
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)):
+            shape = tuple(dims)
+        else:
+            raise ValueError(f"input_shapes[{name!r}]={dims!r} is not a shape; give positive integer dims such as "
+                             "[1, 3, 640, 640] or 1x3x640x640")
+        out[name] = shape
+    return out
+
+
 def set_model_yaml(path: str, **fields: int | float | str) -> ModelConfig:
     """Sets top-level scalar fields of the model.yaml at ``path`` (created if missing)
     and returns the config it now holds. Each field's line is replaced where it stands,
     or added at the end; every other line, comments included, stays as it was. The new
     text must load as a ModelConfig (RegistryError naming the field, and the file
     untouched, otherwise); it replaces the file atomically."""
-    settable = [f for f in ModelConfig._FIELDS if f != "frontier"]  # frontier's fields span lines of their own
+    # frontier's and input_shapes' fields span lines of their own
+    settable = [f for f in ModelConfig._FIELDS if f not in ("frontier", "input_shapes")]
     unknown = sorted(set(fields) - set(settable))
     if unknown:
         raise RegistryError(path=path, reason=f"cannot set {unknown} this way",
@@ -399,6 +451,80 @@ class VersionFiles:
                                 fix="copy the model there as model.onnx")
         if os.path.getsize(self.model_path) == 0:
             raise RegistryError(path=self.model_path, reason="is empty", fix="copy the whole model file again")
+
+    # -- inputs: declared shapes and sample inputs -------------------------------------
+
+    def input_names(self) -> list[str]:
+        """The model's inputs (graph inputs that are not initializers), read without its weights."""
+        import onnx
+
+        try:
+            graph = onnx.load(self.model_path, load_external_data=False).graph
+        except Exception as e:  # noqa: BLE001 - onnx raises DecodeError and others for a corrupt file
+            raise RegistryError(path=self.model_path, reason=f"cannot be parsed as ONNX ({type(e).__name__})",
+                                fix="export a valid ONNX model") from e
+        weights = {t.name for t in graph.initializer}
+        return [i.name for i in graph.input if i.name not in weights]
+
+    def check_inputs(self) -> None:
+        """Checks model.yaml's input_shapes and sample_inputs against the model; RegistryError
+        naming the field, the value and the fix otherwise."""
+        if self.config.input_shapes or self.config.sample_inputs:
+            self.sample_inputs()
+
+    def sample_inputs(self) -> dict[str, Any] | None:
+        """model.yaml's sample_inputs, read and checked (None without them); with input_shapes
+        and no samples, None too: shapes alone fix no values ([Note: warm-up inputs])."""
+        yml = os.path.join(self.path, "model.yaml")
+        names = self.input_names()
+        unknown = sorted(set(self.config.input_shapes) - set(names))
+        if unknown:
+            raise RegistryError(path=yml, reason=f"input_shapes names {unknown}, which are not inputs of the model",
+                                fix=f"name its inputs: {', '.join(names)}")
+        if not self.config.sample_inputs:
+            return None
+        from partitioner import PartitionError
+        from partitioner.shapes import load_sample_inputs
+
+        path = os.path.join(self.path, self.config.sample_inputs)
+        try:
+            samples = load_sample_inputs(path, names)
+        except PartitionError as e:
+            raise RegistryError(path=yml, reason=f"sample_inputs: {e}",
+                                fix="write the file with numpy.savez(path, NAME=array, ...) for every input") from e
+        for name, shape in self.config.input_shapes.items():
+            if tuple(samples[name].shape) != shape:
+                raise RegistryError(path=yml, reason=f"input_shapes gives {name!r} the shape {list(shape)}, but "
+                                                     f"sample_inputs has {list(samples[name].shape)}",
+                                    fix="make them agree, or leave input_shapes out (the samples fix the shapes)")
+        return samples
+
+    def tail_samples(self, cut_id: str, known: Sequence[str] = ()) -> dict[str, Any] | None:
+        """The inputs of the tail of ``cut_id`` made from the version's sample inputs: the head
+        run on them ([Note: warm-up inputs]). None when the version has no sample inputs.
+
+        [Note: warm-up inputs]
+        A tail's inputs are what the head makes of real model inputs, so the registry runs
+        the head of the cut on ``sample_inputs`` (ONNX Runtime, once per tail when its
+        pool starts) and hands the result to the tail's engines: their warm-up and batch
+        check then run on real values. Declared ``input_shapes`` alone fix no values, and
+        inventing the inputs would feed zeros or 0/1 masks into integer tensors that set
+        shapes, so without samples each engine warms up only where that is safe
+        ([Note: any shape] in workers/engine.py)."""
+        samples = self.sample_inputs()
+        if samples is None:
+            return None
+        from partitioner import PartitionError, run_segments
+
+        cut = self.resolve_cut(cut_id, known)
+        head, tail = self.splitter().split(cut, check=False)
+        try:
+            env = run_segments([head], samples, name=f"{self.model}@{self.version}")
+        except PartitionError as e:
+            raise RegistryError(path=os.path.join(self.path, self.config.sample_inputs),
+                                reason=f"the head of cut {cut_id} does not run on the sample inputs ({e})",
+                                fix="give sample inputs the model runs on") from e
+        return {name: env[name] for name in tail.inputs}
 
     # -- profiles and frontier --------------------------------------------------------
 
