@@ -2,6 +2,7 @@
 
     splitinfer registry add MODEL REGISTRY [--name N] [--version V] [--force] [--description TEXT]
                             [--profile [--runs N]] [--edge DEVICE] [--cloud DEVICE] [--frontier]
+                            [--input-shape NAME=D0xD1x... ...] [--inputs FILE.npz]
     splitinfer registry list REGISTRY
 
 `add` writes REGISTRY/<name>/<version>/{model.onnx, model.yaml} (docs/registry.md) and,
@@ -13,7 +14,11 @@ with the flags, the rest of what the gateway and the edge agents read:
   (rpi4, jetson-orin-nano, t4, ...) as that profile instead;
 - `--frontier` writes frontier.json (the planner's frontier from both profiles, else the
   default chain cuts, as the gateway would choose) and cuts the tail of every preloaded
-  cut into segments/, so the gateway starts without cutting.
+  cut into segments/, so the gateway starts without cutting;
+- `--input-shape NAME=D0xD1x...` (repeatable; NAME may be left out for a one-input model)
+  writes model.yaml's `input_shapes`, and `--inputs FILE.npz` copies the sample inputs
+  beside the model as inputs.npz (model.yaml's `sample_inputs`): the gateway warms its
+  tails up and checks batching on them.
 
 MODEL is an .onnx path or a zoo short name (seeded random weights). The name defaults to
 the file's stem or the zoo name; the version to one above the highest numeric version
@@ -70,6 +75,10 @@ class AddOptions:
     """Reference device whose estimate is profiles/cloud.json."""
     frontier: bool = False
     """Write frontier.json and cut the preloaded tails into segments/."""
+    input_shapes: tuple[str, ...] = ()
+    """``--input-shape`` values (``NAME=D0xD1x...``), written as model.yaml's input_shapes."""
+    inputs: str | None = None
+    """An .npz of sample inputs by input name, copied beside the model (model.yaml's sample_inputs)."""
 
 
 def next_version(registry: str, name: str) -> str:
@@ -118,12 +127,45 @@ def _load(spec: str) -> tuple[Any, Any, str, str]:
     return model, graph, name, where
 
 
-def _write_yaml(path: str, name: str, version: str, description: str) -> None:
+_SAMPLES_FILE = "inputs.npz"
+"""Where `--inputs` is copied in the version's directory."""
+
+
+def _inputs_fields(model: Any, o: AddOptions) -> dict[str, Any]:
+    """model.yaml's input_shapes and sample_inputs from the flags, checked against the model."""
+    if not o.input_shapes and o.inputs is None:
+        return {}
+    from partitioner import PartitionError
+    from partitioner.shapes import load_sample_inputs, parse_input_shapes, shapes_of
+
+    weights = {t.name for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in weights]
+    out: dict[str, Any] = {}
+    try:
+        shapes = parse_input_shapes(o.input_shapes, names)
+        if o.inputs is not None:
+            given = shapes_of(load_sample_inputs(o.inputs, names))
+            for name, shape in shapes.items():
+                if given[name] != shape:
+                    raise RegistryCommandError(
+                        f"--input-shape gives {name!r} the shape {'x'.join(map(str, shape))}, but --inputs "
+                        f"{o.inputs!r} has {'x'.join(map(str, given[name]))}; make them agree, or leave "
+                        "--input-shape out (the samples fix the shapes)")
+            out["sample_inputs"] = _SAMPLES_FILE
+    except PartitionError as e:
+        raise RegistryCommandError(str(e)) from e
+    if shapes:
+        out["input_shapes"] = {k: list(v) for k, v in shapes.items()}
+    return out
+
+
+def _write_yaml(path: str, name: str, version: str, description: str, extra: dict[str, Any] | None = None) -> None:
     import yaml
 
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"# {name}@{version}, written by splitinfer registry add; every field: docs/registry.md\n")
-        yaml.safe_dump({"name": name, "description": description}, fh, sort_keys=False)
+        yaml.safe_dump({"name": name, "description": description, **(extra or {})}, fh, sort_keys=False,
+                       default_flow_style=None)
 
 
 def _profiles(model: Any, graph: Any, o: AddOptions, say: Callable[[str], None]) -> dict[str, tuple[Any, str]]:
@@ -162,6 +204,7 @@ def add_model(spec: str, registry: str, o: AddOptions = AddOptions(), *,
     t0 = time.monotonic()
     say(f"[{next(step)}/{steps}] loading {spec}")
     model, graph, default_name, where = _load(spec)
+    inputs_fields = _inputs_fields(model, o)
     name = o.name or default_name
     _check_name("--name" if o.name else "name", name)
     version = o.version or next_version(registry, name)
@@ -190,8 +233,11 @@ def add_model(spec: str, registry: str, o: AddOptions = AddOptions(), *,
         except ValueError as e:  # a model of 2 GiB or more does not fit one protobuf
             raise RegistryCommandError(f"{spec}: cannot be written as one model.onnx ({e}); the registry holds "
                                        "single-file models under 2 GiB") from e
-        _write_yaml(os.path.join(vdir, "model.yaml"), name, version, o.description or where)
+        _write_yaml(os.path.join(vdir, "model.yaml"), name, version, o.description or where, inputs_fields)
         written = ["model.onnx", "model.yaml"]
+        if o.inputs is not None:
+            shutil.copyfile(o.inputs, os.path.join(vdir, _SAMPLES_FILE))
+            written.append(_SAMPLES_FILE)
         if o.profile or o.edge is not None or o.cloud is not None:
             say(f"[{next(step)}/{steps}] profiles")
             profiles = _profiles(model, graph, o, say)
@@ -224,6 +270,7 @@ def _frontier(stage: str, name: str, version: str, say: Callable[[str], None], l
     from cluster.registry import VersionFiles
 
     files = VersionFiles(stage, name, version)
+    files.check_inputs()
     say(f"{label} frontier.json and the tails of its cuts")
     front = files.frontier()
     say(f"      {len(front.cuts)} cuts to preload ({front.source} frontier)")
@@ -317,6 +364,12 @@ def make_parser() -> argparse.ArgumentParser:
     a.add_argument("--frontier", action="store_true",
                    help="write frontier.json and cut the preloaded tails into segments/ (the planner's frontier "
                         "with both profiles, else the default chain cuts)")
+    a.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0xD1x...",
+                   help="fix an input's symbolic dims, written as model.yaml's input_shapes (repeatable; NAME may "
+                        "be left out for a model with one input)")
+    a.add_argument("--inputs", metavar="FILE.npz",
+                   help="sample inputs by input name (numpy.savez), copied beside the model: the gateway warms "
+                        "its tails up and checks batching on them")
     ls = sub.add_parser("list", help="show the models and versions in REGISTRY, and what does not fit the layout")
     ls.add_argument("registry", metavar="REGISTRY")
     return p
@@ -328,7 +381,8 @@ def registry_main(argv: Sequence[str]) -> int:
     if a.command == "list":
         return list_registry(a.registry)
     o = AddOptions(name=a.name, version=a.version, force=a.force, description=a.description, profile=a.profile,
-                   runs=a.runs, edge=a.edge, cloud=a.cloud, frontier=a.frontier)
+                   runs=a.runs, edge=a.edge, cloud=a.cloud, frontier=a.frontier,
+                   input_shapes=tuple(a.input_shape), inputs=a.inputs)
     add_model(a.model, a.registry, o, say=lambda line: print(line, flush=True))
     print(f"serve it: splitinfer gateway --registry {a.registry}")
     return 0
