@@ -487,18 +487,19 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     dwelt = held_s >= dwell_s
     urgent = target.cost <= current.cost * config.urgent_ratio and (dwelt or not returning)
     forced = (slo is not None and current.miss - target.miss >= 0.5) or urgent
-    better = (target.cost < current.cost * (1.0 - config.hysteresis)
-              or (slo is not None and current.miss - target.miss > config.risk_tie))
-    # [Note: risk] switching is worth it when the gain over one dwell's requests beats its cost.
+    safer = slo is not None and current.miss - target.miss > config.risk_tie
+    better = target.cost < current.cost * (1.0 - config.hysteresis) or safer
+    # [Note: risk] switching is worth it when the gain over one dwell's requests beats its cost; a
+    # safer option need not wait for the dwell (misses are what the dwell would cost).
     requests = max(1.0, health.arrival_rps * dwell_s)
     switch_cost_ms = config.switch_cost_ms * (1 + len(_recent(state, now_s, config)))
     worth = _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
-    if forced or (better and dwelt and worth):
+    if forced or (better and (dwelt or safer) and worth):
         reason = (f"{current.key} ({current.ms:.0f} ms{_show_miss(current)}) -> {target.key} ({target.ms:.0f} ms"
                   f"{_show_miss(target)}): {why}{'; forced' if forced else ''}{_show_factors(health)} "
                   f"({_show(estimate, health, now_s)})")
         return act(target, reason, True), _switch(state, target.key, now_s, config)
-    hold = ("within hysteresis" if not better else f"dwell {dwell_s:g} s not over" if not dwelt
+    hold = ("within hysteresis" if not better else f"dwell {dwell_s:g} s not over" if not (dwelt or safer)
             else f"saves less than a switch costs ({switch_cost_ms:.0f} ms over {requests:.0f} requests)")
     if (health.request and current.kind == LOCAL and target.kind == OFFLOAD
             and target.cost * config.trial_ratio <= current.cost
