@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("splitinfer.plan_cmd", "plan_main", "choose the best cut for a device, a cloud and a link"),
     "sweep": ("splitinfer.plan_cmd", "sweep_main", "latency against uplink bandwidth, with a plot"),
     "planner": ("splitinfer.plan_cmd", "planner_main", "the what-if HTTP service: 'planner serve'"),
+    "fleet": ("splitinfer.fleet_cmd", "fleet_main", "size a cloud tier for a fleet: 'fleet plan SPEC.yaml'"),
     "registry": ("splitinfer.registry_cmd", "registry_main",
                  "write a model into a registry the gateway serves: 'registry add MODEL REGISTRY'"),
     "gateway": ("splitinfer.gateway_cmd", "gateway_main", "the cloud gRPC gateway"),
