@@ -35,15 +35,16 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper
 
+from partitioner._infer import Inferred, infer_types, per_sample_factor
 from partitioner.errors import PartitionError
 from partitioner.flops import node_flops
-from partitioner.graph import BATCH, Layer, LayerGraph, TensorInfo
+from partitioner.graph import BATCH, UNKNOWN_DIM, Layer, LayerGraph, TensorInfo
 from partitioner.subgraphs import node_reads, subgraph_ops, subgraph_outer_reads, subgraph_weight_bytes
 
 __all__ = [
@@ -122,41 +123,16 @@ def _itemsize(dtype: str) -> int:
         return 0
 
 
-def _shape_of(vi: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    dims: list[int | str] = []
-    for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param"):
-            dims.append(d.dim_param)
-        else:
-            return None
-    return tuple(dims)
-
-
-def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
-    try:
-        return shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except ValueError as e:
-        if "2GB" not in str(e) and "2 GB" not in str(e):
-            raise PartitionError(
-                f"shapes of {name} cannot be inferred: {e}; fix the model so that ONNX "
-                "shape inference succeeds (onnx.shape_inference.infer_shapes(model, "
-                "strict_mode=True)), e.g. give the inputs static or symbolic shapes",
-                model=name,
-            ) from e
-    except Exception as e:  # InferenceError and friends
-        raise PartitionError(
-            f"shapes of {name} cannot be inferred: {e}; fix the model so that ONNX "
-            "shape inference succeeds (onnx.shape_inference.infer_shapes(model, "
-            "strict_mode=True))",
-            model=name,
-        ) from e
-    # Over 2 GB: infer on a copy without the weights' bytes.
-    return _infer(strip_weights(model), name)
+def _infer(
+    model: onnx.ModelProto,
+    name: str,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+) -> Inferred:
+    """Dtype and shape of every tensor (see [Note: shape inference chain] in
+    partitioner/_infer.py); never fails for want of a shape, which is then unknown."""
+    return infer_types(model, name=name, input_shapes=input_shapes, inputs=inputs)
 
 
 def strip_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -225,8 +201,20 @@ def _toposort(model: onnx.ModelProto, known: set[str], name: str) -> list[int]:
     return order
 
 
-def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | None = None) -> LayerGraph:
-    """Group an ONNX model into layers (see [Note: layer grouping])."""
+def build_graph(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+) -> LayerGraph:
+    """Group an ONNX model into layers (see [Note: layer grouping]).
+
+    ``input_shapes`` fixes input dims (by input name) and ``inputs`` are sample inputs
+    (they fix the shapes too): see `partitioner.shapes`. Shapes that no method knows
+    stay unknown (None), never 0.
+    """
+    samples, inputs = inputs, None  # the local ``inputs`` below are the input names
     if not isinstance(model, onnx.ModelProto):
         path = os.fspath(model)
         model = load_model(path)
@@ -245,21 +233,29 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
     names = node_names(model)
     reads = [node_reads(n) for n in g.node]
 
-    inferred = _infer(model, name)
-    vinfo: dict[str, onnx.ValueInfoProto] = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        vinfo[vi.name] = vi
-    for n_init in inits.values():
-        vinfo.setdefault(n_init.name, helper.make_tensor_value_info(n_init.name, n_init.data_type, list(n_init.dims)))
+    types = _infer(model, name, input_shapes=input_shapes, inputs=samples)
+    inferred = types.typed
+    batch = types.batch
+
+    def model_shape(t: str) -> tuple[int | str | None, ...] | None:
+        """In the terms of partitioner._infer.Dim: the batch as N where it is symbolic."""
+        if t in inits:
+            return tuple(int(d) for d in inits[t].dims)
+        return types.shape.get(t)
 
     def shape(t: str) -> tuple[int | str, ...] | None:
-        return _shape_of(vinfo[t]) if t in vinfo else None
+        """Per-sample sizes where known (N and k*N as 1 and k), for FLOPs and weights."""
+        shp = model_shape(t)
+        if shp is None:
+            return None
+        return tuple(d if isinstance(d, int) else (per_sample_factor(d) or (d if isinstance(d, str) else "?"))
+                     for d in shp)
 
     def dtype(t: str) -> str:
-        return _dtype_name(vinfo[t].type.tensor_type.elem_type) if t in vinfo else "unknown"
-
-    first_shape = shape(inputs[0])
-    batch: int | str = first_shape[0] if first_shape else 1
+        if t in inits:
+            return _dtype_name(inits[t].data_type)
+        elem = types.elem_type.get(t, 0)
+        return _dtype_name(elem) if elem else "unknown"
 
     # 1. constants (a node with subgraphs only when they too read constants, deterministically)
     const_tensors = set(inits)
@@ -351,18 +347,18 @@ def build_graph(model: onnx.ModelProto | str | os.PathLike[str], *, name: str | 
 
     tensors = []
     for t, (prod, readers) in crossing.items():
-        shp = shape(t)
+        shp = model_shape(t)
         dt = dtype(t)
         per_sample: tuple[int | str, ...] | None = None
         nbytes: int | None = None
         if shp is not None:
-            per_sample = shp
             dims = list(shp)
-            if dims and dims[0] == batch:
-                per_sample = (BATCH, *shp[1:])
-                dims = dims[1:]
-            if all(isinstance(d, int) for d in dims):
-                nbytes = int(np.prod(dims, dtype=np.int64)) * _itemsize(dt)
+            if isinstance(batch, int) and dims and dims[0] == batch:
+                dims[0] = BATCH
+            per_sample = tuple(UNKNOWN_DIM if d is None else d for d in dims)
+            factors = [per_sample_factor(d) for d in dims]
+            if all(f is not None for f in factors) and _itemsize(dt):
+                nbytes = int(np.prod(factors, dtype=np.int64)) * _itemsize(dt)
         tensors.append(
             TensorInfo(
                 name=t,

@@ -19,10 +19,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from partitioner.build import _toposort, build_graph, node_names, node_reads, strip_weights
+from partitioner.build import _toposort, build_graph, node_names, node_reads
 from partitioner.cuts import Cut, boundary, make_cut, tier_layers
 from partitioner.errors import PartitionError
-from partitioner.graph import LayerGraph
+from partitioner._infer import per_sample_factor, shape_feeding_inputs
+from partitioner.graph import BATCH, UNKNOWN_DIM, LayerGraph
 
 __all__ = [
     "Segment",
@@ -34,6 +35,7 @@ __all__ = [
     "reference_outputs",
     "verify",
     "make_inputs",
+    "make_value_info",
 ]
 
 _TWO_GB = 2**31 - 1
@@ -72,10 +74,9 @@ class _Source:
         order = _toposort(model, known, graph.model)
         self.position = {names[i]: k for k, i in enumerate(order)}
         self._init_vi: dict[str, onnx.ValueInfoProto] = {}
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
-        self.value_info: dict[str, onnx.ValueInfoProto] = {}
-        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-            self.value_info[vi.name] = vi
+        # Every segment input and output is a tensor of the layer graph, whose dtype and
+        # shape were inferred once, when it was built (partitioner._infer).
+        self._io_vi: dict[str, onnx.ValueInfoProto] = {}
 
     def segment(self, index: int, layers: frozenset[int], inputs: Sequence[str], outputs: Sequence[str]) -> Segment:
         g = self.graph
@@ -119,21 +120,55 @@ class _Source:
         return vi
 
     def _vi(self, name: str) -> onnx.ValueInfoProto:
-        vi = self.value_info.get(name)
-        if vi is None or not vi.type.tensor_type.HasField("elem_type"):
-            raise PartitionError(
-                f"tensor {name!r} of {self.graph.model} crosses a cut but its dtype is "
-                "unknown; give the model shape information (run onnx shape inference "
-                "with the real input shapes) or cut elsewhere",
-                model=self.graph.model,
-                tensor=name,
-            )
+        vi = self._io_vi.get(name)
+        if vi is None:
+            vi = self._io_vi[name] = make_value_info(self.graph, name)
         return vi
 
 
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model itself, or a weightless copy when it is too big to serialise."""
-    return model if model.ByteSize() < _TWO_GB else strip_weights(model)
+def _elem_type(dtype: str) -> int:
+    try:
+        return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except (TypeError, ValueError, KeyError):
+        return onnx.TensorProto.DataType.Value(dtype.upper()) if dtype.upper() in onnx.TensorProto.DataType.keys() else 0
+
+
+def make_value_info(graph: LayerGraph, name: str) -> onnx.ValueInfoProto:
+    """The ONNX type of a tensor of the layer graph, as a segment declares it: the batch
+    as the source's batch dim, each symbol by name, an unknown dim left open.
+
+    Raises PartitionError naming the tensor and the fix where its dtype or rank is
+    unknown: the checker requires both for a graph's inputs and outputs.
+    """
+    t = graph.tensor[name]
+    elem = _elem_type(t.dtype)
+    fix = ("pass sample inputs (--inputs FILE.npz, inputs=): one run records its shape; or fix the input "
+           "shapes (--input-shape NAME=D0xD1x..., input_shapes=); or cut elsewhere")
+    if not elem:
+        raise PartitionError(f"tensor {name!r} of {graph.model} crosses a cut but its dtype is unknown; {fix}",
+                             model=graph.model, tensor=name)
+    if t.shape is None:
+        raise PartitionError(
+            f"tensor {name!r} of {graph.model} crosses a cut but its rank is unknown (no shape inference could "
+            f"type it); {fix}",
+            model=graph.model, tensor=name,
+        )
+    vi = helper.make_tensor_value_info(name, elem, [])
+    dims = vi.type.tensor_type.shape
+    for d in t.shape:
+        dim = dims.dim.add()
+        k = per_sample_factor(d) if isinstance(d, str) else None
+        if isinstance(d, int):
+            dim.dim_value = d
+        elif k is not None and d != UNKNOWN_DIM:
+            # the batch (N) or k rows of it folded into one dim (k*N)
+            if isinstance(graph.batch, int):
+                dim.dim_value = k * graph.batch
+            else:
+                dim.dim_param = graph.batch if k == 1 and d == BATCH else f"{k}*{graph.batch}"
+        elif d != UNKNOWN_DIM:
+            dim.dim_param = d
+    return vi
 
 
 def _segment_io(graph: LayerGraph, layers: frozenset[int], later: frozenset[int]) -> tuple[list[str], list[str]]:
@@ -383,11 +418,10 @@ def reference_outputs(
     full.CopyFrom(model)
     present = {o.name for o in full.graph.output}
     extra = [n for n in names if n not in present]
-    if extra:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
-        vis = {vi.name: vi for vi in inferred.graph.value_info}
-        for n in extra:
-            full.graph.output.append(vis[n])
+    for n in extra:
+        # an output with no type: ONNX Runtime types it from the graph, whatever
+        # ONNX shape inference knew of it
+        full.graph.output.append(onnx.ValueInfoProto(name=n))
     label = name or model.graph.name or "the model"
     sess = _session(full, base_dir, "full", label)
     return fed | dict(zip(names, _run(sess, names, inputs, label)))
@@ -436,22 +470,50 @@ def verify(
     return diffs
 
 
-def make_inputs(model: onnx.ModelProto, graph: LayerGraph, *, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
-    """Random inputs matching the model's input shapes (the batch set to ``batch``)."""
+def make_inputs(
+    model: onnx.ModelProto,
+    graph: LayerGraph,
+    *,
+    seed: int = 0,
+    batch: int = 1,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Random inputs matching the model's input shapes (the batch set to ``batch``).
+
+    ``input_shapes`` gives the whole shape of some inputs (batch included). Raises
+    PartitionError, naming the input and the flag that fixes it, for an input whose
+    shape is not fixed, or an integer input whose values are shapes or sizes (random
+    values there are no valid input: such a model runs on sample inputs).
+    """
     rng = np.random.default_rng(seed)
+    shapes = dict(input_shapes or {})
+    feeding = set(shape_feeding_inputs(model))
     out = {}
     for name in graph.inputs:
         t = graph.tensor[name]
-        if t.shape is None:
+        if name in feeding:
             raise PartitionError(
-                f"input {name!r} of {graph.model} has no static shape; pass inputs explicitly",
+                f"input {name!r} of {graph.model} is an integer input whose values are shapes or sizes "
+                "(it feeds Reshape, Expand, Slice or the like), so random values are no valid input; pass "
+                "sample inputs: --inputs FILE.npz (inputs=)",
+                model=graph.model, tensor=name,
+            )
+        if name in shapes:
+            dims: list[int | str] = list(shapes[name])
+        elif t.shape is None:
+            raise PartitionError(
+                f"input {name!r} of {graph.model} has no known shape; give it with --input-shape "
+                f"{name}=D0xD1x... (input_shapes=) or pass sample inputs with --inputs FILE.npz (inputs=)",
                 model=graph.model,
                 tensor=name,
             )
-        dims = [batch if d == "N" else d for d in t.shape]
+        else:
+            dims = [batch if d == BATCH else d for d in t.shape]
         if not all(isinstance(d, int) for d in dims):
+            example = "x".join(str(d) if isinstance(d, int) else str(d).upper()[:1] for d in dims)
             raise PartitionError(
-                f"input {name!r} of {graph.model} has symbolic dims {t.shape}; pass inputs explicitly",
+                f"input {name!r} of {graph.model} has symbolic dims {t.shape}; fix them with --input-shape "
+                f"{name}={example} (input_shapes=) or pass sample inputs with --inputs FILE.npz (inputs=)",
                 model=graph.model,
                 tensor=name,
             )

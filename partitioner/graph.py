@@ -12,15 +12,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-__all__ = ["BATCH", "TensorInfo", "Layer", "LayerGraph"]
+__all__ = ["BATCH", "UNKNOWN_DIM", "Total", "TensorInfo", "Layer", "LayerGraph"]
 
 BATCH = "N"
 """The symbolic batch dimension that leads every per-sample shape."""
+
+UNKNOWN_DIM = "?"
+"""A dim that no shape inference knows (its tensor's bytes are then unknown)."""
+
+
+@dataclass(frozen=True)
+class Total:
+    """A sum over items of which some may be unknown: never counts an unknown as 0."""
+
+    known: int
+    """The sum of the items that are known."""
+    unknown: int = 0
+    """How many items are unknown."""
+
+    @property
+    def exact(self) -> int | None:
+        """The sum, or None where any item is unknown."""
+        return None if self.unknown else self.known
+
+    def format(self, fmt: Callable[[int], str] = str) -> str:
+        """``fmt(known)``, or ``>= fmt(known) (k unknown)`` where k items are unknown."""
+        return fmt(self.known) if not self.unknown else f"≥ {fmt(self.known)} ({self.unknown} unknown)"
 
 
 @dataclass(frozen=True)
@@ -31,9 +53,11 @@ class TensorInfo:
     dtype: str
     """NumPy dtype name, e.g. ``float32``."""
     shape: tuple[int | str, ...] | None
-    """Static shape with the batch dimension written as ``"N"``; None if unknown."""
+    """Per-sample shape: the batch written ``"N"`` (``"k*N"`` where k rows per sample
+    are folded into one dim), other symbols by name, ``"?"`` for a dim no inference
+    knows; None where even the rank is unknown."""
     bytes_per_sample: int | None
-    """Bytes for one sample (batch 1); None where the shape is unknown."""
+    """Bytes for one sample (batch 1); None where the size is unknown, never 0 for it."""
     producer: int | None
     """Id of the producing layer; None for a model input."""
     consumers: tuple[int, ...] = ()
@@ -171,16 +195,32 @@ class LayerGraph:
 
     @property
     def total_flops(self) -> int:
-        return sum(layer.flops or 0 for layer in self.layers)
+        """FLOPs of the layers whose count is known: a lower bound where
+        `flops_total` says some are unknown."""
+        return self.flops_total().known
+
+    def flops_total(self) -> Total:
+        """FLOPs per sample of all layers, and how many layers' FLOPs are unknown."""
+        return Total(sum(layer.flops or 0 for layer in self.layers),
+                     sum(layer.flops is None for layer in self.layers))
+
+    def bytes_total(self, names: Iterable[str]) -> Total:
+        """Bytes per sample of the given tensors, and how many are of unknown size."""
+        sizes = [self.tensor[n].bytes_per_sample for n in names]
+        return Total(sum(b for b in sizes if b is not None), sum(b is None for b in sizes))
 
     @property
     def total_param_bytes(self) -> int:
         return sum(layer.param_bytes for layer in self.layers)
 
-    def output_bytes(self, names: Iterable[str] | None = None) -> int:
-        """Bytes per sample of the given tensors (default: the model outputs)."""
-        names = self.outputs if names is None else names
-        return sum(self.tensor[n].bytes_per_sample or 0 for n in names)
+    def output_bytes(self, names: Iterable[str] | None = None) -> int | None:
+        """Bytes per sample of the given tensors (default: the model outputs); None
+        where any of them is of unknown size (`bytes_total` says how many)."""
+        return self.bytes_total(self.outputs if names is None else names).exact
+
+    def unknown_size(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` whose bytes per sample are unknown."""
+        return [n for n in names if self.tensor[n].bytes_per_sample is None]
 
     # -- JSON ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,17 +20,18 @@ from partitioner import (
     LayerGraph,
     PartitionError,
     boundary,
-    boundary_bytes,
     build_graph,
     chain_points,
     load_model,
     make_cut,
+    make_inputs,
     plan_memory,
     save_segment,
     split,
     verify,
     zoo_path,
 )
+from splitinfer.model_inputs import add_input_args, inputs_from_args
 from splitinfer.units import parse_args
 
 __all__ = ["inspect_main", "split_main", "resolve_model", "format_bytes", "inspect_json", "layers_through",
@@ -74,7 +77,10 @@ def _flops(n: int | None) -> str:
 
 
 def inspect_json(graph: LayerGraph) -> dict[str, Any]:
+    """``totals.flops`` is null where some layer's FLOPs are unknown; ``flops_known`` and
+    ``flops_unknown_layers`` then say how much is known."""
     mem = plan_memory(graph)
+    flops = graph.flops_total()
     return {
         "model": graph.model,
         "opset": graph.opset,
@@ -90,7 +96,9 @@ def inspect_json(graph: LayerGraph) -> dict[str, Any]:
         "chain_points": list(chain_points(graph)),
         "totals": {
             "layers": len(graph),
-            "flops": graph.total_flops,
+            "flops": flops.exact,
+            "flops_known": flops.known,
+            "flops_unknown_layers": flops.unknown,
             "param_bytes": graph.total_param_bytes,
         },
         "memory_plan": {
@@ -106,9 +114,9 @@ def _print_table(graph: LayerGraph, out: Any) -> None:
     rows = []
     for layer in graph.layers:
         outs = [graph.tensor[t] for t in layer.outputs]
-        shape = "x".join(map(str, outs[0].shape)) if outs and outs[0].shape else "?"
-        nbytes = sum(t.bytes_per_sample or 0 for t in outs)
-        cut_bytes = boundary_bytes(graph, Cut(frozenset(range(layer.id + 1))))
+        shape = ("x".join(map(str, outs[0].shape)) or "scalar") if outs and outs[0].shape is not None else "?"
+        nbytes = graph.bytes_total(layer.outputs).exact
+        cut_bytes = graph.bytes_total(boundary(graph, Cut(frozenset(range(layer.id + 1))))).exact
         rows.append(
             (
                 str(layer.id),
@@ -129,13 +137,18 @@ def _print_table(graph: LayerGraph, out: Any) -> None:
     for r in rows:
         print(line.format(*r), file=out)
     mem = plan_memory(graph)
+    flops = graph.flops_total()
+    unknown = [t.name for t in graph.tensors if t.bytes_per_sample is None]
     print(
-        f"\n{graph.model}: {len(graph)} layers, {_flops(graph.total_flops)}FLOPs, "
+        f"\n{graph.model}: {len(graph)} layers, {flops.format(lambda n: _flops(n) + 'FLOPs')}, "
         f"{format_bytes(graph.total_param_bytes)} weights, {len(chain)} chain cut points (C)\n"
         f"inputs: {', '.join(graph.inputs)}   outputs: {', '.join(graph.outputs)}\n"
         f"activation memory plan: peak {format_bytes(mem.peak_bytes)} "
         f"(lower bound {format_bytes(mem.lower_bound_bytes)}, naive {format_bytes(mem.naive_bytes)})\n"
-        "'cut after' = bytes per sample sent when layers 0..id run on the device",
+        "'cut after' = bytes per sample sent when layers 0..id run on the device"
+        + (f"\n? = unknown: {len(unknown)} tensors of unknown size ({', '.join(unknown[:3])}"
+           f"{', ...' if len(unknown) > 3 else ''}); fix the input shapes with --input-shape NAME=D0xD1x... "
+           "or pass sample inputs with --inputs FILE.npz" if unknown else ""),
         file=out,
     )
 
@@ -144,9 +157,12 @@ def inspect_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="splitinfer inspect", description=__doc__)
     p.add_argument("model", help="path to an .onnx file, or a zoo name such as resnet50")
     p.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
+    add_input_args(p)
     args = parse_args(p, argv)
     path, name = resolve_model(args.model)
-    graph = build_graph(load_model(path), name=name)
+    model = load_model(path)
+    given = inputs_from_args(args, model)
+    graph = build_graph(model, name=name, input_shapes=given.input_shapes, inputs=given.inputs)
     if args.json:
         json.dump(inspect_json(graph), sys.stdout, indent=1)
         print()
@@ -194,6 +210,23 @@ def parse_edge_layers(text: str, graph: LayerGraph) -> list[int]:
     return out
 
 
+def _write_split(out: str, head: Any, tail: Any, info: dict[str, Any]) -> None:
+    """head.onnx, tail.onnx and split.json, all three or none: they are written in a
+    temporary folder inside ``out`` and moved into it once all are written (a segment
+    over 2 GB keeps its weights in a .data file beside it, which moves with it)."""
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".split-", dir=out)
+    try:
+        save_segment(head, os.path.join(tmp, "head.onnx"))
+        save_segment(tail, os.path.join(tmp, "tail.onnx"))
+        with open(os.path.join(tmp, "split.json"), "w") as f:
+            json.dump(info, f, indent=1)
+        for n in sorted(os.listdir(tmp)):
+            os.replace(os.path.join(tmp, n), os.path.join(out, n))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def split_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="splitinfer split", description="Cut a model into head.onnx and tail.onnx.")
     p.add_argument("model", help="path to an .onnx file, or a zoo name such as resnet50")
@@ -201,11 +234,15 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     which.add_argument("--edge-layers", help="layer ids on the device, e.g. 0,1,2 or 0-12")
     which.add_argument("--after", type=int, metavar="LAYER_ID", help="run layers 0..LAYER_ID on the device")
     p.add_argument("-o", "--out", required=True, help="output directory")
-    p.add_argument("--verify", action="store_true", help="check head then tail equals the whole model (ONNX Runtime)")
+    p.add_argument("--verify", action="store_true",
+                   help="check head then tail equals the whole model (ONNX Runtime), on --inputs where given, "
+                        "else on random inputs at the fixed shapes")
+    add_input_args(p)
     args = parse_args(p, argv)
     path, name = resolve_model(args.model)
     model = load_model(path)
-    graph = build_graph(model, name=name)
+    given = inputs_from_args(args, model)
+    graph = build_graph(model, name=name, input_shapes=given.input_shapes, inputs=given.inputs)
     if args.after is not None:
         layers = layers_through(graph, args.after)
     else:
@@ -213,13 +250,17 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     cut = make_cut(graph, layers)
     head, tail = split(model, cut, graph=graph)
     # verified before anything is written, so a split that fails leaves no files
-    diffs = verify(model, [head, tail], graph=graph) if args.verify else None
+    diffs = None
+    if args.verify:
+        feed = given.inputs if given.inputs is not None else make_inputs(model, graph)
+        diffs = verify(model, [head, tail], feed, graph=graph)
+    bnd = boundary(graph, cut)
     info: dict[str, Any] = {
         "model": name,
         "edge_layers": sorted(cut.device),
         "cut_id": cut.key,
-        "boundary": list(boundary(graph, cut)),
-        "boundary_bytes_per_sample": boundary_bytes(graph, cut),
+        "boundary": list(bnd),
+        "boundary_bytes_per_sample": graph.bytes_total(bnd).exact,
         "head_inputs": list(head.inputs),
         "head_outputs": list(head.outputs),
         "tail_inputs": list(tail.inputs),
@@ -227,14 +268,10 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     }
     if diffs is not None:
         info["verify_max_abs_diff"] = diffs
-    os.makedirs(args.out, exist_ok=True)
-    save_segment(head, os.path.join(args.out, "head.onnx"))
-    save_segment(tail, os.path.join(args.out, "tail.onnx"))
-    with open(os.path.join(args.out, "split.json"), "w") as f:
-        json.dump(info, f, indent=1)
+    _write_split(args.out, head, tail, info)
     print(
         f"{name}: {len(cut.device)}/{len(graph)} layers on the device, boundary "
-        f"{', '.join(info['boundary']) or '(none)'} = {format_bytes(info['boundary_bytes_per_sample'])} per sample"
+        f"{', '.join(info['boundary']) or '(none)'} = {graph.bytes_total(bnd).format(format_bytes)} per sample"
     )
     print(f"wrote {args.out}/head.onnx, tail.onnx, split.json")
     if args.verify:
