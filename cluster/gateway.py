@@ -268,6 +268,14 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, (Unavailable, ResourceExhausted, DeadlineExceeded)) and not isinstance(e, FailedPrecondition)
 
 
+class _NoTailLoaded(FailedPrecondition):
+    """No frontier tail of a version could start: the version fails as a whole. Its tails
+    were counted one by one, with their own reasons, as they failed."""
+
+    def __init__(self, *, reason: str, fix: str) -> None:
+        super().__init__(reason=reason, fix=fix)
+
+
 def _failed_tail(key: PoolKey, why: str) -> FailedPrecondition:
     return FailedPrecondition(reason=f"the tail {key} failed to load: {why}",
                               fix="use another cut (GET /readyz lists the tails that serve), or fix the model and "
@@ -505,7 +513,8 @@ class Gateway:
                 f"add one with 'splitinfer registry add MODEL {self.registry.root}' and restart")
 
     def _count_failed_version(self, model: str, version: str, e: BaseException) -> None:
-        self.metrics.observe_load_failure(model, version, load_failure_reason(e))
+        if not isinstance(e, _NoTailLoaded):  # its tails were counted as they failed
+            self.metrics.observe_load_failure(model, version, load_failure_reason(e))
 
     def _preload(self, lv: LoadedVersion) -> None:
         """[Note: failed tails] A frontier tail whose pool cannot start (a cut that cannot be
@@ -526,8 +535,8 @@ class Gateway:
         if failed and len(failed) == len(lv.frontier.cut_ids):
             for cut in lv.frontier.cut_ids:  # the whole version is counted as failed instead
                 self._failed_tails.pop(PoolKey(lv.model, lv.version, cut), None)
-            raise FailedPrecondition(reason=f"no tail of {lv.key} could be loaded: {'; '.join(failed[:3])}",
-                                     fix="check the model with 'splitinfer split --verify'")
+            raise _NoTailLoaded(reason=f"no tail of {lv.key} could be loaded: {'; '.join(failed[:3])}",
+                                fix="check the model with 'splitinfer split --verify'")
         logger.info("%s: preloaded %d frontier tails in %.1f s%s", lv.key, len(lv.frontier.cuts) - len(failed),
                     time.monotonic() - t0, f"; {len(failed)} failed: {'; '.join(failed)}" if failed else "")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import numpy as np
 import onnx
@@ -21,7 +20,7 @@ from cluster.registry import Registry
 from cluster.server import serve_in_thread
 from tests.integration.test_gateway_http import get
 from tests.onnx_models import conv_bn_relu_chain
-from tests.serving_models import refused_model
+from tests.serving_models import any_hw_model, refused_model
 
 pytestmark = pytest.mark.grpc
 
@@ -148,5 +147,40 @@ def test_a_version_none_of_whose_tails_loads_fails_as_a_whole(tmp_path):
     assert ready and detail["versions"] == ["good@1"]
     assert detail["failed"]["bad@1"].startswith("failed: ") and "no tail of bad@1 could be loaded" in \
         detail["failed"]["bad@1"]
-    assert gateway.failed_tails() == {}  # counted once, as the version
-    assert os.path.isdir(tmp_path / "repo" / "bad" / "1")
+    assert gateway.failed_tails() == {}  # listed once, as the version
+    _, text = get_metrics(metrics)
+    assert 'splitinfer_model_load_failures_total{model="bad",reason="optimise",version="1"} 1.0' in text
+
+
+def test_sample_inputs_that_do_not_fit_a_tail_fail_its_warm_up_and_the_reason_says_so(tmp_path):
+    d = tmp_path / "repo" / "hw" / "1"
+    d.mkdir(parents=True)
+    onnx.save(any_hw_model(), str(d / "model.onnx"))
+    # Three channels where the model takes four: the whole model's warm-up refuses them.
+    np.savez(d / "inputs.npz", x=np.ones((1, 3, 4, 4), np.float32))
+    (d / "model.yaml").write_text("sample_inputs: inputs.npz\nfrontier: {default_cut_count: 0}\n")
+    _version(tmp_path / "repo", "good", conv_bn_relu_chain(2))
+    registry = Registry(str(tmp_path / "repo"), cache_dir=str(tmp_path / "cache"))
+    metrics = GatewayMetrics()
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "ort")), metrics=metrics)
+
+    async def main():
+        await gateway.start(keep_going=True)
+        try:
+            return gateway.readiness()
+        finally:
+            await gateway.close()
+
+    ready, detail = asyncio.run(main())
+    assert ready and detail["versions"] == ["good@1"]
+    assert "sample inputs of hw@1@L do not fit it" in detail["failed"]["hw@1"]
+    _, text = get_metrics(metrics)
+    assert 'splitinfer_model_load_failures_total{model="hw",reason="warmup",version="1"} 1.0' in text
+
+
+def get_metrics(metrics: GatewayMetrics) -> tuple[int, str]:
+    http = MetricsServer(metrics, lambda: (True, {}))
+    try:
+        return get(http.url + "/metrics")
+    finally:
+        http.stop()
