@@ -298,3 +298,18 @@ def test_subgraph_flops_count_a_symbolic_batch_as_one_wherever_it_sits() -> None
     )
     assert graph_flops(body, lambda t: None, "batch") == 4 * 2 * 4
     assert graph_flops(body, lambda t: None, "other") is None  # an unknown symbol stays unknown
+
+
+def test_a_top_level_constant_read_only_inside_a_branch_travels_with_the_if() -> None:
+    model = cf.if_model()
+    wa = next(t for t in model.graph.initializer if t.name == "Wa")
+    kept = [t for t in model.graph.initializer if t.name != "Wa"]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["Wa"], name="wa_const", value=wa))
+    g = build_graph(model)
+    branch = g.layers[_layer(g, "branch")]
+    assert branch.const_nodes == ("wa_const",)
+    assert branch.param_bytes == cf.IF_THEN_BYTES + cf.IF_ELSE_BYTES
+    feeds = [_inputs(g, sr=np.array(sr, np.int64)) for sr in (16000, 8000)]
+    _verify_cuts(model, g, feeds, seeds=0)
