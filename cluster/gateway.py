@@ -55,6 +55,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cluster._load_failures import NoTailLoaded, failed_tail, is_transient, load_failure_reason, one_line, service_health
 from cluster._plan import GatewayPlanner, read_query
 from cluster.auth import Authorizer
 from cluster.errors import (
@@ -248,45 +249,6 @@ def refusal_reason(e: BaseException) -> str | None:
     return None
 
 
-def load_failure_reason(e: BaseException, *, cutting: bool = False) -> str:
-    """The LOAD_FAILURE_REASONS entry (cluster.metrics) of an error that kept a version or a
-    tail from loading; ``cutting``: it was raised while the tail was cut from the model."""
-    from workers import errors as W
-
-    if isinstance(e, W.EngineLoadError):
-        return e.stage if e.stage in ("optimise", "warmup") else "session"
-    if cutting:
-        return "cut"
-    from cluster.registry import RegistryError
-
-    return "registry" if isinstance(e, RegistryError) else "other"
-
-
-def _transient(e: BaseException) -> bool:
-    """A pool that could not start for a reason that may pass (workers not placed yet, shutting
-    down): not recorded as a failed tail, so its next request tries again."""
-    return isinstance(e, (Unavailable, ResourceExhausted, DeadlineExceeded)) and not isinstance(e, FailedPrecondition)
-
-
-class _NoTailLoaded(FailedPrecondition):
-    """No frontier tail of a version could start: the version fails as a whole. Its tails
-    were counted one by one, with their own reasons, as they failed."""
-
-    def __init__(self, *, reason: str, fix: str) -> None:
-        super().__init__(reason=reason, fix=fix)
-
-
-def _failed_tail(key: PoolKey, why: str) -> FailedPrecondition:
-    return FailedPrecondition(reason=f"the tail {key} failed to load: {why}",
-                              fix="use another cut (GET /readyz lists the tails that serve), or fix the model and "
-                                  "restart the gateway")
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:500]
-
-
 def to_cluster_error(e: BaseException, where: str) -> ClusterError:
     """The cluster error a worker-side failure becomes (the status table then picks its code)."""
     if isinstance(e, ClusterError):
@@ -377,7 +339,7 @@ class Gateway:
         if self._health is None or self._loop is None:
             return
         ready, detail = self.readiness()
-        coro = self._health.set_ready(ready, services=self._service_health(detail))
+        coro = self._health.set_ready(ready, services=service_health(detail))
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -488,19 +450,6 @@ class Gateway:
             detail["reason"] = self._why_not_ready(bool(loaded), missing, not_ready if waiting or not loaded else {})
         return ready, detail
 
-    @staticmethod
-    def _service_health(detail: Mapping[str, Any]) -> dict[str, bool]:
-        """gRPC health service name -> serving: every loaded 'model' and 'model@version' serves;
-        every failed one, and each failed tail as 'model@version@cut', does not."""
-        out: dict[str, bool] = {}
-        for key in detail["failed"]:
-            out[key] = False
-            out.setdefault(key.split("@")[0], False)
-        for key in detail["versions"]:
-            out[key] = True
-            out[key.split("@")[0]] = True
-        return out
-
     def _why_not_ready(self, any_loaded: bool, missing: list[str], not_ready: Mapping[str, str]) -> str:
         if not self.registry.scanned and not any_loaded:
             return "starting: the registry is not read yet"
@@ -513,7 +462,7 @@ class Gateway:
                 f"add one with 'splitinfer registry add MODEL {self.registry.root}' and restart")
 
     def _count_failed_version(self, model: str, version: str, e: BaseException) -> None:
-        if not isinstance(e, _NoTailLoaded):  # its tails were counted as they failed
+        if not isinstance(e, NoTailLoaded):  # its tails were counted as they failed
             self.metrics.observe_load_failure(model, version, load_failure_reason(e))
 
     def _preload(self, lv: LoadedVersion) -> None:
@@ -535,7 +484,7 @@ class Gateway:
         if failed and len(failed) == len(lv.frontier.cut_ids):
             for cut in lv.frontier.cut_ids:  # the whole version is counted as failed instead
                 self._failed_tails.pop(PoolKey(lv.model, lv.version, cut), None)
-            raise _NoTailLoaded(reason=f"no tail of {lv.key} could be loaded: {'; '.join(failed[:3])}",
+            raise NoTailLoaded(reason=f"no tail of {lv.key} could be loaded: {'; '.join(failed[:3])}",
                                 fix="check the model with 'splitinfer split --verify'")
         logger.info("%s: preloaded %d frontier tails in %.1f s%s", lv.key, len(lv.frontier.cuts) - len(failed),
                     time.monotonic() - t0, f"; {len(failed)} failed: {'; '.join(failed)}" if failed else "")
@@ -559,22 +508,22 @@ class Gateway:
             return pool
         why = self._failed_tails.get(key)
         if why is not None:
-            raise _failed_tail(key, why)
+            raise failed_tail(key, why)
         cutting = True
         try:
             path = lv.files.tail_path(cut_id, known=lv.frontier.cut_ids)
             cutting = False
             pool = self.pool_factory.create(key, path, lv.config, self.metrics, **self._pool_samples(lv, cut_id))
         except Exception as e:  # noqa: BLE001 - recorded, or becomes Unavailable/Internal with the details logged
-            if isinstance(e, UnknownCutError) or _transient(e) or self._closed:
+            if isinstance(e, UnknownCutError) or is_transient(e) or self._closed:
                 raise to_cluster_error(e, str(key)) from e
-            why = _one_line(e)
+            why = one_line(e)
             self._failed_tails[key] = why
             self.metrics.observe_load_failure(lv.model, lv.version, load_failure_reason(e, cutting=cutting))
             logger.error("the tail %s failed to load; the other tails keep serving: %s", key, why,
                          exc_info=not isinstance(e, ClusterError))
             self._push_health()
-            raise _failed_tail(key, why) from e
+            raise failed_tail(key, why) from e
         with self._pools_lock:
             if not self._closed:
                 self._pools[key] = pool
@@ -592,7 +541,7 @@ class Gateway:
             return pool
         why = self._failed_tails.get(key)
         if why is not None:
-            raise _failed_tail(key, why)
+            raise failed_tail(key, why)
         fut = self._creating.get(key)
         if fut is None:
             # One creation per key however many requests wait on it.

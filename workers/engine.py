@@ -54,6 +54,7 @@ import numpy as np
 import onnxruntime as ort
 
 from workers._address import address
+from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
 from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, PlacedInputs, TensorSpec
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers
@@ -291,17 +292,7 @@ class Engine:
         if not runs:
             return "skipped: warmup_runs is 0"
         if samples is not None:
-            rows = max(1, min((v.shape[0] for v in samples.values() if v.ndim), default=1))
-            take = min(rows, self.max_batch)
-            specs = {spec.name: spec for spec in self.inputs}
-
-            def fit(name: str, v: np.ndarray) -> np.ndarray:
-                spec = specs.get(name)
-                if not v.ndim or spec is None or not spec.shape:
-                    return v
-                return v[:take] if spec.shape[0] is None else v[:spec.shape[0]]
-
-            feed = {k: fit(k, v) for k, v in samples.items()}
+            feed, take = warmup_feed(samples, self.inputs, self.max_batch)
             try:
                 self.check(feed)
             except InputError as e:
@@ -310,12 +301,7 @@ class Engine:
             for _ in range(runs):
                 self._warm_run(lambda: self.run(feed), take)
             return "samples"
-        whys = []
-        if self._shape_inputs:
-            whys.append(f"its integer inputs {', '.join(self._shape_inputs)} set shapes")
-        if self.any_shape:
-            whys.append("its inputs or outputs have symbolic dims besides the batch")
-        why = f"{' and '.join(whys)}, and it has no sample inputs to warm up on" if whys else ""
+        why = warmup_skip_reason(self._shape_inputs, self.any_shape)
         if why:
             logger.info("engine %s: warm-up skipped: %s; the first request pays the first-run costs", self.name, why)
             return f"skipped: {why}"
@@ -712,32 +698,19 @@ class Engine:
                             rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Consecutive requests of one per-sample shape run stacked, up to ``max_batch``
         rows; a request of another shape starts a new run ([Note: any shape])."""
-        def shape_of(r: Mapping[str, np.ndarray]) -> tuple:
-            return tuple((k, r[k].shape[1:]) for k in sorted(self._input_names))
-
         results: list[dict[str, np.ndarray]] = []
-        start = 0
-        while start < len(requests):
-            key, stop, total = shape_of(requests[start]), start, 0
-            while (stop < len(requests) and total + rows[stop] <= self.max_batch
-                   and (stop == start or shape_of(requests[stop]) == key)):
-                total += rows[stop]
-                stop += 1
+        for start, stop, total in runs_by_shape(requests, rows, tuple(self._input_names), self.max_batch):
+            if stop - start == 1:
+                results.append(self._run_as_given(requests[start]))
+                continue
             group = requests[start:stop]
-            if len(group) == 1:
-                results.append(self._run_as_given(group[0]))
-            else:
-                outs = self._run_as_given({k: np.concatenate([r[k] for r in group]) for k in self._input_names})
-                if any(np.ndim(v) == 0 or v.shape[0] != total for v in outs.values()):
-                    raise BatchingUnsafeError(
-                        f"{self.name} answered a batch of {total} rows with outputs of "
-                        f"{ {k: np.shape(v) for k, v in outs.items()} }; its outputs do not carry the batch",
-                        model=self.name, reason="outputs do not carry the batch")
-                offset = 0
-                for n in rows[start:stop]:
-                    results.append({k: v[offset:offset + n] for k, v in outs.items()})
-                    offset += n
-            start = stop
+            outs = self._run_as_given({k: np.concatenate([r[k] for r in group]) for k in self._input_names})
+            if any(np.ndim(v) == 0 or v.shape[0] != total for v in outs.values()):
+                raise BatchingUnsafeError(
+                    f"{self.name} answered a batch of {total} rows with outputs of "
+                    f"{ {k: np.shape(v) for k, v in outs.items()} }; its outputs do not carry the batch",
+                    model=self.name, reason="outputs do not carry the batch")
+            results.extend(split_rows(outs, rows[start:stop]))
         return results
 
     # -- introspection ------------------------------------------------------------------
