@@ -45,6 +45,7 @@ from urllib.parse import unquote
 
 import grpc
 
+from cluster._load_failures import failed_tail
 from cluster._oip_tensors import check_inputs, datatype_of, decode_body, encode_outputs
 from cluster.errors import (
     ClusterError,
@@ -332,6 +333,9 @@ class OipRest:
             return _json(200, self.stats.to_json(name, version or None))
         lv, cut_id = self._resolve(name, version)
         if action == "ready":
+            why = self.gateway.failed_tails(lv.model, lv.version).get(f"{lv.key}@{cut_id}")
+            if why is not None:  # [Note: failed tails] in cluster/gateway.py
+                raise failed_tail(f"{lv.key}@{cut_id}", why)
             return HttpAnswer(200, b"")
         sig = self._signature(lv, cut_id)
         if action == "config":
@@ -344,11 +348,14 @@ class OipRest:
     def _index(self) -> list[dict[str, str]]:
         """Every model this door serves: each loaded version of NAME and of each of its tails."""
         out = []
+        failed = self.gateway.failed_tails()
         for lv in sorted(self.gateway.registry.loaded(), key=lambda v: (v.model, v.version)):
             for cut_id in lv.frontier.cut_ids if WHOLE_MODEL_CUT in lv.frontier.cut_ids else (
                     WHOLE_MODEL_CUT, *lv.frontier.cut_ids):
                 name = lv.model if cut_id == WHOLE_MODEL_CUT else f"{lv.model}{TAIL_MARK}{cut_id}"
-                out.append({"name": name, "version": lv.version, "state": "READY"})
+                why = failed.get(f"{lv.key}@{cut_id}")
+                out.append({"name": name, "version": lv.version, "state": "READY"} if why is None else
+                           {"name": name, "version": lv.version, "state": "UNAVAILABLE", "reason": why})
         return out
 
     @staticmethod

@@ -15,6 +15,7 @@ import pytest
 from cluster.errors import FailedPrecondition
 from cluster.gateway import Gateway, LocalPoolFactory
 from cluster.metrics import GatewayMetrics, MetricsServer
+from cluster.oip_rest import TAIL_MARK, OipRest
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.registry import Registry
 from cluster.server import serve_in_thread
@@ -114,6 +115,18 @@ def test_get_artifacts_says_which_tails_failed_and_why(stack):
         with pytest.raises(FailedPrecondition) as e:
             c.get_artifacts("corrupt", "1")
         assert "corrupt@1 is not served" in str(e.value)
+
+
+def test_the_open_inference_protocol_door_reports_the_failed_tail_not_ready(stack):
+    gateway, _, _ = stack
+    oip = OipRest(gateway, loop=None)
+    answer = oip.handle("GET", "/v2/models/partial/versions/1/ready", {})
+    assert answer.status == 400 and "the tail partial@1@L failed to load" in json.loads(answer.body)["error"]
+    later = [c for c in gateway.registry.resolve("partial", "1").frontier.cut_ids if c != "L"][0]
+    assert oip.handle("GET", f"/v2/models/partial{TAIL_MARK}{later}/versions/1/ready", {}).status == 200
+    index = {(m["name"], m["version"]): m for m in json.loads(oip.handle("POST", "/v2/repository/index", {}).body)}
+    assert index[("partial", "1")]["state"] == "UNAVAILABLE" and "Tan" in index[("partial", "1")]["reason"]
+    assert index[("good", "1")]["state"] == "READY"
 
 
 def test_the_metric_counts_each_load_failure_by_reason(stack):
