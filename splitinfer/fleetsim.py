@@ -118,7 +118,7 @@ class SimResult:
     doubled: int
     """Answers delivered twice (the flow refuses that; a count above 0 is a bug)."""
     cloud_utilisation: float
-    """Busy share of the workers from the start until the last answer."""
+    """Busy share of the workers from the start until the last batch ends (or the frames end)."""
     worker_wait_ms: float
     """Mean wait of admitted requests from arrival to their batch's start."""
     class_within_slo: dict[str, float] = field(default_factory=dict)
@@ -196,6 +196,7 @@ class _Sim:
         self.done: list[_Req] = []
         self.doubled = 0
         self.counted_started = 0
+        self.last_run_end = 0.0
 
     # -- plumbing ---------------------------------------------------------------------
     def push(self, t: float, kind: int, data: Any) -> None:
@@ -342,6 +343,7 @@ class _Sim:
             self.busy_until[w] = now + run_s
             self.free -= 1
             self.busy_s += run_s
+            self.last_run_end = max(self.last_run_end, now + run_s)
             self.push(now + run_s, _DONE, (ready, batch))
 
     def batch_done(self, pool: int, batch: list[_Req], now: float) -> None:
@@ -356,7 +358,6 @@ class _Sim:
         for d in range(len(self.cls)):
             m = self.models[self.cls[d]]
             self.push(self.rng.exponential(1.0 / (m.cls.fps * self.cfg.fps_scale)), _FRAME, d)
-        now = 0.0
         while self.heap:
             now, kind, _, data = heapq.heappop(self.heap)
             if kind == _FRAME:
@@ -389,9 +390,9 @@ class _Sim:
                 self.deliver(data, "local_done", now)
                 if data.how == "local_done" and how in ("refused", "fallback"):
                     data.how = how
-        return self.result(now)
+        return self.result()
 
-    def result(self, end_s: float) -> SimResult:
+    def result(self) -> SimResult:
         counted = [r for r in self.done if r.counted]
         lat = np.array([(r.answer - r.start) * 1e3 for r in counted])
         slo = np.array([self.slo_s[self.cls[r.device]] * 1e3 for r in counted])
@@ -410,7 +411,7 @@ class _Sim:
             refused=sum(1 for r in counted if r.how == "refused") / max(1, n),
             fallbacks=sum(1 for r in counted if r.how == "fallback") / max(1, n),
             lost=self.counted_started - started, doubled=self.doubled,
-            cloud_utilisation=self.busy_s / (self.workers * max(end_s, self.cfg.seconds)),
+            cloud_utilisation=self.busy_s / (self.workers * max(self.last_run_end, self.cfg.seconds)),
             worker_wait_ms=float(np.mean(self.waits)) * 1e3 if self.waits else 0.0,
             class_within_slo={k: float(np.mean(v)) for k, v in sorted(by_class.items())})
 

@@ -224,6 +224,82 @@ _ERROR = {
 }
 
 
+_SPREAD = {
+    "description": "A value that varies across a class's devices: a number, a list of equally likely "
+                   "values, or a lognormal {median, sigma}",
+    "oneOf": [{"type": "number"}, {"type": "array", "minItems": 1, "items": {"type": "number"}},
+              {"type": "object", "required": ["median"], "additionalProperties": False,
+               "properties": {"median": {"type": "number"},
+                              "sigma": {"type": "number", "minimum": 0, "maximum": 3, "default": 0}}}],
+}
+_FLEET_SPEC = {
+    "type": "object", "additionalProperties": False, "required": ["classes", "models", "cloud"],
+    "description": "A fleet: device classes, models with SLOs, the shared cloud tier (docs/fleet.md)",
+    "properties": {
+        "classes": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["name", "count", "device", "model", "fps", "link"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "count": {"type": "integer", "minimum": 1},
+                "device": {"type": "string", "minLength": 1, "description": "Reference device or stored profile"},
+                "model": {"type": "string", "minLength": 1, "description": "A model listed under models"},
+                "fps": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                        "description": "Requests per second per device"},
+                "link": {"type": "object", "additionalProperties": False, "required": ["up_mbps", "rtt_ms"],
+                         "properties": {"up_mbps": _SPREAD, "rtt_ms": _SPREAD,
+                                        "down_ratio": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                                                       "default": 1.0}}}}}},
+        "models": {"type": "object", "minProperties": 1, "additionalProperties": {
+            "type": "object", "additionalProperties": False, "required": ["slo_ms"],
+            "properties": {"slo_ms": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                                      "description": "Deadline of one request; above every class's RTT"},
+                           "target": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1,
+                                      "default": 0.95, "description": "Share that must answer within it"}}}},
+        "cloud": {"type": "object", "additionalProperties": False, "required": ["device", "workers"],
+                  "properties": {"device": {"type": "string", "minLength": 1},
+                                 "workers": {"type": "integer", "minimum": 1, "maximum": 4096},
+                                 "max_batch": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 8},
+                                 "batch_timeout_ms": {"type": "number", "minimum": 0, "default": 2.0}}},
+        "encodings": {"type": "array", "minItems": 1,
+                      "items": {"type": "string", "enum": ["fp32", "fp16", "int8"]}, "default": ["fp32"]},
+    },
+}
+_NUM = {"type": "number"}
+_NUM_OR_NULL = {"type": "number", "nullable": True}
+_FLEET_PLAN = {
+    "type": "object",
+    "required": ["schema", "devices", "rate_rps", "goodput_rps", "within_slo", "p50_ms", "p95_ms", "classes",
+                 "models", "cloud", "fixed_point", "workers_needed", "workers_needed_note"],
+    "properties": {
+        "schema": {"type": "string", "enum": ["splitinfer.fleet-plan/1"]},
+        "devices": {"type": "integer"}, "rate_rps": _NUM, "goodput_rps": _NUM, "within_slo": _NUM,
+        "p50_ms": _NUM_OR_NULL, "p95_ms": _NUM_OR_NULL,
+        "classes": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "model": {"type": "string"}, "devices": {"type": "integer"},
+            "rate_rps": _NUM, "p50_ms": _NUM_OR_NULL, "p95_ms": _NUM_OR_NULL, "within_slo": _NUM,
+            "goodput_rps": _NUM, "refused_share": _NUM,
+            "options": {"type": "array", "items": {"type": "object", "properties": {
+                "option": {"type": "string"}, "edge_layers": {"type": "integer"}, "encoding": {"type": "string"},
+                "share": _NUM}}}}}},
+        "models": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "slo_ms": _NUM, "target": _NUM, "within_slo": _NUM,
+            "meets": {"type": "boolean"}}}},
+        "cloud": {"type": "object", "properties": {
+            "workers": {"type": "integer"}, "utilisation": _NUM, "capacity_rps": _NUM_OR_NULL, "offered_rps": _NUM,
+            "admitted_share": _NUM, "worker_wait_ms": _NUM_OR_NULL,
+            "pools": {"type": "array", "items": {"type": "object", "properties": {
+                "pool": {"type": "string"}, "rate_rps": _NUM, "batch": _NUM, "run_ms": _NUM, "wait_ms": _NUM}}}}},
+        "fixed_point": {"type": "object", "properties": {
+            "delay_ms": _NUM, "residual_ms": _NUM, "iterations": {"type": "integer"}, "mixed_share": _NUM,
+            "trace": {"type": "array", "items": {"type": "array", "items": _NUM_OR_NULL}}}},
+        "workers_needed": {"type": "integer", "nullable": True,
+                           "description": "Fewest workers meeting every model's target; null: none up to 4096"},
+        "workers_needed_note": {"type": "string"},
+    },
+}
+
+
 def _json(ref: str, desc: str = "OK") -> dict[str, Any]:
     return {"description": desc, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
 
@@ -277,6 +353,8 @@ def make_openapi() -> dict[str, Any]:
                                "chain scan and DAG optimum", "SweepRequest", "SweepResponse"),
             "/v1/frontier": _post("frontier", "The plans optimal somewhere in an uplink range",
                                   "FrontierRequest", "FrontierResponse"),
+            "/v1/fleet/plan": _post("fleetPlan", "A fleet's per-class plans, latency, goodput at the SLO, "
+                                    "cloud utilisation and the workers it needs", "FleetSpec", "FleetPlan"),
             "/v1/models": _get("listModels", "Zoo models and models in the registry", models),
             "/v1/profiles": _get("listProfiles", "Stored profiles and reference devices", profiles),
             "/v1/profiles/{name}": {
@@ -315,6 +393,8 @@ def make_openapi() -> dict[str, Any]:
             "Profile": _PROFILE,
             "Roofline": _ROOFLINE,
             "Error": _ERROR,
+            "FleetSpec": _FLEET_SPEC,
+            "FleetPlan": _FLEET_PLAN,
         }},
     }
     return copy.deepcopy(doc)

@@ -189,6 +189,13 @@ class PlannerService:
         f = self.workspace.frontier(FrontierRequest.from_dict(body, self._text))
         return _finite({**f.to_dict(), "breakpoints_bps": list(f.breakpoints_bps)})  # type: ignore[no-any-return]
 
+    def fleet_plan(self, body: Any) -> dict[str, Any]:
+        """POST /v1/fleet/plan: a fleet spec (docs/fleet.md) in, `planner.fleet.FleetPlan` out."""
+        from planner.fleet import plan_fleet
+        from planner.fleet_spec import FleetSpec
+
+        return plan_fleet(FleetSpec.from_dict(body), self.workspace).to_dict()
+
     def models(self) -> dict[str, Any]:
         """GET /v1/models."""
         return {"models": [{"name": m.name, "source": m.source} for m in self.workspace.models()]}
@@ -233,6 +240,7 @@ class PlannerService:
                 ("POST", "/v1/plan"): lambda: self.plan(_parse_body(body)),
                 ("POST", "/v1/sweep"): lambda: self.sweep(_parse_body(body)),
                 ("POST", "/v1/frontier"): lambda: self.frontier(_parse_body(body)),
+                ("POST", "/v1/fleet/plan"): lambda: self.fleet_plan(_parse_body(body)),
                 ("GET", "/v1/models"): self.models,
                 ("GET", "/v1/profiles"): self.profiles,
                 ("GET", "/openapi.json"): make_openapi,

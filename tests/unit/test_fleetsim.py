@@ -1,0 +1,78 @@
+"""The fleet simulator: deterministic for a seed, exactly one answer per request, and its cloud
+matches the M/M/c closed form at batch 1 with exponential service."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner._queueing import erlang_c
+from planner.fleet import resolve
+from planner.fleet_spec import FleetSpec
+from splitinfer.fleetsim import SimConfig, simulate
+
+FLEET = {
+    "models": {"resnet50": {"slo_ms": 150, "target": 0.9}},
+    "cloud": {"device": "t4", "workers": 1, "max_batch": 8, "batch_timeout_ms": 2},
+    "encodings": ["fp32", "int8"],
+    "classes": [
+        {"name": "pi4", "count": 150, "device": "rpi4", "model": "resnet50", "fps": 1.0,
+         "link": {"up_mbps": {"median": 50, "sigma": 0.4}, "rtt_ms": 30}},
+        {"name": "phone", "count": 150, "device": "phone-sd8g2", "model": "resnet50", "fps": 1.0,
+         "link": {"up_mbps": {"median": 80, "sigma": 0.4}, "rtt_ms": 30}},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    spec = FleetSpec.from_dict(FLEET)
+    return spec, resolve(spec)
+
+
+def test_a_seed_gives_the_same_run(fleet) -> None:
+    spec, models = fleet
+    cfg = SimConfig(seconds=3.0, warmup_s=0.5, seed=7)
+    a, b = simulate(spec, models, cfg), simulate(spec, models, cfg)
+    assert a == b and a.requests > 500
+    assert simulate(spec, models, SimConfig(seconds=3.0, warmup_s=0.5, seed=8)) != a
+
+
+@pytest.mark.parametrize("strategy", ["ours", "dads", "cloud-only", "edge-only"])
+def test_every_request_gets_exactly_one_answer(fleet, strategy: str) -> None:
+    spec, models = fleet
+    r = simulate(spec, models, SimConfig(strategy=strategy, seconds=2.5, warmup_s=0.5, fps_scale=3.0))
+    assert r.lost == 0 and r.doubled == 0 and r.requests > 1000
+    if strategy == "edge-only":
+        assert r.offloaded == 0 and r.class_within_slo == {"phone": 1.0, "pi4": 0.0}
+    if strategy == "cloud-only":  # 900 req/s on one worker: admission refuses, devices answer locally
+        assert r.offloaded == 1.0 and r.refused > 0.1
+
+
+def test_the_agent_moves_devices_off_a_loaded_cloud(fleet) -> None:
+    spec, models = fleet
+    light = simulate(spec, models, SimConfig(seconds=3.0, warmup_s=1.0, workers=8))
+    heavy = simulate(spec, models, SimConfig(seconds=3.0, warmup_s=1.0, workers=1, fps_scale=3.0))
+    assert heavy.offloaded < light.offloaded
+    assert heavy.worker_wait_ms > light.worker_wait_ms
+
+
+def test_cloud_matches_mmc_at_batch_one() -> None:
+    c, rho = 2, 0.7
+    d = {**FLEET, "models": {"resnet50": {"slo_ms": 10_000}},
+         "cloud": {"device": "t4", "workers": c, "max_batch": 1, "batch_timeout_ms": 0},
+         "classes": [{**FLEET["classes"][0], "count": 100, "link": {"up_mbps": 50, "rtt_ms": 30}}]}
+    spec = FleetSpec.from_dict(d)
+    models = resolve(spec)
+    probe = simulate(spec, models, SimConfig(strategy="cloud-only", seconds=1.0, warmup_s=0.0))
+    assert probe.offloaded == 1.0
+    # the run time of the whole model on the cloud, from the cost model
+    from splitinfer.fleetsim import _cloud_only  # noqa: PLC0415
+    service_ms = min(f.entries[0].plan.breakdown.cloud_ms for f in _cloud_only(models[0], spec))
+    fps = rho * c / (service_ms / 1e3) / 100
+    spec = FleetSpec.from_dict({**d, "classes": [{**d["classes"][0], "fps": fps}]})
+    r = simulate(spec, resolve(spec), SimConfig(strategy="cloud-only", seconds=40.0, warmup_s=2.0,
+                                                service="exponential", seed=3))
+    expected = erlang_c(c, rho * c) * service_ms / (c - rho * c)
+    assert r.refused == 0 and r.fallbacks == 0
+    assert r.worker_wait_ms == pytest.approx(expected, rel=0.15)
+    assert r.cloud_utilisation == pytest.approx(rho, rel=0.1)
