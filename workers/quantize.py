@@ -124,7 +124,9 @@ class QuantizeReport:
     """Agreement with fp32 on the held-out eval data, when given."""
 
     note: str | None = None
-    """Why the model was left as it was (``already_quantized``), or None."""
+    """Why the model was left as it was: quantised already (``already_quantized``), or
+    nothing the quantiser could reach (all compute inside If/Loop/Scan bodies); None
+    otherwise."""
 
     @property
     def size_ratio(self) -> float:
@@ -293,6 +295,7 @@ def quantize(
         size_after_bytes=quantized.ByteSize(),
         calibration=calib_stats,
         evaluation=eval_stats,
+        note=_nothing_quantized_note(prepared, quantized, label),
     )
     logger.info("quantized %s: %s", label, report.to_json())
     return QuantizeResult(model=quantized, report=report)
@@ -416,6 +419,22 @@ def _unchanged(model: onnx.ModelProto, label: str, present: Mapping[str, int]) -
     )
     logger.warning("%s", note)
     return QuantizeResult(model=model, report=report)
+
+
+def _nothing_quantized_note(fp32: onnx.ModelProto, int8: onnx.ModelProto, label: str) -> str | None:
+    """A note when ONNX Runtime's quantiser changed nothing, so that an agreement of 1.0
+    is not read as INT8 costing nothing; None when it quantised something."""
+    if quantized_ops(int8):
+        return None
+    bodies = sorted({n.op_type for n in fp32.graph.node
+                     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                            for a in n.attribute)})
+    where = (f"; its compute is inside {'/'.join(bodies)} bodies, which static quantisation "
+             "does not enter" if bodies else "")
+    note = (f"no op of {label} was quantised: the model returned computes in fp32, so its "
+            f"agreement says nothing about INT8{where}")
+    logger.warning("%s", note)
+    return note
 
 
 _NUMPY_ELEM_TYPES = frozenset({

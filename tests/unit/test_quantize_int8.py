@@ -205,6 +205,29 @@ def test_an_input_read_only_inside_an_if_branch_survives():
     assert result.report.calibration.num_samples == 16
 
 
+def test_a_model_whose_compute_is_all_inside_an_if_says_nothing_was_quantised():
+    """Static quantisation does not enter If bodies: the result computes in fp32, and
+    the report says so instead of letting agreement 1.0 stand for INT8."""
+    w = numpy_helper.from_array(_rng().standard_normal((16, 5)).astype(np.float32), "W")
+    then_branch = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["t"])], "then", [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["m"]), helper.make_node("Neg", ["m"], ["e"])],
+        "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    model = _model([helper.make_node("If", ["cond"], ["Y"], then_branch=then_branch,
+                                     else_branch=else_branch)],
+                   [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 16]),
+                    helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 5])], [w])
+    feeds = [{"X": _rng(5).random((4, 16), dtype=np.float32), "cond": np.array(True)}]
+    report = quantize(model, feeds).report
+    assert report.kind == "int8_qdq" and report.calibration.agreement == 1.0
+    assert report.note.startswith("no op of m was quantised") and "inside If bodies" in report.note
+    # Where something was quantised there is no note.
+    assert quantize(_if_model(), [{**feeds[0], "Z": np.zeros((4, 5), np.float32)}]).report.note is None
+
+
 def test_a_report_stored_with_top1_agreement_still_reads():
     report = quantize(_conv_gemm_matmul(), _rng(5).random((4, 3, 8, 8), dtype=np.float32)).report
     stored = json.loads(report.to_json())
