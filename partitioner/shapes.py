@@ -17,9 +17,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from partitioner._infer import shape_feeding_inputs
 from partitioner.errors import PartitionError
+from partitioner.graph import BATCH, LayerGraph
 
-__all__ = ["parse_input_shape", "parse_input_shapes", "load_sample_inputs", "shapes_of"]
+__all__ = ["parse_input_shape", "parse_input_shapes", "load_sample_inputs", "shapes_of", "sample_rows",
+           "shape_feeding_inputs"]
 
 _DIMS = re.compile(r"^\d+(x\d+)*$")
 
@@ -96,3 +99,17 @@ def load_sample_inputs(path: str | os.PathLike[str], input_names: Sequence[str] 
 def shapes_of(inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     """The shapes that sample inputs fix."""
     return {k: tuple(int(d) for d in np.shape(v)) for k, v in inputs.items()}
+
+
+def sample_rows(inputs: Mapping[str, np.ndarray], graph: LayerGraph, rows: int) -> dict[str, np.ndarray]:
+    """Sample inputs with ``rows`` rows: each tensor whose per-sample shape leads with the
+    batch takes its own rows first, then repeats them; the others are kept whole (an
+    integer input that holds sizes is no batch of rows)."""
+    out = {}
+    for k, v in inputs.items():
+        t = graph.tensor.get(k)
+        v = np.asarray(v)
+        if t is not None and t.shape and t.shape[0] == BATCH and v.ndim and v.shape[0] != rows and v.shape[0]:
+            v = np.take(v, np.arange(rows) % v.shape[0], axis=0)
+        out[k] = v
+    return out

@@ -45,14 +45,23 @@ from typing import Any
 
 import numpy as np
 
-from partitioner.cuts import Cut, make_tiers
+from partitioner.cuts import Cut, boundary, make_tiers
 from partitioner.errors import PartitionError
 from partitioner.graph import LayerGraph
 from planner.errors import PlannerError
 from planner.profile import Profile
 from planner.types import Breakdown, Encoding, Link, Plan
 
-__all__ = ["evaluate", "labels_of", "cuts_of", "tier_names", "hop_names"]
+__all__ = ["evaluate", "labels_of", "cuts_of", "tier_names", "hop_names", "require_known_sizes"]
+
+# [Note: unknown sizes]
+# A tensor whose size no shape inference knows (bytes_per_sample None) cannot be priced,
+# and pricing it at 0 would make the solver cut exactly there. The tables price it at
+# _UNKNOWN_BYTES, far above any real tensor, so that the solver crosses it only where no
+# placement of known cost exists; `require_known_sizes` then refuses every placement
+# (a solved plan, an evaluated baseline) that sends one, naming the tensors and the
+# flags that make their sizes known. Cuts whose boundary is known still plan.
+_UNKNOWN_BYTES = 1e15
 
 _INT8_QPARAM_BYTES = 8  # fp32 scale + int32 zero point
 _CASTABLE = ("float32",)
@@ -106,7 +115,7 @@ def _wire_and_codec(graph: LayerGraph, tensors: Sequence[Any], enc: Encoding, se
     d_ms = np.zeros(len(tensors))
     ratio = 1.0 if enc.compression == "none" else sender.codec.ratio[enc.compression]
     for i, t in enumerate(tensors):
-        raw = float(t.bytes_per_sample or 0)
+        raw = _UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample)
         cast = raw
         if t.dtype in _CASTABLE and enc.precision != "fp32":
             cast = raw * enc.scale
@@ -182,7 +191,7 @@ def _build_tables(graph: LayerGraph, profiles: Sequence[Profile], links: Sequenc
     dec = np.zeros((k - 1, len(tens)))
     outs = [graph.tensor[o] for o in graph.outputs]
     o_prod = np.array([-1 if t.producer is None else t.producer for t in outs], dtype=np.int64)
-    o_bytes = np.array([float(t.bytes_per_sample or 0) for t in outs])
+    o_bytes = np.array([_UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample) for t in outs])
     down = np.zeros((k - 1, len(outs)))
     wire_all = np.zeros((k - 1, len(tens)))
     for h, lk in enumerate(links):
@@ -338,6 +347,25 @@ def cuts_of(labels: np.ndarray, k: int) -> tuple[Cut, ...]:
     return tuple(Cut(frozenset(int(v) for v in np.flatnonzero(labels <= h))) for h in range(k - 1))
 
 
+def require_known_sizes(graph: LayerGraph, cuts: Sequence[Cut]) -> None:
+    """Refuse a placement that sends a tensor of unknown size over a link (see
+    [Note: unknown sizes]): a boundary tensor, or a model output computed beyond a cut."""
+    unknown: list[str] = []
+    for cut in cuts:
+        sent = list(boundary(graph, cut)) + [o for o in graph.outputs
+                                             if graph.tensor[o].producer is not None
+                                             and graph.tensor[o].producer not in cut.device]
+        unknown += [n for n in sent if graph.tensor[n].bytes_per_sample is None and n not in unknown]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise PlannerError(
+            f"cannot plan {graph.model} across a boundary of unknown size: {shown} would cross the link, and no "
+            "shape inference knows their size; fix the input shapes with --input-shape NAME=D0xD1x... "
+            "(input_shapes=) or pass sample inputs with --inputs FILE.npz (inputs=), then plan again",
+            model=graph.model, field="input_shapes",
+        )
+
+
 def evaluate(
     graph: LayerGraph,
     plan_or_cut: Plan | Cut | Sequence[Cut],
@@ -377,5 +405,6 @@ def evaluate(
     except PartitionError as e:
         raise PlannerError(f"invalid placement: {e.message}", model=graph.model, field="cuts",
                            layer=e.layer) from e
+    require_known_sizes(graph, cuts)
     tb = _tables(graph, profiles, links, encoding or Encoding(), batch or 1)
     return _breakdown(tb, labels_of(graph, cuts))

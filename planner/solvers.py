@@ -33,7 +33,7 @@ import numpy as np
 
 from partitioner.graph import LayerGraph
 from planner.costmodel import (
-    _plan_parts, _stages, _Stages, _summaries, _Tables, _tables, cuts_of,
+    _plan_parts, _stages, _Stages, _summaries, _Tables, _tables, cuts_of, require_known_sizes,
 )
 from planner.errors import InfeasibleError, PlannerError
 from planner.memory import head_memory_bytes
@@ -442,6 +442,7 @@ def solve(
         raise err
     value, labels, tb, enc = best
     breakdown, crossing = _plan_parts(tb, labels)
+    require_known_sizes(graph, cuts_of(labels, tb.k))  # [Note: unknown sizes] in costmodel.py
     plan = Plan(
         model=graph.model,
         cuts=cuts_of(labels, tb.k),
@@ -491,4 +492,5 @@ def solve_chain_scan(
     _, i, tb, enc = best
     labels = _prefix_labels(tb.n, i)
     breakdown, crossing = _plan_parts(tb, labels)
+    require_known_sizes(graph, cuts_of(labels, 2))
     return Plan(graph.model, cuts_of(labels, 2), enc, obj, link, breakdown, crossing)

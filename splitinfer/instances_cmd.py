@@ -3,6 +3,7 @@
     splitinfer instances MODEL [--after LAYER_ID] [--threads N] [--ep cpu] [--batch 8]
                          [--candidates 2,4] [--rounds 5] [--seconds 1.0]
                          [--margin 0.05] [--json OUT.json] [--model-yaml PATH] [--quiet]
+                         [--input-shape NAME=D0xD1x...] [--inputs FILE.npz]
 
 Times one engine with all ``--threads`` against N engines of threads/N each, side by
 side, at the batch the worker forms, in rounds that time one engine before and after
@@ -12,6 +13,8 @@ and prints the count to put in the model's model.yaml (``instances: N``) or
 budget it was measured at as ``intra_op_threads``). MODEL is a path to an .onnx file or a zoo short name
 (seeded random weights); ``--after LAYER_ID`` times the tail that the cloud runs when
 layers 0..LAYER_ID run on the device, as ``splitinfer split --after`` cuts it.
+``--input-shape`` fixes symbolic input dims; ``--inputs`` gives sample inputs, whose
+rows (or, with ``--after``, the boundary values they produce) every timed run uses.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from splitinfer.model_inputs import add_input_args
 from splitinfer.profile_cmd import _load, parse_batches
 from splitinfer.units import int_at_least, parse_args
 
@@ -67,18 +71,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="set instances (and intra_op_threads to --threads) in this registry model.yaml, keeping "
                         "its other lines; created if missing")
     p.add_argument("--quiet", action="store_true", help="no line per timed slice")
+    add_input_args(p)
     return p
 
 
 def instances_main(argv: Sequence[str]) -> int:
     args = parse_args(_parser(), argv)
     from partitioner import make_cut, split
+    from partitioner.export import reference_outputs
     from splitinfer.partition_cmd import layers_through
 
-    model, graph = _load(args.model)
+    model, graph, given = _load(args.model, args)
     name = graph.model
+    samples = given.inputs
     if args.after is not None:
         _, tail = split(model, make_cut(graph, layers_through(graph, args.after, need_tail=True)), graph=graph)
+        if samples is not None:  # the tail runs on the boundary's real values
+            samples = reference_outputs(model, tail.inputs, samples, name=graph.model)
+            samples = {k: samples[k] for k in tail.inputs}
         model, name = tail.model, f"{name} after layer {args.after}"
 
     from workers.engine import EngineConfig
@@ -87,7 +97,7 @@ def instances_main(argv: Sequence[str]) -> int:
     # fatal only: a failed run is raised as one error naming the model; ORT's log line would repeat it
     config = EngineConfig(provider=args.ep, log_severity=4)
     choice = time_instances(model, name=name, engine_config=config, threads=args.threads, batch=args.batch, candidates=args.candidates,
-                            rounds=args.rounds, slice_s=args.seconds, margin=args.margin,
+                            rounds=args.rounds, slice_s=args.seconds, margin=args.margin, inputs=samples,
                             progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
     base = choice.baseline_per_s
     print(f"{name} on {choice.provider}: {choice.rows} row(s) a run, {args.threads} thread(s) in all, "

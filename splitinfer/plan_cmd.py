@@ -26,6 +26,7 @@ from planner.whatif import (
     ENCODING_CHOICES, MAX_SWEEP_POINTS, SERIES, DeviceSpec, InvalidRequestError, PlanAnswer, PlanRequest, Roofline,
     Scenario, SweepAnswer, SweepRequest, Workspace, metric_value, reference_devices,
 )
+from splitinfer.model_inputs import add_input_args, inputs_from_args
 from splitinfer.units import arg_type, format_rate_bps, parse_args, parse_duration_ms, parse_rate_bps
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--first-k-local", type=int, default=0, metavar="K",
                     help="the first K layers (topological order) run on the device")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_input_args(ap)
 
 
 def _scenario(args: argparse.Namespace, workspace: Workspace) -> Scenario:
@@ -156,6 +158,14 @@ def _scenario(args: argparse.Namespace, workspace: Workspace) -> Scenario:
             raise PlannerError(f"MODEL {args.model!r} is not a file; give an .onnx file or a zoo name "
                                f"(splitinfer inspect lists a model's layers)", field="model")
         workspace.add_model(name, path)
+    if args.input_shape or args.inputs:
+        from partitioner import build_graph, load_model
+
+        path = workspace.model_path(name)
+        model = load_model(path)
+        given = inputs_from_args(args, model)
+        workspace.add_model(name, path, build_graph(model, name=name, input_shapes=given.input_shapes,
+                                                    inputs=given.inputs))
     try:
         constraints = Constraints(
             device_memory_bytes=int(args.device_memory) if args.device_memory is not None else None,

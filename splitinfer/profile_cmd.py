@@ -4,7 +4,7 @@ for a reference device.
     splitinfer profile MODEL -o PROFILE.json [--threads N] [--batch 1,8] [--ep cpu|cuda]
                        [--runs N] [--warmup N] [--segments N] [--calibrate]
                        [--device-name NAME] [--reference DEVICE] [--clock wall|thread]
-                       [--layer-stat median|min]
+                       [--layer-stat median|min] [--input-shape NAME=D0xD1x...] [--inputs FILE.npz]
 
 MODEL is a path to an .onnx file or a zoo short name (zoo models get seeded random
 weights, so activations stay in a normal range while timing). ``--segments N`` times
@@ -12,6 +12,8 @@ the real head and tail segments of N cuts to fit the profile's corrections (0: n
 ``--calibrate`` also fits the per-op-type efficiencies of this host's roofline and
 writes them next to the profile as PROFILE.roofline.json. ``--reference DEVICE``
 writes the roofline estimate for a reference device instead of measuring.
+``--input-shape`` fixes symbolic input dims and ``--inputs`` gives sample inputs, which
+every timed run uses (see `splitinfer.model_inputs`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from splitinfer.model_inputs import add_input_args
 from splitinfer.units import int_at_least, parse_args
 
 __all__ = ["profile_main", "parse_batches"]
@@ -71,11 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-stat", choices=("median", "min"), default="median",
                    help="per-layer ms over the runs: median, or min on a shared host (see docs/profiles.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_input_args(p)
     return p
 
 
-def _load(spec: str):
+def _load(spec: str, args: argparse.Namespace | None = None):
+    """The model, its layer graph and the model inputs ``args`` gives
+    (``--input-shape``, ``--inputs``; see `splitinfer.model_inputs`)."""
     from partitioner import build_graph, load_model, load_zoo
+    from splitinfer.model_inputs import ModelInputs, inputs_from_args
     from splitinfer.partition_cmd import resolve_model
 
     path, name = resolve_model(spec)
@@ -83,7 +90,9 @@ def _load(spec: str):
         model = load_model(path)
     else:
         model = load_zoo(name, random_weights=True)
-    return model, build_graph(model, name=name)
+    given = inputs_from_args(args, model) if args is not None else ModelInputs()
+    graph = build_graph(model, name=name, input_shapes=given.input_shapes, inputs=given.inputs)
+    return model, graph, given
 
 
 def _roofline_path(output: str) -> str:
@@ -100,7 +109,7 @@ def _write(path: str, text: str) -> None:
 
 def profile_main(argv: Sequence[str]) -> int:
     args = parse_args(_parser(), argv)
-    model, graph = _load(args.model)
+    model, graph, given = _load(args.model, args)
     if args.reference:
         from planner.devices import reference_profile
 
@@ -117,7 +126,7 @@ def profile_main(argv: Sequence[str]) -> int:
     m = measure(model, graph, threads=args.threads, ep=args.ep, warmup=args.warmup, runs=args.runs,
                 progress=not args.no_progress, device=args.device_name,
                 batch_sizes=args.batch if len(args.batch) > 1 or args.batch[0] != 1 else (),
-                calibrate=args.segments, clock=args.clock, layer_stat=args.layer_stat)
+                calibrate=args.segments, clock=args.clock, layer_stat=args.layer_stat, inputs=given.inputs)
     prof = m.profile
     _write(args.output, prof.to_json(indent=1))
     total = sum(t.ms for t in prof.layers.values())

@@ -143,11 +143,14 @@ class Workspace:
     def _registry_models(self) -> dict[str, str]:
         return dict(self._list_registry()) if self._list_registry else {}
 
-    def add_model(self, name: str, path: str) -> None:
-        """Make a model file known under ``name`` (the CLI's MODEL given as a path)."""
+    def add_model(self, name: str, path: str, graph: LayerGraph | None = None) -> None:
+        """Make a model file known under ``name`` (the CLI's MODEL given as a path);
+        ``graph``: its layer graph, built by the caller (with the input shapes it was given)."""
         with self._lock:
             self._extra_models[name] = path
             self._graphs.pop(name, None)
+            if graph is not None:
+                self._graphs[name] = graph
 
     def model_path(self, name: str) -> str:
         """The file of the model ``name``; raises `NotFoundError` listing the known ones."""

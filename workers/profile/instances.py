@@ -29,9 +29,10 @@ import dataclasses
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from workers._worker import _instance_threads
@@ -124,6 +125,17 @@ def _side_by_side(engines: Sequence[Engine], feeds: Sequence[dict], rows: int, s
     return rows * sum(counts) / (time.perf_counter() - start)
 
 
+def _rows_of(inputs: Mapping[str, np.ndarray], engine: Engine, rows: int) -> dict[str, np.ndarray]:
+    """Sample inputs at ``rows`` rows: repeated along each input whose batch is dynamic."""
+    out = {}
+    for spec in engine.inputs:
+        v = np.asarray(inputs[spec.name])
+        if spec.shape and spec.shape[0] is None and v.ndim and v.shape[0] and v.shape[0] != rows:
+            v = np.take(v, np.arange(rows) % v.shape[0], axis=0)
+        out[spec.name] = v
+    return out
+
+
 def time_instances(
     model: onnx.ModelProto | bytes,
     *,
@@ -136,11 +148,15 @@ def time_instances(
     margin: float = 0.05,
     engine_config: EngineConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> InstanceChoice:
     """Times one engine of ``threads`` threads against each count in ``candidates``
     (engines of ``threads // count`` threads side by side, weights shared) at ``batch``
     rows a run, in bracketed rounds (see [Note: choosing instances]); returns what it
-    measured and the count to run. ``progress`` is called with a line per slice."""
+    measured and the count to run. ``progress`` is called with a line per slice.
+    ``inputs`` are sample inputs by the segment's input names, their rows repeated to
+    the batch along each input whose batch is dynamic; without them the runs are on
+    random inputs (`Engine.random_inputs`)."""
     problems = [f"candidates={list(candidates)!r}: use counts of 1 or more"] if any(
         type(c) is not int or c < 1 for c in candidates) else []
     for label, value, ok in (("threads", threads, type(threads) is int and threads >= 1),
@@ -177,7 +193,8 @@ def time_instances(
         rows = min(batch, one[0].max_batch) if one[0].batch_safe else 1
         for c in counts:
             settings[c] = engines(c)
-        feeds = {c: [e.random_inputs(rows, seed=i) for i, e in enumerate(es)] for c, es in [(1, one), *settings.items()]}
+        feeds = {c: [_rows_of(inputs, e, rows) if inputs is not None else e.random_inputs(rows, seed=i)
+                     for i, e in enumerate(es)] for c, es in [(1, one), *settings.items()]}
         for c, es in [(1, one), *settings.items()]:  # warm every engine and its threads
             _side_by_side(es, feeds[c], rows, min(slice_s, 0.2))
         before = _side_by_side(one, feeds[1], rows, slice_s)

@@ -32,6 +32,7 @@ from partitioner.build import node_names
 from partitioner.cuts import Cut, boundary
 from partitioner.export import Splitter, make_inputs, reference_outputs
 from partitioner.graph import LayerGraph
+from partitioner.shapes import sample_rows, shape_feeding_inputs
 from planner.profile import LayerTime, Profile
 from workers._ort import PROVIDER_NAMES, make_session_options, select_providers
 from workers.coldstart import check_batching, make_batch_dynamic, strip_initializer_inputs
@@ -146,10 +147,11 @@ def _run(session: ort.InferenceSession, feed: Mapping[str, np.ndarray], name: st
     try:
         return session.run(None, dict(feed))
     except Exception as e:  # noqa: BLE001
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ProfilingError(
-            f"ONNX Runtime failed running {name} to profile it: {str(e).splitlines()[0][:300]}; the inputs "
-            "are random values of the model's input shapes (partitioner.make_inputs), so check that the "
-            "model runs on ONNX Runtime",
+            f"ONNX Runtime failed running {name} to profile it: {first}; the inputs are the sample inputs where "
+            "given (--inputs, inputs=), else random values at the model's input shapes (partitioner.make_inputs): "
+            "check that the model runs on ONNX Runtime, or pass sample inputs",
             model=name, detail=str(e), setting="model",
         ) from e
 
@@ -207,11 +209,12 @@ class SegmentJob:
 
 def segment_jobs(model: onnx.ModelProto, graph: LayerGraph, cuts: Sequence[Cut], *, threads: int, ep: str = "cpu",
                  whole: bool = False, sides: Sequence[str] = ("head", "tail"),
-                 prepacking: bool = True) -> list[SegmentJob]:
+                 prepacking: bool = True, inputs: Mapping[str, np.ndarray] | None = None) -> list[SegmentJob]:
     """Sessions for the real head and tail segments of ``cuts`` (and the whole model
     when ``whole``), each with inputs: a tail is fed the real values of its boundary,
-    computed once by one run of the whole model."""
-    feed0 = make_inputs(model, graph)
+    computed once by one run of the whole model on ``inputs`` (sample inputs of one
+    row), or on random ones at the model's input shapes."""
+    feed0 = _feed(model, graph, 1, inputs)
     jobs: list[SegmentJob] = []
     if whole:
         jobs.append(SegmentJob("whole", "tail", frozenset(range(len(graph))),
@@ -245,8 +248,15 @@ def time_segments(model: onnx.ModelProto, graph: LayerGraph, profile: Profile, c
     return [j.timing(profile, t) for j, t in zip(jobs, times)]
 
 
+def _feed(model: onnx.ModelProto, graph: LayerGraph, batch: int,
+          inputs: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Sample inputs at ``batch`` rows where given, else random ones at the input shapes."""
+    return sample_rows(inputs, graph, batch) if inputs is not None else make_inputs(model, graph, batch=batch)
+
+
 def _batch_ms(model: onnx.ModelProto, graph: LayerGraph, sizes: Sequence[int], *, threads: int, ep: str,
-              warmup: int, runs: int) -> tuple[dict[int, float] | None, str]:
+              warmup: int, runs: int, inputs: Mapping[str, np.ndarray] | None = None
+              ) -> tuple[dict[int, float] | None, str]:
     """Whole-model ms per batch size, or None and the reason batching is impossible."""
     sizes = sorted(set(sizes) | {1})
     if sizes == [1]:
@@ -256,10 +266,11 @@ def _batch_ms(model: onnx.ModelProto, graph: LayerGraph, sizes: Sequence[int], *
     except BatchingUnsafeError as e:
         return None, f"batch kept at 1: {e}"
     sess = open_session(dyn, threads=threads, ep=ep, name=graph.model)
-    reason = check_batching(sess, 2)
+    reason = check_batching(sess, 2, samples=sample_rows(inputs, graph, 1) if inputs is not None else None,
+                            shape_inputs=shape_feeding_inputs(model))
     if reason:
         return None, f"batch kept at 1: the batch dimension cannot be made dynamic ({reason})"
-    jobs = [(sess, make_inputs(model, graph, batch=b)) for b in sizes]
+    jobs = [(sess, _feed(model, graph, b, inputs)) for b in sizes]
     times = time_interleaved(jobs, warmup=max(1, warmup), runs=runs, name=graph.model)
     return {b: float(np.median(t)) for b, t in zip(sizes, times)}, ""
 
@@ -282,6 +293,7 @@ def measure(
     clock: str = "wall",
     layer_stat: str = "median",
     prepacking: bool = True,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> Measurement:
     """Measure ``model`` (whose layer graph is ``graph``) on this host.
 
@@ -294,7 +306,10 @@ def measure(
     ``layer_stat`` is how a layer's ``ms`` summarises its runs: ``median``, or ``min``
     on a shared host, where a long kernel is preempted in most runs (kernel times in
     the trace are wall times) and only the fastest run shows its own cost.
-    ``prepacking`` is passed to every `open_session`.
+    ``prepacking`` is passed to every `open_session`. ``inputs`` are sample inputs
+    by input name (`partitioner.shapes.load_sample_inputs`): every run is on them, their
+    rows repeated or cut to the batch; without them the runs are on random inputs at
+    the model's input shapes, which `graph` fixes (build it with ``input_shapes=``).
     """
     _check_settings(threads, batch, ep, warmup, runs)
     if layer_stat not in ("median", "min"):
@@ -312,7 +327,7 @@ def measure(
     except BatchingUnsafeError as e:
         raise ProfilingError(f"cannot profile {graph.model} at batch {batch}: {e}; profile at batch 1",
                              model=graph.model, setting="batch") from e
-    feed = make_inputs(model, graph, batch=batch)
+    feed = _feed(model, graph, batch, inputs)
     if (calibrate or cuts) and batch != 1:
         raise ProfilingError("corrections are fitted at batch 1; profile at batch 1 to calibrate",
                              model=graph.model, setting="batch")
@@ -320,7 +335,7 @@ def measure(
     if calibrate or cuts:
         chosen_cuts = list(cuts) if cuts else calibration_cuts(graph, calibrate)
         cal_jobs = segment_jobs(model, graph, chosen_cuts, threads=threads, ep=ep, whole=True,
-                                prepacking=prepacking)
+                                prepacking=prepacking, inputs=inputs)
     others = [(j.session, j.feed) for j in cal_jobs] + list(alongside)
 
     with tempfile.TemporaryDirectory(prefix="splitinfer-profile-") as tmp:
@@ -355,7 +370,7 @@ def measure(
     overhead = [max(0.0, w - k / 1e3) for w, k in zip(wall, attr.kernel_us)]
     fixed_ms = float(np.median(overhead))
     batch_ms, note = _batch_ms(model, graph, batch_sizes, threads=threads, ep=ep, warmup=warmup,
-                               runs=max(3, runs // 2)) if batch_sizes else (None, "")
+                               runs=max(3, runs // 2), inputs=inputs) if batch_sizes else (None, "")
     if note:
         logger.info("profile of %s: %s", graph.model, note)
     chosen, _ = select_providers(ep)
