@@ -121,8 +121,9 @@ class RayPool:
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
                  metrics: GatewayMetrics | None = None, direct: bool = True,
-                 start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S) -> None:
-        from workers.actors import DEFAULT_BATCHER_CONFIG, PoolConfig, ReplicaPool
+                 start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S,
+                 sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        from workers.actors import DEFAULT_BATCHER_CONFIG, PoolConfig, ReplicaPool, SegmentSource
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
 
@@ -132,8 +133,10 @@ class RayPool:
         # The tail travels as bytes: workers on other nodes need not see the registry volume.
         with open(tail_path, "rb") as fh:
             model = fh.read()
+        # The sample inputs travel with it, for the workers' warm-up and batch check.
+        source = model if sample_inputs is None else SegmentSource(model, dict(sample_inputs))
         self.pool = ReplicaPool(
-            {self.segment_key: model},
+            {self.segment_key: source},
             config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
                               resources=dict(config.ray_resources)),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
@@ -197,10 +200,8 @@ class RayPoolFactory:
         (workers.PoolConfig.direct); off, every request is a plain Ray actor call."""
 
     def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
-               *, sample_inputs: Any = None) -> RayPool:
-        """``sample_inputs`` are not sent to the workers: they warm up only where that is safe
-        without them ([Note: any shape] in workers/engine.py)."""
+               *, sample_inputs: Mapping[str, np.ndarray] | None = None) -> RayPool:
         if not ray.is_initialized():
             raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
         return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, direct=self.direct,
-                       start_timeout_s=self.start_timeout_s)
+                       start_timeout_s=self.start_timeout_s, sample_inputs=sample_inputs)

@@ -27,7 +27,7 @@ from workers.engine import Engine, EngineConfig, Place
 from workers.errors import ActorConfigError, InputError, SegmentNotLoadedError, WorkerError
 from workers.pipeline import StageSpan
 
-__all__ = ["DEFAULT_BATCHER_CONFIG", "ModelSource", "SegmentHost", "register_error_pickling"]
+__all__ = ["DEFAULT_BATCHER_CONFIG", "ModelSource", "SegmentHost", "SegmentSource", "register_error_pickling"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,20 @@ latency at concurrency 1. A lone request whose runs take up to 20 ms runs on the
 worker's event loop thread (see [Note: inline runs] in workers/batcher.py): a worker
 serves nothing but its segments, so the loop can wait that long."""
 
-ModelSource = bytes | str
-"""Serialized ONNX bytes, or a path (relative to the worker's registry directory)."""
+@dataclasses.dataclass(frozen=True)
+class SegmentSource:
+    """A segment with the sample inputs its engines warm up and check batching on
+    ([Note: any shape] in workers/engine.py)."""
+
+    model: bytes | str
+    """Serialized ONNX bytes, or a path (relative to the worker's registry directory)."""
+    sample_inputs: Mapping[str, np.ndarray]
+    """Real inputs of the segment, by name."""
+
+
+ModelSource = bytes | str | SegmentSource
+"""Serialized ONNX bytes, a path (relative to the worker's registry directory), or either
+with sample inputs (:class:`SegmentSource`)."""
 
 
 def _rebuild_error(cls: type, message: str, state: dict) -> BaseException:
@@ -202,7 +214,7 @@ class SegmentHost:
 
     # -- loading --------------------------------------------------------------------
 
-    def _resolve(self, source: ModelSource) -> ModelSource:
+    def _resolve(self, source: bytes | str) -> bytes | str:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return bytes(source)
         if self._registry_dir is None:
@@ -226,12 +238,15 @@ class SegmentHost:
     _hosted_type: type[_Hosted] = _Hosted
 
     def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
+        samples = None
+        if isinstance(source, SegmentSource):
+            source, samples = source.model, source.sample_inputs
         source = self._resolve(source)
-        engines = [Engine(source, config, name=key)]
+        engines = [Engine(source, config, name=key, sample_inputs=samples)]
         try:
             if self._instances > 1:  # [Note: engine instances]
                 narrow = dataclasses.replace(config, intra_op_threads=_instance_threads(config, self._instances))
-                engines += [Engine(source, narrow, name=key) for _ in range(self._instances)]
+                engines += [Engine(source, narrow, name=key, sample_inputs=samples) for _ in range(self._instances)]
         except BaseException:
             for engine in engines:
                 engine.close()

@@ -63,7 +63,14 @@ from workers._transport import ChannelClient, ChannelClosedError, ChannelRefused
 from workers._transport.bound import BoundRequest, check_outputs, fill_outputs
 from workers._transport.client import DirectLink
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, new_timing, num_gpus_for, pick_replica
-from workers._worker import DEFAULT_BATCHER_CONFIG, ModelSource, SegmentHost, _Hosted, register_error_pickling
+from workers._worker import (
+    DEFAULT_BATCHER_CONFIG,
+    ModelSource,
+    SegmentHost,
+    SegmentSource,
+    _Hosted,
+    register_error_pickling,
+)
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
 from workers.engine import EngineConfig, Place
 from workers.errors import ActorConfigError, InputError, ReplicaUnavailableError, SegmentNotLoadedError
@@ -71,7 +78,7 @@ from workers.pipeline import StageSpan
 
 # PoolConfig and the stats values live in workers/_pool.py (no Ray); this is their public door.
 __all__ = ["DEFAULT_BATCHER_CONFIG", "BoundRequest", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool",
-           "RequestTiming", "SegmentWorker", "WorkerStats", "make_worker"]
+           "RequestTiming", "SegmentSource", "SegmentWorker", "WorkerStats", "make_worker"]
 
 logger = logging.getLogger(__name__)
 

@@ -144,3 +144,31 @@ def test_a_tail_that_no_node_can_take_is_reported_not_waited_on(tmp_path, ray_lo
             await pool.close()
 
     np.testing.assert_allclose(asyncio.run(serve_one()).outputs["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_ray_pools_serve_a_tail_over_symbolic_h_and_w_at_two_shapes(tmp_path, ray_local):
+    from tests.serving_models import any_hw_model
+
+    d = tmp_path / "repo" / "hw" / "1"
+    d.mkdir(parents=True)
+    model = any_hw_model()
+    onnx.save(model, str(d / "model.onnx"))
+    np.savez(d / "inputs.npz", x=np.ones((1, 4, 6, 6), np.float32))
+    (d / "model.yaml").write_text("sample_inputs: inputs.npz\nfrontier: {default_cut_count: 0}\n")
+    registry = Registry(str(tmp_path / "repo"))
+    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
+    registry.load_all()
+    assert gateway.readiness()[0]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    server = serve_in_thread(gateway)
+    try:
+        with SyncInferenceClient(server.address) as c:
+            for shape in ((1, 4, 3, 3), (1, 4, 7, 5), (1, 4, 64, 96), (1, 4, 3, 3)):  # 96 KiB: the shared arena
+                x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+                resp = c.infer(make_request("hw", "1", "L", {"x": x}, timeout_s=30))
+                np.testing.assert_allclose(resp.outputs["y"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+            with pytest.raises(ProtocolError):
+                c.infer(make_request("hw", "1", "L", {"x": np.zeros((1, 3, 4, 4), np.float32)}, timeout_s=30))
+    finally:
+        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
+        server.stop()
