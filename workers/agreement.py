@@ -35,11 +35,13 @@ counts as ``[N, C]``):
    and classes; hidden states);
 5. rank 4 ``[N, C, H, W]``: ``argmax_per_position`` over axis 1 when ``C >= 2`` and
    axis 1 is a distribution (segmentation); else ``iou`` when every value lies in
-   [0, 1] or ``C <= 4`` (score and heat maps); else ``rel_l2`` (feature maps);
+   [0, 1] (score, probability and heat maps); else ``rel_l2`` (feature maps,
+   spectrograms, images, depth);
 6. any other rank: ``rel_l2``.
 
-Raw logits cannot be told from other numbers by their values, so a sequence of logits
-gets ``rel_l2`` (stricter, never misleading); name the metric to override any choice.
+Raw logits cannot be told from other numbers by their values, so a sequence or a map of
+logits gets ``rel_l2`` (stricter, never flattering); name the metric to override any
+choice.
 """
 
 from __future__ import annotations
@@ -248,9 +250,7 @@ def pick_metric(reference: np.ndarray) -> Metric:
     if x.ndim == 4:
         if x.shape[1] >= 2 and _is_distribution(x, axis=1):
             return "argmax_per_position"
-        if _in_unit_interval(x) or x.shape[1] <= _MAX_COORD_WIDTH:
-            return "iou"
-        return "rel_l2"
+        return "iou" if _in_unit_interval(x) else "rel_l2"
     return "rel_l2"
 
 

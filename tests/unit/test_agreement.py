@@ -113,7 +113,9 @@ def test_picker_dense_maps():
     prob_map = (1 / (1 + np.exp(-RNG.standard_normal((2, 1, 32, 32))))).astype(np.float32)
     assert pick_metric(prob_map) == "iou"
     assert pick_metric(prob_map[:, 0]) == "iou"  # [N, H, W]
-    assert pick_metric(RNG.standard_normal((2, 1, 32, 32)).astype(np.float32)) == "iou"  # logits
+    # Unbounded maps are judged by rel_l2: a spectrogram or an image is not a map of regions.
+    assert pick_metric(RNG.standard_normal((2, 1, 32, 32)).astype(np.float32)) == "rel_l2"
+    assert pick_metric((RNG.random((2, 3, 32, 32)) * 255).astype(np.float32)) == "rel_l2"
     seg = _softmax(RNG.standard_normal((2, 21, 16, 16)), axis=1)
     assert pick_metric(seg) == "argmax_per_position"
 
