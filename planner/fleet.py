@@ -59,7 +59,8 @@ from planner.profile import Profile
 from planner.types import LinkRange
 
 __all__ = ["ClassModel", "ClassPlan", "CloudPlan", "FixedPoint", "FleetPlan", "ModelPlan", "OptionShare",
-           "PoolPlan", "plan_fleet", "plan_resolved", "resolve", "remote_ms", "run_ms_table"]
+           "PoolPlan", "ClassChoices", "plan_fleet", "plan_resolved", "planned_choices", "resolve", "remote_ms",
+           "run_ms_table"]
 
 _MAX_UPLINK_UTILISATION = 0.9  # as the edge policy's
 _BISECTIONS = 60
@@ -535,6 +536,34 @@ def _workers_needed(spec: FleetSpec, gr: _Groups, start: int) -> tuple[int | Non
         else:
             lo = mid
     return hi, f"{hi} worker(s) meet every model's target; {hi - 1} do not"
+
+
+@dataclass(frozen=True, eq=False)
+class ClassChoices:
+    """A class's planned choices per link point, for devices that follow the fleet plan."""
+
+    up_mbps: np.ndarray
+    """(U,) the uplink points."""
+    rtt_ms: np.ndarray
+    """(R,) the RTT points."""
+    options: tuple[str, ...]
+    """Option keys: plan keys, then 'local'."""
+    shares: np.ndarray
+    """(U, R, len(options)): each option's share of the group's requests at the equilibrium."""
+
+
+def planned_choices(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int | None = None
+                    ) -> tuple[ClassChoices, ...]:
+    """The equilibrium's choices ([Note: fleet fixed point]) per class and link point."""
+    gr = _groups(spec, models)
+    x = _solve(spec, gr, spec.cloud.workers if workers is None else workers)[0]
+    keys = tuple(n[0] for n in gr.names) + ("local",)
+    out = []
+    for i, c in enumerate(spec.classes):
+        ups, rtts = c.up_mbps.points()[0], c.rtt_ms.points()[0]
+        rows = x[gr.cls == i]  # groups in (up, rtt) order, as _groups makes them
+        out.append(ClassChoices(ups, rtts, keys, rows.reshape(len(ups), len(rtts), len(keys))))
+    return tuple(out)
 
 
 def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int | None = None,

@@ -27,7 +27,9 @@ planner's frontier and cost model, as on a device. What is modelled:
   plus its own batch) ends past its deadline, or that finds 1024 queued, is refused with
   RESOURCE_EXHAUSTED and retry-after = that wait. Every answer carries the pool's predicted
   wait as `timings_ms['predicted_wait']` does.
-Strategies: 'ours' (the policy with the cloud's load), 'dads' (each device's load-blind
+Strategies: 'ours' (the policy with the cloud's load), 'planned' (each device follows the
+fleet plan's equilibrium choice for its class and link point, `planner.fleet.planned_choices`,
+drawn by its shares), 'dads' (each device's load-blind
 optimum, the frontier's plan at its uplink), 'cloud-only' (the whole model remote, the best
 encoding), 'edge-only'. All share the cloud, its admission control and the local fallback
 of a refused or late request; only 'ours' holds a refused cut off for its retry-after (that
@@ -52,12 +54,12 @@ from edge_agent.monitor import LinkEstimate
 from edge_agent.policy import Health, PolicyConfig, PolicyState, after_trial, policy
 from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
-from planner.fleet import ClassModel, remote_ms, run_ms_table
+from planner.fleet import ClassChoices, ClassModel, planned_choices, remote_ms, run_ms_table
 from planner.fleet_spec import FleetSpec
 
 __all__ = ["SimConfig", "SimResult", "simulate", "STRATEGIES", "quantiles"]
 
-STRATEGIES = ("ours", "dads", "cloud-only", "edge-only")
+STRATEGIES = ("ours", "planned", "dads", "cloud-only", "edge-only")
 _MAX_QUEUE = 1024
 
 # event kinds, in tie order
@@ -185,7 +187,7 @@ class _Sim:
         self.routes: list[dict[str, _Route]] = [{} for _ in range(n)]
         self.configs = [PolicyConfig(slo_ms=spec.slo(m.cls.model).slo_ms) for m in models]
         self.slo_s = [spec.slo(m.cls.model).slo_ms / 1e3 for m in models]
-        self.fixed = self._fixed_choices() if cfg.strategy in ("dads", "cloud-only") else None
+        self.fixed = self._fixed_choices() if cfg.strategy in ("planned", "dads", "cloud-only") else None
         # cloud
         self.queues: list[deque[_Req]] = [deque() for _ in pool_names]
         self.busy_until = [0.0] * self.workers
@@ -219,9 +221,18 @@ class _Sim:
     def _fixed_choices(self) -> list[tuple[str, FrontierEntry, Frontier] | None]:
         out: list[tuple[str, FrontierEntry, Frontier] | None] = []
         whole = {i: _cloud_only(m, self.spec) for i, m in enumerate(self.models)}
+        planned = self._planned() if self.cfg.strategy == "planned" else ()
         for d in range(len(self.cls)):
             m = self.models[self.cls[d]]
-            if self.cfg.strategy == "dads":
+            if self.cfg.strategy == "planned":
+                cc = planned[self.cls[d]]
+                u = int(np.abs(np.log(cc.up_mbps * 1e6 / self.up[d])).argmin())
+                r = int(np.abs(cc.rtt_ms - self.rtt[d]).argmin())
+                p = cc.shares[u, r]
+                key = cc.options[int(self.rng.choice(len(p), p=p / p.sum()))]
+                entry = next((e for e in m.frontier.entries if e.plan.key == key), None)
+                out.append(None if entry is None else (key, entry, m.frontier))
+            elif self.cfg.strategy == "dads":
                 p = m.frontier.plan_at(float(self.up[d]))
                 entry = next(e for e in m.frontier.entries if e.plan.key == p.key)
                 out.append((p.key, entry, m.frontier) if p.boundary else None)
@@ -229,6 +240,13 @@ class _Sim:
                 best = min(whole[self.cls[d]], key=lambda f: f.plan_at(float(self.up[d])).breakdown.total_ms)
                 out.append((best.entries[0].plan.key, best.entries[0], best))
         return out
+
+    def _planned(self) -> tuple[ClassChoices, ...]:
+        """The fleet plan's per-group choices at this run's frame rates and workers."""
+        k = self.cfg.fps_scale
+        models = [dataclasses.replace(m, cls=dataclasses.replace(m.cls, fps=m.cls.fps * k)) for m in self.models]
+        spec = dataclasses.replace(self.spec, classes=tuple(m.cls for m in models))
+        return planned_choices(spec, models, workers=self.workers)
 
     # -- the device -------------------------------------------------------------------
     def frame(self, d: int, now: float) -> None:
