@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from cluster._registry_inputs import make_shaped_inputs, parse_input_shapes, read_sample_inputs
 from cluster.errors import ClusterError
 
 __all__ = [
@@ -224,7 +225,7 @@ class ModelConfig:
         # A copy of its own: the caller's dict changing later cannot change a frozen
         # config. Left out of the hash (a dict has none), so configs stay hashable.
         object.__setattr__(self, "ray_resources", dict(self.ray_resources))
-        object.__setattr__(self, "input_shapes", _parse_input_shapes(self.input_shapes))
+        object.__setattr__(self, "input_shapes", parse_input_shapes(self.input_shapes))
         if self.sample_inputs:
             rel = self.sample_inputs
             if os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == ".." or not rel.endswith(".npz"):
@@ -259,36 +260,6 @@ class ModelConfig:
         frontier = _typed(FrontierConfig, fr, path, "frontier")
         base = _typed(cls, d, path, "model.yaml")
         return dataclasses.replace(base, frontier=frontier)
-
-
-def _parse_input_shapes(raw: Any) -> dict[str, tuple[int, ...]]:
-    """model.yaml's input_shapes: {NAME: [d0, d1, ...] or "D0xD1x..."} -> {NAME: dims}."""
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"input_shapes={raw!r} must map input names to shapes, such as "
-                         "{images: [1, 3, 640, 640]} or {images: 1x3x640x640}")
-    out = {}
-    for name, dims in raw.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"input_shapes names {name!r}; name a model input")
-        if isinstance(dims, str):
-            from partitioner import PartitionError
-            from partitioner.shapes import parse_input_shape
-
-            try:
-                named, shape = parse_input_shape(dims)
-            except PartitionError as e:
-                raise ValueError(f"input_shapes[{name!r}]: {e}") from None
-            if named is not None:
-                raise ValueError(f"input_shapes[{name!r}]={dims!r} names an input inside the shape; write "
-                                 f"{name}: {dims.rpartition('=')[2]}")
-        elif (isinstance(dims, (list, tuple)) and dims
-              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)):
-            shape = tuple(dims)
-        else:
-            raise ValueError(f"input_shapes[{name!r}]={dims!r} is not a shape; give positive integer dims such as "
-                             "[1, 3, 640, 640] or 1x3x640x640")
-        out[name] = shape
-    return out
 
 
 def set_model_yaml(path: str, **fields: int | float | str) -> ModelConfig:
@@ -454,15 +425,19 @@ class VersionFiles:
 
     # -- inputs: declared shapes and sample inputs -------------------------------------
 
-    def input_names(self) -> list[str]:
-        """The model's inputs (graph inputs that are not initializers), read without its weights."""
+    def _graph(self) -> Any:
+        """The model's graph, read without its weights."""
         import onnx
 
         try:
-            graph = onnx.load(self.model_path, load_external_data=False).graph
+            return onnx.load(self.model_path, load_external_data=False).graph
         except Exception as e:  # noqa: BLE001 - onnx raises DecodeError and others for a corrupt file
             raise RegistryError(path=self.model_path, reason=f"cannot be parsed as ONNX ({type(e).__name__})",
                                 fix="export a valid ONNX model") from e
+
+    def input_names(self) -> list[str]:
+        """The model's inputs (graph inputs that are not initializers)."""
+        graph = self._graph()
         weights = {t.name for t in graph.initializer}
         return [i.name for i in graph.input if i.name not in weights]
 
@@ -473,45 +448,34 @@ class VersionFiles:
             self.sample_inputs()
 
     def sample_inputs(self) -> dict[str, Any] | None:
-        """model.yaml's sample_inputs, read and checked (None without them); with input_shapes
-        and no samples, None too: shapes alone fix no values ([Note: warm-up inputs])."""
-        yml = os.path.join(self.path, "model.yaml")
-        names = self.input_names()
-        unknown = sorted(set(self.config.input_shapes) - set(names))
-        if unknown:
-            raise RegistryError(path=yml, reason=f"input_shapes names {unknown}, which are not inputs of the model",
-                                fix=f"name its inputs: {', '.join(names)}")
-        if not self.config.sample_inputs:
-            return None
-        from partitioner import PartitionError
-        from partitioner.shapes import load_sample_inputs
+        """model.yaml's sample_inputs, read and checked against the model; None without them."""
+        return read_sample_inputs(self.path, self.config, self.input_names())
 
-        path = os.path.join(self.path, self.config.sample_inputs)
-        try:
-            samples = load_sample_inputs(path, names)
-        except PartitionError as e:
-            raise RegistryError(path=yml, reason=f"sample_inputs: {e}",
-                                fix="write the file with numpy.savez(path, NAME=array, ...) for every input") from e
-        for name, shape in self.config.input_shapes.items():
-            if tuple(samples[name].shape) != shape:
-                raise RegistryError(path=yml, reason=f"input_shapes gives {name!r} the shape {list(shape)}, but "
-                                                     f"sample_inputs has {list(samples[name].shape)}",
-                                    fix="make them agree, or leave input_shapes out (the samples fix the shapes)")
-        return samples
+    def shaped_inputs(self) -> dict[str, Any] | None:
+        """Random inputs at model.yaml's input_shapes where they are valid ones, for a
+        version without sample inputs; None otherwise (see `make_shaped_inputs`)."""
+        if not self.config.input_shapes or self.config.sample_inputs:
+            return None
+        return make_shaped_inputs(self._graph(), self.config.input_shapes)
 
     def tail_samples(self, cut_id: str, known: Sequence[str] = ()) -> dict[str, Any] | None:
-        """The inputs of the tail of ``cut_id`` made from the version's sample inputs: the head
-        run on them ([Note: warm-up inputs]). None when the version has no sample inputs.
+        """The inputs of the tail of ``cut_id`` made from the version's sample inputs (or its
+        input_shapes): the head run on them ([Note: warm-up inputs]). None without either.
 
         [Note: warm-up inputs]
         A tail's inputs are what the head makes of real model inputs, so the registry runs
         the head of the cut on ``sample_inputs`` (ONNX Runtime, once per tail when its
         pool starts) and hands the result to the tail's engines: their warm-up and batch
-        check then run on real values. Declared ``input_shapes`` alone fix no values, and
-        inventing the inputs would feed zeros or 0/1 masks into integer tensors that set
-        shapes, so without samples each engine warms up only where that is safe
-        ([Note: any shape] in workers/engine.py)."""
+        check then run on real values. Without samples, declared ``input_shapes`` stand in
+        where random values at those shapes are valid: every input with a symbolic dim
+        besides the batch has a declared shape, and no integer input sets a shape
+        (workers.rewrite.shape_feeding_inputs); a head that does not run on them leaves
+        the tail without inputs, not failed. Otherwise each engine warms up only where
+        that is safe ([Note: any shape] in workers/engine.py)."""
         samples = self.sample_inputs()
+        made = samples is None
+        if made:
+            samples = self.shaped_inputs()
         if samples is None:
             return None
         from partitioner import PartitionError, run_segments
@@ -521,6 +485,10 @@ class VersionFiles:
         try:
             env = run_segments([head], samples, name=f"{self.model}@{self.version}")
         except PartitionError as e:
+            if made:
+                logger.warning("%s@%s: the head of cut %s does not run on random inputs at input_shapes (%s); its "
+                               "tail warms up without them", self.model, self.version, cut_id, e)
+                return None
             raise RegistryError(path=os.path.join(self.path, self.config.sample_inputs),
                                 reason=f"the head of cut {cut_id} does not run on the sample inputs ({e})",
                                 fix="give sample inputs the model runs on") from e

@@ -10,7 +10,7 @@ import yaml
 
 from cluster.registry import ModelConfig, Registry, RegistryError
 from splitinfer.cli import main
-from tests.serving_models import any_hw_model
+from tests.serving_models import any_hw_model, reshape_by_input_model
 
 
 def _version(root, yml: str = "", samples: dict | None = None):
@@ -74,10 +74,25 @@ def test_a_tails_sample_inputs_are_the_head_run_on_the_versions_samples(tmp_path
     assert all(v.shape[0] == 2 and v.shape[2:] == (6, 5) for v in boundary.values())
 
 
-def test_no_sample_inputs_means_no_tail_samples(tmp_path):
-    _version(tmp_path, "input_shapes: {x: [1, 4, 8, 8]}\n")
+def test_without_samples_the_declared_shapes_stand_in_where_random_values_are_valid(tmp_path):
+    _version(tmp_path, "input_shapes: {x: [1, 4, 8, 8]}\nfrontier: {default_cut_count: 1}\n")
     lv = Registry(str(tmp_path)).load("hw", "1")
+    whole, later = lv.frontier.cuts
+    made = lv.files.tail_samples(whole.cut_id)["x"]
+    assert made.shape == (1, 4, 8, 8) and made.dtype == np.float32 and np.std(made) > 0
+    assert all(v.shape[2:] == (8, 8) for v in lv.files.tail_samples(later.cut_id).values())
+
+
+def test_no_samples_and_no_shapes_or_a_shape_input_means_no_tail_samples(tmp_path):
+    _version(tmp_path / "a", "")
+    lv = Registry(str(tmp_path / "a")).load("hw", "1")
     assert lv.files.tail_samples(lv.frontier.cut_ids[0]) is None
+    d = tmp_path / "b" / "reshape" / "1"
+    d.mkdir(parents=True)
+    onnx.save(reshape_by_input_model(), str(d / "model.onnx"))
+    (d / "model.yaml").write_text("input_shapes: {x: [1, 6], shape: [2]}\n")
+    lv = Registry(str(tmp_path / "b")).load("reshape", "1")
+    assert lv.files.tail_samples(lv.frontier.cut_ids[0]) is None  # no value is invented for `shape`
 
 
 def test_registry_add_writes_input_shapes_and_copies_the_samples(tmp_path, capsys):
