@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -373,17 +374,68 @@ def summarize_step(step: str, rec: dict) -> str:
     return "; ".join(parts)
 
 
-def scrub_paths(value: object, replacements: list[tuple[str, str]]) -> object:
-    """``value`` with every string's path prefixes replaced (JSON-like trees)."""
+def scrub_paths(value: object, replacements: list[tuple[str, str]], temp_dir: str | None = None) -> object:
+    """``value`` with every string's path prefixes replaced (JSON-like trees); a path under
+    ``temp_dir`` that remains (a command's own scratch files) becomes ``<tmp>/NAME``."""
     if isinstance(value, str):
         for old, new in sorted(replacements, key=lambda r: -len(r[0])):
             value = value.replace(old, new)
+        if temp_dir:
+            value = re.sub(re.escape(temp_dir.rstrip(os.sep) + os.sep) + r"[^\s'\"]+",
+                           lambda m: "<tmp>/" + os.path.basename(m.group(0)), value)
         return value
     if isinstance(value, dict):
-        return {k: scrub_paths(v, replacements) for k, v in value.items()}
+        return {k: scrub_paths(v, replacements, temp_dir) for k, v in value.items()}
     if isinstance(value, list):
-        return [scrub_paths(v, replacements) for v in value]
+        return [scrub_paths(v, replacements, temp_dir) for v in value]
     return value
+
+
+def markdown_cell(step: str, rec: dict) -> str:
+    """A short docs-table cell: the step's headline number, or 'refused'."""
+    status = rec.get("status")
+    if status != "ok":
+        return f"**{status}**"
+    if step == "inspect":
+        return (f"{rec.get('layers')} layers, {len(rec.get('unknown_tensors', []))} unknown "
+                f"({len(rec.get('unknown_without_inputs', []))} without inputs)")
+    if step == "cuts":
+        diff = rec.get("max_abs_diff")
+        return f"{rec.get('verified')}/{len(rec.get('cuts', []))}, diff {_num(diff)}"
+    if step == "profile":
+        return f"{_num(rec.get('total_ms'))} ms"
+    if step == "plan":
+        total = (rec.get("predicted") or {}).get("total_ms")
+        return f"{rec.get('choice')}, {_num(total)} ms"
+    if step == "int8":
+        s = rec.get("summary") or {}
+        if s.get("kind") == "already_quantized":
+            return "already INT8: passed through"
+        return f"{s.get('metric')} {_num(s.get('value'))}" + (
+            f" (agreement {_num(s.get('agreement'))})" if s.get("metric") == "rel_l2" else "")
+    if step == "serve":
+        parts = [f"{w} {_num(rec[w]['latency_ms'])} ms" for w in ("whole", "split")
+                 if isinstance(rec.get(w), dict) and rec[w].get("status") == "ok"]
+        return ", ".join(parts)
+    return "ok"
+
+
+def render_markdown(results: dict) -> str:
+    """The docs table (one row a model, one column a step) and the refusals under it."""
+    config = {m["key"]: m for m in results["config"]["models"]}
+    lines = ["| model | package | " + " | ".join(STEPS) + " |", "|" + " --- |" * (len(STEPS) + 2)]
+    refusals = []
+    for key, entry in results["models"].items():
+        m = config.get(key, {})
+        cells = [markdown_cell(step, entry["steps"][step]) for step in STEPS]
+        lines.append(f"| {key} ({m.get('task', '')}) | {m.get('package', '')} {m.get('version', '')} | "
+                     + " | ".join(cells) + " |")
+        for step in STEPS:
+            rec = entry["steps"][step]
+            if rec.get("status") != "ok":
+                text = summarize_step(step, rec).replace("|", "/")
+                refusals.append(f"- {key}, {step}: {text[:297] + '...' if len(text) > 300 else text}")
+    return "\n".join(lines + ([""] + refusals if refusals else [])) + "\n"
 
 
 def _num(v: object) -> str:
@@ -431,7 +483,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-timeout-s", type=float, default=300.0, help="limit of each step (INT8: twice)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random cuts")
     p.add_argument("--no-progress", action="store_true", help="no line per step on stderr")
+    p.add_argument("--markdown", metavar="JSON", help="print the docs table of a results file and exit")
     a = p.parse_args(argv)
+    if a.markdown:
+        with open(a.markdown, encoding="utf-8") as fh:
+            print(render_markdown(json.load(fh)), end="")
+        return 0
     wanted = [k for k in a.models.split(",") if k]
     unknown = sorted(set(wanted) - {m.key for m in WILD_MODELS})
     if unknown:
@@ -469,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
              for e in results["models"].values() if "file" in e}  # type: ignore[union-attr]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results["models"] = scrub_paths(results["models"], [(work + os.sep, ""), (repo + os.sep, ""),
-                                                        *((r + os.sep, "") for r in roots)])
+                                                        *((r + os.sep, "") for r in roots)],
+                                    tempfile.gettempdir())
     results["summary"] = {s: sum(1 for e in results["models"].values() if e["steps"][s]["status"] == "ok")
                           for s in STEPS}  # type: ignore[union-attr]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

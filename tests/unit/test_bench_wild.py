@@ -80,6 +80,7 @@ def test_first_line_names_the_error_type():
 def test_scrub_paths_replaces_longest_prefix_first():
     tree = {"a": ["/w/x/samples.npz", 3], "b": {"c": "/w/model.onnx"}}
     assert scrub_paths(tree, [("/w/", ""), ("/w/x/", "")]) == {"a": ["samples.npz", 3], "b": {"c": "model.onnx"}}
+    assert scrub_paths("Load model from /t/eng-1/a/stage.onnx failed", [], "/t") == "Load model from <tmp>/stage.onnx failed"
 
 
 def test_unknown_tensors_and_step_summaries():
