@@ -32,6 +32,11 @@ inside a jump of F (a group switching moves more load than the gap), the bracket
 choice sets are mixed: a share theta of the switching groups moves, theta found by a
 second bisection so that F equals W. This is the Wardrop equilibrium of the fleet: no
 device gains by another choice at the wait that the choices make.
+A remote request's answer comes by the agent's remote budget at the latest ([Note: remote
+budget] in edge_agent/runner.py): if the cloud has not answered once the head is done plus
+max(SLO - head - tail, 0.3 SLO), the local tail runs, so the latency is the smaller of the
+cloud's and that. Where the local tail fits the SLO, a long cloud wait costs goodput only
+through the capacity it takes.
 Admission control is the gateway's: a request whose predicted wait exceeds the deadline
 is refused and answered locally. When the load would overload the workers or wait past
 the longest SLO, the admitted share is cut until it does not (a bisection), and the
@@ -66,7 +71,7 @@ _MAX_UPLINK_UTILISATION = 0.9  # as the edge policy's
 _BISECTIONS = 60
 _TOL_MS = 1e-3
 _MIX_BISECTIONS = 24
-_ADMIT_BISECTIONS = 12
+_ADMIT_BISECTIONS = 10
 
 
 # -- resolved inputs ------------------------------------------------------------------------
@@ -89,8 +94,7 @@ def resolve(spec: FleetSpec, workspace: Any = None) -> tuple[ClassModel, ...]:
     from planner.whatif import NotFoundError, Workspace
 
     ws = workspace if workspace is not None else Workspace()
-    fronts: dict[tuple[Any, ...], Frontier] = {}
-    out = []
+    resolved = []
     for i, c in enumerate(spec.classes):
         try:
             graph = ws.graph(c.model)
@@ -100,16 +104,26 @@ def resolve(spec: FleetSpec, workspace: Any = None) -> tuple[ClassModel, ...]:
         for name, path in ((c.device, f"classes[{i}].device"), (spec.cloud.device, "cloud.device")):
             try:
                 profiles.append(ws.profile(graph, name, path))
-            except NotFoundError as e:
-                raise FleetSpecError(f"{path}: {e.message}", field=path) from None
             except PlannerError as e:
                 raise FleetSpecError(f"{path}: {e.message}", field=path) from None
-        dev, cloud = profiles
+        resolved.append((c, graph, profiles[0], profiles[1]))
+    # One frontier per (model, device, cloud, down ratio) over every such class's uplinks, as an
+    # agent's frontier covers its whole range; each option is then rescaled to the group's link.
+    spans: dict[tuple[Any, ...], tuple[float, float, list[float]]] = {}
+    for c, graph, dev, cloud in resolved:
         ups = c.up_mbps.points()[0] * 1e6
-        rng = LinkRange(float(ups.min()), float(ups.max()), c.down_ratio, c.rtt_ms.median)
-        key = (c.model, id(dev), id(cloud), rng, spec.encodings)
+        key = (c.model, id(dev), id(cloud), c.down_ratio)
+        lo, hi, rtts = spans.get(key, (math.inf, 0.0, []))
+        spans[key] = (min(lo, float(ups.min())), max(hi, float(ups.max())), rtts + [c.rtt_ms.median])
+    fronts: dict[tuple[Any, ...], Frontier] = {}
+    out = []
+    for c, graph, dev, cloud in resolved:
+        key = (c.model, id(dev), id(cloud), c.down_ratio)
         if key not in fronts:
+            lo, hi, rtts = spans[key]
+            rng = LinkRange(lo, hi, c.down_ratio, float(np.median(rtts)))
             fronts[key] = frontier(graph, [dev, cloud], rng, "latency", None, spec.encoding_values)
+        rng = fronts[key].link_range
         local = evaluate(graph, Cut(frozenset(range(len(graph)))), [dev, cloud], rng.at(rng.up_lo_bps)).total_ms
         out.append(ClassModel(c, graph, dev, cloud, fronts[key], local))
     return tuple(out)
@@ -286,6 +300,7 @@ class _Groups:
     ms: np.ndarray  # (G, O) remote option ms at the group's link (inf: not an option)
     pre: np.ndarray  # (G, O) ms until the cloud's refusal is back at the device
     tail: np.ndarray  # (G, O) the local tail after that option's head
+    cap: np.ndarray  # (G, O) when the budget's local tail answers if the cloud has not (from the start)
     pool: np.ndarray  # (O,) pool index
     t1: np.ndarray  # (O,) the option's cloud ms at batch 1
     names: tuple[tuple[str, int, str], ...]  # per option: key, edge layers, encoding
@@ -327,18 +342,23 @@ def _groups(spec: FleetSpec, models: Sequence[ClassModel]) -> _Groups:
                             segs.append(run_ms_table(np.array([seg]), m.cloud.segment_const_ms, m.cloud.batch_ms,
                                                      spec.cloud.max_batch)[0])
                     pre = ms - b.cloud_ms - b.downlink_ms
-                    opts[o] = (ms, pre, max(0.0, m.local_ms - b.edge_ms))
+                    tail_ms = max(0.0, m.local_ms - b.edge_ms)
+                    head_ms = b.edge_ms + b.encode_ms + b.uplink_ms
+                    # the agent's remote budget: the local tail starts then if nothing came back
+                    cap = head_ms + max(slo - head_ms - tail_ms, 0.3 * slo) + tail_ms
+                    opts[o] = (ms, pre, tail_ms, cap)
                 rows.append((i, c.count * c.fps * pu * pr, slo, m.local_ms, opts))
     g, o = len(rows), len(names)
     ms = np.full((g, o), math.inf)
     pre = np.zeros((g, o))
     tail = np.zeros((g, o))
+    cap = np.full((g, o), math.inf)
     for j, (_, _, _, _, opts) in enumerate(rows):
-        for k, (a, b2, t) in opts.items():
-            ms[j, k], pre[j, k], tail[j, k] = a, b2, t
+        for k, (a, b2, t, f) in opts.items():
+            ms[j, k], pre[j, k], tail[j, k], cap[j, k] = a, b2, t, f
     table = np.array(segs) if segs else np.zeros((0, spec.cloud.max_batch))
     return _Groups(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
-                   np.array([r[3] for r in rows]), ms, pre, tail, np.array(opt_pool, dtype=int),
+                   np.array([r[3] for r in rows]), ms, pre, tail, cap, np.array(opt_pool, dtype=int),
                    np.array(t1), tuple(names), tuple(pool_of), table)
 
 
@@ -456,7 +476,8 @@ def _equilibrium(gr: _Groups, workers: int, timeout_ms: float) -> tuple[np.ndarr
 
 def _latency_parts(gr: _Groups, x: np.ndarray, ld: _Load) -> tuple[np.ndarray, ...]:
     """Per (group, branch): weight (req/s), fixed ms, P(wait for a worker), mean of that wait when it
-    happens. Branches: each option admitted, each option refused, local."""
+    happens, and the latest answer (the remote budget's local tail; inf: none). Branches: each
+    option admitted, each option refused, local."""
     g, o = gr.ms.shape
     q = ld.queue
     pool_extra = (q.fill_ms + q.run_ms)[gr.pool] - gr.t1 if o else np.zeros(0)
@@ -465,30 +486,33 @@ def _latency_parts(gr: _Groups, x: np.ndarray, ld: _Load) -> tuple[np.ndarray, .
     w_ref = gr.rate[:, None] * x[:, :-1] * (1.0 - ld.admitted)
     ms = np.where(np.isfinite(gr.ms), gr.ms, 0.0)
     weights = np.concatenate([w_adm, w_ref, (gr.rate * x[:, -1])[:, None]], axis=1)
-    fixed = np.concatenate([ms + pool_extra[None, :], gr.pre + gr.tail,
+    refused = np.minimum(gr.pre, gr.cap - gr.tail) + gr.tail
+    fixed = np.concatenate([np.minimum(ms + pool_extra[None, :], gr.cap), refused,
                             np.where(np.isfinite(gr.local), gr.local, 0.0)[:, None]], axis=1)
     pw = np.concatenate([np.full((g, o), q.p_wait), np.zeros((g, o + 1))], axis=1)
-    return weights, fixed, pw, np.full_like(pw, m)
+    cap = np.concatenate([gr.cap, np.full((g, o + 1), math.inf)], axis=1)
+    return weights, fixed, pw, np.full_like(pw, m), cap
 
 
-def _cdf(t: float, w: np.ndarray, x: np.ndarray, pw: np.ndarray, m: np.ndarray) -> float:
+def _cdf(t: float, w: np.ndarray, x: np.ndarray, pw: np.ndarray, m: np.ndarray, cap: np.ndarray) -> float:
     tot = w.sum()
     if tot <= 0:
         return 1.0
     d = t - x
     tail = np.where(m > 0, np.exp(-np.maximum(d, 0.0) / np.where(m > 0, m, 1.0)), 0.0)
-    return float((w * (d >= 0) * (1.0 - pw * tail)).sum() / tot)
+    p = np.where(t >= cap, 1.0, (d >= 0) * (1.0 - pw * tail))
+    return float((w * p).sum() / tot)
 
 
-def _quantile(q: float, w: np.ndarray, x: np.ndarray, pw: np.ndarray, m: np.ndarray) -> float:
+def _quantile(q: float, w: np.ndarray, x: np.ndarray, pw: np.ndarray, m: np.ndarray, cap: np.ndarray) -> float:
     keep = w > 0
     if not keep.any():
         return math.nan
-    w, x, pw, m = w[keep], x[keep], pw[keep], m[keep]
+    w, x, pw, m, cap = w[keep], x[keep], pw[keep], m[keep], cap[keep]
     lo, hi = float(x.min()), float(x.max() + 50.0 * max(1.0, float(m.max())))
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _cdf(mid, w, x, pw, m) >= q:
+        if _cdf(mid, w, x, pw, m, cap) >= q:
             hi = mid
         else:
             lo = mid
@@ -497,11 +521,11 @@ def _quantile(q: float, w: np.ndarray, x: np.ndarray, pw: np.ndarray, m: np.ndar
 
 def _solve(spec: FleetSpec, gr: _Groups, workers: int) -> tuple[np.ndarray, _Load, FixedPoint, list[ModelPlan]]:
     x, ld, fp = _equilibrium(gr, workers, spec.cloud.batch_timeout_ms)
-    w, fixed, pw, m = _latency_parts(gr, x, ld)
+    w, fixed, pw, m, cap = _latency_parts(gr, x, ld)
     models = []
     for slo in spec.models:
         rows = np.array([spec.classes[int(c)].model == slo.name for c in gr.cls])
-        within = _cdf(slo.slo_ms, w[rows], fixed[rows], pw[rows], m[rows]) if rows.any() else 1.0
+        within = _cdf(slo.slo_ms, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]) if rows.any() else 1.0
         models.append(ModelPlan(slo.name, slo.slo_ms, slo.target, within, within >= slo.target - 1e-12))
     return x, ld, fp, models
 
@@ -509,8 +533,12 @@ def _solve(spec: FleetSpec, gr: _Groups, workers: int) -> tuple[np.ndarray, _Loa
 def _workers_needed(spec: FleetSpec, gr: _Groups, start: int) -> tuple[int | None, str]:
     """The fewest workers with which every model meets its target: from ``start``, doubling up or
     halving down to a bracket, then bisection."""
+    seen: dict[int, bool] = {}
+
     def ok(c: int) -> bool:
-        return all(m.meets for m in _solve(spec, gr, c)[3])
+        if c not in seen:
+            seen[c] = all(m.meets for m in _solve(spec, gr, c)[3])
+        return seen[c]
 
     if ok(start):
         lo, hi = start, start
@@ -572,7 +600,7 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
     c_workers = spec.cloud.workers if workers is None else workers
     gr = _groups(spec, models)
     x, ld, fp, model_plans = _solve(spec, gr, c_workers)
-    w, fixed, pw, m = _latency_parts(gr, x, ld)
+    w, fixed, pw, m, cap = _latency_parts(gr, x, ld)
     o = gr.ms.shape[1]
     classes = []
     for i, c in enumerate(spec.classes):
@@ -583,11 +611,11 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
         opts = sorted((OptionShare(names[k][0], names[k][1], names[k][2], float(shares[k]))
                        for k in range(o + 1) if shares[k] > 1e-9), key=lambda s: -s.share)
         slo = spec.slo(c.model).slo_ms
-        within = _cdf(slo, w[rows], fixed[rows], pw[rows], m[rows])
+        within = _cdf(slo, w[rows], fixed[rows], pw[rows], m[rows], cap[rows])
         refused = float(w[rows][:, o:2 * o].sum() / rate) if o else 0.0
         classes.append(ClassPlan(c.name, c.model, c.count, rate, tuple(opts),
-                                 _quantile(0.5, w[rows], fixed[rows], pw[rows], m[rows]),
-                                 _quantile(0.95, w[rows], fixed[rows], pw[rows], m[rows]),
+                                 _quantile(0.5, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]),
+                                 _quantile(0.95, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]),
                                  within, within * rate, refused))
     q = ld.queue
     pools = tuple(PoolPlan(name, float(ld.rates[p]), float(q.batch[p]), float(q.run_ms[p]),
@@ -597,8 +625,8 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
     total = float(gr.rate.sum())
     goodput = sum(c.goodput_rps for c in classes)
     return FleetPlan(spec.devices, total, goodput, goodput / total if total else 1.0,
-                     _quantile(0.5, w.ravel(), fixed.ravel(), pw.ravel(), m.ravel()),
-                     _quantile(0.95, w.ravel(), fixed.ravel(), pw.ravel(), m.ravel()),
+                     _quantile(0.5, w.ravel(), fixed.ravel(), pw.ravel(), m.ravel(), cap.ravel()),
+                     _quantile(0.95, w.ravel(), fixed.ravel(), pw.ravel(), m.ravel(), cap.ravel()),
                      tuple(classes), tuple(model_plans), cloud, fp, needed, note)
 
 
