@@ -13,6 +13,7 @@ import onnx
 import onnx.version_converter
 import onnxruntime as ort
 
+from partitioner.subgraphs import node_reads, subgraphs
 from workers.errors import QuantizeConfigError, QuantizeModelError
 
 __all__ = ["graph_reads", "load", "opset", "prepare", "quantized_ops"]
@@ -31,37 +32,20 @@ _QUANTIZED_OPS = frozenset({
 _QUANTIZED_PREFIXES = ("QLinear", "DynamicQuantize", "QOrdered")
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The bodies of If/Loop/Scan (and of any op with graph attributes)."""
-    found: list[onnx.GraphProto] = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            found.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            found.extend(attr.graphs)
-    return found
-
-
 def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Every node of ``graph`` and of its subgraphs, at any depth."""
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         nodes.append(node)
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             nodes.extend(_all_nodes(sub))
     return nodes
 
 
 def graph_reads(graph: onnx.GraphProto) -> set[str]:
     """Every value name read by ``graph``'s nodes, including what If/Loop/Scan bodies
-    read from the enclosing scopes (a body's outputs may name an outer value too)."""
-    reads: set[str] = set()
-    for node in graph.node:
-        reads.update(i for i in node.input if i)
-        for sub in _subgraphs(node):
-            reads |= graph_reads(sub)
-            reads.update(o.name for o in sub.output)
-    return reads
+    read from the enclosing scopes (partitioner.subgraphs' note on outer-scope reads)."""
+    return {name for node in graph.node for name in node_reads(node)}
 
 
 def quantized_ops(model: onnx.ModelProto) -> Counter[str]:
