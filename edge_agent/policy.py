@@ -53,7 +53,8 @@ use (`LinkEstimate.up_hold_bps`, which does not follow drops shorter than the mo
 `hold_s`) and the recent transfers' prediction errors (`spread`); see [Note: held rate
 and spread] in edge_agent/monitor.py. Each remote option is priced at every rate of
 `LinkEstimate.rates_bps()`: its first hop's bytes take time inversely to the rate, the
-rest is fixed. That gives the option's mean time (`ms`, what the objective compares),
+rest is fixed (the uplink's queue is priced once, at the held rate: a queue forms over
+many transfers). That gives the option's mean time (`ms`, what the objective compares),
 its chance of missing the SLO (`miss`: the share of rates at which it would) and a
 pessimistic time (`hi_ms`: all but `hedge_tail` of its times are shorter, the point at
 which the hedge starts the local run; see [Note: hedge]). Local execution is a point: it
@@ -68,17 +69,43 @@ better for the next second or two, or by a few ms, does not pay for the switch, 
 every recent switch makes the next one dearer. Under the energy objective the saving
 is the relative energy gain at the current option's time.
 
+[Note: closed loop]
+An app with a window of requests in flight (a camera that drops a frame rather than
+queue) sends as fast as the answers come: its rate is set by the plan. While the device
+runs local requests back to back (`arrival_rps * local_ms` at least 0.6 of the time),
+the rate the agent sees is held down by the local latency, and a remote option priced
+at that rate looks free of uplink queueing; offloaded, the same app sends faster, the
+uplink saturates, and the agent goes local again. In the demo's steady 5.85 Mbit/s phase
+that loop switched every second or two. Two things break it. The rate the policy plans
+for (`arrival_rps`) rises within 2 s but falls over 10 s, so the load the remote plan
+drew is remembered while local answers hold the app back. And while the device is that
+busy, the remote options are priced
+at the rate the app would reach at their speed (`arrival_rps * local_ms / ms`, with
+`ms` the fastest option's time on an idle uplink). An app that sends at a fixed rate
+whatever the latency is then priced too high while the device is that busy: it may stay
+local a little longer than it needs to, and a trial or a probe measures the link
+meanwhile. Conversely, an app with a window cannot queue more than its window on the
+uplink: with `Health.inflight` known, a request waits for at most `inflight - 1` uploads
+ahead of it, so a plan whose uplink the app keeps full (utilisation past 0.9, where the
+M/D/1 wait has no bound) is still an option, priced at that bound: a full uplink
+answering the window in 0.8 s beats a device that answers it in 2 s.
+
 [Note: hedge]
 A request sent to the cloud has a deadline: `slo_ms`, or `remote_timeout_ms` without
 one. `hedge_delay_s` says when the device starts its own run of the rest of the model
-beside the remote call (the cut's tail from the head's output): once the remote answer
-is later than its pessimistic time `Action.hi_ms`, or at the latest moment the local
-run still lands in time with `hedge_margin` of its own time to spare, whichever comes
-first. The remote call is not cancelled: the first valid answer is the request's, the
-other is dropped and counted (`late_dropped`, `local_dropped`), so a request is never
-answered twice and never left without an answer. The hedge is what lets the plan
-ignore short dips: the few requests inside a dip are rescued one by one, and the plan
-moves only for a drop that lasts.
+beside the remote call (the cut's tail from the head's output). Normally that is the
+latest moment at which the local run still lands in time with `hedge_margin` of its own
+time to spare: a remote answer still missing then is late enough to race. But when the
+remote time predicted for the request nears the deadline (its pessimistic time
+`Action.hi_ms`, all but `hedge_tail` of its predicted times, is past that moment; and,
+once the plan has three measured answers, the same quantile of them agrees), the local
+run starts at once: waiting for the last safe moment would only make its answer later.
+Where the local run cannot land in time even started at once, there is no hedge: the
+remote budget alone decides when to give up on the cloud. The remote call is not
+cancelled: the first valid answer is the request's, the other is dropped and counted
+(`late_dropped`, `local_dropped`), so a request is never answered twice and never left
+without an answer. The hedge is what lets the plan ignore short dips: the few requests
+inside a dip are rescued one by one, and the plan moves only for a drop that lasts.
 
 [Note: cloud load]
 A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in its own
@@ -107,11 +134,16 @@ from edge_agent.monitor import LinkEstimate, quantile
 from planner import Breakdown, Encoding, Frontier, Objective
 
 __all__ = ["OBJECTIVES", "Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "hedge_delay_s",
-           "LOCAL", "OFFLOAD"]
+           "arrival_rps", "LOAD_WINDOWS_S", "LOCAL", "OFFLOAD"]
 
 LOCAL, OFFLOAD = "local", "offload"
 OBJECTIVES = ("latency", "energy", "throughput")
 _MAX_UTILISATION = 0.9
+LOAD_WINDOWS_S = (2.0, 10.0)
+"""The request rate is the higher of the rates over these windows; see [Note: closed loop]."""
+_BUSY = 0.6
+"""Share of the time the device runs local requests from which their rate is taken as held down by
+their latency; see [Note: closed loop]."""
 _HEDGE_RECORD = 3
 """Measured answers of a plan from which they must agree with a prediction to hedge at once."""
 
@@ -208,6 +240,9 @@ class Health:
     refused_until_s: Mapping[str, float] = field(default_factory=dict)
     """Cut ids the cloud refused for load, with when their retry-after ends (monotonic s); no
     option until then. See [Note: cloud load]."""
+    inflight: int = 0
+    """Requests in flight with this one (0: unknown). A request waits for at most this many less one
+    uploads ahead of it; see [Note: closed loop]."""
 
 
 @dataclass(frozen=True)
@@ -314,40 +349,35 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # A one-entry frontier rescales this plan's own breakdown to the estimated link.
         p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
         b = p.breakdown
-        # The uplink serves every request's boundary in turn: an M/D/1 queue at this load.
-        if health.arrival_rps * b.uplink_ms / 1e3 >= _MAX_UTILISATION:
+        # The uplink serves every request's boundary in turn: an M/D/1 queue at this load, at the
+        # held rate (a queue forms over many transfers, so over the rate they share).
+        util = health.arrival_rps * b.uplink_ms / 1e3
+        ahead_ms = (health.inflight - 1) * b.uplink_ms if health.inflight > 0 else math.inf  # [Note: closed loop]
+        if util >= _MAX_UTILISATION and not math.isfinite(ahead_ms):
             continue
+        wait_ms = min(ahead_ms, b.uplink_ms * util / (2.0 * (1.0 - util)) if util < _MAX_UTILISATION else math.inf)
         # The cloud's own figure, so not scaled by the agent's measured/predicted ratio.
         queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
-        times = [_time_at(b, up, r, est.rtt_ms, health, queue_ms) for r in rates]
-        finite = [t for t in times if math.isfinite(t)]
-        if not finite:
-            continue
-        ms = sum(finite) / len(finite)
+        wait_ms += queue_ms
+        times = [_time_at(b, up, r, est.rtt_ms, health.remote_factor) + wait_ms for r in rates]
+        ms = sum(times) / len(times)
         slo = cfg.slo_ms
         miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)
-        hi_ms = quantile(times, 1.0 - cfg.hedge_tail) if len(finite) == len(times) else math.inf
+        hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else ms  # the device idles while it waits
         out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss))
     return out
 
 
-def _time_at(b: Breakdown, at_bps: float, rate_bps: float, rtt_ms: float | None, health: Health,
-             queue_ms: float) -> float:
-    """End-to-end ms of a plan whose breakdown `b` is priced at `at_bps`, on a first hop of `rate_bps`:
-    that hop's bytes take time inversely to the rate; see [Note: risk]. inf: the uplink saturates."""
-    k = at_bps / rate_bps
+def _time_at(b: Breakdown, at_bps: float, rate_bps: float, rtt_ms: float | None, remote_factor: float) -> float:
+    """End-to-end ms, before any queue, of a plan whose breakdown `b` is priced at `at_bps`, on a
+    first hop of `rate_bps`: that hop's bytes take time inversely to the rate; see [Note: risk]."""
     hop_up = b.hop_up_ms[0] if b.hop_up_ms else b.uplink_ms
     hop_down = b.hop_down_ms[0] if b.hop_down_ms else b.downlink_ms
-    ms = b.total_ms + (hop_up + hop_down) * (k - 1.0)
+    ms = b.total_ms + (hop_up + hop_down) * (at_bps / rate_bps - 1.0)
     if rtt_ms is not None:
         ms += rtt_ms - b.rtt_ms
-    ms *= health.remote_factor
-    uplink_ms = b.uplink_ms + hop_up * (k - 1.0)
-    util = health.arrival_rps * uplink_ms / 1e3
-    if util >= _MAX_UTILISATION:
-        return math.inf
-    return ms + uplink_ms * util / (2.0 * (1.0 - util)) + queue_ms
+    return ms * remote_factor
 
 
 def _local_option(health: Health, frontier: Frontier | None, energy: bool, slo: float | None) -> _Option:
@@ -430,6 +460,13 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     remote = []
     if frontier is not None and health.remote_allowed:
         remote = _remote_options(estimate, frontier, health, config, energy, now_s)
+        if remote and state.current == LOCAL and health.arrival_rps * local.ms / 1e3 >= _BUSY:
+            # [Note: closed loop] the device runs back to back: price the cloud at the load it would draw.
+            unloaded = _remote_options(estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config,
+                                       energy, now_s)
+            fastest = min(o.ms for o in unloaded)
+            drawn = dataclasses.replace(health, arrival_rps=health.arrival_rps * max(1.0, local.ms / fastest))
+            remote = _remote_options(estimate, frontier, drawn, config, energy, now_s)
     best_remote = _least_risk(remote, config.risk_tie)
     options = {o.key: o for o in remote}
     if math.isfinite(local.ms):
@@ -508,6 +545,13 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
                   f"{_show_factors(health)} ({_show(estimate, health, now_s)})")
         return act(target, reason, False, trial=True), dataclasses.replace(state, trial_s=now_s)
     return act(current, f"keep {current.key}: {hold} ({_show(estimate, health, now_s)})", False), state
+
+
+def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:
+    """The request rate to plan for: the higher of the counts over each of `LOAD_WINDOWS_S` before
+    `now_s`, over the whole window (a burst of five in 2 s is 2.5/s, not 500). A rise shows within
+    2 s; a fall takes 10 s, because the fall is often the plan's own doing; see [Note: closed loop]."""
+    return max(sum(1 for t in arrivals_s if 0 <= now_s - t <= w) / w for w in LOAD_WINDOWS_S)
 
 
 def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, local_ms: float,

@@ -67,7 +67,17 @@ from edge_agent.engines import DEFAULT_LINK_RANGE, CutEngines, ModelSet
 from edge_agent.errors import RequestError
 from edge_agent.flow import RequestFlow, Step
 from edge_agent.monitor import LinkMonitor
-from edge_agent.policy import LOCAL, Action, Health, PolicyState, after_trial, hedge_delay_s, policy
+from edge_agent.policy import (
+    LOAD_WINDOWS_S,
+    LOCAL,
+    Action,
+    Health,
+    PolicyState,
+    after_trial,
+    arrival_rps,
+    hedge_delay_s,
+    policy,
+)
 from edge_agent.probing import LinkProbing
 from planner import Frontier
 from workers.errors import InputError, WorkerError
@@ -76,7 +86,6 @@ __all__ = ["Answer", "Counters", "Runner"]
 
 logger = logging.getLogger(__name__)
 _WINDOW = 2048
-_RATE_WINDOW_S = 2.0
 _STALL_CHECK_S = 0.2
 """How often an overdue transfer re-checks whether it bounds the link rate."""
 _RECORD = 32
@@ -238,7 +247,8 @@ class Runner(LinkProbing):
         health = Health(remote_ok, probe, self.breaker.state, self.local_ms * self.factors["local"], warm,
                         self._arrival_rps(now_s, count=request), remote_factor=self.factors["remote"],
                         local_factor=self.factors["local"], request=request,
-                        queue_ms=self.cloud.queue_ms(now_s), refused_until_s=self.cloud.refused_until_s(now_s))
+                        queue_ms=self.cloud.queue_ms(now_s), refused_until_s=self.cloud.refused_until_s(now_s),
+                        inflight=self.counters.inflight + (0 if request else 1))
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
         if action.switched:
@@ -265,12 +275,11 @@ class Runner(LinkProbing):
                         "the policy now scales %s predictions by it", path, f, measured_ms, predicted_ms, path)
 
     def _arrival_rps(self, now_s: float, *, count: bool = True) -> float:
-        """Requests per second over the last `_RATE_WINDOW_S` before now; `count` records an arrival now."""
+        """The request rate the policy plans for (`policy.arrival_rps`); `count` records an arrival now."""
         q = self._arrivals
-        while q and now_s - q[0] > _RATE_WINDOW_S:
+        while q and now_s - q[0] > LOAD_WINDOWS_S[-1]:
             q.popleft()
-        # Over the whole window, not the span of the arrivals: a burst of five is 2.5 rps, not 500.
-        rps = len(q) / _RATE_WINDOW_S
+        rps = arrival_rps(q, now_s)
         if count:
             q.append(now_s)
         return rps

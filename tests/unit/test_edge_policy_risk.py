@@ -10,7 +10,7 @@ import pytest
 
 from edge_agent.flow import RequestFlow
 from edge_agent.monitor import LinkEstimate, LinkMonitor, MonitorConfig
-from edge_agent.policy import LOCAL, Action, Health, PolicyConfig, PolicyState, hedge_delay_s, policy
+from edge_agent.policy import LOCAL, Action, Health, PolicyConfig, PolicyState, arrival_rps, hedge_delay_s, policy
 from partitioner import Cut
 from planner import Breakdown, Encoding, Frontier, FrontierEntry, Link, LinkRange, Objective, Plan
 
@@ -239,3 +239,44 @@ def test_bad_policy_knobs_are_refused(knob, value):
 def test_bad_monitor_knobs_are_refused(knob, value):
     with pytest.raises(ValueError, match=knob):
         MonitorConfig(**{knob: value})
+
+
+def test_the_load_figure_rises_within_two_seconds_and_falls_over_ten():
+    steady = [i / 5 for i in range(50)]  # 5/s for 10 s
+    assert arrival_rps(steady, 10.0) == pytest.approx(5.0, rel=0.1)
+    assert arrival_rps([*steady, 10.1, 10.2, 10.3, 10.4, 10.5], 10.5) > 5.0  # a rise shows at once
+    # The app slows to 1/s (local answers hold it back): the figure falls over 10 s, not 2.
+    slow = [*steady, *(10.0 + i for i in range(1, 6))]
+    assert arrival_rps(slow, 15.0) > 2.5
+    assert arrival_rps(slow, 21.0) < 1.0
+    assert arrival_rps([1.0, 1.1, 1.2, 1.3, 1.4], 1.4) == 2.5  # a burst of five over the whole window
+
+
+def test_a_window_bounds_the_uplink_queue_so_a_full_uplink_stays_an_option():
+    # A's 150 kB take 205 ms at 5.85 Mbit/s: at 5 requests/s the uplink is full (util 1.03).
+    est = LinkEstimate(5.85e6, 23.4e6, 20.0, 10, 0.0, None)
+    full = Health(local_ms=2000.0, arrival_rps=5.0)
+    act, _ = policy(est, FRONT, full, PolicyState(), 0.0, config=PolicyConfig())
+    assert act.kind == "offload" and act.plan_key == B.key  # A is ruled out; B's 41 ms fit
+    only_a = dataclasses.replace(FRONT, entries=(FRONT.entries[1],))
+    act, _ = policy(est, only_a, full, PolicyState(), 0.0, config=PolicyConfig())
+    assert act.kind == LOCAL and "cannot carry" in act.reason  # no window known: no bound on the queue
+    act, _ = policy(est, only_a, dataclasses.replace(full, inflight=2), PolicyState(), 0.0, config=PolicyConfig())
+    # two in flight: one upload ahead at most, 235 + 205 ms, against 2 s here
+    assert act.kind == "offload" and act.predicted_ms == pytest.approx(235 + 205, rel=0.02)
+
+
+def test_a_busy_device_prices_the_cloud_at_the_load_it_would_draw():
+    """Locally at 0.9 requests/s (busy 0.9 of the time at 1 s each): priced at that rate A (330 ms
+    at 4 Mbit/s) looks better, but offloaded the app would send about 2.7/s, and A's uplink, 82 %
+    busy, would queue each request for 0.7 s."""
+    only_a = dataclasses.replace(FRONT, entries=(FRONT.entries[1],))
+    est = LinkEstimate(4e6, 16e6, 20.0, 10, 0.0, None)
+    local_now = PolicyState(current=LOCAL, switched_s=-100.0)
+    health = Health(local_ms=1000.0, arrival_rps=0.9)
+    act, _ = policy(est, only_a, health, local_now, 0.0, config=PolicyConfig())
+    assert act.kind == LOCAL and not act.switched
+    # At the same rate from an idle device (busy 0.45 of the time at 0.5 s each), the rate is taken as it is.
+    idle = dataclasses.replace(health, local_ms=500.0)
+    act, _ = policy(est, only_a, idle, local_now, 0.0, config=PolicyConfig())
+    assert act.kind == "offload" and act.switched
