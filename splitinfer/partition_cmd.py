@@ -105,6 +105,7 @@ def inspect_json(graph: LayerGraph) -> dict[str, Any]:
             "peak_bytes": mem.peak_bytes,
             "lower_bound_bytes": mem.lower_bound_bytes,
             "naive_bytes": mem.naive_bytes,
+            "unknown_tensors": sum(t.bytes_per_sample is None for t in graph.tensors),
         },
     }
 
@@ -143,8 +144,9 @@ def _print_table(graph: LayerGraph, out: Any) -> None:
         f"\n{graph.model}: {len(graph)} layers, {flops.format(lambda n: _flops(n) + 'FLOPs')}, "
         f"{format_bytes(graph.total_param_bytes)} weights, {len(chain)} chain cut points (C)\n"
         f"inputs: {', '.join(graph.inputs)}   outputs: {', '.join(graph.outputs)}\n"
-        f"activation memory plan: peak {format_bytes(mem.peak_bytes)} "
-        f"(lower bound {format_bytes(mem.lower_bound_bytes)}, naive {format_bytes(mem.naive_bytes)})\n"
+        f"activation memory plan: peak {'≥ ' if unknown else ''}{format_bytes(mem.peak_bytes)} "
+        f"(lower bound {format_bytes(mem.lower_bound_bytes)}, naive {format_bytes(mem.naive_bytes)}"
+        f"{f'; {len(unknown)} tensors of unknown size not counted' if unknown else ''})\n"
         "'cut after' = bytes per sample sent when layers 0..id run on the device"
         + (f"\n? = unknown: {len(unknown)} tensors of unknown size ({', '.join(unknown[:3])}"
            f"{', ...' if len(unknown) > 3 else ''}); fix the input shapes with --input-shape NAME=D0xD1x... "
