@@ -72,8 +72,36 @@ def run_int8(model: WildModel, path: str) -> dict[str, object]:
     except Exception as e:  # every refusal is recorded with its one line
         return {"status": "refused", "reason": first_line(e), "wall_s": time.perf_counter() - t0}
     report = json.loads(result.report.to_json())
-    return {"status": "ok", "reason": "", "wall_s": time.perf_counter() - t0,
-            "report": report, "summary": summarize_int8(report)}
+    out: dict[str, object] = {"status": "ok", "reason": "", "wall_s": time.perf_counter() - t0,
+                              "report": report, "summary": summarize_int8(report)}
+    agreement = out["summary"].get("agreement")  # type: ignore[union-attr]
+    if isinstance(agreement, (int, float)) and agreement < ALTERNATIVES_BELOW:
+        out["alternatives"] = [_alternative(path, calib, evals, kwargs) for kwargs in INT8_ALTERNATIVES]
+    return out
+
+
+ALTERNATIVES_BELOW = 0.99
+"""Agreement under which the other INT8 settings are tried too."""
+
+INT8_ALTERNATIVES: tuple[dict[str, object], ...] = (
+    {"method": "percentile"},
+    {"op_types_to_quantize": ["Conv"]},
+    {"op_types_to_quantize": ["MatMul", "Gemm"]},
+)
+"""What to try when the defaults lose agreement: clipped calibration, or fewer op types
+quantised (the weight-heavy ops alone)."""
+
+
+def _alternative(path: str, calib, evals, kwargs: Mapping[str, object]) -> dict[str, object]:
+    from workers.quantize import quantize
+
+    try:
+        report = json.loads(quantize(path, calib, eval_data=evals, **kwargs).report.to_json())
+    except Exception as e:  # one setting's refusal does not hide the others
+        return {"settings": dict(kwargs), "status": "refused", "reason": first_line(e)}
+    s = summarize_int8(report)
+    return {"settings": dict(kwargs), "status": "ok", "agreement": s.get("agreement"), "metric": s.get("metric"),
+            "worst_output": s.get("worst_output"), "size_ratio": s.get("size_ratio")}
 
 
 def summarize_int8(report: Mapping[str, object]) -> dict[str, object]:

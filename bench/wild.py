@@ -356,6 +356,9 @@ def summarize_step(step: str, rec: dict) -> str:
         parts.append(f"per_channel={s.get('per_channel')}")
         if isinstance(s.get("size_ratio"), (int, float)):
             parts.append(f"size x{s['size_ratio']:.2f}")
+        for alt in rec.get("alternatives") or ():
+            if alt.get("status") == "ok":
+                parts.append(f"{_settings(alt['settings'])}: {_num(alt.get('agreement'))}")
         if s.get("note"):
             parts.append(str(s["note"]))
     elif step == "serve":
@@ -411,8 +414,13 @@ def markdown_cell(step: str, rec: dict) -> str:
         s = rec.get("summary") or {}
         if s.get("kind") == "already_quantized":
             return "already INT8: passed through"
-        return f"{s.get('metric')} {_num(s.get('value'))}" + (
+        cell = f"{s.get('metric')} {_num(s.get('value'))}" + (
             f" (agreement {_num(s.get('agreement'))})" if s.get("metric") == "rel_l2" else "")
+        alts = [a for a in rec.get("alternatives") or () if a.get("status") == "ok"]
+        best = max(alts, key=lambda a: a.get("agreement") or 0.0, default=None)
+        if best is not None and (best.get("agreement") or 0.0) > (s.get("agreement") or 0.0):
+            cell += f"; {_settings(best['settings'])}: {_num(best.get('agreement'))}"
+        return cell
     if step == "serve":
         parts = [f"{w} {_num(rec[w]['latency_ms'])} ms" for w in ("whole", "split")
                  if isinstance(rec.get(w), dict) and rec[w].get("status") == "ok"]
@@ -436,6 +444,10 @@ def render_markdown(results: dict) -> str:
                 text = summarize_step(step, rec).replace("|", "/")
                 refusals.append(f"- {key}, {step}: {text[:297] + '...' if len(text) > 300 else text}")
     return "\n".join(lines + ([""] + refusals if refusals else [])) + "\n"
+
+
+def _settings(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in kwargs.items()).replace("'", "")
 
 
 def _num(v: object) -> str:

@@ -146,3 +146,13 @@ def test_the_wild_extra_pins_every_model_package_and_stays_out_of_all_and_test()
     pins = set(extras["wild"])
     assert {f"{m.distribution}=={m.version}" for m in WILD_MODELS} <= pins
     assert not any("wild" in req for name in ("all", "test") for req in extras[name])
+
+
+def test_the_int8_cell_shows_a_better_alternative():
+    from bench.wild import markdown_cell
+
+    rec = {"status": "ok", "summary": {"metric": "top1", "value": 0.25, "agreement": 0.25},
+           "alternatives": [{"settings": {"op_types_to_quantize": ["Conv"]}, "status": "ok", "agreement": 1.0},
+                            {"settings": {"method": "percentile"}, "status": "refused", "reason": "x"}]}
+    assert markdown_cell("int8", rec) == "top1 0.25; op_types_to_quantize=[Conv]: 1"
+    assert markdown_cell("serve", {"status": "refused"}) == "**refused**"
