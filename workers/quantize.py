@@ -230,7 +230,8 @@ def quantize(
     original, label = _load(model)
     present = quantized_ops(original)
     if present:
-        return _unchanged(original, label, present)
+        return _unchanged(original, label, present, "quantising it again would quantise its "
+                          "dequantised weights a second time")
     prepared, folded = _prepare(original, label, fold_constants)
     out_names = _compared_outputs(prepared, output_name, metrics, label)
     calib = to_feeds(calibration_data, prepared, calibration_batch_size, label,
@@ -322,7 +323,8 @@ def to_fp16(
     when None). With ``eval_data`` both models run on ``providers`` and the error is
     reported; ONNX Runtime's CPU provider lacks fp16 kernels for some ops (Conv on
     x86), for which pass a GPU provider or no eval_data. ``output_name`` and ``metrics``
-    are as for :func:`quantize`.
+    are as for :func:`quantize`; a model quantised already comes back unchanged, as
+    from :func:`quantize`.
     """
     try:
         from onnxconverter_common import float16 as _f16
@@ -330,6 +332,10 @@ def to_fp16(
         from onnxruntime.transformers import float16 as _f16
 
     original, label = _load(model)
+    present = quantized_ops(original)
+    if present:
+        return _unchanged(original, label, present, "float16 scales would change its "
+                          "quantisation, and its integer ops would stay as they are")
     prepared, folded = _prepare(original, label, fold_constants)
     out_names = _compared_outputs(prepared, output_name, metrics, label)
     evals = (None if eval_data is None
@@ -404,12 +410,12 @@ def compute_accuracy(
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _unchanged(model: onnx.ModelProto, label: str, present: Mapping[str, int]) -> QuantizeResult:
+def _unchanged(model: onnx.ModelProto, label: str, present: Mapping[str, int],
+               why: str) -> QuantizeResult:
     """The result for a model that holds quantised ops already: the model as given."""
     ops = ", ".join(f"{op} x{k}" for op, k in sorted(present.items()))
-    note = (f"{label} is quantised already ({ops}); returned unchanged, because quantising "
-            "it again would quantise its dequantised weights a second time. Quantise the "
-            "float model instead to choose the settings")
+    note = (f"{label} is quantised already ({ops}); returned unchanged, because {why}. "
+            "Convert the float model instead to choose the settings")
     size = model.ByteSize()
     report = QuantizeReport(
         kind="already_quantized", method=None, per_channel=False, folded_constants=False,

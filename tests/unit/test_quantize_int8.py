@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from workers.agreement import top1_agreement
-from workers.quantize import QuantizeConfigError, QuantizeReport, quantize
+from workers.quantize import QuantizeConfigError, QuantizeReport, quantize, to_fp16
 
 
 
@@ -159,6 +159,9 @@ def test_a_model_quantised_already_passes_through_with_a_note():
     assert "quantised already" in report.note and "DequantizeLinear x" in report.note
     assert report.calibration is None and report.size_after_bytes == once.ByteSize()
     assert QuantizeReport.from_json(report.to_json()) == report
+    fp16 = to_fp16(once)
+    assert fp16.report.kind == "already_quantized" and "float16 scales" in fp16.report.note
+    assert fp16.model.SerializeToString() == once.SerializeToString()
 
 
 def test_a_dynamically_quantised_model_passes_through_and_still_runs():
