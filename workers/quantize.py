@@ -13,7 +13,7 @@ and the size before and after, in a frozen :class:`QuantizeReport`.
 
 Weights get one scale per output channel by default (``per_channel=True``): one scale
 for a whole Conv/MatMul/Gemm weight lets its largest channel set the step of all the
-others. On the PP-OCRv4 recogniser, 0.90 of the characters agree with fp32 per-channel
+others. On the PP-OCRv4 recogniser, 0.90 of the CTC positions agree with fp32 per-channel
 against 0.44 per-tensor (``bench/quantize.py``, docs/quantization.md). A model
 that holds quantised ops already (QDQ pairs, QLinearConv, MatMulInteger, ...) is
 returned unchanged with a note: quantising it again would quantise its dequantised
