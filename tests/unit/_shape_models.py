@@ -92,3 +92,19 @@ def ms_gelu() -> onnx.ModelProto:
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save_model(model, str(path))
     return str(path)
+
+
+def folded_batch() -> onnx.ModelProto:
+    """x[N,4,8] -> Reshape(-1, 8) -> MatMul -> Relu -> Reshape(-1, 4, 8) -> MatMul: the batch folds
+    into rows (N*4, 8) in the middle, as transformers reshape to (N*seq, hidden)."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "rows"], ["r"], name="fold"),
+        helper.make_node("MatMul", ["r", "w1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["a"], name="relu"),
+        helper.make_node("Reshape", ["a", "back"], ["b"], name="unfold"),
+        helper.make_node("MatMul", ["b", "w2"], ["y"], name="mm2"),
+    ]
+    inits = [numpy_helper.from_array(np.array([-1, 8], np.int64), "rows"), _w("w1", 8, 8),
+             numpy_helper.from_array(np.array([-1, 4, 8], np.int64), "back"), _w("w2", 8, 2, seed=1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 2])], inits, "folded_batch")

@@ -137,3 +137,15 @@ def test_split_that_fails_leaves_no_files(tmp_path):
     with pytest.raises(PartitionError, match=r"symbolic dims .*--input-shape x=1x3xHxW .*--inputs FILE.npz"):
         split_main([path, "--after", "1", "-o", str(out), "--verify"])
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_batch_folded_into_rows_is_k_times_n_and_segments_serve_any_batch():
+    m = M.folded_batch()
+    g = build_graph(m)
+    assert g.tensor["r"].shape == ("4*N", 8) and g.tensor["r"].bytes_per_sample == 4 * 8 * 4
+    head, tail = split(m, make_cut(g, [0]), graph=g)
+    dims = tail.model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["4*N", 8]
+    feed = make_inputs(m, g, batch=3)
+    assert tail.inputs == ("r",) and verify(m, [head, tail], feed, graph=g)["r"] == 0.0
+    _verify_every_chain_cut(m, g, feed)
