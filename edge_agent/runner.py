@@ -617,14 +617,15 @@ class Runner(LinkProbing):
             logger.debug("remote %s for cut %s after %.0f ms", kind, action.cut_id, elapsed_s * 1e3)
 
     def status(self) -> dict[str, Any]:
-        est = self.monitor.estimate()
+        est = self.monitor.estimate(time.monotonic())
         a = self.last_action
         return {
             "model": f"{self.models.model}@{self.models.version}",
             "action": None if a is None else {"kind": a.kind, "cut_id": a.cut_id, "encoding": a.encoding.key,
                                               "predicted_ms": a.predicted_ms if math.isfinite(a.predicted_ms) else None,
                                               "reason": a.reason},
-            "link": {"up_bps": est.up_bps, "rtt_ms": est.rtt_ms, "samples": est.samples, "changes": est.changes},
+            "link": {"up_bps": est.up_bps, "up_hold_bps": est.up_hold_bps, "up_low_bps": est.up_low_bps,
+                     "rtt_ms": est.rtt_ms, "samples": est.samples, "changes": est.changes},
             "breaker": self.breaker.state, "offload_enabled": self.offload_enabled,
             "cloud": self.cloud.to_dict(time.monotonic()),
             "local_ms": self.local_ms, "measured_local_ms": self.models.local_ms,

@@ -200,7 +200,8 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
 def _line(t_s: float, records: list[Record], last_n: int, link: dict[str, Any], st: dict[str, Any],
           label_cut: Callable[[str], str], timeline: list[dict[str, Any]], say: Callable[[str], None]) -> int:
     new = records[last_n:]
-    est = (st.get("link") or {}).get("up_bps")
+    link_est = st.get("link") or {}
+    est = link_est.get("up_hold_bps") or link_est.get("up_bps")  # the rate plans use
     act = st.get("action") or {}
     plan = "local (edge-only)" if act.get("kind") == "local" else label_cut(act.get("cut_id") or "") if act else "-"
     lats = [r.latency_ms for r in new]
