@@ -208,6 +208,7 @@ def _fit(live: Sequence[_Request], size: int, start_s: float,
 def _next_batch(
     queues: Queues, now_s: float, config: BatcherConfig, *, flush: bool = False,
     run_s: Callable[[int], float | None] | None = None, start_s: float | None = None,
+    run_s_of_shape: Callable[[Hashable], Callable[[int], float | None]] | None = None,
 ) -> _Decision:
     """Decides the next batch. Pure: reads ``queues``, changes nothing.
 
@@ -218,7 +219,9 @@ def _next_batch(
     ``run_s(size)`` predicts a batch's run time and ``start_s`` when the next batch can
     start (default ``now_s``; later while every instance is busy). With them, a request
     that the batch would finish after its deadline is left out and returned in
-    ``unreachable`` ([Note: deadline-aware batching]).
+    ``unreachable`` ([Note: deadline-aware batching]). ``run_s_of_shape(shape_key)``,
+    where given, is the ``run_s`` of each shape's batches (a tail over symbolic dims
+    runs a large image far longer than a small one).
     """
     delay_s = config.max_queue_delay_ms / 1000.0
     start_s = now_s if start_s is None else max(start_s, now_s)
@@ -226,7 +229,7 @@ def _next_batch(
     unreachable: list[_Request] = []
     best: tuple[tuple[int, int], list[_Request], float | None] | None = None
     wait_s: float | None = None
-    for requests in queues.values():
+    for shape_key, requests in queues.items():
         live = []
         for r in requests:
             if r.expired(now_s):
@@ -246,10 +249,11 @@ def _next_batch(
             until = due_s - now_s
             wait_s = until if wait_s is None else min(wait_s, until)
             continue
-        if run_s is None:
+        shape_run_s = run_s if run_s_of_shape is None else run_s_of_shape(shape_key)
+        if shape_run_s is None:
             batch, end_s = live[:size], None
         else:
-            batch, left_out, end_s = _fit(live, size, start_s, run_s)
+            batch, left_out, end_s = _fit(live, size, start_s, shape_run_s)
             unreachable.extend(left_out)
             if not batch:
                 continue

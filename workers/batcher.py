@@ -88,6 +88,8 @@ _REJECT_PREDICTED_WAIT = "predicted_wait"
 _REJECT_UNREACHABLE = "deadline_unreachable"
 
 _MIN_RETRY_AFTER_S = 0.001
+_MAX_SHAPE_TIMES = 64
+"""Shapes whose batch run times a batcher keeps apart; a new one pushes out the oldest."""
 
 
 class Batcher:
@@ -137,7 +139,10 @@ class Batcher:
         self._inline_runs = 0
         self._discarded = 0
         self.run_times = RunTimes()
-        """Batch run time by size ([Note: deadline-aware batching])."""
+        """Batch run time by size, over every shape ([Note: deadline-aware batching])."""
+        self._shape_times: collections.OrderedDict[Hashable, RunTimes] = collections.OrderedDict()
+        """Batch run time by size of each shape_key, the most recent ``_MAX_SHAPE_TIMES``:
+        what a batch of that shape is predicted to take, where it was timed."""
         self._window_start_s = float("-inf")
         self._window_arrivals = 0
         self._arrival_rps = 0.0
@@ -272,7 +277,7 @@ class Batcher:
                 retry_after_s=retry_s,
             )
         if deadline_s is not None:
-            self._refuse_if_late(now_s, deadline_s)
+            self._refuse_if_late(now_s, deadline_s, shape_key)
         request = _Request(
             seq=next(self._seq),
             payload=payload,
@@ -290,12 +295,31 @@ class Batcher:
         self._wakeup.set()
         return request
 
-    def _refuse_if_late(self, now_s: float, deadline_s: float) -> None:
+    def _observe_run(self, shape_key: Hashable, size: int, run_s: float) -> None:
+        """Times a batch: over every shape, and for its own shape."""
+        self.run_times.observe(size, run_s)
+        times = self._shape_times.get(shape_key)
+        if times is None:
+            times = self._shape_times[shape_key] = RunTimes()
+            if len(self._shape_times) > _MAX_SHAPE_TIMES:
+                self._shape_times.popitem(last=False)
+        else:
+            self._shape_times.move_to_end(shape_key)
+        times.observe(size, run_s)
+
+    def _run_s_of(self, shape_key: Hashable) -> Callable[[int], float | None]:
+        """The run-time estimate of a batch of ``shape_key``: its own where it was timed,
+        else the one over every shape."""
+        times = self._shape_times.get(shape_key)
+        return times.estimate_s if times is not None else self.run_times.estimate_s
+
+    def _refuse_if_late(self, now_s: float, deadline_s: float, shape_key: Hashable = None) -> None:
         """Refuses a new request whose predicted wait and run end after its deadline.
 
         The batches ahead of it are taken to be as large as its own deadline allows
-        (what :func:`_fit` forms), at least one request."""
-        est = self.run_times.estimate_s
+        (what :func:`_fit` forms), at least one request; its own batch takes what batches
+        of its shape take."""
+        est = self._run_s_of(shape_key)
         one_s = est(1)
         if one_s is None:
             return
@@ -358,7 +382,7 @@ class Batcher:
             return NOT_NOW
         now_s = self._admit(deadline_s, priority, shape_key)
         if deadline_s is not None:
-            self._refuse_if_late(now_s, deadline_s)
+            self._refuse_if_late(now_s, deadline_s, shape_key)
         self._batches_formed += 1
         self._histogram[1] += 1
         start_s = time.perf_counter()
@@ -370,7 +394,7 @@ class Batcher:
             raise
         finally:
             self._lone_run_s = time.perf_counter() - start_s
-            self.run_times.observe(1, self._lone_run_s)
+            self._observe_run(shape_key, 1, self._lone_run_s)
         self._inline_runs += 1
         results = list(results)  # type: ignore[arg-type] # _plain_results: run_batch returns results, not awaitables
         if len(results) != 1:
@@ -387,7 +411,7 @@ class Batcher:
         self._batches_formed += 1
         self._histogram[1] += 1
         self._lone_run_s = run_s
-        self.run_times.observe(1, run_s)
+        self._observe_run(None, 1, run_s)
         self._count_arrival(self._clock(), 1)
         if ok:
             self._inline_runs += 1
@@ -535,7 +559,8 @@ class Batcher:
         while True:
             now_s = self._clock()
             decision = _next_batch(self._queues, now_s, self._config, flush=self._closing,
-                                   run_s=self.run_times.estimate_s, start_s=self._free_at_s(now_s))
+                                   run_s=self.run_times.estimate_s, start_s=self._free_at_s(now_s),
+                                   run_s_of_shape=self._run_s_of)
             for request in decision.unreachable:
                 self._remove(request)
                 self._rejected[_REJECT_UNREACHABLE] += 1
@@ -648,7 +673,7 @@ class Batcher:
             results = list(results)
             if len(results) != len(batch):
                 raise _size_mismatch(len(batch), len(results))
-            self.run_times.observe(len(batch), self._clock() - dispatched_s)
+            self._observe_run(batch[0].shape_key, len(batch), self._clock() - dispatched_s)
         except asyncio.CancelledError:
             for request in batch:
                 self._fail(request, BatcherClosedError(

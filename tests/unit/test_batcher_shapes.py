@@ -1,9 +1,14 @@
 """Requests of several shapes in one batcher ([Note: any shape] in workers/engine.py): a
-shape that fills batches without pause never starves a shape that waits for company."""
+shape that fills batches without pause never starves a shape that waits for company, and
+each shape's deadlines are judged by what its own batches take."""
 
 from __future__ import annotations
 
-from workers.batcher import BatcherConfig, _next_batch, _Request
+import asyncio
+
+import pytest
+
+from workers.batcher import Batcher, BatcherConfig, OverloadedError, _next_batch, _Request
 
 
 def test_a_busy_shape_never_starves_a_lone_one():
@@ -32,3 +37,28 @@ def test_a_busy_shape_never_starves_a_lone_one():
             break
     # The lone request goes as soon as its delay is over, ahead of the newer full batches.
     assert served_at is not None and 0.010 <= served_at <= 0.011
+
+
+def test_each_shape_is_predicted_from_its_own_batches():
+    now = [100.0]
+    cost_s = {"large": 0.1, "small": 0.001}
+
+    async def run(payloads):
+        now[0] += cost_s[payloads[0]]
+        return payloads
+
+    async def main():
+        batcher = Batcher(run, BatcherConfig(max_batch_size=4, max_queue_delay_ms=0.0), clock=lambda: now[0])
+        try:
+            await batcher.submit("large", shape_key="large")
+            await batcher.submit("small", shape_key="small")
+            # 50 ms is too short for a large batch (100 ms) but plenty for a small one (1 ms),
+            # though over every shape a batch of one averages 80 ms.
+            assert batcher.run_times.estimate_s(1) > 0.05
+            with pytest.raises(OverloadedError):
+                await batcher.submit("large", shape_key="large", deadline_s=now[0] + 0.05)
+            return await batcher.submit("small", shape_key="small", deadline_s=now[0] + 0.05)
+        finally:
+            await batcher.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), 5.0)) == "small"
