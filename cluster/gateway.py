@@ -482,7 +482,7 @@ class Gateway:
             except FailedPrecondition as e:
                 failed.append(f"{cut}: {e.reason}")
         if failed and len(failed) == len(lv.frontier.cut_ids):
-            for cut in lv.frontier.cut_ids:  # the whole version is counted as failed instead
+            for cut in lv.frontier.cut_ids:  # listed once, as the failed version (counted by tail already)
                 self._failed_tails.pop(PoolKey(lv.model, lv.version, cut), None)
             raise NoTailLoaded(reason=f"no tail of {lv.key} could be loaded: {'; '.join(failed[:3])}",
                                 fix="check the model with 'splitinfer split --verify'")
