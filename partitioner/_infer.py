@@ -49,6 +49,7 @@ from onnx import helper, shape_inference
 
 from partitioner.errors import PartitionError
 from partitioner.graph import BATCH
+from partitioner.subgraphs import node_reads
 
 __all__ = ["Dim", "Shape", "Inferred", "infer_types", "shape_feeding_inputs", "per_sample_factor"]
 
@@ -482,7 +483,10 @@ def infer_types(
     _, first = _dims(ins[0]) if ins else (0, None)
     batch: int | str = first[0] if first and first[0] is not None else 1
     sizes = _symbols(model, fixed, name)
-    wanted = [vi.name for vi in ins] + [o for n in model.graph.node for o in n.output if o]
+    # what a node (its subgraphs too) or the graph reads; an output nothing reads (Dropout's
+    # mask) is not wanted
+    read = {x for n in model.graph.node for x in node_reads(n)} | {o.name for o in model.graph.output}
+    wanted = [vi.name for vi in ins] + [o for n in model.graph.node for o in n.output if o and o in read]
     light = _light(model)
 
     if not isinstance(batch, str):

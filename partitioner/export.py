@@ -3,8 +3,10 @@
 Every segment keeps the source's opset and IR version, fixes the shapes and dtypes of
 its inputs and outputs on both sides of each boundary, regenerates the constants its
 layers need, and passes `onnx.checker`. Segments are assembled from the layer graph's
-node lists and the source's node protos; the per-model work (shape inference, a
-topological order) happens once per `Splitter`.
+node lists and the source's node protos; their inputs and outputs are typed from the
+layer graph's tensors, whose shapes were inferred once when it was built (see
+[Note: shape inference chain] in partitioner/_infer.py), and the rest of the per-model
+work (a topological order) happens once per `Splitter`.
 """
 
 from __future__ import annotations
