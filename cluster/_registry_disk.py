@@ -7,6 +7,7 @@ One version lives in ``<root>/<name>/<version>/``::
     profiles/*.json     planner Profiles (optional); with a device and a cloud profile the
                         frontier is computed by the planner
     frontier.json       the cuts worth preloading (written on first load, then reused)
+    accuracy.json       agreement of every encoding per cut (`splitinfer calibrate`; optional)
     segments/<cut_id>/tail.onnx, cut.json   tails cut on demand, cached
 
 A registry on a read-only volume still works: whatever cannot be written there goes
@@ -547,6 +548,33 @@ class VersionFiles:
                     len(front.cuts), os.path.dirname(path))
         return front
 
+    # -- accuracy ---------------------------------------------------------------------
+
+    def accuracy(self) -> Any:
+        """accuracy.json as a `planner.accuracy.AccuracyTable`; None when there is none, or
+        when it is older than model.onnx (it measured another model)."""
+        found = self._find("accuracy.json")
+        if not found:
+            return None
+        if os.path.getmtime(found) < os.path.getmtime(self.model_path):
+            logger.warning("%s is older than model.onnx; ignoring it (run splitinfer calibrate again)", found)
+            return None
+        from planner import PlannerError
+        from planner.accuracy import AccuracyTable
+
+        with open(found, encoding="utf-8") as fh:
+            text = fh.read()
+        try:
+            return AccuracyTable.from_json(text)
+        except (PlannerError, KeyError, TypeError, ValueError) as e:
+            raise RegistryError(path=found, reason=f"is not an accuracy table ({e})",
+                                fix=f"measure it again: splitinfer calibrate {self.model}@{self.version} "
+                                    "--registry ROOT") from e
+
+    def write_accuracy(self, table: Any) -> str:
+        """Writes accuracy.json beside the model (or to the cache directory if read-only)."""
+        return self._write("accuracy.json", table.to_json(indent=1, sort_keys=True).encode())
+
     # -- segments ---------------------------------------------------------------------
 
     def _fallback_dir(self) -> str:
@@ -631,7 +659,8 @@ class VersionFiles:
         return path
 
     def artifact_files(self) -> dict[str, bytes]:
-        """What an edge agent needs to start: the model, model.yaml, profiles and the frontier."""
+        """What an edge agent needs to start: the model, model.yaml, profiles, the frontier and
+        the accuracy table when there is one."""
         out: dict[str, bytes] = {}
         with open(self.model_path, "rb") as fh:
             out["model.onnx"] = fh.read()
@@ -642,4 +671,8 @@ class VersionFiles:
         for name, text in self.profiles().items():
             out[f"profiles/{name}"] = text.encode()
         out["frontier.json"] = self.frontier().to_json().encode()
+        accuracy = self._find("accuracy.json")
+        if accuracy:
+            with open(accuracy, "rb") as fh:
+                out["accuracy.json"] = fh.read()
         return out

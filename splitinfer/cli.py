@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("splitinfer.partition_cmd", "inspect_main", "show a model's layers, tensors and cut points"),
     "split": ("splitinfer.partition_cmd", "split_main", "cut a model into head.onnx and tail.onnx"),
     "profile": ("splitinfer.profile_cmd", "profile_main", "measure a model's per-layer profile on this host"),
+    "calibrate": ("splitinfer.calibrate_cmd", "calibrate_main",
+                  "measure the accuracy of every encoding at every candidate cut: the model's accuracy table"),
     "instances": ("splitinfer.instances_cmd", "instances_main",
                   "time engine instances side by side and choose how many a segment runs on this host"),
     "plan": ("splitinfer.plan_cmd", "plan_main", "choose the best cut for a device, a cloud and a link"),

@@ -13,9 +13,10 @@ Three families, each a pair ``encode_* -> LossyTensor -> decode_lossy``:
 * ``tiled-jpeg`` / ``tiled-webp`` (:func:`encode_tiled`): a feature map ``[N, C, H, W]`` is
   quantised to 8 bits per channel and its C channels tiled into one grey image per
   sample (BottleNet's scheme), then compressed as an image.
-* ``bits`` (:func:`encode_bits`): any float tensor quantised per channel to ``2**bits - 1``
-  levels (2..8 bits), one level per byte, then zstd: the entropy coder packs the unused
-  high bits, so 4-bit levels cost about half of int8's bytes without a bit packer.
+* ``bits`` (:func:`encode_bits`): any float tensor quantised (per channel where channels
+  are large) to ``2**bits - 1`` levels (2..8 bits), one level per byte, then zstd: the
+  entropy coder packs the unused high bits, so 4-bit levels cost about half of int8's
+  bytes without a bit packer.
 
 The codec library is Pillow (libjpeg-turbo and libwebp inside its wheels; the ``image``
 extra): bench/codecs.py times it against simplejpeg and PyTurboJPEG, and
@@ -65,6 +66,7 @@ IMAGE_FORMATS: tuple[str, ...] = ("jpeg", "webp")
 #: Codec names: the image codecs, the tiled feature-map codecs and the bit-depth codec.
 LOSSY_CODECS: tuple[str, ...] = ("jpeg", "webp", "tiled-jpeg", "tiled-webp", "bits")
 
+_MIN_PER_CHANNEL = 64  # values per channel below which 'bits' uses one scale for the tensor
 _MAX_SIDE = 16383  # WebP's limit (JPEG's is 65535): one limit for both formats
 _PIL_FORMAT = {"jpeg": "JPEG", "webp": "WEBP"}
 
@@ -319,8 +321,8 @@ def encode_tiled(x: np.ndarray, *, fmt: str = "jpeg", quality: int = 90) -> Loss
 
 
 def encode_bits(x: np.ndarray, *, bits: int = 4, level: int = 3) -> LossyTensor:
-    """A float tensor quantised per channel (axis 1; per tensor for rank < 2) to
-    ``2**bits - 1`` levels, one per byte, zstd-compressed at ``level``."""
+    """A float tensor quantised to ``2**bits - 1`` levels, one per byte, zstd-compressed at
+    ``level``: per channel (axis 1) where each channel holds 64 values or more, else per tensor."""
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= int(bits) <= 8:
         raise EncodingError(reason=f"bit depth {bits!r} is outside 2..8",
                             fix="pass bits from 2 to 8 (8 is int8; fewer bits, fewer bytes, more error)")
@@ -330,12 +332,15 @@ def encode_bits(x: np.ndarray, *, bits: int = 4, level: int = 3) -> LossyTensor:
                             fix="send integer and bool tensors as plain arrays")
     _check_finite(x, "bits")
     top = 2 ** int(bits) - 1
-    flat = x.reshape(1, -1) if x.ndim < 2 else x
+    # Per channel only where a channel holds enough values to pay for its 8 bytes of affine:
+    # a [N, 1000] vector of logits would otherwise carry more affine than levels.
+    per_channel = x.ndim >= 2 and x.shape[1] and x.size // x.shape[1] >= _MIN_PER_CHANNEL
+    flat = x if per_channel else x.reshape(1, -1)
     lo, step = _fit(flat, 1, top)
     levels = _to_levels(flat, lo, step, 1, top)
     frame = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(levels.tobytes())
     return LossyTensor(codec="bits", level=int(bits), shape=tuple(int(d) for d in x.shape), dtype="float32",
-                       frames=(frame,), lo=lo, step=step, layout="NCHW" if x.ndim >= 2 else "")
+                       frames=(frame,), lo=lo, step=step, layout="NCHW" if per_channel else "")
 
 
 def encode_lossy(x: np.ndarray, codec: str, level: int, *, norm: ImageNorm | None = None) -> LossyTensor:
@@ -371,7 +376,7 @@ def decode_lossy(t: LossyTensor) -> np.ndarray:
             raise ProtocolError(reason=f"bits body does not decompress: {e}") from e
         if len(body) != count:
             raise ProtocolError(reason=f"bits body inflates to {len(body)} bytes, shape {list(t.shape)} needs {count}")
-        levels = np.frombuffer(body, np.uint8).reshape((1, count) if len(t.shape) < 2 else t.shape)
+        levels = np.frombuffer(body, np.uint8).reshape(t.shape if t.layout else (1, count))
         return _affine(levels, t.lo, t.step, 1).reshape(t.shape)
     if t.codec.startswith("tiled-"):
         n, c, h, w = t.shape
