@@ -1,0 +1,80 @@
+"""The hedge over real gRPC on 127.0.0.1: a remote answer that is late starts the local tail
+beside the remote call before the deadline, the first answer is the request's, and the other
+is dropped and counted; exactly one answer either way."""
+
+import asyncio
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from cluster.server import serve
+from edge_agent.cache import ArtifactCache
+from edge_agent.config import config_from_dict
+from edge_agent.engines import ModelSet
+from edge_agent.runner import Counters, Runner
+from edge_agent.transport import connect
+from partitioner import prefix_cut
+from splitinfer.netem import LinkEmulator, LinkSetting
+from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, write_model
+
+pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
+
+SLO_MS = 400.0
+
+
+def test_a_late_remote_answer_is_raced_by_the_local_tail_before_the_deadline(tmp_path):
+    path = write_model(tmp_path)
+    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model=MODEL, version=VERSION)
+    cut = prefix_cut(models.graph, 1)
+    models.load_cut(cut)
+    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    # The local tail's measured time (what the hedge and the budget count on): a few ms here, while
+    # the whole model is claimed at 1 s so that the policy offloads.
+    ce = models.cuts[cut.key]
+    head = ce.head.run({"x": x}, copy=True)
+    for _ in range(3):
+        ce.tail.run({n: head[n] for n in ce.boundary}, copy=True)
+    assert ce.tail.stats().median_ms < 100
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    async def go():
+        backend = TailBackend(path, cache_dir=str(tmp_path / "server-cache"))
+        backend._engine(cut.key)
+        server = await serve(backend)
+        emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(100, 100, 2))
+        await emu.start()
+        cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": f"{MODEL}@{VERSION}",
+                                "sloMs": SLO_MS, "remoteTimeoutMs": 5000, "cacheDir": str(tmp_path / "cache"),
+                                "breakerFailures": 100})
+        remote = connect(cfg.gateway)
+        runner = Runner(models, fixed_frontier(models.graph, cut), remote, cfg, local_ms=1000.0)
+        try:
+            # Warm the connection and the tail engine (a loaded host may miss a short budget once).
+            warm = [await runner.infer({"x": x}, request_id=f"warm{i}") for i in range(3)]
+            warm_hedges = runner.counters.hedges
+            runner.counters = Counters()
+            backend.delay_s = lambda req: 0.9  # past the deadline, before the call's own (1.4 s)
+            slow = await runner.infer({"x": x}, request_id="slow")
+            hedges_at_answer = runner.counters.hedges
+            for _ in range(300):  # the remote answer still comes, and is dropped
+                if runner.counters.late_dropped:
+                    break
+                await asyncio.sleep(0.02)
+            return warm, warm_hedges, slow, hedges_at_answer, runner.counters
+        finally:
+            runner.cancel_remote()
+            await remote.close()
+            await emu.stop()
+            await server.stop(None)
+            runner.close()
+
+    warm, warm_hedges, slow, hedges_at_answer, c = asyncio.run(go())
+    # answers in time: no race (on a loaded host one may still be late)
+    assert sum(a.served_by == "remote" for a in warm) >= 2 and warm_hedges <= 3 - sum(
+        a.served_by == "remote" for a in warm)
+    assert slow.served_by == "local_tail" and "hedged" in slow.fallback_reason
+    np.testing.assert_allclose(slow.outputs["y"], ref, rtol=1e-4, atol=1e-5)
+    assert slow.latency_ms < SLO_MS + 200  # the local tail started before the deadline (host slack aside)
+    assert hedges_at_answer == 1 and c.late_dropped == 1 and c.remote_errors == {"timeout": 1}
+    assert (c.answered, c.failed, c.local_tail, c.remote) == (1, 0, 1, 0)
