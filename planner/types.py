@@ -338,6 +338,10 @@ class Plan(_Json):
     """Tensors crossing the first cut, in graph order."""
     next_links: tuple[Link, ...] = ()
     """Links of the later hops (edge server -> cloud), for multi-tier plans."""
+    agreement: float | None = None
+    """Predicted agreement of the outputs with the fp32 model (the accuracy table's
+    measurement for this cut and encoding; 1 for fp32 and for edge-only plans); None
+    when the plan was made without an accuracy budget."""
 
     @property
     def cut(self) -> Cut:
@@ -376,7 +380,7 @@ class Plan(_Json):
                 "bottleneck": b.bottleneck,
             },
             "breakdown": b.to_dict(),
-        }
+        } | ({} if self.agreement is None else {"agreement": self.agreement})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
@@ -389,4 +393,5 @@ class Plan(_Json):
             breakdown=Breakdown.from_dict(d["breakdown"]),
             boundary=tuple(d.get("boundary", ())),
             next_links=tuple(Link.from_dict(x) for x in d.get("next_links", ())),
+            agreement=d.get("agreement"),
         )

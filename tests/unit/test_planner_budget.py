@@ -1,0 +1,98 @@
+"""The accuracy budget: no plan agrees less than asked, over random graphs, profiles, links
+and accuracy tables; unmeasured encodings are refused with the calibrate command named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from partitioner import candidate_cuts
+from partitioner.cuts import Cut
+from partitioner.synthetic import make_chain_graph
+from planner import Encoding, InfeasibleError, Link, Plan, PlannerError, evaluate, solve
+from planner.accuracy import AccuracyEntry, AccuracyTable
+from planner.budget import check_budget, plan_agreement, solve_within_budget
+from planner.synthetic import make_random_profile
+from tests.strategies import problems
+
+LOSSY = (Encoding("fp16"), Encoding("int8"), Encoding("int8", per_channel=True))
+
+
+@st.composite
+def tables(draw: st.DrawFn, graph) -> AccuracyTable:
+    cuts = [c for c in candidate_cuts(graph) if len(c.device) < len(graph)][:12]
+    entries = []
+    for c in cuts:
+        for enc in ("fp16", "int8", "int8+pc"):
+            if draw(st.booleans()):
+                a = draw(st.one_of(st.none(), st.floats(0.5, 1.0)))
+                entries.append(AccuracyEntry(c.key, enc, a, reason="" if a is not None else "not applicable"))
+    return AccuracyTable(graph.model, "f", 4, tuple(entries))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), problem=problems(max_layers=8), budget=st.floats(0.6, 1.0),
+       with_fp32=st.booleans())
+def test_no_plan_is_below_the_budget(data, problem, budget: float, with_fp32: bool) -> None:
+    graph, profiles, link = problem
+    table = data.draw(tables(graph))
+    encodings = ((Encoding(),) if with_fp32 else ()) + LOSSY
+    try:
+        plan = solve_within_budget(graph, profiles, link, encodings=encodings, accuracy=table,
+                                   min_agreement=budget)
+    except InfeasibleError as e:
+        assert not with_fp32  # fp32 is always within any budget (lossless)
+        assert e.constraint == "min_agreement"
+        return
+    assert plan.agreement is not None and plan.agreement >= budget
+    lossless = plan.encoding.precision == "fp32" or len(plan.cut.device) == len(graph)
+    measured = 1.0 if lossless else table.agreement(plan.cut.key, plan.encoding.precision
+                                                    + ("+pc" if plan.encoding.per_channel else ""))
+    assert measured == plan.agreement == plan_agreement(graph, plan, table)
+    # the reported cost is the cost model's for this cut and encoding
+    assert plan.breakdown.total_ms == pytest.approx(evaluate(graph, plan.cut, profiles, link, plan.encoding).total_ms)
+    if with_fp32:  # never worse than the lossless optimum
+        assert plan.breakdown.total_ms <= solve(graph, profiles, link).breakdown.total_ms * (1 + 1e-9)
+
+
+def _problem():
+    graph = make_chain_graph(6, seed=3, max_tensor_bytes=1 << 20)
+    dev = make_random_profile(graph, 1, device="device", gflops=5.0)
+    cloud = make_random_profile(graph, 2, device="cloud", gflops=2000.0)
+    return graph, (dev, cloud), Link(2e6, 2e6, 10.0)
+
+
+def test_a_measured_lossy_encoding_wins_where_it_meets_the_budget_and_not_below() -> None:
+    graph, profiles, link = _problem()
+    empty = Cut(frozenset())
+    table = AccuracyTable(graph.model, "f", 4, (AccuracyEntry(empty.key, "int8", 0.995),))
+    plan = solve_within_budget(graph, profiles, link, encodings=(Encoding(), Encoding("int8")), accuracy=table,
+                               min_agreement=0.99)
+    lossless = solve(graph, profiles, link)
+    assert plan.breakdown.total_ms <= lossless.breakdown.total_ms
+    assert plan.agreement in (0.995, 1.0)
+    strict = solve_within_budget(graph, profiles, link, encodings=(Encoding(), Encoding("int8")),
+                                 accuracy=table, min_agreement=0.999)
+    assert strict.encoding.precision == "fp32" and strict.agreement == 1.0
+    assert strict.to_dict()["agreement"] == 1.0 and Plan.from_dict(strict.to_dict()) == strict
+
+
+def test_unmeasured_encodings_are_refused_naming_the_calibrate_command() -> None:
+    graph, profiles, link = _problem()
+    with pytest.raises(InfeasibleError, match=r"no measured agreement .*splitinfer calibrate") as e:
+        solve_within_budget(graph, profiles, link, encodings=(Encoding("int8"),), accuracy=None,
+                            min_agreement=0.99)
+    assert e.value.constraint == "min_agreement" and e.value.required == 0.99
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan"), True, "0.99"])
+def test_a_budget_outside_0_to_1_is_a_clear_error(bad: object) -> None:
+    with pytest.raises(PlannerError, match=r"min_agreement is .*fraction in \(0, 1\]"):
+        check_budget(bad)  # type: ignore[arg-type]
+
+
+def test_a_plan_without_a_budget_says_no_agreement() -> None:
+    graph, profiles, link = _problem()
+    plan = solve(graph, profiles, link)
+    assert plan.agreement is None and "agreement" not in plan.to_dict()
