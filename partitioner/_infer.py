@@ -171,6 +171,21 @@ def _light(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _name_open_dims(model: onnx.ModelProto) -> None:
+    """Give each input dim that has no size a symbol of its own, ``<input>:<axis>``: a dim
+    with neither size nor name, a negative size (exporters write -1 for "any"), or a
+    name without a letter (PaddlePaddle names every such dim "?": they are not one size).
+    It can then be fixed and, at axis 0 of the first input, be the batch."""
+    for vi in _model_inputs(model):
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                open_ = d.dim_value < 0
+            else:
+                open_ = not re.search(r"[A-Za-z_]", d.dim_param)
+            if open_:
+                d.dim_param = f"{vi.name}:{i}"
+
+
 def _model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     inits = {i.name for i in model.graph.initializer}
     return [vi for vi in model.graph.input if vi.name not in inits]
@@ -474,7 +489,9 @@ def infer_types(
                 model=name, tensor=k,
             )
         fixed[k] = shp
-    ins = _model_inputs(model)
+    light = _light(model)
+    _name_open_dims(light)
+    ins = _model_inputs(light)
     known_inputs = {vi.name for vi in ins}
     for k in fixed:
         if k not in known_inputs:
@@ -482,15 +499,14 @@ def infer_types(
                                  model=name, tensor=k)
     _, first = _dims(ins[0]) if ins else (0, None)
     batch: int | str = first[0] if first and first[0] is not None else 1
-    sizes = _symbols(model, fixed, name)
+    sizes = _symbols(light, fixed, name)
     # what a node (its subgraphs too) or the graph reads; an output nothing reads (Dropout's
     # mask) is not wanted
     read = {x for n in model.graph.node for x in node_reads(n)} | {o.name for o in model.graph.output}
     wanted = [vi.name for vi in ins] + [o for n in model.graph.node for o in n.output if o and o in read]
-    light = _light(model)
 
     if not isinstance(batch, str):
-        feeds = dict(inputs) if inputs is not None else _random_feeds(model, sizes, fixed)
+        feeds = dict(inputs) if inputs is not None else _random_feeds(light, sizes, fixed)
         fixed_model = _with_inputs(light, sizes, fixed)
         syms = _input_symbols(fixed_model)
         typed = _onnx_infer(fixed_model, name, refuse_conflicts=True)
@@ -506,7 +522,7 @@ def infer_types(
             b1 = user_b or 1
             b2 = 2 * b1
             batch_led = {vi.name for vi in ins if (_dims(vi)[1] or (None,))[:1] == (batch,)}
-            feeds1 = dict(inputs) if inputs is not None else _random_feeds(model, {**sizes, batch: b1}, fixed)
+            feeds1 = dict(inputs) if inputs is not None else _random_feeds(light, {**sizes, batch: b1}, fixed)
             feeds2 = _tile(feeds1, batch_led) if feeds1 is not None else None
             probes = []
             for b, feeds in ((b1, feeds1), (b2, feeds2)):

@@ -149,3 +149,15 @@ def test_batch_folded_into_rows_is_k_times_n_and_segments_serve_any_batch():
     feed = make_inputs(m, g, batch=3)
     assert tail.inputs == ("r",) and verify(m, [head, tail], feed, graph=g)["r"] == 0.0
     _verify_every_chain_cut(m, g, feed)
+
+
+def test_input_dims_without_a_name_are_each_their_own_symbol():
+    m = M.conv_resize()
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    dims[0].dim_value = -1  # "any", as some exporters write it
+    dims[2].dim_param = dims[3].dim_param = "?"  # PaddlePaddle's name for every open dim
+    g = build_graph(m)
+    assert g.batch == "x:0" and g.tensor["x"].shape == ("N", 3, "x:2", "x:3")
+    g = build_graph(m, input_shapes={"x": (1, 3, 8, 12)})
+    assert g.tensor["x"].shape == ("N", 3, 8, 12) and g.tensor["a"].shape == ("N", 4, 16, 24)
+    _verify_every_chain_cut(m, g, make_inputs(m, g))
