@@ -32,16 +32,16 @@ shape it came in. :meth:`Engine.run_batch` stacks only requests of one per-sampl
 or nothing: it never invents sizes for symbolic dims, nor values for integer inputs
 that set shapes (``workers.rewrite.shape_feeding_inputs``); it logs what it skipped.
 
-[Note: weight sharing] is in workers/_weights.py. The config, the tensors' specs, the
-stats and the dicts a run takes and gives (``Outputs``, ``PlacedInputs``) are in
-workers/_engine_types.py, which the direct channel (workers/_transport/) shares without
-importing this module; reading a model and the default artefact directory are in
-workers/_model_file.py.
+The buckets' buffers are in workers/_bucket.py, the checks of a request's inputs in
+workers/_input_check.py and [Note: weight sharing] in workers/_weights.py. The config,
+the tensors' specs, the stats and the dicts a run takes and gives (``Outputs``,
+``PlacedInputs``) are in workers/_engine_types.py, which the direct channel
+(workers/_transport/) shares without importing this module; reading a model and the
+default artefact directory are in workers/_model_file.py.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -53,9 +53,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from workers._address import address
 from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
+from workers._bucket import Bucket, PreparedRun, address_of, pin_batch
 from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, PlacedInputs, TensorSpec
+from workers._input_check import check_inputs, check_written, describe, where_prefix
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers
 from workers._weights import SharedWeights, acquire_weights
@@ -72,84 +73,6 @@ _KEPT_BINDINGS = 8
 """Bindings to request memory that each bucket keeps ([Note: bindings kept])."""
 _MAX_CHECKED_ROUTES = 64
 """Routes whose check an engine keeps ([Note: routes checked once]); when full, it forgets them all."""
-
-class _PreparedRun:
-    """What a prepared run holds (:meth:`Engine.prepare`), let go of when its engine closes."""
-
-    __slots__ = ("bucket", "binding", "__weakref__")
-
-    def __init__(self, bucket: _Bucket, binding: ort.IOBinding) -> None:
-        self.bucket: _Bucket | None = bucket
-        self.binding: ort.IOBinding | None = binding
-
-
-class _Bucket:
-    """Pre-allocated, pre-bound buffers for one batch size."""
-
-    __slots__ = ("size", "inputs", "input_values", "outputs", "output_values", "binding", "on_device", "kept",
-                 "described")
-
-    def __init__(self, session: ort.InferenceSession, size: int, inputs: Sequence[TensorSpec],
-                 outputs: Sequence[TensorSpec], device: str, device_id: int) -> None:
-        self.size = size
-        self.on_device = device != "cpu"
-        self.binding = session.io_binding()
-        self.inputs: dict[str, np.ndarray] = {}
-        self.input_values: dict[str, ort.OrtValue] = {}
-        for spec in inputs:
-            shape = _concrete(spec.shape, size)
-            buf = np.zeros(shape, dtype=spec.dtype)
-            if self.on_device:
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, buf.dtype, device, device_id)
-            else:
-                value = ort.OrtValue.ortvalue_from_numpy(buf)  # shares buf's memory
-            self.binding.bind_ortvalue_input(spec.name, value)
-            self.inputs[spec.name] = buf
-            self.input_values[spec.name] = value
-        self.outputs: dict[str, np.ndarray] = {}
-        self.output_values: dict[str, ort.OrtValue] = {}
-        for spec in outputs:
-            buf = np.zeros(_concrete(spec.shape, size), dtype=spec.dtype)
-            value = ort.OrtValue.ortvalue_from_numpy(buf)
-            self.binding.bind_ortvalue_output(spec.name, value)
-            self.outputs[spec.name] = buf
-            self.output_values[spec.name] = value
-        self.kept: collections.OrderedDict[tuple[int, ...], ort.IOBinding] = collections.OrderedDict()
-        """Bindings to memory that requests brought, by its addresses ([Note: bindings kept])."""
-        self.described = (tuple(self.outputs), tuple(a.dtype.str for a in self.outputs.values()),
-                          tuple(a.shape for a in self.outputs.values()))
-        """Its outputs' :attr:`Outputs.described`."""
-
-    def push_inputs(self) -> None:
-        if self.on_device:
-            for name, value in self.input_values.items():
-                value.update_inplace(self.inputs[name])
-
-
-def _address(a: np.ndarray) -> int:
-    """Where a C-contiguous array's data lies: for a writable one (requests in the
-    channel's arenas are) at a sixth of ``.ctypes.data``'s cost."""
-    at = address(a)
-    return a.ctypes.data if at < 0 else at
-
-
-def _where(where: str) -> str:
-    return f"{where}: " if where else ""
-
-
-def _describe(value: np.ndarray) -> str:
-    return f"{value.dtype}[{','.join(map(str, value.shape))}]"
-
-
-def _pin_batch(spec: TensorSpec, batch: int) -> TensorSpec:
-    if not spec.shape or spec.shape[0] is not None:
-        return spec
-    return TensorSpec(spec.name, spec.dtype, (batch,) + spec.shape[1:])
-
-
-def _concrete(shape: tuple[int | None, ...], batch: int) -> tuple[int, ...]:
-    return tuple(batch if d is None else d for d in shape)
-
 
 class Engine:
     """One segment on ONNX Runtime with pinned settings, IO binding and shared weights.
@@ -218,18 +141,18 @@ class Engine:
             first = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
             self.buckets = (first or 1,)
             # Only a symbolic dim 0 is pinned: an input without a batch dim (a shape tensor) keeps its own.
-            self.inputs = tuple(_pin_batch(s, self.buckets[0]) for s in self.inputs)
-            self.outputs = tuple(_pin_batch(s, self.buckets[0]) for s in self.outputs)
+            self.inputs = tuple(pin_batch(s, self.buckets[0]) for s in self.inputs)
+            self.outputs = tuple(pin_batch(s, self.buckets[0]) for s in self.outputs)
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
         self._checked_routes: dict[int, tuple[object, int]] = {}
         """[Note: routes checked once]: id of a route -> (the route, its rows)."""
         device = "cuda" if chosen == "cuda" else "cpu"
         self._buckets = {} if self.any_shape else {
-            b: _Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
+            b: Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
         self._output_names = [s.name for s in self.outputs]
         self._lock = threading.Lock()
-        self._prepared: weakref.WeakSet[_PreparedRun] = weakref.WeakSet()
+        self._prepared: weakref.WeakSet[PreparedRun] = weakref.WeakSet()
         """The prepared runs still held by someone ([Note: prepared requests] in workers/_transport/framing.py)."""
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
@@ -349,89 +272,21 @@ class Engine:
                 return hit[1]
             rows = self._check(inputs, where)
             if inputs.outputs is not None and self.any_shape:
-                raise InputError(f"{_where(where)}outputs cannot be placed for {self.name}: its outputs' sizes "
+                raise InputError(f"{where_prefix(where)}outputs cannot be placed for {self.name}: its outputs' sizes "
                                  "are known only after the run ([Note: any shape]); give none", model=self.name)
             if inputs.outputs is not None:
-                self._check_written(inputs.outputs, rows, where)
+                check_written(inputs.outputs, self._bucket_for(rows).outputs, rows, name=self.name, where=where)
             if len(self._checked_routes) >= _MAX_CHECKED_ROUTES:
                 self._checked_routes.clear()
             self._checked_routes[id(route)] = (route, rows)
             return rows
         return self._check(inputs, where)
 
-    def _check_written(self, outputs: Mapping[str, tuple[np.ndarray, int]], rows: int, where: str) -> None:
-        """Raises :class:`InputError` unless ``outputs`` names every output of a run of
-        ``rows`` rows with its dtype and shape ([Note: outputs written in place])."""
-        bucket = self._bucket_for(rows)
-        expected = {name: ((rows, *buf.shape[1:]), buf.dtype) for name, buf in bucket.outputs.items()}
-        given = {name: (a.shape, a.dtype) for name, (a, _) in outputs.items()}
-        if given != expected:
-            def show(specs: Mapping[str, tuple]) -> str:
-                return ", ".join(f"{n}: {dt} {tuple(shape)}" for n, (shape, dt) in sorted(specs.items()))
-            raise InputError(
-                f"{_where(where)}outputs given for {self.name} at {rows} rows are {{{show(given)}}}, "
-                f"expected {{{show(expected)}}}; give one array per output of exactly that dtype and shape, "
-                "or none", model=self.name)
-
     def _check(self, inputs: Any, where: str) -> int:
-        if not isinstance(inputs, Mapping):
-            raise InputError(
-                f"{_where(where)}inputs of {self.name} must be a dict of name -> numpy array, got {type(inputs).__name__}",
-                model=self.name,
-            )
-        if inputs.keys() != self._input_names:
-            expected = sorted(self._input_names)
-            missing = sorted(self._input_names - set(inputs))
-            extra = sorted(map(str, set(inputs) - self._input_names))
-            raise InputError(
-                f"{_where(where)}inputs of {self.name} do not match: missing {missing}, unexpected {extra}; "
-                f"pass exactly {expected}",
-                model=self.name,
-                expected=", ".join(expected),
-                given=", ".join(sorted(map(str, inputs))),
-            )
-        rows = None
-        for spec, dtype in self._input_checks:
-            value = inputs[spec.name]
-            if not isinstance(value, np.ndarray):
-                want = spec.describe(self.max_batch if self.batch_safe else None)
-                raise InputError(
-                    f"{_where(where)}input {spec.name!r} of {self.name} is a {type(value).__name__}, expected a numpy "
-                    f"array {want}; convert it with np.asarray(value, dtype=np.{spec.dtype})",
-                    model=self.name, input_name=spec.name, expected=want, given=type(value).__name__,
-                )
-            if value.dtype != dtype:
-                want, got = spec.describe(self.max_batch if self.batch_safe else None), _describe(value)
-                raise InputError(
-                    f"{_where(where)}input {spec.name!r} of {self.name} has dtype {value.dtype}, expected {want}, "
-                    f"got {got}; cast it with .astype(np.{spec.dtype})",
-                    model=self.name, input_name=spec.name, expected=want, given=got,
-                )
-            shape = value.shape
-            n = shape[0] if shape else 1
-            ok_dims = len(shape) == len(spec.shape) and all(d is None or d == g for d, g in zip(spec.shape, shape))
-            ok_batch = not spec.shape or spec.shape[0] is not None or 1 <= n <= self.max_batch
-            if not (ok_dims and ok_batch):
-                want, got = spec.describe(self.max_batch if self.batch_safe else None), _describe(value)
-                fix = (
-                    f"split it into requests of at most {self.max_batch} rows or add a larger batch bucket"
-                    if ok_dims else "reshape it to the expected shape"
-                )
-                raise InputError(
-                    f"{_where(where)}input {spec.name!r} of {self.name} has shape {got}, expected {want}; {fix}",
-                    model=self.name, input_name=spec.name, expected=want, given=got,
-                )
-            if rows is None:
-                rows = n
-            elif n != rows and self.batch_safe:  # unbatched, each input has its own fixed dim 0
-                raise InputError(
-                    f"{_where(where)}input {spec.name!r} of {self.name} has {n} rows but the other inputs have "
-                    f"{rows}; give every input the same batch size",
-                    model=self.name, input_name=spec.name, expected=f"{rows} rows", given=f"{n} rows",
-                )
-        return rows or 1
+        return check_inputs(inputs, self._input_names, self._input_checks, name=self.name, max_batch=self.max_batch,
+                            batch_safe=self.batch_safe, where=where)
 
-    def _bucket_for(self, rows: int) -> _Bucket:
+    def _bucket_for(self, rows: int) -> Bucket:
         for size in self.buckets:
             if size >= rows:
                 return self._buckets[size]
@@ -441,7 +296,7 @@ class Engine:
         if self._session is None:
             raise EngineRunError(f"engine {self.name} is closed; create a new Engine", model=self.name)
 
-    def _execute(self, bucket: _Bucket, binding: ort.IOBinding | None = None) -> None:
+    def _execute(self, bucket: Bucket, binding: ort.IOBinding | None = None) -> None:
         t = time.perf_counter()
         bucket.push_inputs()
         try:
@@ -455,7 +310,7 @@ class Engine:
         self._latency_ms[self._run_count % _LATENCY_WINDOW] = (time.perf_counter() - t) * 1e3
         self._run_count += 1
 
-    def _binding_for(self, bucket: _Bucket, inputs: Mapping[str, np.ndarray],
+    def _binding_for(self, bucket: Bucket, inputs: Mapping[str, np.ndarray],
                      place: Place | None) -> tuple[ort.IOBinding, dict[str, np.ndarray]]:
         """The binding for a request that fills ``bucket`` exactly, and its outputs that
         lie where ``place`` put them.
@@ -511,7 +366,7 @@ class Engine:
                 key.append(addresses[name])
             elif (value.dtype == buf.dtype and value.shape == buf.shape and value.flags.c_contiguous
                     and value.flags.aligned):
-                key.append(_address(value))
+                key.append(address_of(value))
             else:
                 np.copyto(buf, value)
                 key.append(0)
@@ -618,7 +473,7 @@ class Engine:
             binding.bind_input(name, "cpu", 0, buf.dtype, buf.shape, inputs.addresses[name])
         for name, buf in bucket.outputs.items():
             binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, inputs.outputs[name][1])
-        held = _PreparedRun(bucket, binding)
+        held = PreparedRun(bucket, binding)
         self._prepared.add(held)
         lock, execute = self._lock, self._execute
 
@@ -683,7 +538,7 @@ class Engine:
             try:
                 outs = self._session.run(self._output_names, feed)
             except Exception as e:  # noqa: BLE001 - ORT's error types are not public
-                shapes = ", ".join(f"{k}: {_describe(np.asarray(v))}" for k, v in sorted(feed.items()))
+                shapes = ", ".join(f"{k}: {describe(np.asarray(v))}" for k, v in sorted(feed.items()))
                 raise EngineRunError(
                     f"ONNX Runtime failed running {self.name} on {{{shapes}}}: {str(e).splitlines()[0][:300]}; "
                     "the inputs have the ranks, dtypes and fixed dims the model declares, so check that the model "

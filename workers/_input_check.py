@@ -1,0 +1,110 @@
+"""The checks of a request's inputs (and outputs given to write in place) against an
+engine's specs: pure, no ONNX Runtime. :meth:`workers.engine.Engine.check` calls them.
+
+Messages are only formatted on failure, to keep the hot path lean: a passing check is
+a few comparisons per input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from workers._engine_types import TensorSpec
+from workers.errors import InputError
+
+__all__ = ["check_inputs", "check_written", "describe", "where_prefix"]
+
+
+def where_prefix(where: str) -> str:
+    """``where`` ('request 3') as the start of a message, or nothing."""
+    return f"{where}: " if where else ""
+
+
+def describe(value: np.ndarray) -> str:
+    """An array's dtype and shape as messages show them: ``float32[1,3,224,224]``."""
+    return f"{value.dtype}[{','.join(map(str, value.shape))}]"
+
+
+def check_written(outputs: Mapping[str, tuple[np.ndarray, int]], bucket_outputs: Mapping[str, np.ndarray],
+                  rows: int, *, name: str, where: str) -> None:
+    """Raises :class:`InputError` unless ``outputs`` names every output of a run of
+    ``rows`` rows with its dtype and shape ([Note: outputs written in place] in
+    workers/_transport/framing.py). ``bucket_outputs``: the output buffers of the
+    bucket that a run of ``rows`` rows uses."""
+    expected = {n: ((rows, *buf.shape[1:]), buf.dtype) for n, buf in bucket_outputs.items()}
+    given = {n: (a.shape, a.dtype) for n, (a, _) in outputs.items()}
+    if given != expected:
+        def show(specs: Mapping[str, tuple]) -> str:
+            return ", ".join(f"{n}: {dt} {tuple(shape)}" for n, (shape, dt) in sorted(specs.items()))
+        raise InputError(
+            f"{where_prefix(where)}outputs given for {name} at {rows} rows are {{{show(given)}}}, "
+            f"expected {{{show(expected)}}}; give one array per output of exactly that dtype and shape, "
+            "or none", model=name)
+
+
+def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequence[tuple[TensorSpec, np.dtype]],
+                 *, name: str, max_batch: int, batch_safe: bool, where: str) -> int:
+    """Checks names, dtypes and shapes of ``inputs`` for the engine ``name``; returns the
+    number of rows (batch) given. Raises :class:`InputError` naming the input, what was
+    expected and what came. ``input_checks``: each input's spec and numpy dtype;
+    ``batch_safe``: dim 0 is the batch of every input (up to ``max_batch`` rows, the
+    same in all of them)."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(
+            f"{where_prefix(where)}inputs of {name} must be a dict of name -> numpy array, got {type(inputs).__name__}",
+            model=name,
+        )
+    if inputs.keys() != input_names:
+        expected = sorted(input_names)
+        missing = sorted(input_names - set(inputs))
+        extra = sorted(map(str, set(inputs) - input_names))
+        raise InputError(
+            f"{where_prefix(where)}inputs of {name} do not match: missing {missing}, unexpected {extra}; "
+            f"pass exactly {expected}",
+            model=name,
+            expected=", ".join(expected),
+            given=", ".join(sorted(map(str, inputs))),
+        )
+    rows = None
+    for spec, dtype in input_checks:
+        value = inputs[spec.name]
+        if not isinstance(value, np.ndarray):
+            want = spec.describe(max_batch if batch_safe else None)
+            raise InputError(
+                f"{where_prefix(where)}input {spec.name!r} of {name} is a {type(value).__name__}, expected a numpy "
+                f"array {want}; convert it with np.asarray(value, dtype=np.{spec.dtype})",
+                model=name, input_name=spec.name, expected=want, given=type(value).__name__,
+            )
+        if value.dtype != dtype:
+            want, got = spec.describe(max_batch if batch_safe else None), describe(value)
+            raise InputError(
+                f"{where_prefix(where)}input {spec.name!r} of {name} has dtype {value.dtype}, expected {want}, "
+                f"got {got}; cast it with .astype(np.{spec.dtype})",
+                model=name, input_name=spec.name, expected=want, given=got,
+            )
+        shape = value.shape
+        n = shape[0] if shape else 1
+        ok_dims = len(shape) == len(spec.shape) and all(d is None or d == g for d, g in zip(spec.shape, shape))
+        ok_batch = not spec.shape or spec.shape[0] is not None or 1 <= n <= max_batch
+        if not (ok_dims and ok_batch):
+            want, got = spec.describe(max_batch if batch_safe else None), describe(value)
+            fix = (
+                f"split it into requests of at most {max_batch} rows or add a larger batch bucket"
+                if ok_dims else "reshape it to the expected shape"
+            )
+            raise InputError(
+                f"{where_prefix(where)}input {spec.name!r} of {name} has shape {got}, expected {want}; {fix}",
+                model=name, input_name=spec.name, expected=want, given=got,
+            )
+        if rows is None:
+            rows = n
+        elif n != rows and batch_safe:  # unbatched, each input has its own fixed dim 0
+            raise InputError(
+                f"{where_prefix(where)}input {spec.name!r} of {name} has {n} rows but the other inputs have "
+                f"{rows}; give every input the same batch size",
+                model=name, input_name=spec.name, expected=f"{rows} rows", given=f"{n} rows",
+            )
+    return rows or 1
