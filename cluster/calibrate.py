@@ -45,7 +45,7 @@ import onnx
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.errors import EncodingError
 from cluster.protocol.lossy import ImageNorm, decode_lossy, encode_lossy
-from partitioner import BATCH, Cut, LayerGraph, Splitter, boundary, chain_points, prefix_cut
+from partitioner import Cut, LayerGraph, Splitter, boundary, build_graph, chain_points, load_model, prefix_cut
 from planner.accuracy import AccuracyEntry, AccuracyTable, parse_encoding_key
 from workers.agreement import compare_runs
 from workers.engine import Engine, EngineConfig
@@ -110,14 +110,28 @@ def select_cuts(graph: LayerGraph, *, extra: Sequence[Cut] = (), max_chain_point
     return list(cuts.values())
 
 
-def split_samples(graph: LayerGraph, samples: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """One feed of batch 1 per sample: inputs whose first dim is the batch give one row each,
-    the others (sizes, masks without a batch) go whole to every sample."""
-    batched = [k for k in samples if (t := graph.tensor.get(k)) is not None and t.shape and t.shape[0] == BATCH
-               and np.ndim(samples[k])]
-    rows = min((len(samples[k]) for k in batched), default=1)
-    return [{k: (np.ascontiguousarray(v[i:i + 1]) if k in batched else np.asarray(v)) for k, v in samples.items()}
-            for i in range(rows)]
+def split_samples(model: onnx.ModelProto, samples: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """One feed of batch 1 per sample. The rows are those of the model's first input; an
+    input is batched when its array has that many rows and the model does not fix its
+    first dim at another size. The others (sizes, recurrent state) go whole to every
+    sample."""
+    declared = {i.name: i.type.tensor_type.shape.dim for i in model.graph.input}
+    names = [n for n in declared if n in samples] or list(samples)
+    first = np.asarray(samples[names[0]])
+    rows = int(first.shape[0]) if first.ndim else 1
+
+    def batched(name: str, v: np.ndarray) -> bool:
+        if v.ndim == 0 or v.shape[0] != rows:
+            return False
+        dims = declared.get(name)
+        if not dims:
+            return True
+        d0 = dims[0]
+        return not d0.HasField("dim_value") or d0.dim_value in (-1, 0, 1, rows)
+
+    keep = {k: batched(k, np.asarray(v)) for k, v in samples.items()}
+    return [{k: (np.ascontiguousarray(np.asarray(v)[i:i + 1]) if keep[k] else np.asarray(v))
+             for k, v in samples.items()} for i in range(rows if any(keep.values()) else 1)]
 
 
 def _encode_all(key: str, tensors: Mapping[str, np.ndarray], norm: ImageNorm | None) -> tuple[dict, int, float]:
@@ -211,7 +225,9 @@ def measure_accuracy(
     """The accuracy table of ``model`` (a path or a ModelProto) on ``samples`` ([Note: accuracy cache]).
 
     ``cuts`` defaults to `select_cuts`; ``previous`` is the table measured before (kept
-    only when its fingerprint matches)."""
+    only when its fingerprint matches). ``splitter`` is the model's, built with the
+    samples as inputs where shape inference cannot type every tensor (`build_graph`);
+    without one it is built so here."""
     for key in (*encodings, *input_encodings):
         parse_encoding_key(key)
     if isinstance(model, onnx.ModelProto):
@@ -220,11 +236,16 @@ def measure_accuracy(
         with open(model, "rb") as fh:
             model_bytes = fh.read()
     fp = fingerprint(model_bytes, samples, norm)
-    splitter = splitter or Splitter(model)
+    if splitter is None:
+        # the samples type every tensor that shape inference leaves unknown, so any cut can be exported
+        proto = model if isinstance(model, onnx.ModelProto) else load_model(os.fspath(model))
+        stem = None if isinstance(model, onnx.ModelProto) else os.path.splitext(os.path.basename(model))[0]
+        splitter = Splitter(proto, build_graph(proto, name=model_name or stem,
+                                               inputs=split_samples(proto, samples)[0]))
     graph = splitter.graph
     name = model_name or graph.model
     cuts = select_cuts(graph) if cuts is None else [c for c in cuts if len(c.device) < len(graph)]
-    feeds = split_samples(graph, samples)
+    feeds = split_samples(splitter.model, samples)
     table = AccuracyTable(name, fp, len(feeds), (), sample_source)
     if previous is not None and previous.fingerprint == fp and previous.num_samples == len(feeds):
         table = previous

@@ -167,8 +167,8 @@ def _print(table: Any, measured: int, reused: int, where: str) -> None:
 
 def calibrate_main(argv: Sequence[str]) -> int:
     args = parse_args(_parser(), argv)
-    from cluster.calibrate import measure_accuracy, select_cuts
-    from partitioner import Splitter
+    from cluster.calibrate import measure_accuracy, select_cuts, split_samples
+    from partitioner import Splitter, build_graph
     from planner.accuracy import AccuracyTable
     from splitinfer.model_inputs import inputs_from_args
 
@@ -198,6 +198,9 @@ def calibrate_main(argv: Sequence[str]) -> int:
     if samples is None:
         samples, source = make_samples(splitter.model, splitter.graph, args.samples, seed=args.seed,
                                        input_shapes=given_shapes or None, norm=norm), "generated"
+    # the samples type what shape inference leaves unknown, so every candidate cut can be exported
+    splitter = Splitter(splitter.model, build_graph(splitter.model, name=splitter.graph.model,
+                                                    inputs=split_samples(splitter.model, samples)[0]))
     if out_path and os.path.exists(out_path):
         try:
             with open(out_path, encoding="utf-8") as fh:

@@ -102,16 +102,16 @@ def test_a_model_input_that_is_no_image_records_why_jpeg_does_not_apply(tmp_path
     assert r.table.agreement(empty, "fp16") >= r.table.agreement(empty, "int8")
 
 
-def test_split_samples_gives_one_row_each() -> None:
-    from partitioner import build_graph, load_model
+def test_split_samples_gives_one_row_each_and_keeps_unbatched_inputs_whole(tmp_path) -> None:
+    import onnx
 
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        graph = build_graph(load_model(conv_model(os.path.join(d, "c.onnx"))))
-    feeds = split_samples(graph, {"x": images(3)})
+    model = onnx.load(conv_model(str(tmp_path / "c.onnx")))
+    feeds = split_samples(model, {"x": images(3)})
     assert len(feeds) == 3 and feeds[1]["x"].shape == (1, 3, 16, 16)
     assert np.array_equal(feeds[2]["x"][0], images(3)[2])
+    state = np.zeros((2, 5), np.float32)  # not one row per sample: every sample gets it whole
+    feeds = split_samples(model, {"x": images(3), "h": state})
+    assert len(feeds) == 3 and all(f["h"].shape == (2, 5) for f in feeds)
 
 
 # -- the table as a value ---------------------------------------------------------------
