@@ -482,13 +482,18 @@ def make_inputs(
 ) -> dict[str, np.ndarray]:
     """Random inputs matching the model's input shapes (the batch set to ``batch``).
 
-    ``input_shapes`` gives the whole shape of some inputs (batch included). Raises
+    ``input_shapes`` gives the whole shape of some inputs, batch included: the batch of
+    an input given so is the batch of every input that leads with it. Raises
     PartitionError, naming the input and the flag that fixes it, for an input whose
     shape is not fixed, or an integer input whose values are shapes or sizes (random
     values there are no valid input: such a model runs on sample inputs).
     """
     rng = np.random.default_rng(seed)
     shapes = dict(input_shapes or {})
+    given_batch = {shapes[n][0] for n in shapes
+                   if n in graph.tensor and graph.tensor[n].shape and graph.tensor[n].shape[0] == BATCH and shapes[n]}
+    if len(given_batch) == 1 and batch == 1:
+        batch = given_batch.pop()
     feeding = set(shape_feeding_inputs(model))
     out = {}
     for name in graph.inputs:

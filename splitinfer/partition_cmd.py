@@ -254,7 +254,7 @@ def split_main(argv: Sequence[str] | None = None) -> int:
     # verified before anything is written, so a split that fails leaves no files
     diffs = None
     if args.verify:
-        feed = given.inputs if given.inputs is not None else make_inputs(model, graph)
+        feed = given.inputs if given.inputs is not None else make_inputs(model, graph, input_shapes=given.input_shapes)
         diffs = verify(model, [head, tail], feed, graph=graph)
     bnd = boundary(graph, cut)
     info: dict[str, Any] = {

@@ -161,3 +161,11 @@ def test_input_dims_without_a_name_are_each_their_own_symbol():
     g = build_graph(m, input_shapes={"x": (1, 3, 8, 12)})
     assert g.tensor["x"].shape == ("N", 3, 8, 12) and g.tensor["a"].shape == ("N", 4, 16, 24)
     _verify_every_chain_cut(m, g, make_inputs(m, g))
+
+
+def test_random_inputs_take_the_batch_the_shape_gives():
+    m = M.sequence()
+    g = build_graph(m, input_shapes={"ids": (3, 5)})
+    assert g.tensor["ids"].shape == ("N", 5)
+    assert make_inputs(m, g)["ids"].shape == (1, 5)
+    assert make_inputs(m, g, input_shapes={"ids": (3, 5)})["ids"].shape == (3, 5)
