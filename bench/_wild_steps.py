@@ -101,7 +101,7 @@ def _alternative(path: str, calib, evals, kwargs: Mapping[str, object]) -> dict[
         return {"settings": dict(kwargs), "status": "refused", "reason": first_line(e)}
     s = summarize_int8(report)
     return {"settings": dict(kwargs), "status": "ok", "agreement": s.get("agreement"), "metric": s.get("metric"),
-            "worst_output": s.get("worst_output"), "size_ratio": s.get("size_ratio")}
+            "worst_output": s.get("worst_output"), "size_ratio": s.get("size_ratio"), "note": s.get("note")}
 
 
 def summarize_int8(report: Mapping[str, object]) -> dict[str, object]:

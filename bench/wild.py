@@ -51,6 +51,8 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 STEPS = ("inspect", "cuts", "profile", "plan", "int8", "serve")
 PLAN_SETTING = {"edge": "rpi4", "cloud": "t4", "uplink": "18.88mbit", "rtt": "20ms"}
 _UNRECOGNIZED = "unrecognized arguments"
+QUANTISED_BELOW = 0.95
+"""An INT8 model at or above this fraction of the fp32 size had (almost) nothing quantised."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +379,12 @@ def summarize_step(step: str, rec: dict) -> str:
     return "; ".join(parts)
 
 
+def _site_dir(path: str, model: WildModel) -> str:
+    """The folder that holds the model's package (``path`` less ``package/relpath``)."""
+    inside = os.path.join(model.package, *model.relpath.split("/"))
+    return path[:-len(inside)].rstrip(os.sep) if path.endswith(inside) else os.path.dirname(path)
+
+
 def scrub_paths(value: object, replacements: list[tuple[str, str]], temp_dir: str | None = None) -> object:
     """``value`` with every string's path prefixes replaced (JSON-like trees); a path under
     ``temp_dir`` that remains (a command's own scratch files) becomes ``<tmp>/NAME``."""
@@ -416,10 +424,13 @@ def markdown_cell(step: str, rec: dict) -> str:
             return "already INT8: passed through"
         cell = f"{s.get('metric')} {_num(s.get('value'))}" + (
             f" (agreement {_num(s.get('agreement'))})" if s.get("metric") == "rel_l2" else "")
-        alts = [a for a in rec.get("alternatives") or () if a.get("status") == "ok"]
+        # A setting that quantised (almost) nothing agrees trivially: it is not an alternative.
+        alts = [a for a in rec.get("alternatives") or ()
+                if a.get("status") == "ok" and (a.get("size_ratio") or 1.0) < QUANTISED_BELOW]
         best = max(alts, key=lambda a: a.get("agreement") or 0.0, default=None)
         if best is not None and (best.get("agreement") or 0.0) > (s.get("agreement") or 0.0):
-            cell += f"; {_settings(best['settings'])}: {_num(best.get('agreement'))}"
+            cell += (f"; {_settings(best['settings'])}: {_num(best.get('agreement'))} "
+                     f"(size x{best.get('size_ratio'):.2f})")
         return cell
     if step == "serve":
         parts = [f"{w} {_num(rec[w]['latency_ms'])} ms" for w in ("whole", "split")
@@ -438,6 +449,9 @@ def render_markdown(results: dict) -> str:
         cells = [markdown_cell(step, entry["steps"][step]) for step in STEPS]
         lines.append(f"| {key} ({m.get('task', '')}) | {m.get('package', '')} {m.get('version', '')} | "
                      + " | ".join(cells) + " |")
+        note = (entry["steps"]["int8"].get("summary") or {}).get("note")
+        if note:
+            refusals.append(f"- {key}, int8 (note): {note}")
         for step in STEPS:
             rec = entry["steps"][step]
             if rec.get("status") != "ok":
@@ -474,7 +488,8 @@ def _plot(results: dict, path: str) -> None:
     keys = list(results["models"])
     grid = np.array([[colour.get(results["models"][k]["steps"][s]["status"], 1) for s in STEPS] for k in keys])
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(keys) + 1.5))
-    ax.imshow(grid, cmap=matplotlib.colors.ListedColormap(["#d9534f", "#bbbbbb", "#5cb85c"]), vmin=0, vmax=2)
+    ax.imshow(grid, cmap=matplotlib.colors.ListedColormap(["#d9534f", "#bbbbbb", "#5cb85c"]), vmin=0, vmax=2,
+              aspect="auto")
     ax.set_xticks(range(len(STEPS)), STEPS)
     ax.set_yticks(range(len(keys)), keys)
     for i, k in enumerate(keys):
@@ -534,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
             c.pop("split_dir", None)
         entry["steps"].get("serve", {}).pop("address", None)
     # Machine paths out of the committed results: config names each file inside its package.
-    roots = {os.path.dirname(os.path.dirname(e.pop("file")))  # type: ignore[union-attr]
-             for e in results["models"].values() if "file" in e}  # type: ignore[union-attr]
+    roots = {_site_dir(e.pop("file"), m) for m in models  # type: ignore[union-attr]
+             if "file" in (e := results["models"][m.key])}  # type: ignore[index]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results["models"] = scrub_paths(results["models"], [(work + os.sep, ""), (repo + os.sep, ""),
                                                         *((r + os.sep, "") for r in roots)],

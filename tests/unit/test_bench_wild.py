@@ -152,7 +152,10 @@ def test_the_int8_cell_shows_a_better_alternative():
     from bench.wild import markdown_cell
 
     rec = {"status": "ok", "summary": {"metric": "top1", "value": 0.25, "agreement": 0.25},
-           "alternatives": [{"settings": {"op_types_to_quantize": ["Conv"]}, "status": "ok", "agreement": 1.0},
+           "alternatives": [{"settings": {"op_types_to_quantize": ["Conv"]}, "status": "ok", "agreement": 1.0,
+                             "size_ratio": 0.38},
+                            {"settings": {"op_types_to_quantize": ["Gemm"]}, "status": "ok", "agreement": 1.0,
+                             "size_ratio": 1.0},  # nothing quantised: no alternative
                             {"settings": {"method": "percentile"}, "status": "refused", "reason": "x"}]}
-    assert markdown_cell("int8", rec) == "top1 0.25; op_types_to_quantize=[Conv]: 1"
+    assert markdown_cell("int8", rec) == "top1 0.25; op_types_to_quantize=[Conv]: 1 (size x0.38)"
     assert markdown_cell("serve", {"status": "refused"}) == "**refused**"
