@@ -375,7 +375,9 @@ class _Sim:
     def run(self) -> SimResult:
         for d in range(len(self.cls)):
             m = self.models[self.cls[d]]
-            self.push(self.rng.exponential(1.0 / (m.cls.fps * self.cfg.fps_scale)), _FRAME, d)
+            first = self.rng.exponential(1.0 / (m.cls.fps * self.cfg.fps_scale))
+            if first < self.cfg.seconds:
+                self.push(first, _FRAME, d)
         while self.heap:
             now, kind, _, data = heapq.heappop(self.heap)
             if kind == _FRAME:

@@ -1,0 +1,291 @@
+"""Fleet load test: N virtual devices running the agent's policy against a real gateway, and the
+simulator at the same N.
+
+    python -m bench.fleet_load [--devices 200] [--seconds 30] [--burst-seconds 10] [--out PATH]
+
+The gateway serves ResNet50 (seeded random weights) whole-model on its in-process pool over
+gRPC on 127.0.0.1, in this process, as bench/overload.py does. The devices run in a second
+process (its own GIL), all on one event loop. Each draws its uplink (lognormal, median
+40 Mbit/s, sigma 0.5) and RTT (30 ms) once, sends Poisson frames, and for each request runs
+the agent's own code: `edge_agent.policy.policy` with its `CloudLoad` (the gateway's
+`predicted_wait` from every answer, RESOURCE_EXHAUSTED with its retry-after) and an
+`edge_agent.flow.RequestFlow`, and the real `InferenceClient`. What a device would compute
+or send is emulated by sleeping the plan's times at its link (an rpi4 reference profile):
+the head, encode and upload, then half the RTT, the real call with the input tensor, half
+the RTT and the download; the local model and the local tail likewise. The remote budget
+is the simulator's ([Note: fleet simulator] in splitinfer/fleetsim.py), and the gRPC
+deadline is what is left of the SLO. Phases: ``--seconds`` steady at 60% of the measured
+capacity (the first 5 s not counted), then ``--burst-seconds`` at 3x that rate.
+
+The simulator then runs the same fleet (same N, rates, links, SLO) with a cloud profile
+calibrated to the gateway: its batch-1 run time and its batch curve as the gateway's
+batcher timed them. ``sim_vs_measured_p95_rel_error`` compares the steady phase's p95.
+Written to bench/results/fleet_load.json: lost and doubled answers, steady and burst
+shares within the SLO (local answers counted), p50/p95, refusals, and the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+SLO_MS = 600.0
+UP_MEDIAN_MBPS, UP_SIGMA, RTT_MS = 40.0, 0.5, 30.0
+DEVICE = "rpi4"
+LOAD = 0.6
+
+
+def _fleet_spec(devices: int, fps: float, workers: int, max_batch: int, timeout_ms: float) -> dict[str, Any]:
+    return {"models": {"resnet50": {"slo_ms": SLO_MS, "target": 0.9}},
+            "cloud": {"device": "gateway-host", "workers": workers, "max_batch": max_batch,
+                      "batch_timeout_ms": timeout_ms},
+            "classes": [{"name": "devices", "count": devices, "device": DEVICE, "model": "resnet50", "fps": fps,
+                         "link": {"up_mbps": {"median": UP_MEDIAN_MBPS, "sigma": UP_SIGMA}, "rtt_ms": RTT_MS}}]}
+
+
+def _run_devices(address: str, cut_id: str, front_json: str, local_ms: float, x: dict[str, np.ndarray],
+                 devices: int, fps: float, seconds: float, burst_s: float, seed: int) -> dict[str, Any]:
+    from cluster.server import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_devices(address, cut_id, front_json, local_ms, x, devices, fps, seconds,
+                                                burst_s, seed))
+    finally:
+        loop.close()
+
+
+async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, x: dict[str, np.ndarray],
+                   devices: int, fps: float, seconds: float, burst_s: float, seed: int) -> dict[str, Any]:
+    from cluster.errors import ClusterError, ResourceExhausted
+    from cluster.protocol.client import InferenceClient, make_request
+    from edge_agent.cloud_load import CloudLoad
+    from edge_agent.flow import RequestFlow
+    from edge_agent.monitor import LinkEstimate
+    from edge_agent.policy import Health, PolicyConfig, PolicyState, policy
+    from planner import Frontier
+    from planner.fleet import remote_ms
+
+    front = Frontier.from_json(front_json)
+    rng = np.random.default_rng(seed)
+    ups = UP_MEDIAN_MBPS * 1e6 * np.exp(UP_SIGMA * rng.standard_normal(devices))
+    cfg = PolicyConfig(slo_ms=SLO_MS)
+    states = [PolicyState() for _ in range(devices)]
+    loads = [CloudLoad() for _ in range(devices)]
+    records: list[dict[str, Any]] = []
+    tasks: set[asyncio.Task[None]] = set()
+    t0 = time.monotonic()
+    end_steady, end_burst = t0 + seconds, t0 + seconds + burst_s
+
+    async with InferenceClient(address) as client:
+        async def request(d: int) -> None:
+            start = time.monotonic()
+            rec: dict[str, Any] = {"t": start - t0, "how": "", "deliveries": 0, "offload": False}
+            records.append(rec)
+            flow = RequestFlow(str(len(records)))
+
+            def deliver(event: str) -> None:
+                step = flow.fire(event)
+                if step.delivers:
+                    rec["deliveries"] += 1
+                    rec["ms"] = (time.monotonic() - start) * 1e3
+                    rec["how"] = rec["how"] or event
+
+            est = LinkEstimate(float(ups[d]), float(ups[d]), RTT_MS, 100, start, None)
+            health = Health(local_ms=local_ms, arrival_rps=fps, queue_ms=loads[d].queue_ms(start),
+                            refused_until_s=loads[d].refused_until_s(start))
+            action, states[d] = policy(est, front, health, states[d], start, config=cfg)
+            if action.kind != "offload":
+                flow.fire("local")
+                await asyncio.sleep(local_ms / 1e3)
+                deliver("local_done")
+                return
+            rec["offload"] = True
+            k = next(i for i, e in enumerate(front.entries) if e.plan.key == action.plan_key)
+            _, b = remote_ms(front, k, float(ups[d]), RTT_MS, 0.0)
+            head_s = (b.edge_ms + b.encode_ms + b.uplink_ms) / 1e3
+            tail_s = max(0.0, local_ms - b.edge_ms) / 1e3
+            flow.fire("offload")
+            await asyncio.sleep(head_s)
+            flow.fire("head_done")
+            slo_s = SLO_MS / 1e3
+            budget_s = max(slo_s - head_s - tail_s, 0.3 * slo_s)
+
+            async def remote() -> str:
+                await asyncio.sleep(RTT_MS / 2e3)
+                left = slo_s - (time.monotonic() - start)
+                try:
+                    resp = await client.infer(make_request("net", "1", cut_id, x, timeout_s=max(left, 0.01)))
+                except ResourceExhausted as e:
+                    await asyncio.sleep(RTT_MS / 2e3)
+                    loads[d].refuse(cut_id, e.retry_after_ms, time.monotonic())
+                    return "refused"
+                except ClusterError:
+                    return "error"
+                wait = resp.timings_ms.get("predicted_wait")
+                await asyncio.sleep((RTT_MS / 2 + b.downlink_ms) / 1e3)
+                if wait is not None:
+                    loads[d].observe_wait(cut_id, wait, time.monotonic())
+                return "ok"
+
+            call = asyncio.create_task(remote())
+            done, _ = await asyncio.wait({call}, timeout=budget_s)
+            if call in done and call.result() == "ok":
+                deliver("remote_ok")
+                return
+            if call in done:
+                rec["how"] = call.result()
+                flow.fire("remote_error")
+                await asyncio.sleep(tail_s)
+                deliver("local_done")
+                return
+            flow.fire("remote_timeout")
+            rec["how"] = "fallback"
+            local = asyncio.create_task(asyncio.sleep(tail_s))
+            done, _ = await asyncio.wait({call, local}, return_when=asyncio.FIRST_COMPLETED)
+            if call in done and call.result() == "ok" and not local.done():
+                deliver("remote_ok")
+                await local
+            else:
+                await local
+                deliver("local_done")
+                await call
+                if call.result() == "ok":
+                    deliver("remote_ok")  # late: dropped, counted by the flow
+
+        async def device(d: int) -> None:
+            t = t0 + rng.exponential(1.0 / fps)
+            while t < end_burst:
+                await asyncio.sleep(max(0.0, t - time.monotonic()))
+                task = asyncio.create_task(request(d))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                rate = fps * (3.0 if t >= end_steady else 1.0)
+                t += rng.exponential(1.0 / rate)
+
+        await asyncio.gather(*(device(d) for d in range(devices)))
+        while tasks:
+            await asyncio.gather(*list(tasks))
+    return {"records": records}
+
+
+def _summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    ms = [r["ms"] for r in recs if "ms" in r]
+    within = [r["ms"] <= SLO_MS for r in recs if "ms" in r]
+    return {"requests": len(recs), "within_slo": statistics.fmean(within) if within else None,
+            "p50_ms": float(np.percentile(ms, 50)) if ms else None, "p95_ms": float(np.percentile(ms, 95)) if ms else None,
+            "offloaded": statistics.fmean([r["offload"] for r in recs]) if recs else None,
+            "refused": sum(r["how"] == "refused" for r in recs), "fallbacks": sum(r["how"] == "fallback" for r in recs)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=30.0, help="steady phase (its first 5 s not counted)")
+    ap.add_argument("--burst-seconds", type=float, default=10.0, help="3x burst after the steady phase")
+    ap.add_argument("--max-batch-size", type=int, default=8)
+    ap.add_argument("--out", default=os.path.join(RESULTS, "fleet_load.json"))
+    a = ap.parse_args(argv)
+
+    from bench.overload import _clients_in_process, _repo
+    from cluster.gateway import Gateway, LocalPoolFactory, PoolKey
+    from cluster.protocol.client import InferenceClient, make_request
+    from cluster.registry import Registry
+    from cluster.server import new_event_loop, serve_in_thread
+    from partitioner import Cut, load_zoo
+    from planner import LinkRange, evaluate, frontier
+    from planner.fleet import resolve
+    from planner.fleet_spec import FleetSpec
+    from planner.synthetic import make_flops_profile
+    from planner.whatif import Workspace
+    from splitinfer.fleetsim import SimConfig, simulate
+
+    tmp = tempfile.mkdtemp(prefix="bench-fleet-load-")
+    root = os.path.join(tmp, "repo")
+    model = load_zoo("resnet50", random_weights=True, seed=1)
+    _repo(root, model, a.max_batch_size)
+    registry = Registry(root)
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(tmp, "ort")))
+    registry.load_all()
+    lv = registry.resolve("net", "1")
+    cut = next(c for c in lv.frontier.cuts if not c.edge_layers)
+    weights = {i.name for i in model.graph.initializer}
+    inp = next(i for i in model.graph.input if i.name not in weights)
+    shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
+    x = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    server = serve_in_thread(gateway)
+    try:
+        async def sequential(n: int) -> None:  # times batch 1
+            async with InferenceClient(server.address) as c:
+                for _ in range(n):
+                    await c.infer(make_request("net", "1", cut.cut_id, x, timeout_s=30.0))
+
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(sequential(25))
+        finally:
+            loop.close()
+        capacity = _clients_in_process(server.address, cut.cut_id, x, 16, 10.0, None)
+        capacity_rps = capacity["goodput_rps"]
+        pool = gateway._pools[PoolKey("net", "1", cut.cut_id)]
+        run_s = pool.batcher.run_times.as_dict()
+        bcfg = pool.batcher.config
+        # The devices' frontier: an rpi4 against a cloud calibrated to this gateway.
+        ws = Workspace()
+        graph = ws.graph("resnet50")
+        t1_ms = run_s[1] * 1e3
+        flops = sum(ly.flops or 0 for ly in graph.layers)
+        cloud = make_flops_profile(graph, device="gateway-host", gflops=flops / 1e9 / (t1_ms / 1e3))
+        layer_sum = sum(t.ms for t in cloud.layers.values())
+        cloud = dataclasses.replace(cloud, batch_ms={b: layer_sum * s / run_s[1] for b, s in run_s.items()})
+        ws.put_profile("gateway-host", cloud)
+        dev = ws.profile(graph, DEVICE, "device")
+        lo, hi = UP_MEDIAN_MBPS * 1e6 * math.exp(-3 * UP_SIGMA), UP_MEDIAN_MBPS * 1e6 * math.exp(3 * UP_SIGMA)
+        front = frontier(graph, [dev, cloud], LinkRange(lo, hi, 1.0, RTT_MS))
+        local_ms = evaluate(graph, Cut(frozenset(range(len(graph)))), [dev, cloud], front.link_range.at(lo)).total_ms
+        fps = LOAD * capacity_rps / a.devices
+        with multiprocessing.get_context("spawn").Pool(1) as procs:
+            out = procs.apply(_run_devices, (server.address, cut.cut_id, front.to_json(), local_ms, x, a.devices,
+                                             fps, a.seconds, a.burst_seconds, 1))
+        workers = bcfg.max_concurrent_batches
+    finally:
+        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
+        server.stop()
+
+    recs = out["records"]
+    steady = [r for r in recs if 5.0 <= r["t"] < a.seconds]
+    burst = [r for r in recs if r["t"] >= a.seconds]
+    measured = {"steady": _summary(steady), "burst": _summary(burst),
+                "lost": sum(r["deliveries"] == 0 for r in recs), "doubled": sum(r["deliveries"] > 1 for r in recs)}
+    spec = FleetSpec.from_dict(_fleet_spec(a.devices, fps, workers, bcfg.max_batch_size, bcfg.max_queue_delay_ms))
+    sim = simulate(spec, resolve(spec, ws), SimConfig(seconds=a.seconds, warmup_s=5.0, seed=1))
+    m95 = measured["steady"]["p95_ms"]
+    result = {
+        "devices": a.devices, "slo_ms": SLO_MS, "fps": fps, "load_of_capacity": LOAD, "capacity_rps": capacity_rps,
+        "gateway_run_ms": {str(b): s * 1e3 for b, s in sorted(run_s.items())}, "workers": workers,
+        "measured": measured, "lost": measured["lost"], "doubled": measured["doubled"],
+        "burst_within_slo": measured["burst"]["within_slo"],
+        "simulated": sim.to_dict(),
+        "sim_vs_measured_p95_rel_error": abs(sim.p95_ms - m95) / m95 if m95 else None,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2, sort_keys=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "simulated"}, indent=2, sort_keys=True))
+    return result
+
+
+if __name__ == "__main__":
+    main()
