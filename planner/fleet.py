@@ -62,6 +62,7 @@ from planner.fleet_spec import MAX_WORKERS, DeviceClass, FleetSpec, FleetSpecErr
 from planner.frontier import Frontier, frontier
 from planner.profile import Profile
 from planner.types import LinkRange
+from planner.whatif import NotFoundError, Workspace
 
 __all__ = ["ClassModel", "ClassPlan", "CloudPlan", "FixedPoint", "FleetPlan", "ModelPlan", "OptionShare",
            "PoolPlan", "ClassChoices", "plan_fleet", "plan_resolved", "planned_choices", "resolve", "remote_ms",
@@ -89,10 +90,8 @@ class ClassModel:
     """The whole model on the device."""
 
 
-def resolve(spec: FleetSpec, workspace: Any = None) -> tuple[ClassModel, ...]:
+def resolve(spec: FleetSpec, workspace: Workspace | None = None) -> tuple[ClassModel, ...]:
     """Each class's graph, profiles, frontier and local time; unknown names raise `FleetSpecError`."""
-    from planner.whatif import NotFoundError, Workspace
-
     ws = workspace if workspace is not None else Workspace()
     resolved = []
     for i, c in enumerate(spec.classes):
@@ -630,7 +629,7 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
                      tuple(classes), tuple(model_plans), cloud, fp, needed, note)
 
 
-def plan_fleet(spec: FleetSpec, workspace: Any = None, *, workers: int | None = None,
+def plan_fleet(spec: FleetSpec, workspace: Workspace | None = None, *, workers: int | None = None,
                size_workers: bool = True) -> FleetPlan:
     """Resolve the spec's names (a `planner.whatif.Workspace`; a fresh one by default) and plan."""
     return plan_resolved(spec, resolve(spec, workspace), workers=workers, size_workers=size_workers)
