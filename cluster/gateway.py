@@ -6,9 +6,8 @@ demand) -> decode the boundary -> the pool's dynamic batcher, with the request's
 deadline -> outputs. Every error leaves as a cluster.errors class, which
 cluster.protocol.status turns into a status code.
 
-Pools sit behind one small interface (`Pool`, `PoolFactory`): `LocalPoolFactory` runs
-Engines and a Batcher in this process (no Ray: unit tests, the edge-less demo,
-`--ray-address local-noray`); cluster.ray_cluster builds pools of Ray actors.
+Pools sit behind one small interface (`Pool`, `PoolFactory`, in cluster/_pools.py with
+the in-process `LocalPool`); cluster.ray_cluster builds pools of Ray actors.
 
 [Note: preload] When a version loads, the tail of every cut in its frontier is cut
 (or read from segments/) and its pool started, in the loading thread. The gateway
@@ -46,17 +45,24 @@ import functools
 import hashlib
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from cluster._load_failures import NoTailLoaded, failed_tail, is_transient, load_failure_reason, one_line, service_health
 from cluster._plan import GatewayPlanner, read_query
+from cluster._pools import (
+    DEFAULT_POOL_START_TIMEOUT_S,
+    LocalPool,
+    LocalPoolFactory,
+    Pool,
+    PoolFactory,
+    PoolKey,
+    PoolResult,
+)
 from cluster.auth import Authorizer
 from cluster.errors import (
     ClusterError,
@@ -80,160 +86,18 @@ from cluster.protocol.messages import (
 )
 from cluster.protocol.status import status_of
 from cluster.protocol.tensors import EncodedTensor, as_wire_array
-from cluster.registry import LoadedVersion, ModelConfig, Registry, read_policy_dir
+from cluster.registry import LoadedVersion, Registry, read_policy_dir
 
-__all__ = ["Gateway", "Pool", "PoolFactory", "PoolKey", "PoolResult", "LocalPool", "LocalPoolFactory",
+__all__ = ["DEFAULT_POOL_START_TIMEOUT_S", "Gateway", "Pool", "PoolFactory", "PoolKey", "PoolResult", "LocalPool", "LocalPoolFactory",
            "load_failure_reason", "refusal_reason", "to_cluster_error"]
 
 logger = logging.getLogger(__name__)
-
-_PRIORITY_LEVELS = 4
 
 _RETRY_AFTER_NO_ESTIMATE_MS = 100.0
 """The retry-after of a full queue whose batcher has timed no batch yet: a short back-off."""
 
 _LOAD_REASONS = frozenset({"queue_full", "predicted_wait", "deadline_unreachable"})
 """Refusals that mean the pool is overloaded (not a bad or late request)."""
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    """The workers of one tail: model@version@cut."""
-
-    model: str
-    version: str
-    cut_id: str
-
-    def __str__(self) -> str:
-        return f"{self.model}@{self.version}@{self.cut_id}"
-
-
-@dataclass(frozen=True)
-class PoolResult:
-    """One request's outputs and where its time went."""
-
-    outputs: Mapping[str, np.ndarray]
-    queue_s: float
-    """Submit to the start of its batch."""
-    compute_s: float
-    """Its batch's run time."""
-    batch_size: int
-
-
-class Pool(Protocol):
-    """Runs one tail for many requests (batched). Raises workers or cluster errors."""
-
-    async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult: ...
-
-    async def close(self) -> None: ...
-
-
-DEFAULT_POOL_START_TIMEOUT_S = 300.0
-"""How long a Ray pool's replicas may take to be placed and load their tail (the
-gateway's --pool-start-timeout-s). Long enough for an autoscaler to start a node for
-them; a replica that no node can take (a ``ray_resources`` name that no worker group
-offers) is then reported as Unavailable, not waited on for ever."""
-
-
-class PoolFactory(Protocol):
-    """Makes pools. `create` blocks (it loads a model): the gateway calls it off the event loop.
-
-    It gets `sample_inputs=` (the tail's inputs made from the version's sample inputs,
-    [Note: warm-up inputs] in cluster/_registry_disk.py) only where the version has some."""
-
-    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics) -> Pool: ...
-
-
-def _buckets(max_batch: int) -> tuple[int, ...]:
-    out, b = [], 1
-    while b < max_batch:
-        out.append(b)
-        b *= 2
-    return tuple(out) + (max_batch,)
-
-
-class LocalPool:
-    """Engines and a dynamic Batcher in the gateway process.
-
-    ``replicas`` engines of the tail (model instances, as Triton's instance groups;
-    they share one set of weights, [Note: weight sharing] in workers/_weights.py) run
-    up to ``replicas`` batches at once, each on an engine of its own: an engine's runs
-    are serialised by its lock, so a second batch on one engine would only wait.
-    """
-
-    def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
-                 *, cache_dir: str | None = None, provider: str = "auto",
-                 sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
-        from workers.batcher import Batcher, BatcherConfig
-        from workers.engine import Engine, EngineConfig
-
-        self.key = key
-        self._metrics = metrics
-        engine_config = EngineConfig(
-            intra_op_threads=config.intra_op_threads, batch_buckets=_buckets(config.max_batch_size),
-            loop_fallback=True, cache_dir=cache_dir, provider=provider,  # type: ignore[arg-type]
-        )
-        self.engines: list = []
-        try:
-            for _ in range(config.replicas):
-                self.engines.append(Engine(tail_path, engine_config, name=str(key), sample_inputs=sample_inputs))
-        except BaseException:
-            for engine in self.engines:
-                engine.close()
-            raise
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for engine in self.engines:
-            self._free.put(engine)
-        self.batcher = Batcher(self._run_batch, BatcherConfig(
-            max_batch_size=config.max_batch_size, max_queue_delay_ms=config.max_queue_delay_ms,
-            max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS,
-            max_concurrent_batches=config.replicas))
-        self.batches = 0
-
-    def _run_batch(self, payloads: list[tuple[Mapping[str, np.ndarray], float]]) -> list[PoolResult]:
-        engine = self._free.get()  # never waits: the batcher runs at most `replicas` batches at once
-        try:
-            start = time.monotonic()
-            outs = engine.run_batch([p[0] for p in payloads])
-            compute_s = time.monotonic() - start
-        finally:
-            self._free.put(engine)
-        self.batches += 1
-        self._metrics.observe_batch(len(payloads))
-        return [PoolResult(o, start - submitted, compute_s, len(payloads)) for o, (_, submitted) in zip(outs, payloads)]
-
-    async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
-        # Requests of different per-sample shapes never share a batch ([Note: any shape] in workers/engine.py).
-        shape_key = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
-        return await self.batcher.submit((inputs, time.monotonic()), deadline_s=deadline_s,
-                                         priority=min(max(priority, 0), _PRIORITY_LEVELS - 1), shape_key=shape_key)
-
-    def load(self) -> tuple[int, float | None, float | None, int, float | None]:
-        """(queue depth, predicted wait s, capacity req/s, discarded results, arrivals req/s) now."""
-        load = self.batcher.load()
-        return (load.queue_depth, load.predicted_wait_s, load.capacity_rps, self.batcher.stats().discarded,
-                load.arrival_rps)
-
-    def predicted_wait_s(self) -> float | None:
-        return self.batcher.predicted_wait_s()
-
-    async def close(self) -> None:
-        await self.batcher.close(drain=True)
-        for engine in self.engines:
-            engine.close()
-
-
-class LocalPoolFactory:
-    """Pools in this process (`--ray-address local-noray`)."""
-
-    def __init__(self, *, cache_dir: str | None = None, provider: str = "auto") -> None:
-        self.cache_dir = cache_dir
-        self.provider = provider
-
-    def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
-               *, sample_inputs: Mapping[str, np.ndarray] | None = None) -> Pool:
-        return LocalPool(key, tail_path, config, metrics, cache_dir=self.cache_dir, provider=self.provider,
-                         sample_inputs=sample_inputs)
 
 
 def refusal_reason(e: BaseException) -> str | None:

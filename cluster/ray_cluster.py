@@ -30,8 +30,8 @@ except ImportError as e:  # pragma: no cover - the base (edge) install has no Ra
         "--ray-address local-noray to serve tails in-process"
     ) from e
 
+from cluster._pools import DEFAULT_POOL_START_TIMEOUT_S, PRIORITY_LEVELS, PoolKey, PoolResult, bucket_sizes
 from cluster.errors import Unavailable
-from cluster.gateway import DEFAULT_POOL_START_TIMEOUT_S, PoolKey, PoolResult, _buckets, _PRIORITY_LEVELS
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
 
@@ -140,10 +140,10 @@ class RayPool:
             config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
                               resources=dict(config.ray_resources)),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
-                                       batch_buckets=_buckets(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
+                                       batch_buckets=bucket_sizes(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
                                          max_queue_delay_ms=config.max_queue_delay_ms,
-                                         max_queue_size=config.max_queue_size, num_priority_levels=_PRIORITY_LEVELS,
+                                         max_queue_size=config.max_queue_size, num_priority_levels=PRIORITY_LEVELS,
                                          inline_max_ms=DEFAULT_BATCHER_CONFIG.inline_max_ms),
         )
         # Block until the replicas have loaded the tail: readiness means "can serve now".
@@ -171,7 +171,7 @@ class RayPool:
             deadline_unix_ms = (time.time() + (deadline_s - time.monotonic())) * 1e3
         t0 = time.monotonic()
         out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
-                                                  priority=min(max(priority, 0), _PRIORITY_LEVELS - 1))
+                                                  priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
         total_s = time.monotonic() - t0
         if timing is None:  # a worker that does not report timings: all of it counts as compute
             return PoolResult(out, 0.0, total_s, 1)
