@@ -144,6 +144,9 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--keep-input-local", action="store_true", help="the raw input never leaves the device")
     ap.add_argument("--first-k-local", type=int, default=0, metavar="K",
                     help="the first K layers (topological order) run on the device")
+    ap.add_argument("--min-agreement", type=float, metavar="FRACTION",
+                    help="accuracy budget, e.g. 0.99: no plan agrees with the fp32 model less (needs the "
+                         "model's table from splitinfer calibrate for encodings other than fp32)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_input_args(ap)
 
@@ -177,7 +180,7 @@ def _scenario(args: argparse.Namespace, workspace: Workspace) -> Scenario:
     return Scenario(
         model=name, edge=_device(args.edge, "--edge"), cloud=_device(args.cloud, "--cloud"), rtt_ms=args.rtt,
         loss=args.loss, objective=Objective(args.objective), encoding=args.encoding, compression=args.compression,
-        constraints=constraints,
+        constraints=constraints, min_agreement=args.min_agreement,
     )
 
 
@@ -206,6 +209,7 @@ def format_plan(answer: PlanAnswer) -> str:
         f"cut      device layers {_ranges(plan.edge_layers) or '(none: cloud only)'}",
         f"boundary {', '.join(plan.boundary) or '(nothing crosses: edge only)'}"
         + (f" ({format_bytes(answer.boundary_bytes)} fp32 per sample)" if plan.boundary else ""),
+    ] + ([f"accuracy agreement with the fp32 model {plan.agreement:.4f}"] if plan.agreement is not None else []) + [
         "",
         f"  {'stage':<10}{'ms':>10}",
         f"  {'edge':<10}{_ms(b.edge_ms):>10}",

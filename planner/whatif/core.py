@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from partitioner import Cut, LayerGraph
+from planner.accuracy import AccuracyTable
+from planner.budget import solve_within_budget
 from planner.costmodel import evaluate
 from planner.errors import InfeasibleError, PlannerError
 from planner.frontier import Frontier
@@ -67,13 +69,20 @@ def require_finite(out: Mapping[str, Any]) -> None:
             "or watts too large to add up; check the edge and cloud profiles", field="(profiles)")
 
 
-def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile]) -> PlanAnswer:
+def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
+         accuracy: AccuracyTable | None = None) -> PlanAnswer:
     """The best plan for ``request`` on ``graph`` with [device, cloud] ``profiles``, and the
-    edge-only and cloud-only baselines on the same link and encoding."""
+    edge-only and cloud-only baselines on the same link and encoding. With the scenario's
+    ``min_agreement``, the plan is the best within that budget (planner.budget) on the
+    model's ``accuracy`` table."""
     sc = request.scenario
     link = Link(request.up_bps, request.down_bps or request.up_bps, sc.rtt_ms, sc.loss)
     try:
-        best = solve(graph, profiles, link, sc.objective, sc.constraints, sc.encodings)
+        if sc.min_agreement is not None:
+            best = solve_within_budget(graph, profiles, link, sc.objective, sc.constraints, sc.encodings,
+                                       accuracy=accuracy, min_agreement=sc.min_agreement)
+        else:
+            best = solve(graph, profiles, link, sc.objective, sc.constraints, sc.encodings)
     except InfeasibleError:
         logger.info("no feasible plan for %s", request.to_dict())
         raise
@@ -98,6 +107,9 @@ def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile]) -
 def frontier(request: FrontierRequest, graph: LayerGraph, profiles: Sequence[Profile]) -> Frontier:
     """The plans optimal somewhere in the request's uplink range (`planner.frontier`)."""
     sc = request.scenario
+    if sc.min_agreement is not None:
+        raise PlannerError("min_agreement is applied by plan and sweep, not by the frontier; ask /v1/plan or "
+                           "/v1/sweep, or leave min_agreement out", field="min_agreement")
     rng = LinkRange(request.up_lo_bps, request.up_hi_bps, request.down_ratio, sc.rtt_ms, sc.loss)
     f = make_frontier(graph, profiles, rng, sc.objective, sc.constraints, sc.encodings)
     require_finite(f.to_dict())

@@ -16,7 +16,7 @@ from planner.types import PRECISIONS, Objective
 
 __all__ = [
     "Limit", "RATE", "DURATION", "POSITIVE_DURATION", "SIZE", "GFLOPS", "POWER", "FIXED_MS", "LOSS",
-    "DOWN_RATIO", "MAX_SWEEP_POINTS", "MAX_FIRST_K_LOCAL", "ENCODING_CHOICES", "FRONTIER_OBJECTIVES",
+    "AGREEMENT", "DOWN_RATIO", "MAX_SWEEP_POINTS", "MAX_FIRST_K_LOCAL", "ENCODING_CHOICES", "FRONTIER_OBJECTIVES",
     "ROOFLINE_KEYS",
 ]
 
@@ -64,6 +64,8 @@ FIXED_MS = Limit("fixed_ms", "ms", 0.0, 1e9)
 """A roofline device's fixed ms per non-empty segment."""
 LOSS = Limit("loss", "(fraction)", 0.0, 0.999)
 """Packet loss fraction."""
+AGREEMENT = Limit("agreement", "(fraction)", 0.0, 1.0, lo_open=True)
+"""An accuracy budget: the least agreement with the fp32 model a plan may have."""
 DOWN_RATIO = Limit("down_ratio", "(downlink/uplink)", 1e-6, 1e6)
 """Downlink rate as a multiple of the uplink rate."""
 MAX_SWEEP_POINTS = 2000

@@ -19,7 +19,8 @@ from planner.errors import PlannerError, ProfileError
 from planner.profile import Profile
 from planner.types import COMPRESSIONS, PRECISIONS, Constraints, Encoding, Objective
 from planner.whatif.limits import (
-    DOWN_RATIO, DURATION, ENCODING_CHOICES, FIXED_MS, FRONTIER_OBJECTIVES, GFLOPS, LOSS, MAX_FIRST_K_LOCAL,
+    AGREEMENT, DOWN_RATIO, DURATION, ENCODING_CHOICES, FIXED_MS, FRONTIER_OBJECTIVES, GFLOPS, LOSS,
+    MAX_FIRST_K_LOCAL,
     MAX_SWEEP_POINTS, POSITIVE_DURATION, POWER, RATE, ROOFLINE_KEYS, SIZE, Limit,
 )
 
@@ -195,7 +196,7 @@ def _device(r: _Reader, key: str) -> DeviceSpec:
 
 SCENARIO_FIELDS = (
     "model", "edge", "cloud", "rtt", "loss", "objective", "encoding", "compression",
-    "device_memory", "slo", "keep_input_local", "first_k_local", "pinned_device_layers",
+    "device_memory", "slo", "keep_input_local", "first_k_local", "pinned_device_layers", "min_agreement",
 )
 """The JSON keys every what-if request shares."""
 
@@ -225,6 +226,9 @@ class Scenario:
     constraints: Constraints = Constraints()
     """Memory (JSON ``device_memory``), SLO (``slo``), privacy (``keep_input_local``) and
     pinning (``first_k_local``, ``pinned_device_layers``)."""
+    min_agreement: float | None = None
+    """Accuracy budget: no plan agrees with the fp32 model less than this (measured by
+    ``splitinfer calibrate``; see planner.budget). None: no budget."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -238,6 +242,8 @@ class Scenario:
         if self.compression not in COMPRESSIONS:
             raise InvalidRequestError(f"field 'compression' is {self.compression!r}; use one of "
                                       f"{', '.join(COMPRESSIONS)}", field="compression")
+        if self.min_agreement is not None:
+            _check("min_agreement", self.min_agreement, AGREEMENT)
         c = self.constraints
         if c.device_memory_bytes is not None:
             _check("device_memory", c.device_memory_bytes, SIZE)
@@ -280,6 +286,7 @@ class Scenario:
             encoding=r.string("encoding", "fp32", ENCODING_CHOICES),
             compression=r.string("compression", "none", COMPRESSIONS),
             constraints=c,
+            min_agreement=r.maybe("min_agreement", AGREEMENT),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -294,6 +301,8 @@ class Scenario:
             d["device_memory"] = c.device_memory_bytes
         if c.latency_slo_ms is not None:
             d["slo"] = c.latency_slo_ms
+        if self.min_agreement is not None:
+            d["min_agreement"] = self.min_agreement
         return d
 
 

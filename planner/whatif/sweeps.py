@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from partitioner import Cut, LayerGraph
+from planner.accuracy import AccuracyTable
+from planner.budget import solve_within_budget
 from planner.costmodel import evaluate
 from planner.errors import InfeasibleError
 from planner.frontier import frontier
 from planner.profile import Profile
 from planner.solvers import solve, solve_chain_scan
-from planner.types import Link, LinkRange, Objective, Plan
+from planner.types import Encoding, Link, LinkRange, Objective, Plan
 from planner.whatif.answers import Breakpoint, PlanInfo, SweepAnswer
 from planner.whatif.core import metric_of, metric_value
 from planner.whatif.requests import SweepRequest
@@ -84,12 +86,22 @@ def _fill_plans(plans: Sequence[Plan], xs: Sequence[float], value_at: Any) -> li
     return out
 
 
-def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile]) -> SweepAnswer:
+def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile],
+          accuracy: AccuracyTable | None = None) -> SweepAnswer:
     """The four series and the DAG optimum's breakpoints for ``request`` on ``graph`` with
-    [device, cloud] ``profiles``."""
+    [device, cloud] ``profiles``. With the scenario's ``min_agreement`` every series keeps
+    to the budget on the model's ``accuracy`` table: the DAG optimum is solved per point
+    within it (planner.budget), cloud-only takes only the encodings that meet it at the
+    empty cut, and the chain scan is Neurosurgeon's fp32."""
     req = request
     sc = req.scenario
     obj = sc.objective
+    encodings = sc.encodings
+    if sc.min_agreement is not None:
+        empty = Cut(frozenset())
+        within = tuple(e for e in encodings if e.precision == "fp32" or (
+            accuracy is not None and (accuracy.agreement(empty, e) or 0.0) >= sc.min_agreement))
+        encodings = within or (Encoding(compression=sc.compression),)
     ups = np.geomspace(req.up_lo_bps, req.up_hi_bps, req.points)
     ups[0], ups[-1] = req.up_lo_bps, req.up_hi_bps  # exact ends (and one rate when lo == hi)
     if req.up_lo_bps == req.up_hi_bps:
@@ -107,22 +119,23 @@ def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile])
         return _affine_fill(xs, 0, len(xs) - 1, value_at(0), value_at(len(xs) - 1))
 
     edge_only = along(
-        lambda i: _metric(obj, evaluate(graph, everything, profiles, links[i], sc.encodings[0])))
+        lambda i: _metric(obj, evaluate(graph, everything, profiles, links[i], encodings[0])))
     # each encoding is affine in 1/up; their minimum is not, so take it per sample
     per_encoding = [along(lambda i, enc=enc: _metric(obj, evaluate(graph, nothing, profiles, links[i], enc)))
-                    for enc in sc.encodings]
+                    for enc in encodings]
     cloud_only = [min(vals) for vals in zip(*per_encoding)]
+    chain_encodings = encodings if sc.min_agreement is None else (Encoding(compression=sc.compression),)
     if affine:
-        scan = _envelope(len(links), lambda i: solve_chain_scan(graph, profiles, links[i], obj, sc.encodings))
+        scan = _envelope(len(links), lambda i: solve_chain_scan(graph, profiles, links[i], obj, chain_encodings))
         chain = _fill_plans(scan, xs, lambda p, i: _metric(obj, evaluate(graph, p, profiles, links[i])))
     else:
-        chain = [_metric(obj, solve_chain_scan(graph, profiles, link, obj, sc.encodings).breakdown)
+        chain = [_metric(obj, solve_chain_scan(graph, profiles, link, obj, chain_encodings).breakdown)
                  for link in links]
 
     dag: list[Plan | None] = []
     method, solves = "per-point", 0
     breakpoints: list[Breakpoint] = []
-    if obj is not Objective.THROUGHPUT and req.down_bps is None:
+    if obj is not Objective.THROUGHPUT and req.down_bps is None and sc.min_agreement is None:
         rng = LinkRange(req.up_lo_bps, req.up_hi_bps, req.down_ratio, sc.rtt_ms, sc.loss)
         try:
             f = frontier(graph, profiles, rng, obj, sc.constraints, sc.encodings)
@@ -137,7 +150,11 @@ def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile])
         for link in links:
             solves += 1
             try:
-                dag.append(solve(graph, profiles, link, obj, sc.constraints, sc.encodings))
+                if sc.min_agreement is None:
+                    dag.append(solve(graph, profiles, link, obj, sc.constraints, sc.encodings))
+                else:
+                    dag.append(solve_within_budget(graph, profiles, link, obj, sc.constraints, sc.encodings,
+                                                   accuracy=accuracy, min_agreement=sc.min_agreement))
             except InfeasibleError:
                 dag.append(None)
         for i in range(1, len(dag)):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from partitioner import ZOO_MODELS, LayerGraph, PartitionError, build_graph, zoo_path
+from planner.accuracy import AccuracyTable
 from planner.errors import PlannerError
 from planner.frontier import Frontier
 from planner.profile import Profile
@@ -119,11 +121,28 @@ class Workspace:
     # -- the typed what-if calls ------------------------------------------------------
     def plan(self, request: PlanRequest) -> PlanAnswer:
         """The best plan on one link; raises `PlannerError` (`NotFoundError`, `InfeasibleError`)."""
-        return plan(request, *self.tiers(request.scenario))
+        sc = request.scenario
+        return plan(request, *self.tiers(sc), self.accuracy(sc.model) if sc.min_agreement is not None else None)
 
     def sweep(self, request: SweepRequest) -> SweepAnswer:
         """The objective against the uplink rate for four placements."""
-        return sweep(request, *self.tiers(request.scenario))
+        sc = request.scenario
+        return sweep(request, *self.tiers(sc), self.accuracy(sc.model) if sc.min_agreement is not None else None)
+
+    def accuracy(self, name: str) -> AccuracyTable | None:
+        """The model's accuracy table (``splitinfer calibrate``): a registry version's
+        accuracy.json, or MODEL.accuracy.json beside a model file; None when there is none."""
+        path = self.model_path(name)
+        folder, file = os.path.split(path)
+        stem = os.path.splitext(file)[0]
+        candidates = [os.path.join(folder, f"{stem}.accuracy.json")]
+        if file == "model.onnx":  # a registry version's
+            candidates.append(os.path.join(folder, "accuracy.json"))
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                with open(candidate, encoding="utf-8") as fh:
+                    return AccuracyTable.from_json(fh.read())
+        return None
 
     def frontier(self, request: FrontierRequest) -> Frontier:
         """The plans optimal somewhere in the request's uplink range."""

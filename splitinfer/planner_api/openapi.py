@@ -107,6 +107,8 @@ _SCENARIO_PROPS: dict[str, Any] = {
     "compression": {"type": "string", "enum": list(COMPRESSIONS), "default": "none"},
     "device_memory": _quantity("Memory the head may use on the device", SIZE),
     "slo": _quantity("Latency SLO (throughput and energy objectives)", POSITIVE_DURATION),
+    "min_agreement": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                      "description": "Accuracy budget: no plan agrees with the fp32 model less (plan and sweep)"},
     "keep_input_local": {"type": "boolean", "default": False,
                          "description": "Privacy: the raw input never crosses the link"},
     "first_k_local": {"type": "integer", "minimum": 0, "maximum": limits.MAX_FIRST_K_LOCAL, "default": 0,

@@ -31,7 +31,7 @@ def tables(draw: st.DrawFn, graph) -> AccuracyTable:
     return AccuracyTable(graph.model, "f", 4, tuple(entries))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), problem=problems(max_layers=8), budget=st.floats(0.6, 1.0),
        with_fp32=st.booleans())
 def test_no_plan_is_below_the_budget(data, problem, budget: float, with_fp32: bool) -> None:
@@ -96,3 +96,65 @@ def test_a_plan_without_a_budget_says_no_agreement() -> None:
     graph, profiles, link = _problem()
     plan = solve(graph, profiles, link)
     assert plan.agreement is None and "agreement" not in plan.to_dict()
+
+
+# -- through the what-if API and the plan command ---------------------------------------
+
+
+def _tiny_with_table(tmp_path):
+    from tests.unit._accuracy_models import conv_model
+
+    path = conv_model(str(tmp_path / "tiny.onnx"))
+    table = AccuracyTable("tiny", "f", 4, (AccuracyEntry("L", "int8", 0.995, "y", "rel_l2", 4, 800.0, 0.05),
+                                           AccuracyEntry("L", "fp16", 0.9999, "y", "rel_l2", 4, 1600.0, 0.05)))
+    (tmp_path / "tiny.accuracy.json").write_text(table.to_json())
+    return path
+
+
+PLAN = ["--input-shape", "x=1x3x16x16", "--edge", "0.01gflops", "--cloud", "1000gflops", "--uplink", "1mbit",
+        "--downlink", "1gbit", "--encoding", "auto", "--json"]
+
+
+@pytest.mark.parametrize("budget,precision,agreement", [("0.99", "int8", 0.995), ("0.999", "fp16", 0.9999),
+                                                        ("0.99999", "fp32", 1.0)])
+def test_plan_command_keeps_to_the_budget_and_prints_the_agreement(tmp_path, capsys, budget, precision,
+                                                                     agreement) -> None:
+    import json
+
+    from splitinfer.plan_cmd import plan_main
+
+    path = _tiny_with_table(tmp_path)
+    assert plan_main([path, *PLAN, "--min-agreement", budget]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["encoding"]["precision"] == precision and d["agreement"] == agreement >= float(budget)
+
+
+def test_plan_command_without_a_table_refuses_lossy_only_plans_naming_calibrate(tmp_path) -> None:
+    from tests.unit._accuracy_models import conv_model
+    from splitinfer.plan_cmd import plan_main
+
+    path = conv_model(str(tmp_path / "bare.onnx"))
+    argv = [path, *PLAN[:-3], "--encoding", "int8", "--min-agreement", "0.99"]
+    with pytest.raises(InfeasibleError, match="splitinfer calibrate"):
+        plan_main(argv)
+
+
+def test_requests_carry_min_agreement_and_refuse_a_bad_one() -> None:
+    from planner.whatif import InvalidRequestError, PlanRequest
+
+    body = {"model": "squeezenet", "edge": "rpi4", "cloud": "t4", "uplink": 1e6, "min_agreement": 0.99}
+    req = PlanRequest.from_dict(body)
+    assert req.scenario.min_agreement == 0.99
+    assert PlanRequest.from_dict(req.to_dict()) == req
+    for bad in (0, 1.5, "high"):
+        with pytest.raises(InvalidRequestError, match="min_agreement"):
+            PlanRequest.from_dict(dict(body, min_agreement=bad))
+
+
+def test_the_frontier_says_it_does_not_apply_a_budget() -> None:
+    from planner.whatif import FrontierRequest, Workspace
+
+    req = FrontierRequest.from_dict({"model": "squeezenet", "edge": "rpi4", "cloud": "t4", "min_agreement": 0.99,
+                                     "uplink_lo": 1e6, "uplink_hi": 1e8})
+    with pytest.raises(PlannerError, match="min_agreement is applied by plan and sweep"):
+        Workspace().frontier(req)
