@@ -2,6 +2,7 @@
 
     python -m bench._wild_steps int8  KEY MODEL.onnx OUT.json
     python -m bench._wild_steps serve KEY MODEL.onnx REGISTRY SAMPLES.npz OUT.json [SPLIT_DIR]
+    python -m bench._wild_steps serve-shared REGISTRY MODELS.json OUT.json
 
 `bench.wild` starts each as a child with a time limit, so one hung step never stalls the
 run. Each writes one JSON object to OUT.json: ``status`` ('ok' or 'refused'), ``reason``
@@ -10,6 +11,7 @@ run. Each writes one JSON object to OUT.json: ``status`` ('ok' or 'refused'), ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -18,14 +20,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import onnxruntime as ort
 
 from bench._wild_models import WILD_MODELS, WildModel, make_sample_inputs
 
-__all__ = ["first_line", "run_int8", "run_serve", "sample_feeds", "splitinfer_argv"]
+__all__ = ["first_line", "run_int8", "run_serve", "run_serve_shared", "running_gateway", "sample_feeds",
+           "splitinfer_argv", "summarize_int8"]
 
 _GATEWAY_START_S = 120.0
 _REQUEST_TIMEOUT_S = 120.0
@@ -128,13 +131,11 @@ def summarize_int8(report: Mapping[str, object]) -> dict[str, object]:
     return out
 
 
-def run_serve(model: WildModel, path: str, registry: str, samples: str,
-              split_dir: str | None) -> dict[str, object]:
-    """Starts ``splitinfer gateway`` on loopback over ``registry`` and sends the sample
-    inputs: the whole model (cut ``L``) and, given a verified split, its tail."""
-    inputs = dict(np.load(samples))
-    whole = _session(path)
-    expected = dict(zip([o.name for o in whole.get_outputs()], whole.run(None, inputs)))
+@contextlib.contextmanager
+def running_gateway(registry: str) -> Iterator[tuple[str | None, str, Callable[[], str | None]]]:
+    """``splitinfer gateway`` on loopback over ``registry``, in-process pools: yields its
+    address (None when it did not start), its health once SERVING (or the last status
+    seen) and a function that gives the gateway's last error line once it has exited."""
     proc = subprocess.Popen(
         splitinfer_argv() + ["gateway", "--registry", registry, "--port", "0", "--metrics-port", "-1",
                              "--ray-address", "local-noray", "--log-level", "warning"],
@@ -143,18 +144,42 @@ def run_serve(model: WildModel, path: str, registry: str, samples: str,
     errors: list[str] = []
     threading.Thread(target=_pump, args=(proc.stdout, lines.put), daemon=True).start()
     threading.Thread(target=_pump, args=(proc.stderr, errors.append), daemon=True).start()
+
+    def exited() -> str | None:
+        return None if proc.poll() is None else _last_error(errors, proc)
+
     try:
         address = _wait_address(proc, lines)
-        if address is None:
-            return {"status": "refused", "reason": "gateway did not start: " + _last_error(errors, proc)}
-        from cluster.protocol.client import SyncInferenceClient
+        health = "not started"
+        if address is not None:
+            from cluster.protocol.client import SyncInferenceClient
 
-        result: dict[str, object] = {"status": "ok", "reason": "", "address": address}
+            with SyncInferenceClient(address) as client:
+                health = _wait_serving(client, proc)
+        yield address, health, exited
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_serve(model: WildModel, path: str, registry: str, samples: str,
+              split_dir: str | None) -> dict[str, object]:
+    """Starts ``splitinfer gateway`` on loopback over ``registry`` and sends the sample
+    inputs: the whole model (cut ``L``) and, given a verified split, its tail."""
+    from cluster.protocol.client import SyncInferenceClient
+
+    inputs = dict(np.load(samples))
+    expected = _expected(path, inputs)
+    with running_gateway(registry) as (address, health, exited):
+        if address is None or exited():
+            return {"status": "refused", "reason": "gateway exited: " + (exited() or "did not start"),
+                    "health": health}
+        result: dict[str, object] = {"status": "ok", "reason": "", "address": address, "health": health}
         with SyncInferenceClient(address) as client:
-            result["health"] = _wait_serving(client, proc)
-            if proc.poll() is not None:
-                return {"status": "refused", "reason": "gateway exited: " + _last_error(errors, proc),
-                        "health": result["health"]}
             result["whole"] = _serve_cut(client, model.key, "L", inputs, expected)
             if split_dir:
                 with open(os.path.join(split_dir, "split.json"), encoding="utf-8") as fh:
@@ -166,18 +191,41 @@ def run_serve(model: WildModel, path: str, registry: str, samples: str,
                 tail_feed = {name: available[name] for name in meta["tail_inputs"]}
                 result["split"] = _serve_cut(client, model.key, meta["cut_id"], tail_feed, expected)
                 result["split"]["boundary_bytes"] = int(sum(v.nbytes for v in tail_feed.values()))
-        failed = [k for k in ("whole", "split") if isinstance(result.get(k), dict) and result[k]["status"] != "ok"]
-        if failed:
-            result["status"] = "refused"
-            result["reason"] = "; ".join(f"{k}: {result[k]['reason']}" for k in failed)
-        return result
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    failed = [k for k in ("whole", "split") if isinstance(result.get(k), dict) and result[k]["status"] != "ok"]
+    if failed:
+        result["status"] = "refused"
+        result["reason"] = "; ".join(f"{k}: {result[k]['reason']}" for k in failed)
+    return result
+
+
+def run_serve_shared(registry: str, models: Mapping[str, Mapping[str, str]]) -> dict[str, object]:
+    """One gateway over one registry holding every model (``{key: {path, samples}}``):
+    a model that fails to load must not stop the others. One whole-model request each."""
+    from cluster.protocol.client import SyncInferenceClient
+
+    with running_gateway(registry) as (address, health, exited):
+        if address is None or exited():
+            return {"status": "refused", "reason": "gateway exited: " + (exited() or "did not start"),
+                    "health": health}
+        per_model: dict[str, object] = {}
+        with SyncInferenceClient(address) as client:
+            for key, spec in models.items():
+                inputs = dict(np.load(spec["samples"]))
+                per_model[key] = _serve_cut(client, key, "L", inputs, _expected(spec["path"], inputs))
+                try:
+                    per_model[key]["health"] = client.health(key, timeout_s=5.0)  # type: ignore[index]
+                except Exception as e:  # the health service's refusal, as the client raises it
+                    per_model[key]["health"] = first_line(e)  # type: ignore[index]
+        gone = exited()
+    served = sum(1 for r in per_model.values() if r["status"] == "ok")  # type: ignore[index]
+    return {"status": "ok" if gone is None else "refused",
+            "reason": "" if gone is None else "gateway exited: " + gone,
+            "health": health, "served": served, "models": per_model}
+
+
+def _expected(path: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    whole = _session(path)
+    return dict(zip([o.name for o in whole.get_outputs()], whole.run(None, dict(inputs))))
 
 
 def _serve_cut(client, key: str, cut_id: str, feed: Mapping[str, np.ndarray],
@@ -256,6 +304,13 @@ def _session(path: str) -> ort.InferenceSession:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[0] == "serve-shared":
+        registry, spec_path, out_path = args[1], args[2], args[3]
+        with open(spec_path, encoding="utf-8") as fh:
+            result = run_serve_shared(registry, json.load(fh))
+        with open(out_path, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1, default=str)
+        return 0
     step, key, path = args[0], args[1], args[2]
     model = next(m for m in WILD_MODELS if m.key == key)
     if step == "int8":
@@ -265,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         registry, samples, out_path = args[3], args[4], args[5]
         result = run_serve(model, path, registry, samples, args[6] if len(args) > 6 else None)
     else:
-        raise SystemExit(f"unknown step {step!r}; use int8 or serve")
+        raise SystemExit(f"unknown step {step!r}; use int8, serve or serve-shared")
     with open(out_path, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1, default=str)
     return 0

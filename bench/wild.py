@@ -44,15 +44,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench._wild_report import STEPS, plot_results, print_table, render_markdown, summarize_step
 from bench._wild_models import INSTALL_HINT, WILD_MODELS, WildModel, installed_version, locate
 from bench._wild_steps import first_line, sample_feeds, splitinfer_argv
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-STEPS = ("inspect", "cuts", "profile", "plan", "int8", "serve")
 PLAN_SETTING = {"edge": "rpi4", "cloud": "t4", "uplink": "18.88mbit", "rtt": "20ms"}
 _UNRECOGNIZED = "unrecognized arguments"
-QUANTISED_BELOW = 0.95
-"""An INT8 model at or above this fraction of the fp32 size had (almost) nothing quantised."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +245,40 @@ def _serve(model: WildModel, path: str, samples: str, split_dir: str | None, wor
     return record
 
 
+def serve_shared(models: list[WildModel], work: str, timeout_s: float) -> dict[str, object]:
+    """Every installed model in one registry behind one gateway, one whole-model request
+    each: the models that load serve while the others are marked failed."""
+    registry = os.path.join(work, "shared_registry")
+    spec: dict[str, dict[str, str]] = {}
+    added: dict[str, object] = {}
+    for m in models:
+        samples = os.path.join(work, m.key, "samples.npz")
+        path = locate(m)
+        if path is None or not os.path.isfile(samples):
+            continue
+        result = run_command(splitinfer_argv() + ["registry", "add", path, registry, "--name", m.key,
+                                                  "--version", "1", "--inputs", samples], timeout_s)
+        added[m.key] = step_record(result)
+        if result.rc == 0:
+            spec[m.key] = {"path": path, "samples": samples}
+    if not spec:
+        return {"status": "skipped", "reason": "no model could be added to the registry", "registry_add": added}
+    spec_path = os.path.join(work, "shared.json")
+    with open(spec_path, "w", encoding="utf-8") as fh:
+        json.dump(spec, fh)
+    out = os.path.join(work, "shared_serve.json")
+    result = run_command([sys.executable, "-m", "bench._wild_steps", "serve-shared", registry, spec_path, out],
+                         timeout_s * 2)
+    if result.rc == 0 and os.path.isfile(out):
+        with open(out, encoding="utf-8") as fh:
+            record = json.load(fh)
+    else:
+        record = step_record(result)
+    record["registry_add"] = added
+    record["models_in_registry"] = len(spec)
+    return record
+
+
 def _declare_sample_inputs(registry: str, key: str, samples: str) -> str:
     """The model.yaml route to sample inputs, for a `registry add` without --inputs."""
     version_dir = os.path.join(registry, key, "1")
@@ -332,53 +364,6 @@ def _json_or_none(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def summarize_step(step: str, rec: dict) -> str:
-    """One table cell: the key numbers, then the reason wherever the step was refused."""
-    parts: list[str] = []
-    if step == "inspect" and "layers" in rec:
-        parts.append(f"{rec['layers']} layers, {len(rec.get('unknown_tensors', []))} unknown sizes "
-                     f"({len(rec.get('unknown_without_inputs', []))} without --inputs)")
-        if rec.get("control_flow_layers"):
-            parts.append(f"{rec['control_flow_layers']} control-flow layer(s)")
-    elif step == "cuts" and rec.get("cuts"):
-        diff = rec.get("max_abs_diff")
-        parts.append(f"{rec.get('verified', 0)}/{len(rec['cuts'])} verified"
-                     + (f", max abs diff {diff:.2g}" if isinstance(diff, (int, float)) else ""))
-    elif step == "profile" and rec.get("total_ms") is not None:
-        parts.append(f"{rec['total_ms']:.1f} ms over {rec['layers']} layers")
-    elif step == "plan" and rec.get("choice"):
-        total = (rec.get("predicted") or {}).get("total_ms")
-        parts.append(rec["choice"] + (f", {total:.1f} ms predicted" if isinstance(total, (int, float)) else ""))
-    elif step == "int8" and rec.get("summary"):
-        s = rec["summary"]
-        if "agreement" in s:
-            parts.append(f"agreement {_num(s['agreement'])} ({s.get('metric')}, worst {s.get('worst_output')})")
-        elif "top1_agreement" in s:
-            parts.append(f"top-1 agreement {_num(s['top1_agreement'])}, max abs err {_num(s.get('max_abs_error'))}")
-        parts.append(f"per_channel={s.get('per_channel')}")
-        if isinstance(s.get("size_ratio"), (int, float)):
-            parts.append(f"size x{s['size_ratio']:.2f}")
-        for alt in rec.get("alternatives") or ():
-            if alt.get("status") == "ok":
-                parts.append(f"{_settings(alt['settings'])}: {_num(alt.get('agreement'))}")
-        if s.get("note"):
-            parts.append(str(s["note"]))
-    elif step == "serve":
-        for which in ("whole", "split"):
-            r = rec.get(which)
-            if isinstance(r, dict) and r.get("status") == "ok":
-                diffs = [v for v in (r.get("max_abs_diff") or {}).values() if isinstance(v, (int, float))]
-                parts.append(f"{which} {r['cut_id']}: {r['latency_ms']:.1f} ms"
-                             + (f", diff {max(diffs):.2g}" if diffs else ""))
-    if rec.get("flags") == "missing":
-        plain = rec.get("without_flags") or {}
-        parts.append(f"without --inputs: {plain.get('status')}"
-                     + (f" ({plain.get('reason')})" if plain.get("reason") else ""))
-    if rec.get("status") != "ok" and rec.get("reason"):
-        parts.append(f"reason: {rec['reason']}")
-    return "; ".join(parts)
-
-
 def _site_dir(path: str, model: WildModel) -> str:
     """The folder that holds the model's package (``path`` less ``package/relpath``)."""
     inside = os.path.join(model.package, *model.relpath.split("/"))
@@ -400,105 +385,6 @@ def scrub_paths(value: object, replacements: list[tuple[str, str]], temp_dir: st
     if isinstance(value, list):
         return [scrub_paths(v, replacements, temp_dir) for v in value]
     return value
-
-
-def markdown_cell(step: str, rec: dict) -> str:
-    """A short docs-table cell: the step's headline number, or 'refused'."""
-    status = rec.get("status")
-    if status != "ok":
-        return f"**{status}**"
-    if step == "inspect":
-        return (f"{rec.get('layers')} layers, {len(rec.get('unknown_tensors', []))} unknown "
-                f"({len(rec.get('unknown_without_inputs', []))} without inputs)")
-    if step == "cuts":
-        diff = rec.get("max_abs_diff")
-        return f"{rec.get('verified')}/{len(rec.get('cuts', []))}, diff {_num(diff)}"
-    if step == "profile":
-        return f"{_num(rec.get('total_ms'))} ms"
-    if step == "plan":
-        total = (rec.get("predicted") or {}).get("total_ms")
-        return f"{rec.get('choice')}, {_num(total)} ms"
-    if step == "int8":
-        s = rec.get("summary") or {}
-        if s.get("kind") == "already_quantized":
-            return "already INT8: passed through"
-        cell = f"{s.get('metric')} {_num(s.get('value'))}" + (
-            f" (agreement {_num(s.get('agreement'))})" if s.get("metric") == "rel_l2" else "")
-        # A setting that quantised (almost) nothing agrees trivially: it is not an alternative.
-        alts = [a for a in rec.get("alternatives") or ()
-                if a.get("status") == "ok" and (a.get("size_ratio") or 1.0) < QUANTISED_BELOW]
-        best = max(alts, key=lambda a: a.get("agreement") or 0.0, default=None)
-        if best is not None and (best.get("agreement") or 0.0) > (s.get("agreement") or 0.0):
-            cell += (f"; {_settings(best['settings'])}: {_num(best.get('agreement'))} "
-                     f"(size x{best.get('size_ratio'):.2f})")
-        return cell
-    if step == "serve":
-        parts = [f"{w} {_num(rec[w]['latency_ms'])} ms" for w in ("whole", "split")
-                 if isinstance(rec.get(w), dict) and rec[w].get("status") == "ok"]
-        return ", ".join(parts)
-    return "ok"
-
-
-def render_markdown(results: dict) -> str:
-    """The docs table (one row a model, one column a step) and the refusals under it."""
-    config = {m["key"]: m for m in results["config"]["models"]}
-    lines = ["| model | package | " + " | ".join(STEPS) + " |", "|" + " --- |" * (len(STEPS) + 2)]
-    refusals = []
-    for key, entry in results["models"].items():
-        m = config.get(key, {})
-        cells = [markdown_cell(step, entry["steps"][step]) for step in STEPS]
-        lines.append(f"| {key} ({m.get('task', '')}) | {m.get('package', '')} {m.get('version', '')} | "
-                     + " | ".join(cells) + " |")
-        note = (entry["steps"]["int8"].get("summary") or {}).get("note")
-        if note:
-            refusals.append(f"- {key}, int8 (note): {note}")
-        for step in STEPS:
-            rec = entry["steps"][step]
-            if rec.get("status") != "ok":
-                text = summarize_step(step, rec).replace("|", "/")
-                refusals.append(f"- {key}, {step}: {text[:297] + '...' if len(text) > 300 else text}")
-    return "\n".join(lines + ([""] + refusals if refusals else [])) + "\n"
-
-
-def _settings(kwargs: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in kwargs.items()).replace("'", "")
-
-
-def _num(v: object) -> str:
-    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
-
-
-def print_table(results: dict) -> None:
-    for key, entry in results["models"].items():
-        print(f"\n{key}")
-        for step in STEPS:
-            rec = entry["steps"].get(step, {"status": "-"})
-            print(f"  {step:<8} {rec['status']:<8} {summarize_step(step, rec)}")
-
-
-def _plot(results: dict, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    colour = {"ok": 2, "refused": 0, "timeout": 0, "skipped": 1}
-    keys = list(results["models"])
-    grid = np.array([[colour.get(results["models"][k]["steps"][s]["status"], 1) for s in STEPS] for k in keys])
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(keys) + 1.5))
-    ax.imshow(grid, cmap=matplotlib.colors.ListedColormap(["#d9534f", "#bbbbbb", "#5cb85c"]), vmin=0, vmax=2,
-              aspect="auto")
-    ax.set_xticks(range(len(STEPS)), STEPS)
-    ax.set_yticks(range(len(keys)), keys)
-    for i, k in enumerate(keys):
-        for j, s in enumerate(STEPS):
-            ax.text(j, i, results["models"][k]["steps"][s]["status"], ha="center", va="center", fontsize=8)
-    ax.set_title("real-weight models from PyPI wheels: each workflow step (green ok, red refused)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
             results["models"][m.key] = run_model(  # type: ignore[index]
                 m, os.path.join(work, m.key), quick=a.quick, cuts=cuts, timeout_s=a.step_timeout_s,
                 seed=a.seed, progress=not a.no_progress)
+        if len(models) > 1:
+            results["shared_gateway"] = serve_shared(models, work, a.step_timeout_s)
+            shared = results["shared_gateway"]
+            if not a.no_progress:
+                print(f"[wild] one gateway over {shared.get('models_in_registry')} models: {shared['status']}, "
+                      f"{shared.get('served')} served", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for entry in results["models"].values():  # type: ignore[union-attr]
@@ -552,15 +444,16 @@ def main(argv: list[str] | None = None) -> int:
     roots = {_site_dir(e.pop("file"), m) for m in models  # type: ignore[union-attr]
              if "file" in (e := results["models"][m.key])}  # type: ignore[index]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    results["models"] = scrub_paths(results["models"], [(work + os.sep, ""), (repo + os.sep, ""),
-                                                        *((r + os.sep, "") for r in roots)],
-                                    tempfile.gettempdir())
+    replacements = [(work + os.sep, ""), (repo + os.sep, ""), *((r + os.sep, "") for r in roots)]
+    for part in ("models", "shared_gateway"):
+        if part in results:
+            results[part] = scrub_paths(results[part], replacements, tempfile.gettempdir())
     results["summary"] = {s: sum(1 for e in results["models"].values() if e["steps"][s]["status"] == "ok")
                           for s in STEPS}  # type: ignore[union-attr]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=1, sort_keys=True, default=str)
-    _plot(results, os.path.splitext(a.out)[0] + ".png")
+    plot_results(results, os.path.splitext(a.out)[0] + ".png")
     print_table(results)
     print(f"\nsteps ok (of {len(models)} models): {results['summary']}\nwrote {a.out}")
     return 0

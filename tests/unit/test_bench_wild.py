@@ -19,6 +19,7 @@ from bench._wild_models import (
     speech_like,
 )
 from bench._wild_steps import first_line, summarize_int8
+from bench._wild_report import markdown_cell, summarize_step
 from bench.wild import (
     CommandResult,
     describe_choice,
@@ -26,7 +27,6 @@ from bench.wild import (
     reason_of,
     scrub_paths,
     step_record,
-    summarize_step,
     unknown_tensors,
 )
 
@@ -149,8 +149,6 @@ def test_the_wild_extra_pins_every_model_package_and_stays_out_of_all_and_test()
 
 
 def test_the_int8_cell_shows_a_better_alternative():
-    from bench.wild import markdown_cell
-
     rec = {"status": "ok", "summary": {"metric": "top1", "value": 0.25, "agreement": 0.25},
            "alternatives": [{"settings": {"op_types_to_quantize": ["Conv"]}, "status": "ok", "agreement": 1.0,
                              "size_ratio": 0.38},
