@@ -463,8 +463,16 @@ def _batch_terms(types: Mapping[str, tuple[int, Shape]], batch: str) -> dict[str
     return out
 
 
-def _tile(feeds: Mapping[str, np.ndarray], batch_led: set[str]) -> dict[str, np.ndarray]:
-    return {k: (np.concatenate([v, v], axis=0) if k in batch_led else v) for k, v in feeds.items()}
+def _tile(feeds: Mapping[str, np.ndarray], batch_axes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
+    """The feeds at twice the batch: each repeated along every axis where its input has
+    the batch symbol (a recurrent state [layers, N, hidden] too)."""
+    out = {}
+    for k, v in feeds.items():
+        for ax in batch_axes.get(k, ()):
+            if ax < np.ndim(v):
+                v = np.concatenate([v, v], axis=ax)
+        out[k] = v
+    return out
 
 
 def infer_types(
@@ -521,9 +529,9 @@ def infer_types(
         if any(not _full(types.get(n), syms) for n in wanted):
             b1 = user_b or 1
             b2 = 2 * b1
-            batch_led = {vi.name for vi in ins if (_dims(vi)[1] or (None,))[:1] == (batch,)}
+            batch_axes = {vi.name: [i for i, d in enumerate(_dims(vi)[1] or ()) if d == batch] for vi in ins}
             feeds1 = dict(inputs) if inputs is not None else _random_feeds(light, {**sizes, batch: b1}, fixed)
-            feeds2 = _tile(feeds1, batch_led) if feeds1 is not None else None
+            feeds2 = _tile(feeds1, batch_axes) if feeds1 is not None else None
             probes = []
             for b, feeds in ((b1, feeds1), (b2, feeds2)):
                 at = {**sizes, batch: b}

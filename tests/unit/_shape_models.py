@@ -108,3 +108,22 @@ def folded_batch() -> onnx.ModelProto:
              numpy_helper.from_array(np.array([-1, 4, 8], np.int64), "back"), _w("w2", 8, 2, seed=1)]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 8])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 2])], inits, "folded_batch")
+
+
+def recurrent_state() -> onnx.ModelProto:
+    """x[N,4] and a state h[2,N,4] in; the new state and y[N,3] out. The state's batch sits
+    on axis 1, and a Reshape to (-1, 8) loses it for ONNX inference."""
+    nodes = [
+        helper.make_node("Unsqueeze", ["x", "zero"], ["xs"], name="lift"),
+        helper.make_node("Add", ["h", "xs"], ["s"], name="mix"),
+        helper.make_node("Tanh", ["s"], ["h_out"], name="state"),
+        helper.make_node("Transpose", ["h_out"], ["t"], perm=[1, 0, 2], name="batch_first"),
+        helper.make_node("Reshape", ["t", "rows"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "w"], ["y"], name="head"),
+    ]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([-1, 8], np.int64), "rows"), _w("w", 8, 3)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                          helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, "N", 4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
+                   helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [2, "N", 4])], inits, "recurrent_state")

@@ -169,3 +169,21 @@ def test_random_inputs_take_the_batch_the_shape_gives():
     assert g.tensor["ids"].shape == ("N", 5)
     assert make_inputs(m, g)["ids"].shape == (1, 5)
     assert make_inputs(m, g, input_shapes={"ids": (3, 5)})["ids"].shape == (3, 5)
+
+
+def test_recurrent_state_keeps_its_batch_on_axis_1():
+    m = M.recurrent_state()
+    rng = np.random.default_rng(2)
+    feed = {"x": rng.standard_normal((2, 4)).astype(np.float32), "h": rng.standard_normal((2, 2, 4)).astype(np.float32)}
+    g = build_graph(m, inputs=feed)
+    assert g.tensor["h"].shape == (2, "N", 4) and g.tensor["h_out"].shape == (2, "N", 4)
+    assert g.tensor["h_out"].bytes_per_sample == 2 * 4 * 4 and g.tensor["y"].shape == ("N", 3)
+    _verify_every_chain_cut(m, g, feed)
+
+
+def test_sample_inputs_are_repeated_along_every_batch_axis():
+    from partitioner._infer import _tile
+
+    got = _tile({"x": np.zeros((1, 4)), "h": np.zeros((2, 1, 4)), "sr": np.array(16000)},
+                {"x": [0], "h": [1], "sr": []})
+    assert got["x"].shape == (2, 4) and got["h"].shape == (2, 2, 4) and got["sr"].shape == ()
