@@ -102,14 +102,16 @@ def shapes_of(inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
 
 
 def sample_rows(inputs: Mapping[str, np.ndarray], graph: LayerGraph, rows: int) -> dict[str, np.ndarray]:
-    """Sample inputs with ``rows`` rows: each tensor whose per-sample shape leads with the
-    batch takes its own rows first, then repeats them; the others are kept whole (an
-    integer input that holds sizes is no batch of rows)."""
+    """Sample inputs with ``rows`` rows: along each axis where a tensor's per-sample shape
+    has the batch (a recurrent state [layers, N, hidden] too), its own rows come first,
+    then repeats of them; a tensor without the batch is kept whole (an integer input
+    that holds sizes is no batch of rows)."""
     out = {}
     for k, v in inputs.items():
         t = graph.tensor.get(k)
         v = np.asarray(v)
-        if t is not None and t.shape and t.shape[0] == BATCH and v.ndim and v.shape[0] != rows and v.shape[0]:
-            v = np.take(v, np.arange(rows) % v.shape[0], axis=0)
+        for ax, d in enumerate(t.shape if t is not None and t.shape is not None else ()):
+            if d == BATCH and ax < v.ndim and v.shape[ax] not in (0, rows):
+                v = np.take(v, np.arange(rows) % v.shape[ax], axis=ax)
         out[k] = v
     return out

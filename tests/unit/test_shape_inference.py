@@ -187,3 +187,14 @@ def test_sample_inputs_are_repeated_along_every_batch_axis():
     got = _tile({"x": np.zeros((1, 4)), "h": np.zeros((2, 1, 4)), "sr": np.array(16000)},
                 {"x": [0], "h": [1], "sr": []})
     assert got["x"].shape == (2, 4) and got["h"].shape == (2, 2, 4) and got["sr"].shape == ()
+
+
+def test_sample_rows_follow_the_batch_on_every_axis():
+    from partitioner.shapes import sample_rows
+
+    m = M.recurrent_state()
+    feed = {"x": np.arange(8, dtype=np.float32).reshape(2, 4), "h": np.zeros((2, 2, 4), np.float32)}
+    g = build_graph(m, inputs=feed)
+    got = sample_rows(feed, g, 3)
+    assert got["x"].shape == (3, 4) and got["h"].shape == (2, 3, 4)
+    assert got["x"][2].tolist() == feed["x"][0].tolist()  # its own rows first, then repeats
