@@ -1,0 +1,334 @@
+"""Real links: the edge agent on recorded cellular traces, against static plans and a bound.
+
+    python -m bench.traces [--trace-dir DIR] [--out FILE] [--model M] [--slo-ms S] [--seconds N]
+
+Every `NAME.up`/`NAME.down` pair in `--trace-dir` (default the recorded traces in
+`../shared/traces` next to the checkout, GPL-3.0 data that stays there) is replayed by
+the link emulator (Mahimahi delivery opportunities, `--rtt-ms` added) between an edge
+agent and the real gateway on 127.0.0.1, with the device emulated as in
+`bench.adaptation` (one thread, each local run followed by `--slowdown - 1` times its
+CPU time of sleep). An open-loop app sends one frame every 1/fps s, fps being 80 % of
+what the emulated device sustains locally (`--fps` sets it). Strategies take turns on the
+same trace window (the traces restart at time 0 for each), so they see the same link:
+
+* `ours`: the adaptive agent, on its default policy and monitor;
+* `edge_only`: every request on the whole local model (offloading off);
+* `cloud_only`: the frontier's plan with the fewest layers on the device, always;
+* `static`: the plan the frontier picks once for the trace's mean uplink, as Neurosurgeon
+  would;
+* `hindsight`: per request, the best of the latencies measured at that request's send
+  time by the strategies above (each one a cut or local, on the same link moment): a
+  bound computed offline, not a strategy.
+
+Per trace and strategy: `p50_ms`, `p95_ms`, `p99_ms`, `slo_miss_rate` (answers later
+than `--slo-ms`, which defaults to twice the device's local time), `lost`, `doubled`,
+`switches_per_min` (a pinned plan has none), `bytes_up` (what crossed the emulated
+uplink) and `served_by`. The JSON is `{"traces": {NAME: {"strategies": {STRATEGY: {...}}}}}`; one timeline PNG per
+trace (`traces_NAME.png` next to the JSON): the trace's 1-second uplink rate, the plan
+`ours` used, and each request's latency per strategy. `--seconds N` cuts each trace to
+its first N seconds (default 180; 0: whole traces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+STRATEGIES = ("ours", "edge_only", "cloud_only", "static")
+_FAST_MBPS = 1000.0
+"""The link between turns and while the agent installs the model: a turn's leftovers drain fast."""
+
+logger = logging.getLogger("bench.traces")
+
+
+def default_trace_dir() -> Path:
+    """`../shared/traces` next to the checkout (relative to this file, not to the working directory)."""
+    return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+def find_pairs(trace_dir: Path) -> list[tuple[str, Path, Path]]:
+    """(name, up, down) for every NAME.up with a NAME.down beside it, by name."""
+    if not trace_dir.is_dir():
+        raise SystemExit(f"bench.traces: --trace-dir {str(trace_dir)!r} is not a folder; pass a folder of "
+                         "Mahimahi NAME.up/NAME.down pairs")
+    pairs = [(p.stem, p, p.with_suffix(".down")) for p in sorted(trace_dir.glob("*.up"))
+             if p.with_suffix(".down").is_file()]
+    if not pairs:
+        raise SystemExit(f"bench.traces: no NAME.up/NAME.down pair in {str(trace_dir)!r}; Mahimahi traces come "
+                         "in pairs, one file per direction")
+    return pairs
+
+
+def rate_per_second(trace: Any, seconds: float) -> list[float]:
+    """The trace's uplink rate in each 1-second window from 0 (Mbit/s)."""
+    return [trace.count_between(i * 1e3, (i + 1) * 1e3) * 1500 * 8 / 1e6 for i in range(int(seconds))]
+
+
+def summarise(records: list[dict[str, Any]], sent: int, answers: collections.Counter[str], slo_ms: float,
+              switches: int, seconds: float, bytes_up: int) -> dict[str, Any]:
+    lat = [r["latency_ms"] for r in records]
+    pct = (lambda q: float(np.percentile(lat, q))) if lat else (lambda q: None)
+    return {
+        "requests": sent, "answered": len(records),
+        "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+        "slo_miss_rate": (sum(x > slo_ms for x in lat) + (sent - len(records))) / sent if sent else None,
+        "lost": sent - len(answers), "doubled": sum(n - 1 for n in answers.values() if n > 1),
+        "switches_per_min": switches / (seconds / 60.0), "bytes_up": bytes_up,
+        "served_by": dict(collections.Counter(r["served_by"] for r in records)),
+    }
+
+
+def hindsight(runs: dict[str, list[dict[str, Any]]], sent: int, slo_ms: float) -> dict[str, Any]:
+    """Per request index (the same send time in every turn), the best measured latency of any strategy."""
+    by = {name: {r["index"]: r["latency_ms"] for r in recs} for name, recs in runs.items()}
+    best = [min((b[i] for b in by.values() if i in b), default=math.inf) for i in range(sent)]
+    lat = [x for x in best if math.isfinite(x)]
+    return {"requests": sent, "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+            "p99_ms": float(np.percentile(lat, 99)), "slo_miss_rate": sum(x > slo_ms for x in best) / sent,
+            "lost": 0, "doubled": 0, "switches_per_min": None, "bytes_up": None,
+            "what": "per request, the least latency any strategy measured at that send time: a bound"}
+
+
+async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: float, pin: str | None,
+                local_ms: float, executor: concurrent.futures.Executor, grace_s: float) -> dict[str, Any]:
+    """One strategy on the trace from time 0: a fresh runner (its estimate, policy state, corrections)."""
+    from edge_agent.runner import Runner
+    from splitinfer.netem import LinkSetting
+
+    runner = Runner(agent.models, agent.frontier, agent.remote, agent.config, executor=executor, local_ms=local_ms)
+    if strategy == "edge_only":
+        runner.offload_enabled = False
+    elif pin is not None:  # one cut, always: the other cuts out, and no local option to choose
+        runner.unusable_cuts = {k for k in agent.models.cuts if k != pin}
+        runner.local_ms = math.inf
+    agent.runner = runner
+    name = agent.models.input_names[0]
+    x = np.random.default_rng(0).standard_normal(tuple(agent.models.full.inputs[0].shape)).astype(np.float32)
+    records: list[dict[str, Any]] = []
+    answers: collections.Counter[str] = collections.Counter()
+    plans: list[tuple[float, str]] = []
+    bytes_before = emu.stats().bytes_up
+    emu.replay()
+    t0 = time.monotonic()
+
+    async def one(i: int) -> None:
+        rid = f"{strategy}-{i}"
+        try:
+            a = await agent.infer({name: x}, rid)
+        except Exception as e:  # noqa: BLE001 - an error is an answer (counted), not a lost request
+            answers[rid] += 1
+            records.append({"index": i, "sent_s": i / fps, "latency_ms": (time.monotonic() - t0 - i / fps) * 1e3,
+                            "served_by": f"error: {type(e).__name__}", "cut_id": ""})
+            return
+        answers[a["id"]] += 1
+        records.append({"index": i, "sent_s": i / fps, "latency_ms": a["latency_ms"], "served_by": a["served_by"],
+                        "cut_id": a["cut_id"]})
+
+    async def sample() -> None:
+        while True:
+            act = runner.last_action
+            plans.append((time.monotonic() - t0, "" if act is None else act.plan_key))
+            await asyncio.sleep(0.1)
+
+    sampler = asyncio.ensure_future(sample())
+    tasks, n = [], 0
+    while n / fps < seconds:
+        await asyncio.sleep(max(0.0, n / fps - (time.monotonic() - t0)))
+        tasks.append(asyncio.ensure_future(one(n)))
+        n += 1
+    await asyncio.gather(*tasks)
+    sampler.cancel()
+    counters = runner.counters.to_dict()
+    emu.set(LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, 1.0))
+    await asyncio.sleep(grace_s)  # late remote answers arrive, are dropped and counted, before the next turn
+    counters_after = runner.counters.to_dict()
+    # A pinned plan never switches; the runner's count there is the breaker's moves to local and back.
+    switches = counters["switches"] if strategy == "ours" else 0
+    return {"records": records, "sent": n, "answers": answers, "switches": switches,
+            "bytes_up": emu.stats().bytes_up - bytes_before, "plans": plans,
+            "counters": {k: counters_after[k] for k in ("late_dropped", "local_dropped", "hedges", "trials",
+                                                        "remote_errors", "switches")}}
+
+
+async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], name: str, up: Path,
+                    down: Path) -> dict[str, Any]:
+    from cluster.gateway import Gateway, LocalPoolFactory
+    from cluster.registry import Registry
+    from cluster.server import serve
+    from edge_agent.config import config_from_dict
+    from edge_agent.daemon import EdgeAgent
+    from edge_agent.engines import time_engine_ms
+    from bench.adaptation import _slow_down
+    from splitinfer.netem import LinkEmulator, LinkSetting, load_mahimahi_trace
+
+    trace_up, trace_down = load_mahimahi_trace(up), load_mahimahi_trace(down)
+    seconds = args.seconds or trace_up.period_ms / 1e3
+    registry = Registry(os.path.join(root, "registry"), cache_dir=os.path.join(root, "gw-cache"))
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(root, "ort")))
+    await gateway.start()
+    server = await serve(gateway)
+    emu = LinkEmulator(upstream=("127.0.0.1", server.port), trace_up=trace_up, trace_down=trace_down,
+                       rtt_ms=args.rtt_ms)
+    await emu.start()
+    emu.set(LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, 1.0))  # the model installs over a fast link
+    cfg = {"gateway": f"127.0.0.1:{emu.port}", "model": f"{args.model}@1", "apiPort": 0,
+           "deviceProfile": setup["device_profile"], "cacheDir": os.path.join(root, "edge-cache"),
+           "intraOpThreads": 1, "startupTimeoutS": 120, "encodings": args.encodings.split(","),
+           "remoteTimeoutMs": args.remote_timeout_ms}
+    agent = EdgeAgent(config_from_dict(cfg))
+    executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="edge-engine")
+    try:
+        await agent.start()
+        assert agent.models is not None and agent.runner is not None
+        policy_local_ms = agent.runner.local_ms  # the device profile's whole-model time, as the policy sees it
+        agent.runner.close()  # each turn gets a fresh runner on the shared executor
+        for e in [agent.models.full] + [e for c in agent.models.cuts.values() for e in (c.head, c.tail) if e]:
+            _slow_down(e, args.slowdown)
+        local_ms = time_engine_ms(agent.models.full, 6)
+        agent.models.local_ms = local_ms
+        fps = args.fps or math.floor(0.8 * 1e3 / local_ms * 10) / 10
+        slo_ms = args.slo_ms or 2.0 * local_ms
+        if agent.config.policy.slo_ms != slo_ms:
+            import dataclasses
+
+            agent.config = dataclasses.replace(agent.config, policy=dataclasses.replace(agent.config.policy,
+                                                                                         slo_ms=slo_ms))
+        front = agent.frontier
+        cloud_only = min(front.entries, key=lambda e: len(e.plan.cut.device)).plan if front else None
+        static = front.plan_at(trace_up.mean_bps) if front else None
+        pins = {"cloud_only": cloud_only.cut.key if cloud_only and cloud_only.boundary else None,
+                "static": static.cut.key if static and static.boundary else None}
+        runs: dict[str, dict[str, Any]] = {}
+        grace_s = 2 * args.remote_timeout_ms / 1e3 + 1.0
+        for strategy in STRATEGIES:
+            pin = pins.get(strategy)
+            if strategy in pins and pin is None:  # that plan is the whole model here
+                strategy_kind = "edge_only"
+            else:
+                strategy_kind = strategy
+            logger.info("%s: %s for %.0f s at %.2g fps", name, strategy, seconds, fps)
+            runs[strategy] = await _turn(agent, emu, strategy_kind, fps=fps, seconds=seconds, pin=pin,
+                                         local_ms=policy_local_ms, executor=executor, grace_s=grace_s)
+    finally:
+        await agent.stop()
+        executor.shutdown(wait=True)
+        await emu.stop()
+        await server.stop(None)
+        await gateway.close()
+    out = {s: summarise(r["records"], r["sent"], r["answers"], slo_ms, r["switches"], seconds, r["bytes_up"])
+           | {"counters": r["counters"]} for s, r in runs.items()}
+    out["hindsight"] = hindsight({s: r["records"] for s, r in runs.items()}, runs["ours"]["sent"], slo_ms)
+    return {
+        "strategies": out,
+        "trace": {"up": up.name, "down": down.name, "seconds": seconds, "mean_up_bps": trace_up.mean_bps,
+                  "mean_down_bps": trace_down.mean_bps, "rtt_ms": args.rtt_ms},
+        "fps": fps, "slo_ms": slo_ms, "local_engine_ms": local_ms,
+        "plans": {"cloud_only": cloud_only.key if cloud_only else None, "static": static.key if static else None},
+        "timeline": {"rate_mbps": rate_per_second(trace_up, seconds), "ours_plans": runs["ours"]["plans"],
+                     "latency_ms": {s: [(r["sent_s"], r["latency_ms"]) for r in runs[s]["records"]]
+                                    for s in runs}},
+    }
+
+
+def plot(name: str, result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = result["timeline"]
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [2, 1, 3]})
+    rate = tl["rate_mbps"]
+    ax1.step(range(len(rate)), rate, where="post", color="k")
+    ax1.set_ylabel("uplink, 1 s (Mbit/s)")
+    plans = [p for _, p in tl["ours_plans"] if p]
+    names = sorted(set(plans), key=lambda k: (k != "local", k))
+    if names:
+        pts = [(t, names.index(p)) for t, p in tl["ours_plans"] if p]
+        ax2.step(*zip(*pts), where="post", color="tab:purple")
+        ax2.set_yticks(range(len(names)), names, fontsize=7)
+    ax2.set_ylabel("ours: plan")
+    colors = {"ours": "tab:blue", "edge_only": "tab:green", "cloud_only": "tab:red", "static": "tab:orange"}
+    for s, pts in tl["latency_ms"].items():
+        if pts:
+            ax3.scatter(*zip(*pts), s=5, c=colors.get(s, "grey"), label=s, alpha=0.7)
+    ax3.axhline(result["slo_ms"], color="grey", ls="--", lw=0.7, label="SLO")
+    ax3.set_yscale("log")
+    ax3.set_ylabel("latency per request (ms)")
+    ax3.set_xlabel("time in the trace (s)")
+    ax3.legend(fontsize=8, loc="upper right")
+    st = result["strategies"]
+    fig.suptitle(f"{name}: p95 ours {st['ours']['p95_ms']:.0f} ms, edge {st['edge_only']['p95_ms']:.0f}, "
+                 f"cloud {st['cloud_only']['p95_ms']:.0f}, static {st['static']['p95_ms']:.0f}, "
+                 f"hindsight {st['hindsight']['p95_ms']:.0f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trace-dir", type=Path, default=default_trace_dir(),
+                   help="folder of Mahimahi NAME.up/NAME.down pairs (default ../shared/traces)")
+    p.add_argument("--out", default=os.path.join(RESULTS, "traces.json"), help="the JSON (PNGs go beside it)")
+    p.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")
+    p.add_argument("--slo-ms", type=float, default=0.0, help="latency target; 0: twice the device's local time")
+    p.add_argument("--seconds", type=float, default=180.0, help="first N seconds of each trace; 0: whole traces")
+    p.add_argument("--fps", type=float, default=0.0, help="0: 80%% of what the emulated device sustains locally")
+    p.add_argument("--slowdown", type=float, default=4.0, help="the emulated device is this much slower than one core")
+    p.add_argument("--rtt-ms", type=float, default=40.0, help="RTT added on the traces (default 40)")
+    p.add_argument("--remote-timeout-ms", type=float, default=1500.0)
+    p.add_argument("--encodings", default="fp32,fp16,int8", help="boundary encodings the agent may plan with")
+    p.add_argument("--only", action="append", help="run only this trace NAME (repeatable)")
+    args = p.parse_args(argv)
+    for flag, v, ok in (("--seconds", args.seconds, args.seconds >= 0), ("--slo-ms", args.slo_ms, args.slo_ms >= 0),
+                        ("--fps", args.fps, args.fps >= 0), ("--slowdown", args.slowdown, args.slowdown >= 1)):
+        if not (math.isfinite(v) and ok):
+            p.error(f"{flag} is {v!r}; it must be a number >= {1 if flag == '--slowdown' else 0}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.setLevel(logging.INFO)
+    pairs = [pr for pr in find_pairs(args.trace_dir) if not args.only or pr[0] in args.only]
+    from bench.adaptation import _setup_registry
+
+    results: dict[str, Any] = {"traces": {}}
+    with tempfile.TemporaryDirectory(prefix="splitinfer-traces-") as root:
+        _, dev_path, cloud_ms, one_ms = _setup_registry(root, args.model, args.slowdown)
+        setup = {"device_profile": dev_path}
+        results["setup"] = {"model": args.model, "cloud_model_ms": cloud_ms, "single_thread_model_ms": one_ms,
+                            "slowdown": args.slowdown, "rtt_ms": args.rtt_ms, "seconds": args.seconds,
+                            "encodings": args.encodings, "remote_timeout_ms": args.remote_timeout_ms,
+                            "trace_dir": args.trace_dir.name}
+        for name, up, down in pairs:
+            t = time.monotonic()
+            results["traces"][name] = r = asyncio.run(run_trace(args, root, setup, name, up, down))
+            logger.info("%s done in %.0f s", name, time.monotonic() - t)
+            out_dir = os.path.dirname(os.path.abspath(args.out))
+            os.makedirs(out_dir, exist_ok=True)
+            plot(name, r, os.path.join(out_dir, f"traces_{name}.png"))
+            for s, v in r["strategies"].items():
+                per_min = v["switches_per_min"]
+                print(f"{name:<24} {s:<10} p50 {v['p50_ms']:7.0f} p95 {v['p95_ms']:7.0f} p99 {v['p99_ms']:7.0f} ms  "
+                      f"miss {v['slo_miss_rate']:.3f}  lost {v['lost']} doubled {v['doubled']}  switches/min "
+                      f"{'-' if per_min is None else round(per_min, 1)}  bytes up {v['bytes_up']}", flush=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1, default=str)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
