@@ -32,6 +32,12 @@ def summarize_step(step: str, rec: dict) -> str:
     elif step == "plan" and rec.get("choice"):
         total = (rec.get("predicted") or {}).get("total_ms")
         parts.append(rec["choice"] + (f", {total:.1f} ms predicted" if isinstance(total, (int, float)) else ""))
+        sweep = rec.get("sweep") or {}
+        if sweep.get("choices"):
+            parts.append(f"sweep 0.1-1000 Mbit/s: mid-network cut at {sweep['mid_network_points']} of "
+                         f"{len(sweep['choices'])} uplinks")
+        elif sweep.get("reason"):
+            parts.append(f"sweep {sweep.get('status')}: {sweep['reason']}")
     elif step == "int8" and rec.get("summary"):
         s = rec["summary"]
         if "agreement" in s:
@@ -77,7 +83,10 @@ def markdown_cell(step: str, rec: dict) -> str:
         return f"{_num(rec.get('total_ms'))} ms"
     if step == "plan":
         total = (rec.get("predicted") or {}).get("total_ms")
-        return f"{rec.get('choice')}, {_num(total)} ms"
+        sweep = rec.get("sweep") or {}
+        mid = (f"; mid-network at {sweep['mid_network_points']}/{len(sweep['choices'])} uplinks"
+               if sweep.get("choices") else "")
+        return f"{rec.get('choice')}, {_num(total)} ms{mid}"
     if step == "int8":
         s = rec.get("summary") or {}
         if s.get("kind") == "already_quantized":

@@ -50,6 +50,7 @@ from bench._wild_steps import first_line, sample_feeds, splitinfer_argv
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PLAN_SETTING = {"edge": "rpi4", "cloud": "t4", "uplink": "18.88mbit", "rtt": "20ms"}
+SWEEP_POINTS = 12
 _UNRECOGNIZED = "unrecognized arguments"
 
 
@@ -202,6 +203,24 @@ def _plan(path: str, samples: str, layers: int | None, timeout_s: float) -> dict
                       boundary=plan.get("boundary"), boundary_bytes=plan.get("boundary_bytes"),
                       predicted=plan.get("predicted"), baselines=plan.get("baselines"),
                       encoding=plan.get("encoding"))
+    record["sweep"] = _sweep(path, samples, plan.get("layers") if plan else layers, timeout_s)
+    return record
+
+
+def _sweep(path: str, samples: str, layers: int | None, timeout_s: float) -> dict[str, object]:
+    """``splitinfer sweep`` over 0.1 Mbit/s .. 1 Gbit/s: where on the uplink axis the DAG
+    optimum is a mid-network cut rather than edge-only or cloud-only."""
+    s = PLAN_SETTING
+    result = run_command(splitinfer_argv() + ["sweep", path, "--edge", s["edge"], "--cloud", s["cloud"], "--rtt",
+                                              s["rtt"], "--points", str(SWEEP_POINTS), "--json", "--inputs", samples],
+                         timeout_s)
+    record = step_record(result)
+    data = _json_or_none(result.stdout) if result.rc == 0 else None
+    if data and layers:
+        edge = [len(x) if isinstance(x, list) else int(x) for x in data.get("dag_edge_layers", [])]
+        record.update(uplink_bps=data.get("uplink_bps"), dag_edge_layers=edge,
+                      choices=[describe_choice(k, layers) for k in edge],
+                      mid_network_points=sum(1 for k in edge if 0 < k < layers))
     return record
 
 

@@ -157,3 +157,11 @@ def test_the_int8_cell_shows_a_better_alternative():
                             {"settings": {"method": "percentile"}, "status": "refused", "reason": "x"}]}
     assert markdown_cell("int8", rec) == "top1 0.25; op_types_to_quantize=[Conv]: 1 (size x0.38)"
     assert markdown_cell("serve", {"status": "refused"}) == "**refused**"
+
+
+def test_the_plan_cell_counts_mid_network_cuts_of_the_sweep():
+    rec = {"status": "ok", "choice": "edge-only", "predicted": {"total_ms": 12.5},
+           "sweep": {"status": "ok", "choices": ["edge-only", "split: 3 of 9 layers on the device", "cloud-only"],
+                     "mid_network_points": 1}}
+    assert markdown_cell("plan", rec) == "edge-only, 12.5 ms; mid-network at 1/3 uplinks"
+    assert "mid-network cut at 1 of 3 uplinks" in summarize_step("plan", rec)
