@@ -37,6 +37,7 @@ import onnx
 
 from partitioner.build import node_names
 from partitioner.graph import LayerGraph
+from partitioner.subgraphs import subgraphs
 from workers.errors import WorkerError
 
 __all__ = [
@@ -164,6 +165,15 @@ def _original_maps(graph: LayerGraph, model: onnx.ModelProto | None) -> tuple[di
                 for o in node.output:
                     if o:
                         tensor_layer.setdefault(o, layer_of[name])
+                # An If, Loop or Scan is one layer: ORT runs and times the nodes of its
+                # branches and body under their own names.
+                stack = list(subgraphs(node))
+                while stack:
+                    sub = stack.pop()
+                    for inner in sub.node:
+                        if inner.name:
+                            layer_of.setdefault(inner.name, layer_of[name])
+                        stack.extend(subgraphs(inner))
     return layer_of, tensor_layer
 
 
