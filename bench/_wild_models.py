@@ -27,6 +27,7 @@ __all__ = [
     "INSTALL_HINT",
     "WILD_MODELS",
     "WildModel",
+    "describe",
     "installed_version",
     "locate",
     "magika_features",
@@ -227,6 +228,13 @@ def locate(model: WildModel) -> str | None:
         if os.path.isfile(path):
             return path
     return None
+
+
+def describe(model: WildModel) -> dict[str, str]:
+    """The model as a results file lists it (``config.models`` of wild.json,
+    ``config.real_weight_models`` of the end-to-end grid)."""
+    return {"key": model.key, "task": model.task, "package": model.distribution, "version": model.version,
+            "file": f"{model.package}/{model.relpath}", "licence": model.licence, "description": model.description}
 
 
 def installed_version(model: WildModel) -> str | None:

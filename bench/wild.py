@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench._wild_report import STEPS, plot_results, print_table, render_markdown, summarize_step
-from bench._wild_models import INSTALL_HINT, WILD_MODELS, WildModel, installed_version, locate
+from bench._wild_models import INSTALL_HINT, WILD_MODELS, WildModel, describe, installed_version, locate
 from bench._wild_steps import first_line, sample_feeds, splitinfer_argv
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -431,9 +431,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, object] = {
         "config": {
-            "models": [{"key": m.key, "task": m.task, "package": m.distribution, "version": m.version,
-                        "file": f"{m.package}/{m.relpath}", "licence": m.licence, "description": m.description}
-                       for m in models],
+            "models": [describe(m) for m in models],
             "install": INSTALL_HINT, "quick": a.quick, "cuts_per_model": cuts, "seed": a.seed,
             "plan": PLAN_SETTING, "step_timeout_s": a.step_timeout_s,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
