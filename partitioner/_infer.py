@@ -505,6 +505,7 @@ def infer_types(
         if k not in known_inputs:
             raise PartitionError(f"{k!r} is not an input of {name}; the inputs are {', '.join(sorted(known_inputs))}",
                                  model=name, tensor=k)
+    _check_dtypes(inputs or {}, ins, name)
     _, first = _dims(ins[0]) if ins else (0, None)
     batch: int | str = first[0] if first and first[0] is not None else 1
     sizes = _symbols(light, fixed, name)
@@ -547,6 +548,24 @@ def infer_types(
                  "may settle them", name, len(unknown), ", ".join(unknown[:3]))
     return Inferred(elem_type={n: t[0] for n, t in types.items()}, shape={n: t[1] for n, t in types.items()},
                     batch=batch, typed=typed, unknown=unknown)
+
+
+def _check_dtypes(inputs: Mapping[str, np.ndarray], ins: Sequence[onnx.ValueInfoProto], name: str) -> None:
+    """Sample inputs of the dtypes the model takes: ONNX Runtime refuses any other."""
+    for vi in ins:
+        if vi.name not in inputs:
+            continue
+        try:
+            want = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        except Exception:  # noqa: BLE001 - strings and types numpy does not name
+            continue
+        got = np.asarray(inputs[vi.name]).dtype
+        if got != want:
+            raise PartitionError(
+                f"sample input {vi.name!r} of {name} is {got}, but the model takes {want}; save it as "
+                f"{want} (array.astype(numpy.{want}))",
+                model=name, tensor=vi.name,
+            )
 
 
 def _better(old: tuple[int, Shape] | None, new: tuple[int, Shape]) -> tuple[int, Shape]:

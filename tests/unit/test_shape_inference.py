@@ -198,3 +198,10 @@ def test_sample_rows_follow_the_batch_on_every_axis():
     got = sample_rows(feed, g, 3)
     assert got["x"].shape == (3, 4) and got["h"].shape == (2, 3, 4)
     assert got["x"][2].tolist() == feed["x"][0].tolist()  # its own rows first, then repeats
+
+
+def test_sample_inputs_of_another_dtype_are_refused():
+    m = M.reshape_by_input()
+    feed = {"x": np.zeros((1, 12), np.float64), "shape": np.array([-1, 3, 4], np.int64)}
+    with pytest.raises(PartitionError, match=r"sample input 'x' .* float64, but the model takes float32"):
+        build_graph(m, inputs=feed)
