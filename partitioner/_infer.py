@@ -225,7 +225,8 @@ def _symbols(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]], name:
     return sizes
 
 
-def _with_inputs(light: onnx.ModelProto, sizes: Mapping[str, int], fixed: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+def _with_inputs(light: onnx.ModelProto, sizes: Mapping[str, int],
+                 fixed: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy of ``light`` whose graph inputs carry the fixed sizes."""
     out = onnx.ModelProto()
     out.CopyFrom(light)

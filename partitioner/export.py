@@ -132,7 +132,8 @@ def _elem_type(dtype: str) -> int:
     try:
         return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     except (TypeError, ValueError, KeyError):
-        return onnx.TensorProto.DataType.Value(dtype.upper()) if dtype.upper() in onnx.TensorProto.DataType.keys() else 0
+        names = onnx.TensorProto.DataType.keys()
+        return onnx.TensorProto.DataType.Value(dtype.upper()) if dtype.upper() in names else 0
 
 
 def make_value_info(graph: LayerGraph, name: str) -> onnx.ValueInfoProto:
