@@ -524,6 +524,20 @@ class VersionFiles:
                                         fix="export a valid ONNX model") from e
             return self._splitter
 
+    def sized_graph(self) -> Any:
+        """The splitter's layer graph with sizes from model.yaml's input_shapes and
+        sample_inputs, for planning ([Note: planned at the declared shapes] in cluster/_registry_sizes.py)."""
+        from cluster._registry_sizes import sized_graph
+        from partitioner import PartitionError
+
+        try:
+            return sized_graph(self.model_path, self.splitter().graph, input_shapes=self.config.input_shapes,
+                               samples=self.sample_inputs())
+        except PartitionError as e:
+            raise RegistryError(path=os.path.join(self.path, "model.yaml"), reason=f"the model's graph cannot be "
+                                f"built at its input_shapes and sample_inputs ({e})",
+                                fix="declare shapes and sample inputs that the model runs on") from e
+
     def frontier(self) -> VersionFrontier:
         """frontier.json if it is newer than model.onnx, else computed and written back."""
         path = os.path.join(self.path, "frontier.json")
@@ -534,9 +548,9 @@ class VersionFiles:
                     return VersionFrontier.from_json(fh.read())
             except (ValueError, KeyError, TypeError) as e:
                 logger.warning("ignoring %s (%s); computing the frontier again", cached, e)
-        sp = self.splitter()
+        graph = self.sized_graph()
         try:
-            front = compute_frontier(sp.graph, self.config.frontier, self.profiles())
+            front = compute_frontier(graph, self.config.frontier, self.profiles())
         except ClusterError:
             raise
         except Exception as e:  # noqa: BLE001 - planner and profile errors name their own fields
