@@ -146,7 +146,8 @@ def _encode_all(key: str, tensors: Mapping[str, np.ndarray], norm: ImageNorm | N
             out[name], sent = x, sent + x.nbytes
         elif level is None:
             precision = kind.split("+")[0]
-            t = encode(x, precision=precision, per_channel=kind.endswith("+pc") and x.ndim >= 2)  # type: ignore[arg-type]
+            per_channel = kind.endswith("+pc") and x.ndim >= 2
+            t = encode(x, precision=precision, per_channel=per_channel)  # type: ignore[arg-type]
             out[name], sent = decode(t).astype(x.dtype, copy=False), sent + t.wire_bytes
         else:
             lt = encode_lossy(x, kind, level, norm=norm if kind in _INPUT_CODECS else None)

@@ -21,20 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from collections.abc import Sequence
 
 from partitioner.cuts import Cut, boundary, make_cut
 from partitioner.errors import PartitionError
 from partitioner.graph import LayerGraph
-from planner.accuracy import AccuracyTable
+from planner.accuracy import AccuracyEntry, AccuracyTable, parse_encoding_key
 from planner.costmodel import evaluate
 from planner.errors import InfeasibleError, PlannerError
 from planner.memory import head_memory_bytes
 from planner.profile import Profile
 from planner.solvers import _pins, solve
-from planner.types import Constraints, Encoding, Link, Objective, Plan
+from planner.types import Breakdown, Constraints, Encoding, Link, Objective, Plan
 
-__all__ = ["check_budget", "plan_agreement", "solve_within_budget"]
+__all__ = ["CodecOption", "best_codec", "check_budget", "plan_agreement", "price_codec", "solve_within_budget"]
 
 CALIBRATE_HINT = "measure it with: splitinfer calibrate MODEL (or the registry entry, --registry ROOT)"
 
@@ -62,8 +63,7 @@ def plan_agreement(graph: LayerGraph, plan: Plan, accuracy: AccuracyTable | None
 
 
 def _value(obj: Objective, plan: Plan) -> float:
-    b = plan.breakdown
-    return {Objective.LATENCY: b.total_ms, Objective.ENERGY: b.energy_j, Objective.THROUGHPUT: b.period_ms}[obj]
+    return _cost(obj, plan.breakdown)
 
 
 def _fixed_plan(graph: LayerGraph, profiles: Sequence[Profile], link: Link, obj: Objective, c: Constraints,
@@ -136,9 +136,10 @@ def solve_within_budget(
                 a = accuracy.agreement(cut_id, enc)  # type: ignore[union-attr]
                 measured |= a is not None
                 cut = _measured_cut(graph, cut_id) if a is not None and a >= budget else None
-                p = None if cut is None else _fixed_plan(graph, profiles, first, obj, c, cut, enc, a)  # type: ignore[arg-type]
-                if p is not None:
-                    candidates.append(p)
+                if cut is not None and a is not None:
+                    p = _fixed_plan(graph, profiles, first, obj, c, cut, enc, a)
+                    if p is not None:
+                        candidates.append(p)
             if not measured:
                 unmeasured.append(enc.key)
     if not candidates:
@@ -151,3 +152,71 @@ def solve_within_budget(
             "(lossless) or lower --min-agreement",
             constraint="min_agreement", required=budget, unit="agreement", model=graph.model)
     return min(candidates, key=lambda p: (_value(obj, p), -(p.agreement or 0.0)))
+
+
+# -- lossy codecs priced from the table --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodecOption:
+    """A lossy codec of the accuracy table at its cut, priced on one link: what a user who
+    sends the frame as a JPEG gets, to hold a plan against."""
+
+    encoding: str
+    """The codec's key: 'jpeg@90'."""
+    cut_id: str
+    """The cut it was measured at ('L': the model input crosses)."""
+    agreement: float
+    """Its measured agreement with the fp32 model."""
+    wire_bytes: float
+    """Measured mean bytes per sample."""
+    breakdown: Breakdown
+    """The cost model's figures with the measured bytes and codec time."""
+
+
+def price_codec(graph: LayerGraph, profiles: Sequence[Profile], link: Link, entry: AccuracyEntry) -> Breakdown:
+    """The breakdown of the entry's cut as the cost model prices it in fp32, with the
+    uplink carrying the entry's measured bytes and the encode stage its measured
+    encode + decode ms (on the host that calibrated; counted as device time). Device
+    energy changes by the radio's and the CPU's power over the changed times."""
+    cut = _measured_cut(graph, entry.cut_id)
+    if cut is None:
+        raise PlannerError(f"cut {entry.cut_id!r} of the accuracy table is not a cut of {graph.model}; measure the "
+                           f"table again ({CALIBRATE_HINT})", field="accuracy", model=graph.model)
+    b = evaluate(graph, cut, profiles, link, Encoding())
+    uplink_ms = entry.wire_bytes * 8.0 / link.up_goodput_bps * 1e3
+    d_up, d_enc = uplink_ms - b.uplink_ms, entry.codec_ms - b.encode_ms
+    dev = profiles[0]
+    energy = b.energy_j + ((dev.radio_tx_w - dev.idle_w) * d_up + (dev.compute_w - dev.idle_w) * d_enc) / 1000.0
+    # pipelined stages of two tiers: device compute + codec, uplink, downlink, cloud compute
+    stages = {"edge": (b.tier_ms[0] if b.tier_ms else b.edge_ms) + entry.codec_ms, "uplink": uplink_ms,
+              "downlink": b.downlink_ms, "cloud": b.tier_ms[-1] if len(b.tier_ms) > 1 else b.cloud_ms}
+    bottleneck = max(stages, key=lambda k: stages[k])
+    return dataclasses.replace(
+        b, uplink_ms=uplink_ms, encode_ms=entry.codec_ms, total_ms=b.total_ms + d_up + d_enc,
+        energy_j=max(0.0, energy), hop_up_ms=(uplink_ms,), period_ms=stages[bottleneck], bottleneck=bottleneck,
+        tier_codec_ms=(entry.codec_ms,) + (0.0,) * (len(b.tier_codec_ms) - 1) if b.tier_codec_ms else ())
+
+
+def best_codec(graph: LayerGraph, profiles: Sequence[Profile], link: Link, accuracy: AccuracyTable | None,
+               min_agreement: float, *, objective: Objective | str = Objective.LATENCY,
+               codecs: Sequence[str] = ("jpeg", "webp")) -> CodecOption | None:
+    """The best of the table's ``codecs`` entries at or above ``min_agreement`` on this link
+    (by the objective), or None when none is measured within it. With the image codecs
+    (the default) this is the cloud-only baseline a camera app would deploy: the frame as
+    a JPEG or WebP at the quality that meets the budget."""
+    budget = check_budget(min_agreement)
+    obj = Objective.parse(objective)
+    best: CodecOption | None = None
+    for e in accuracy.entries if accuracy is not None else ():
+        if e.agreement is None or e.agreement < budget or parse_encoding_key(e.encoding)[0] not in codecs:
+            continue
+        b = price_codec(graph, profiles, link, e)
+        option = CodecOption(e.encoding, e.cut_id, e.agreement, e.wire_bytes, b)
+        if best is None or _cost(obj, b) < _cost(obj, best.breakdown):
+            best = option
+    return best
+
+
+def _cost(obj: Objective, b: Breakdown) -> float:
+    return {Objective.LATENCY: b.total_ms, Objective.ENERGY: b.energy_j, Objective.THROUGHPUT: b.period_ms}[obj]

@@ -229,6 +229,12 @@ def format_plan(answer: PlanAnswer) -> str:
                               (answer.cloud_only, answer.gain_vs_cloud_only, "cloud-only")):
         parts.append(f"{label} {metric_value(plan.objective, base):.2f} {unit}"
                      + (f" ({gain:.2f}x)" if gain is not None else ""))
+    if answer.cloud_only_image is not None:
+        gain = answer.gain_vs_cloud_only_image
+        value = metric_value(plan.objective, answer.cloud_only_image)
+        parts.append(f"cloud-only {answer.cloud_only_image_encoding} {value:.2f} {unit}"
+                     + (f" ({gain:.2f}x)" if gain is not None else "")
+                     + f" at agreement {answer.cloud_only_image_agreement:.4f}")
     lines.append(f"vs       {'; '.join(parts)} [{answer.metric}]")
     return "\n".join(lines)
 

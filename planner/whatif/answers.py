@@ -81,25 +81,46 @@ class PlanAnswer(_Json):
     """Layers in the model."""
     boundary_bytes: int
     """fp32 bytes per sample crossing the cut."""
+    cloud_only_image: Summary | None = None
+    """Under an accuracy budget: the frame sent as an image (JPEG or WebP) at the quality
+    that meets the budget, priced with its measured bytes and codec time
+    (planner.budget.best_codec); None without a budget or a measured image codec."""
+    cloud_only_image_encoding: str | None = None
+    """That image codec's key, e.g. 'jpeg@90'."""
+    cloud_only_image_agreement: float | None = None
+    """Its measured agreement with the fp32 model."""
+    gain_vs_cloud_only_image: float | None = None
+    """Its metric / the plan's."""
 
     def to_dict(self) -> dict[str, Any]:
+        baselines = {"edge_only": self.edge_only.to_dict(), "cloud_only": self.cloud_only.to_dict()}
+        gain = {"edge_only": self.gain_vs_edge_only, "cloud_only": self.gain_vs_cloud_only}
+        if self.cloud_only_image is not None:
+            baselines["cloud_only_image"] = self.cloud_only_image.to_dict() | {
+                "encoding": self.cloud_only_image_encoding, "agreement": self.cloud_only_image_agreement}
+            gain["cloud_only_image"] = self.gain_vs_cloud_only_image
         return {
             **self.plan.to_dict(),
-            "baselines": {"edge_only": self.edge_only.to_dict(), "cloud_only": self.cloud_only.to_dict()},
+            "baselines": baselines,
             "metric": self.metric,
-            "gain": {"edge_only": self.gain_vs_edge_only, "cloud_only": self.gain_vs_cloud_only},
+            "gain": gain,
             "edge_device": self.edge_device, "cloud_device": self.cloud_device,
             "layers": self.layers, "boundary_bytes": self.boundary_bytes,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PlanAnswer:
+        image = d["baselines"].get("cloud_only_image")
         return cls(
             plan=Plan.from_dict(d), edge_only=Summary.from_dict(d["baselines"]["edge_only"]),
             cloud_only=Summary.from_dict(d["baselines"]["cloud_only"]), metric=d["metric"],
             gain_vs_edge_only=d["gain"]["edge_only"], gain_vs_cloud_only=d["gain"]["cloud_only"],
             edge_device=d["edge_device"], cloud_device=d["cloud_device"], layers=d["layers"],
             boundary_bytes=d["boundary_bytes"],
+            cloud_only_image=None if image is None else Summary.from_dict(image),
+            cloud_only_image_encoding=None if image is None else image["encoding"],
+            cloud_only_image_agreement=None if image is None else image["agreement"],
+            gain_vs_cloud_only_image=d["gain"].get("cloud_only_image"),
         )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from partitioner import Cut, LayerGraph
 from planner.accuracy import AccuracyTable
-from planner.budget import solve_within_budget
+from planner.budget import best_codec, solve_within_budget
 from planner.costmodel import evaluate
 from planner.errors import InfeasibleError, PlannerError
 from planner.frontier import Frontier
@@ -74,7 +74,8 @@ def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
     """The best plan for ``request`` on ``graph`` with [device, cloud] ``profiles``, and the
     edge-only and cloud-only baselines on the same link and encoding. With the scenario's
     ``min_agreement``, the plan is the best within that budget (planner.budget) on the
-    model's ``accuracy`` table."""
+    model's ``accuracy`` table, and the frame sent as an image at the quality that meets
+    the budget is a third baseline where the table measured one."""
     sc = request.scenario
     link = Link(request.up_bps, request.down_bps or request.up_bps, sc.rtt_ms, sc.loss)
     try:
@@ -94,11 +95,17 @@ def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
     def gain(base: Summary) -> float | None:
         return metric_value(sc.objective, base) / ours if ours > 0 else None
 
+    image = None if sc.min_agreement is None else best_codec(graph, profiles, link, accuracy, sc.min_agreement,
+                                                             objective=sc.objective)
+    image_summary = None if image is None else Summary.of(image.breakdown)
     answer = PlanAnswer(
         plan=best, edge_only=edge_only, cloud_only=cloud_only, metric=metric_of(sc.objective),
         gain_vs_edge_only=gain(edge_only), gain_vs_cloud_only=gain(cloud_only),
         edge_device=profiles[0].device, cloud_device=profiles[1].device, layers=len(graph),
         boundary_bytes=sum(graph.tensor[t].bytes_per_sample or 0 for t in best.boundary),
+        cloud_only_image=image_summary, cloud_only_image_encoding=None if image is None else image.encoding,
+        cloud_only_image_agreement=None if image is None else image.agreement,
+        gain_vs_cloud_only_image=None if image_summary is None else gain(image_summary),
     )
     require_finite(answer.to_dict())
     return answer

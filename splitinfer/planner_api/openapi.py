@@ -156,6 +156,8 @@ _PLAN = {
         "link": {"type": "object"},
         "predicted": _PREDICTED,
         "breakdown": {"type": "object"},
+        "agreement": {"type": "number", "minimum": 0, "maximum": 1,
+                      "description": "Predicted agreement with the fp32 model; only under min_agreement"},
     },
 }
 _PLAN_RESPONSE = copy.deepcopy(_PLAN)

@@ -158,3 +158,59 @@ def test_the_frontier_says_it_does_not_apply_a_budget() -> None:
                                      "uplink_lo": 1e6, "uplink_hi": 1e8})
     with pytest.raises(PlannerError, match="min_agreement is applied by plan and sweep"):
         Workspace().frontier(req)
+
+
+# -- lossy codecs priced from the table ---------------------------------------------------
+
+
+def test_a_codec_is_priced_with_its_measured_bytes_and_time() -> None:
+    from planner.budget import price_codec
+
+    graph, profiles, link = _problem()
+    entry = AccuracyEntry("L", "jpeg@90", 0.99, "y", "top1", 4, 5000.0, 1.5)
+    b = price_codec(graph, profiles, link, entry)
+    fp32 = evaluate(graph, Cut(frozenset()), profiles, link)
+    assert b.uplink_ms == pytest.approx(5000 * 8 / link.up_goodput_bps * 1e3)
+    assert b.encode_ms == 1.5
+    assert b.total_ms == pytest.approx(fp32.total_ms - fp32.uplink_ms - fp32.encode_ms + b.uplink_ms + 1.5)
+    assert b.cloud_ms == fp32.cloud_ms and b.downlink_ms == fp32.downlink_ms
+
+
+def test_best_codec_takes_the_fastest_quality_within_the_budget() -> None:
+    from planner.budget import best_codec
+
+    graph, profiles, link = _problem()
+    table = AccuracyTable(graph.model, "f", 4, (
+        AccuracyEntry("L", "jpeg@95", 0.995, "y", "top1", 4, 40000.0, 2.0),
+        AccuracyEntry("L", "jpeg@50", 0.97, "y", "top1", 4, 8000.0, 2.0),
+        AccuracyEntry("L", "webp@90", 0.992, "y", "top1", 4, 20000.0, 6.0),
+        AccuracyEntry("L", "int8", 0.999, "y", "top1", 4, 100000.0, 0.5),
+    ))
+    assert best_codec(graph, profiles, link, table, 0.99).encoding == "webp@90"
+    assert best_codec(graph, profiles, link, table, 0.95).encoding == "jpeg@50"
+    assert best_codec(graph, profiles, link, table, 0.999) is None  # int8 is no image codec
+    assert best_codec(graph, profiles, link, None, 0.9) is None
+
+
+def test_under_a_budget_the_plan_answer_holds_the_frame_as_an_image_as_a_baseline(tmp_path, capsys) -> None:
+    import json
+
+    from planner.whatif import PlanAnswer
+    from splitinfer.plan_cmd import plan_main
+
+    path = _tiny_with_table(tmp_path)
+    table = AccuracyTable.from_json((tmp_path / "tiny.accuracy.json").read_text())
+    table = table.with_entries([AccuracyEntry("L", "jpeg@90", 0.993, "y", "rel_l2", 4, 400.0, 0.3),
+                                AccuracyEntry("L", "jpeg@10", 0.95, "y", "rel_l2", 4, 100.0, 0.3)])
+    (tmp_path / "tiny.accuracy.json").write_text(table.to_json())
+    assert plan_main([path, *PLAN, "--min-agreement", "0.99"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    image = d["baselines"]["cloud_only_image"]
+    assert image["encoding"] == "jpeg@90" and image["agreement"] == 0.993  # jpeg@10 is below the budget
+    assert d["gain"]["cloud_only_image"] == pytest.approx(image["total_ms"] / d["predicted"]["total_ms"])
+    assert PlanAnswer.from_dict(d).to_dict() == d
+    assert plan_main([path, *PLAN[:-1], "--min-agreement", "0.99"]) == 0
+    assert "cloud-only jpeg@90" in capsys.readouterr().out
+    assert plan_main([path, *PLAN]) == 0  # no budget: no agreement, no image baseline
+    d = json.loads(capsys.readouterr().out)
+    assert "agreement" not in d and "cloud_only_image" not in d["baselines"]
