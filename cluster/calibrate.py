@@ -37,7 +37,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -49,7 +49,7 @@ from partitioner import Cut, LayerGraph, Splitter, boundary, build_graph, chain_
 from planner.accuracy import AccuracyEntry, AccuracyTable, parse_encoding_key
 from workers.agreement import compare_runs
 from workers.engine import Engine, EngineConfig
-from workers.progress import progress
+from workers.progress import Progress, progress
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -155,15 +155,13 @@ def _encode_all(key: str, tensors: Mapping[str, np.ndarray], norm: ImageNorm | N
     return out, sent, (time.perf_counter() - t0) * 1e3
 
 
-def _engine(seg_model, name: str, cache_dir: str) -> Engine:
-    from dataclasses import replace
-
+def _engine(seg_model: onnx.ModelProto, name: str, cache_dir: str) -> Engine:
     return Engine(seg_model, replace(_ENGINE, cache_dir=cache_dir), name=name)
 
 
 def _measure_cut(splitter: Splitter, cut: Cut, encodings: Sequence[str], feeds: list[dict[str, np.ndarray]],
                  reference: list[dict[str, np.ndarray]], norm: ImageNorm | None, cache_dir: str,
-                 bar) -> list[AccuracyEntry]:
+                 bar: Progress) -> list[AccuracyEntry]:
     graph = splitter.graph
     head, tail = splitter.split(cut, check=False)
     crossing = boundary(graph, cut)

@@ -69,3 +69,14 @@ def test_an_unknown_registry_model_names_the_fix(tmp_path) -> None:
     (tmp_path / "reg").mkdir()
     with pytest.raises(RegistryError, match="is no model of the registry.*registry add"):
         calibrate_main(["nope", "--registry", str(tmp_path / "reg"), "--no-progress"])
+
+
+def test_progress_is_shown_on_stderr_unless_turned_off(tmp_path, capsys) -> None:
+    path = conv_model(str(tmp_path / "conv.onnx"))
+    argv = [path, "--input-shape", "x=1x3x16x16", "--samples", "2", "--max-chain-points", "1",
+            "--encodings", "fp16", "--input-encodings", ""]
+    assert calibrate_main(argv) == 0
+    assert "calibrate conv: 2/2" in capsys.readouterr().err  # off a terminal: one line when it ends
+    (tmp_path / "conv.accuracy.json").unlink()
+    assert calibrate_main([*argv, "--no-progress"]) == 0
+    assert "calibrate conv" not in capsys.readouterr().err
