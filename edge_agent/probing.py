@@ -9,6 +9,14 @@ Probes never use the device's engines: a reachability check is a gRPC health che
 few hundred bytes) and a bandwidth probe resends the last boundary already encoded (or
 a boundary of zeros before the first request), so requests running locally wait for
 none of them. None runs while offload is disabled (`Runner.offload_enabled`).
+A probe still costs: its bytes cross the device's link, and the cloud runs the tail. So
+while the agent runs locally by choice (the breaker closed, the link answering), each
+bandwidth probe after which the plan is still local doubles the quiet time before the
+next, up to 8 times (half of `probe_interval_s` becomes 4 of them): on a link where
+offloading does not pay, probing settles at one boundary every few seconds. A switch,
+a failed probe or a check that gets no answer starts again from the shortest wait; an
+outage's recovery does not wait for it (the checks are cheap and keep their pace, and
+the first one that answers is followed by a probe at once).
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ _PROBE_TIMEOUT_S = 5.0
 """Least time a link probe waits: on a slow link a probe cut off at the request budget
 bounds the rate only by its bytes over that budget (602 kB in 0.84 s: 5.7 Mbit/s, above
 the demo's 1.1), while one given the time measures it."""
+_PROBE_BACKOFF = 3
+"""While the agent runs locally by choice, each bandwidth probe that leaves it local doubles the
+quiet time before the next, up to 2**3 times; see [Note: probing and the device]."""
 _CHECK_TIMEOUT_S = 0.5
 """Least time a reachability check waits (at least 4 RTTs): longer would slow the decay in an
 outage; a blackholed check still completes if the link returns while it waits."""
@@ -67,6 +78,7 @@ class LinkProbing:
     _last_request: InferRequest | None
     _last_check_s: float
     _probe_ok: bool | None
+    _quiet_probes: int
 
     if TYPE_CHECKING:
         def _estimate_moved(self) -> None: ...
@@ -92,7 +104,11 @@ class LinkProbing:
         """
         if not self.offload_enabled:
             return False
-        interval_s = self.config.probe_interval_s / (2 if self._recovering() else 1)
+        interval_s = self.config.probe_interval_s
+        if self._recovering():
+            interval_s /= 2
+            if self.breaker.state == B.CLOSED:  # local by choice: [Note: probing and the device]
+                interval_s *= 2 ** min(self._quiet_probes, _PROBE_BACKOFF)
         return time.monotonic() - self.last_remote_s >= interval_s and not self._uploading()
 
     def wants_reachability_check(self, now_s: float) -> bool:
@@ -124,6 +140,7 @@ class LinkProbing:
 
     def _unreachable(self) -> None:
         self.counters.reachability_failures += 1
+        self._quiet_probes = 0
         if self.monitor.observe_unreachable(time.monotonic()):
             logger.info("link: no answer on an idle link; the estimate (%.3g Mbit/s before) decays while it lasts",
                         (self.monitor.estimate().up_bps or 0.0) / 1e6 * self.monitor.config.outage_decay)
@@ -182,6 +199,7 @@ class LinkProbing:
             if self.breaker.state == B.HALF_OPEN:
                 self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
             self._probe_outcome(False, f"{_error_kind(e)} after {(now - t0) * 1e3:.0f} ms")
+            self._quiet_probes = 0
             self._estimate_moved()
             return
         self.counters.probes += 1
@@ -191,6 +209,7 @@ class LinkProbing:
         self.monitor.observe_transfer(r.up_bytes, r.down_bytes, r.elapsed_s, r.server_ms, time.monotonic())
         self._probe_outcome(True, f"{r.up_bytes} bytes in {r.elapsed_s * 1e3:.0f} ms")
         self._estimate_moved()
+        self._quiet_probes = self._quiet_probes + 1 if self._recovering() else 0
 
     def _probe_outcome(self, ok: bool, what: str) -> None:
         """Logs a probe at INFO when its outcome changed (the link came back or went), else at DEBUG."""

@@ -193,6 +193,8 @@ class Runner(LinkProbing):
         self._last_check_s = 0.0
         self._changes_seen = 0
         self._probe_ok: bool | None = None
+        self._quiet_probes = 0
+        """Bandwidth probes in a row that left the plan local; see [Note: probing and the device]."""
         self._answered_ms: dict[str, collections.deque[float]] = {}
         """Measured ms of recent remote answers per plan, for the hedge's record."""
         self.offload_enabled = True
@@ -252,6 +254,7 @@ class Runner(LinkProbing):
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
         if action.switched:
+            self._quiet_probes = 0
             self.counters.switches += 1
             self.switch_events.append((now_s, action.plan_key, action.reason))
             logger.info("switch%s: %s", "" if request else " (re-evaluated, no request waiting)", action.reason)

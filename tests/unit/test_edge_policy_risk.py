@@ -280,3 +280,31 @@ def test_a_busy_device_prices_the_cloud_at_the_load_it_would_draw():
     idle = dataclasses.replace(health, local_ms=500.0)
     act, _ = policy(est, only_a, idle, local_now, 0.0, config=PolicyConfig())
     assert act.kind == "offload" and act.switched
+
+
+def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_outage():
+    import concurrent.futures
+    import time
+
+    from edge_agent import breaker as B
+    from edge_agent.config import config_from_dict
+    from edge_agent.runner import Runner
+
+    cfg = config_from_dict({"gateway": "127.0.0.1:1", "model": "m@1", "probe_interval_s": 2.0})
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        r = Runner(None, None, None, cfg, executor=pool, local_ms=5.0)  # type: ignore[arg-type]
+        r.last_action = Action(LOCAL)
+        r.last_remote_s = time.monotonic() - 1.5  # quiet for 1.5 s: past half the interval (1 s)
+        assert r.link_idle()
+        r._quiet_probes = 1  # one probe left the plan local: now 2 s
+        assert not r.link_idle()
+        r.last_remote_s = time.monotonic() - 7.0
+        r._quiet_probes = 10  # at most 8 x 1 s
+        assert not r.link_idle()
+        r.last_remote_s = time.monotonic() - 8.5
+        assert r.link_idle()
+        r.last_remote_s = time.monotonic() - 1.5
+        r.breaker = dataclasses.replace(r.breaker, state=B.OPEN)  # an outage: no back-off
+        assert r.link_idle()
+        r._unreachable()  # a check that gets no answer starts again from the shortest wait
+        assert r._quiet_probes == 0
