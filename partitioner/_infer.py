@@ -42,6 +42,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -157,18 +158,33 @@ def _read(model: onnx.ModelProto) -> dict[str, tuple[int, Shape]]:
     return {vi.name: _dims(vi, keep) for vi in [*g.value_info, *g.input, *g.output]}
 
 
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Every set field of message ``src`` into ``dst``, but the one named ``skip``."""
+    for desc, value in src.ListFields():
+        if desc.name == skip:
+            continue
+        repeated = desc.is_repeated if hasattr(desc, "is_repeated") else desc.label == desc.LABEL_REPEATED
+        if repeated:
+            getattr(dst, desc.name).extend(value)
+        elif desc.message_type is not None:
+            getattr(dst, desc.name).CopyFrom(value)
+        else:
+            setattr(dst, desc.name, value)
+
+
 def _light(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose big initializers keep dtype and dims but no bytes (cheap to copy,
-    and never over protobuf's 2 GB)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for init in out.graph.initializer:
-        if init.ByteSize() >= _LIGHT_MIN_BYTES or init.data_location == onnx.TensorProto.EXTERNAL:
-            for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
-                      "string_data", "external_data"):
-                init.ClearField(f)
-            init.data_location = onnx.TensorProto.DEFAULT
-    return out
+    """A copy whose big initializers keep dtype and dims but no bytes (cheap, and never
+    over protobuf's 2 GB): the weights' bytes are not even copied."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL or init.ByteSize() >= _LIGHT_MIN_BYTES:
+            light.graph.initializer.append(
+                onnx.TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims)))
+        else:
+            light.graph.initializer.append(init)
+    return light
 
 
 def _name_open_dims(model: onnx.ModelProto) -> None:
