@@ -30,6 +30,7 @@ from splitinfer.model_inputs import add_input_args, inputs_from_args
 from splitinfer.units import arg_type, format_rate_bps, parse_args, parse_duration_ms, parse_rate_bps
 
 if TYPE_CHECKING:
+    from partitioner import LayerGraph
     from splitinfer.planner_api import PlannerService
 
 __all__ = [
@@ -81,6 +82,30 @@ def make_service(*, registry_dir: str | None = None, **kw: Any) -> PlannerServic
 
 def _listing(registry_dir: str | None) -> Callable[[], dict[str, str]] | None:
     return functools.partial(_registry_models, registry_dir) if registry_dir else None
+
+
+def _workspace(registry_dir: str | None) -> Workspace:
+    """The what-if workspace of `plan` and `sweep`: the registry's models are planned at
+    the input_shapes and sample_inputs their model.yaml declares."""
+    builder = functools.partial(_registry_graph, registry_dir) if registry_dir else None
+    return Workspace(registry_models=_listing(registry_dir), graph_builder=builder)
+
+
+def _registry_graph(root: str, name: str, path: str) -> LayerGraph:
+    """The layer graph of ``path``: for a registry version (`<root>/<model>/<version>/
+    model.onnx`), built at its model.yaml's input_shapes and sample_inputs (the graph the
+    registry plans its frontier on); any other file as it is."""
+    from partitioner import build_graph
+
+    version_dir = os.path.dirname(os.path.abspath(path))
+    model_dir, version = os.path.split(version_dir)
+    registry, model = os.path.split(model_dir)
+    if os.path.basename(path) == "model.onnx" and os.path.abspath(registry) == os.path.abspath(root):
+        from cluster.registry import VersionFiles
+
+        graph = VersionFiles(root, model, version).sized_graph()
+        return graph if graph.model == name else graph.replace(model=name)
+    return build_graph(path, name=name)
 
 
 def _registry_models(root: str) -> dict[str, str]:
@@ -259,7 +284,7 @@ def plan_main(argv: Sequence[str]) -> int:
     ap.add_argument("--downlink", type=arg_type(parse_rate_bps), help="downlink rate (default: the uplink rate)")
     ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
     args = parse_args(ap, argv)
-    workspace = Workspace(registry_models=_listing(args.registry))
+    workspace = _workspace(args.registry)
     answer = workspace.plan(PlanRequest(_scenario(args, workspace), args.uplink, args.downlink))
     print(answer.to_json(indent=1) if args.json else format_plan(answer))
     return 0
@@ -309,7 +334,7 @@ def sweep_main(argv: Sequence[str]) -> int:
     ap.add_argument("--plot", metavar="PNG", help="write the plot here")
     ap.add_argument("--registry", metavar="DIR", help="model registry directory (for MODEL names)")
     args = parse_args(ap, argv)
-    workspace = Workspace(registry_models=_listing(args.registry))
+    workspace = _workspace(args.registry)
     lo, hi = args.uplink
     answer = workspace.sweep(SweepRequest(_scenario(args, workspace), lo, hi, points=args.points,
                                           down_ratio=args.down_ratio, down_bps=args.downlink))

@@ -102,7 +102,11 @@ class Workspace:
         profiles: Mapping[str, Profile] | None = None,
         on_profile_saved: Callable[[str, Profile], None] | None = None,
         max_cached_graphs: int = 16,
+        graph_builder: Callable[[str, str], LayerGraph] | None = None,
     ) -> None:
+        self._build_graph = graph_builder or (lambda name, path: build_graph(path, name=name))
+        """Builds the layer graph of model ``name`` from its file ``path``: the caller may
+        build it at the input shapes a registry declares (the planner reads no registry)."""
         self._list_registry = registry_models
         """Lists the registry's models as name -> model path: 'name@version', and 'name' for
         the version the registry serves as latest. The caller asks the registry (the planner
@@ -206,7 +210,7 @@ class Workspace:
             if g is not None:
                 return g
             path = self.model_path(name)
-            g = build_graph(path, name=name)
+            g = self._build_graph(name, path)
             with self._lock:
                 self.graph_builds += 1
                 self._graphs[name] = g

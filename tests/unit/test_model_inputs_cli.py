@@ -102,3 +102,17 @@ def test_reference_outputs_of_a_tensor_onnx_inference_does_not_type():
     feed = make_inputs(m, g, batch=2)
     got = reference_outputs(m, ["g", "y"], feed)
     assert got["g"].shape == (2, 16) and got["y"].shape == (2, 3)
+
+
+def test_plan_reads_a_registry_models_declared_input_shapes(files, tmp_path, capsys):
+    conv, _, _ = files
+    for name, yaml in (("sized", "name: sized\ninput_shapes: {x: [1, 3, 32, 32]}\n"), ("open", "name: open\n")):
+        d = tmp_path / "reg" / name / "1"
+        d.mkdir(parents=True)
+        (d / "model.onnx").write_bytes(open(conv, "rb").read())
+        (d / "model.yaml").write_text(yaml)
+    tiers = ["--registry", str(tmp_path / "reg"), "--edge", "5gflops", "--cloud", "50gflops", "--uplink", "10mbit"]
+    assert plan_main(["sized", *tiers, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "sized"
+    with pytest.raises(PlannerError, match="unknown size: 'x'"):
+        plan_main(["open", *tiers])
