@@ -49,6 +49,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from partitioner.subgraphs import node_reads
 from workers._ort import host_fingerprint, make_session_options, np_dtype_of_ort
 from workers._weights import acquire_weights
 from workers.errors import BatchingUnsafeError, EngineLoadError
@@ -237,7 +238,7 @@ def externalise_weights(model: onnx.ModelProto, weights_path: str, *, base_dir: 
                 folded += 1
             else:
                 kept_nodes.append(node)
-        used = {x for n in kept_nodes for x in n.input} | {o.name for o in g.output}
+        used = {x for n in kept_nodes for x in node_reads(n)} | {o.name for o in g.output}  # bodies read weights too
         final_inits = []
         for t in g.initializer:
             if t.name not in used:

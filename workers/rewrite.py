@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from partitioner.subgraphs import node_reads, subgraphs
 from workers.errors import BatchingUnsafeError
 
 __all__ = [
@@ -50,10 +52,11 @@ def _real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def _input_dependent(model: onnx.ModelProto) -> set[str]:
-    """Names of tensors whose value depends on a real graph input."""
+    """Names of tensors whose value depends on a real graph input (read directly, or
+    inside an If, Loop or Scan body: ``partitioner.subgraphs.node_reads``)."""
     live = {i.name for i in _real_inputs(model)}
     for node in model.graph.node:  # nodes are topologically sorted in valid models
-        if any(x in live for x in node.input if x):
+        if any(x in live for x in node_reads(node)):
             live.update(o for o in node.output if o)
     return live
 
@@ -74,7 +77,8 @@ _SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 def shape_feeding_inputs(model: onnx.ModelProto) -> tuple[str, ...]:
     """The real integer inputs whose values reach an argument that sets a shape, a count
     or a range (Reshape's shape, Expand, Slice, Tile, ConstantOfShape, Range, ...),
-    through any chain of operators; a path through Shape or Size does not count.
+    through any chain of operators, inside If, Loop and Scan bodies too; a path through
+    Shape or Size does not count.
 
     Warm-up and the batch check never invent values for these: zeros or 0/1 masks make
     ONNX Runtime fail, or build a tensor of the wrong size."""
@@ -85,20 +89,32 @@ def shape_feeding_inputs(model: onnx.ModelProto) -> tuple[str, ...]:
                                                  onnx.TensorProto.UINT32, onnx.TensorProto.UINT16)]
     if not ints:
         return ()
-    out = []
-    for name in ints:
-        reach = {name}
-        for node in model.graph.node:  # topologically sorted in a valid model
-            if node.op_type in _SHAPE_ONLY_OPS:
-                continue
-            hit = [i for i, x in enumerate(node.input) if x and x in reach]
-            if not hit:
-                continue
-            if set(hit) & set(_SHAPE_ARGS.get(node.op_type, ())):
-                out.append(name)
-                break
-            reach.update(o for o in node.output if o)
-    return tuple(out)
+    return tuple(name for name in ints if _reaches_shape_arg(model.graph.node, {name}))
+
+
+def _reaches_shape_arg(nodes: Iterable[onnx.NodeProto], reach: set[str]) -> bool:
+    """Whether a value in ``reach`` reaches a shape argument of one of ``nodes``
+    (topologically sorted, as in a valid model) or of a node inside their If, Loop and
+    Scan bodies; adds to ``reach`` every value it reaches on the way.
+
+    A node that reads a reached value, directly or inside a body (``node_reads``),
+    passes it to all its outputs; inside the body, to all the body's inputs too (a
+    Loop's carried values, a Scan's slices): a value marked shape-setting that is not
+    only costs a warm-up, a value missed costs a failed one."""
+    for node in nodes:
+        if node.op_type in _SHAPE_ONLY_OPS:
+            continue
+        if not any(x in reach for x in node_reads(node)):
+            continue
+        hit = {i for i, x in enumerate(node.input) if x and x in reach}
+        if hit & set(_SHAPE_ARGS.get(node.op_type, ())):
+            return True
+        for body in subgraphs(node):
+            inner = reach | {i.name for i in body.input}
+            if _reaches_shape_arg(body.node, inner):
+                return True
+        reach.update(o for o in node.output if o)
+    return False
 
 
 def _set_batch(vi: onnx.ValueInfoProto) -> None:
@@ -144,7 +160,7 @@ def make_batch_dynamic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[s
     consts = {n.output[0]: n for n in g.node if n.op_type == "Constant" and n.output}
     uses: dict[str, int] = {}
     for node in g.node:
-        for x in node.input:
+        for x in node_reads(node):  # a read inside an If, Loop or Scan body keeps the constant as it is
             uses[x] = uses.get(x, 0) + 1
     rewrites: list[str] = []
     for node in g.node:
