@@ -73,11 +73,12 @@ def parse_rate_range(text: str) -> tuple[float, float]:
 def make_service(*, registry_dir: str | None = None, **kw: Any) -> PlannerService:
     """The HTTP API's service (`splitinfer.planner_api`) reading rate, duration and size
     strings (see [Note: service units] there), planning for the models of `registry_dir`
-    (see `_registry_models`)."""
+    (see `_registry_models`) at their declared input shapes (`_registry_graph`)."""
     from splitinfer.planner_api import PlannerService, UnitParsers
 
+    builder = functools.partial(_registry_graph, registry_dir) if registry_dir else None
     return PlannerService(units=UnitParsers(parse_rate_bps, parse_duration_ms, parse_size_bytes),
-                          registry_models=_listing(registry_dir), **kw)
+                          registry_models=_listing(registry_dir), graph_builder=builder, **kw)
 
 
 def _listing(registry_dir: str | None) -> Callable[[], dict[str, str]] | None:

@@ -159,10 +159,11 @@ class PlannerService:
 
     def __init__(self, *, registry_models: Callable[[], Mapping[str, str]] | None = None, profiles: Mapping[str, Profile] | None = None,
                  units: UnitParsers | None = None, on_profile_saved: Callable[[str, Profile], None] | None = None,
-                 max_cached_graphs: int = 16) -> None:
+                 max_cached_graphs: int = 16,
+                 graph_builder: Callable[[str, str], LayerGraph] | None = None) -> None:
         self.units = units or UnitParsers()
         self.workspace = Workspace(registry_models=registry_models, profiles=profiles, on_profile_saved=on_profile_saved,
-                                   max_cached_graphs=max_cached_graphs)
+                                   max_cached_graphs=max_cached_graphs, graph_builder=graph_builder)
         """The typed API this service adapts."""
         self._text = self.units.quantity_text()
 

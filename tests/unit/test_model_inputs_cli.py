@@ -116,3 +116,15 @@ def test_plan_reads_a_registry_models_declared_input_shapes(files, tmp_path, cap
     assert json.loads(capsys.readouterr().out)["model"] == "sized"
     with pytest.raises(PlannerError, match="unknown size: 'x'"):
         plan_main(["open", *tiers])
+
+
+def test_planner_service_builds_registry_graphs_at_the_declared_shapes(files, tmp_path):
+    from splitinfer.plan_cmd import make_service
+
+    conv, _, _ = files
+    d = tmp_path / "reg" / "sized" / "1"
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(open(conv, "rb").read())
+    (d / "model.yaml").write_text("name: sized\ninput_shapes: {x: [1, 3, 16, 16]}\n")
+    graph = make_service(registry_dir=str(tmp_path / "reg")).workspace.graph("sized")
+    assert graph.model == "sized" and graph.tensor["x"].bytes_per_sample == 3 * 16 * 16 * 4
