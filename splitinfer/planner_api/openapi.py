@@ -107,7 +107,7 @@ _SCENARIO_PROPS: dict[str, Any] = {
     "compression": {"type": "string", "enum": list(COMPRESSIONS), "default": "none"},
     "device_memory": _quantity("Memory the head may use on the device", SIZE),
     "slo": _quantity("Latency SLO (throughput and energy objectives)", POSITIVE_DURATION),
-    "min_agreement": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+    "min_agreement": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1,
                       "description": "Accuracy budget: no plan agrees with the fp32 model less (plan and sweep)"},
     "keep_input_local": {"type": "boolean", "default": False,
                          "description": "Privacy: the raw input never crosses the link"},
@@ -120,8 +120,12 @@ _RATIO = {"type": "number", "minimum": limits.DOWN_RATIO.lo, "maximum": limits.D
           "description": "Downlink rate as a multiple of the uplink rate"}
 
 
+_OPTIONAL = frozenset({"min_agreement"})
+"""Scenario fields that some requests leave out (the frontier applies no accuracy budget)."""
+
+
 def _request(fields: tuple[str, ...], extra: dict[str, Any], required: list[str], desc: str) -> dict[str, Any]:
-    props = {**_SCENARIO_PROPS, **extra}
+    props = {k: v for k, v in {**_SCENARIO_PROPS, **extra}.items() if k in fields or k not in _OPTIONAL}
     assert set(props) == set(fields), sorted(set(props) ^ set(fields))
     return {"type": "object", "description": desc, "additionalProperties": False,
             "required": ["model", "edge", "cloud"] + required,

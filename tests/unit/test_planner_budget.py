@@ -152,10 +152,15 @@ def test_requests_carry_min_agreement_and_refuse_a_bad_one() -> None:
 
 
 def test_the_frontier_says_it_does_not_apply_a_budget() -> None:
-    from planner.whatif import FrontierRequest, Workspace
+    import dataclasses
 
-    req = FrontierRequest.from_dict({"model": "squeezenet", "edge": "rpi4", "cloud": "t4", "min_agreement": 0.99,
-                                     "uplink_lo": 1e6, "uplink_hi": 1e8})
+    from planner.whatif import FrontierRequest, InvalidRequestError, Workspace
+
+    body = {"model": "squeezenet", "edge": "rpi4", "cloud": "t4", "uplink_lo": 1e6, "uplink_hi": 1e8}
+    with pytest.raises(InvalidRequestError, match="unknown field 'min_agreement'"):
+        FrontierRequest.from_dict(dict(body, min_agreement=0.99))
+    req = FrontierRequest.from_dict(body)
+    req = dataclasses.replace(req, scenario=dataclasses.replace(req.scenario, min_agreement=0.99))
     with pytest.raises(PlannerError, match="min_agreement is applied by plan and sweep"):
         Workspace().frontier(req)
 
