@@ -157,7 +157,8 @@ class GatewayPlanner:
         name = f"{lv.model}@{lv.version}"
         with self._lock:
             if self._models.get(name) != lv.files.model_path:
-                self._workspace.add_model(name, lv.files.model_path)
+                # planned at model.yaml's input_shapes and sample_inputs, as the frontier is
+                self._workspace.add_model(name, lv.files.model_path, graph=lv.files.sized_graph())
                 self._models[name] = lv.files.model_path
         return name
 

@@ -74,3 +74,14 @@ def test_a_graph_whose_layers_differ_is_not_planned_on(caplog):
     with caplog.at_level(logging.WARNING, logger="cluster._registry_sizes"):
         assert sized_graph(other, graph, input_shapes={name: shape}, samples=None) is graph
     assert "the layers differ" in caplog.text
+
+
+def test_the_gateways_plan_uses_the_declared_shapes(tmp_path):
+    from cluster._plan import GatewayPlanner, read_query
+
+    _version(tmp_path, "input_shapes: {x: [1, 4, 8, 8]}\n")
+    lv = Registry(str(tmp_path)).load("hw", "1")
+    query = read_query({"model": "hw", "version": "1", "edge": "rpi4", "uplink": 500e6, "rtt": 5.0, "frontier": False})
+    answer = GatewayPlanner().plan(lv, query)  # without the shapes: InvalidArgument, "boundary of unknown size"
+    assert answer["plan"]["breakdown"]["total_ms"] > 0
+    assert lv.files.resolve_cut(answer["cut_id"]).device == frozenset(answer["plan"]["edge_layers"])
