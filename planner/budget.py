@@ -127,9 +127,11 @@ def solve_within_budget(
         a = plan_agreement(graph, p, accuracy)
         if a is not None and a >= budget:
             candidates.append(dataclasses.replace(p, agreement=a))
-    single = isinstance(link, Link) or len(tuple(link)) == 1
+    if isinstance(link, Sequence) and len(link) == 1:
+        link = link[0]
+    single = isinstance(link, Link)
     if lossy and len(profiles) == 2 and single:
-        first = link if isinstance(link, Link) else tuple(link)[0]
+        first: Link = link  # type: ignore[assignment]
         for enc in lossy:
             measured = False
             for cut_id in accuracy.cut_ids if accuracy is not None else ():

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from partitioner.graph import LayerGraph
+from planner.accuracy import AccuracyTable
+from planner.budget import solve_within_budget
 from planner.costmodel import _stage_names
 from planner.errors import PlannerError
 from planner.profile import Profile
@@ -163,10 +165,15 @@ def frontier(
     *,
     next_links: Sequence[Any] = (),
     exact_limit: int = DEFAULT_EXACT_LIMIT,
+    accuracy: AccuracyTable | None = None,
+    min_agreement: float | None = None,
 ) -> Frontier:
     """Every plan that is optimal somewhere in ``link_range``; see [Note: frontier].
 
-    ``next_links`` are the later hops' links for multi-tier plans (fixed).
+    ``next_links`` are the later hops' links for multi-tier plans (fixed). With
+    ``min_agreement`` every probe is solved within that accuracy budget on the
+    ``accuracy`` table (planner.budget: each candidate is a fixed cut and encoding, so
+    its cost stays affine in 1/up and the envelope is still exact over them).
     """
     obj = Objective.parse(objective)
     if obj is Objective.THROUGHPUT:
@@ -183,6 +190,9 @@ def frontier(
         nonlocal solves
         solves += 1
         link = link_range.at(1.0 / x)
+        if min_agreement is not None:
+            return solve_within_budget(graph, profiles, (link, *next_links), obj, constraints, encodings,
+                                       accuracy=accuracy, min_agreement=min_agreement)
         return solve(graph, profiles, (link, *next_links), obj, constraints, encodings, exact_limit=exact_limit)
 
     def value(plan: Plan, x: float) -> float:

@@ -111,13 +111,13 @@ def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
     return answer
 
 
-def frontier(request: FrontierRequest, graph: LayerGraph, profiles: Sequence[Profile]) -> Frontier:
-    """The plans optimal somewhere in the request's uplink range (`planner.frontier`)."""
+def frontier(request: FrontierRequest, graph: LayerGraph, profiles: Sequence[Profile],
+             accuracy: AccuracyTable | None = None) -> Frontier:
+    """The plans optimal somewhere in the request's uplink range (`planner.frontier`),
+    within the scenario's ``min_agreement`` on the model's ``accuracy`` table."""
     sc = request.scenario
-    if sc.min_agreement is not None:
-        raise PlannerError("min_agreement is applied by plan and sweep, not by the frontier; ask /v1/plan or "
-                           "/v1/sweep, or leave min_agreement out", field="min_agreement")
     rng = LinkRange(request.up_lo_bps, request.up_hi_bps, request.down_ratio, sc.rtt_ms, sc.loss)
-    f = make_frontier(graph, profiles, rng, sc.objective, sc.constraints, sc.encodings)
+    f = make_frontier(graph, profiles, rng, sc.objective, sc.constraints, sc.encodings, accuracy=accuracy,
+                      min_agreement=sc.min_agreement)
     require_finite(f.to_dict())
     return f

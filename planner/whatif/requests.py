@@ -421,8 +421,7 @@ class FrontierRequest(_Json):
     down_ratio: float = 1.0
     """Downlink as a multiple of the uplink."""
 
-    # the frontier applies no accuracy budget (planner.whatif.core.frontier), so it takes none
-    FIELDS = tuple(f for f in SCENARIO_FIELDS if f != "min_agreement") + ("uplink_lo", "uplink_hi", "down_ratio")
+    FIELDS = SCENARIO_FIELDS + ("uplink_lo", "uplink_hi", "down_ratio")
 
     def __post_init__(self) -> None:
         if self.scenario.objective.value not in FRONTIER_OBJECTIVES:

@@ -91,8 +91,9 @@ def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile],
     """The four series and the DAG optimum's breakpoints for ``request`` on ``graph`` with
     [device, cloud] ``profiles``. With the scenario's ``min_agreement`` every series keeps
     to the budget on the model's ``accuracy`` table: the DAG optimum is solved per point
-    within it (planner.budget), cloud-only takes only the encodings that meet it at the
-    empty cut, and the chain scan is Neurosurgeon's fp32."""
+    within it (planner.budget; through the frontier where it applies), cloud-only takes
+    only the encodings that meet it at the empty cut, and the chain scan is
+    Neurosurgeon's fp32."""
     req = request
     sc = req.scenario
     obj = sc.objective
@@ -135,10 +136,11 @@ def sweep(request: SweepRequest, graph: LayerGraph, profiles: Sequence[Profile],
     dag: list[Plan | None] = []
     method, solves = "per-point", 0
     breakpoints: list[Breakpoint] = []
-    if obj is not Objective.THROUGHPUT and req.down_bps is None and sc.min_agreement is None:
+    if obj is not Objective.THROUGHPUT and req.down_bps is None:
         rng = LinkRange(req.up_lo_bps, req.up_hi_bps, req.down_ratio, sc.rtt_ms, sc.loss)
         try:
-            f = frontier(graph, profiles, rng, obj, sc.constraints, sc.encodings)
+            f = frontier(graph, profiles, rng, obj, sc.constraints, sc.encodings, accuracy=accuracy,
+                         min_agreement=sc.min_agreement)
         except InfeasibleError as e:
             logger.info("frontier infeasible somewhere in the range (%s); solving per point", e.message)
         else:

@@ -150,7 +150,8 @@ class Workspace:
 
     def frontier(self, request: FrontierRequest) -> Frontier:
         """The plans optimal somewhere in the request's uplink range."""
-        return frontier(request, *self.tiers(request.scenario))
+        sc = request.scenario
+        return frontier(request, *self.tiers(sc), self.accuracy(sc.model) if sc.min_agreement is not None else None)
 
     def tiers(self, sc: Scenario) -> tuple[LayerGraph, list[Profile]]:
         """The scenario's graph and its [device, cloud] profiles."""

@@ -108,7 +108,7 @@ _SCENARIO_PROPS: dict[str, Any] = {
     "device_memory": _quantity("Memory the head may use on the device", SIZE),
     "slo": _quantity("Latency SLO (throughput and energy objectives)", POSITIVE_DURATION),
     "min_agreement": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1,
-                      "description": "Accuracy budget: no plan agrees with the fp32 model less (plan and sweep)"},
+                      "description": "Accuracy budget: no plan agrees with the fp32 model less"},
     "keep_input_local": {"type": "boolean", "default": False,
                          "description": "Privacy: the raw input never crosses the link"},
     "first_k_local": {"type": "integer", "minimum": 0, "maximum": limits.MAX_FIRST_K_LOCAL, "default": 0,
@@ -120,12 +120,8 @@ _RATIO = {"type": "number", "minimum": limits.DOWN_RATIO.lo, "maximum": limits.D
           "description": "Downlink rate as a multiple of the uplink rate"}
 
 
-_OPTIONAL = frozenset({"min_agreement"})
-"""Scenario fields that some requests leave out (the frontier applies no accuracy budget)."""
-
-
 def _request(fields: tuple[str, ...], extra: dict[str, Any], required: list[str], desc: str) -> dict[str, Any]:
-    props = {k: v for k, v in {**_SCENARIO_PROPS, **extra}.items() if k in fields or k not in _OPTIONAL}
+    props = {**_SCENARIO_PROPS, **extra}
     assert set(props) == set(fields), sorted(set(props) ^ set(fields))
     return {"type": "object", "description": desc, "additionalProperties": False,
             "required": ["model", "edge", "cloud"] + required,

@@ -151,18 +151,21 @@ def test_requests_carry_min_agreement_and_refuse_a_bad_one() -> None:
             PlanRequest.from_dict(dict(body, min_agreement=bad))
 
 
-def test_the_frontier_says_it_does_not_apply_a_budget() -> None:
-    import dataclasses
+def test_the_frontier_keeps_to_the_budget_at_every_rate(tmp_path) -> None:
+    from planner import LinkRange, frontier
 
-    from planner.whatif import FrontierRequest, InvalidRequestError, Workspace
-
-    body = {"model": "squeezenet", "edge": "rpi4", "cloud": "t4", "uplink_lo": 1e6, "uplink_hi": 1e8}
-    with pytest.raises(InvalidRequestError, match="unknown field 'min_agreement'"):
-        FrontierRequest.from_dict(dict(body, min_agreement=0.99))
-    req = FrontierRequest.from_dict(body)
-    req = dataclasses.replace(req, scenario=dataclasses.replace(req.scenario, min_agreement=0.99))
-    with pytest.raises(PlannerError, match="min_agreement is applied by plan and sweep"):
-        Workspace().frontier(req)
+    graph, profiles, _ = _problem()
+    empty = Cut(frozenset())
+    table = AccuracyTable(graph.model, "f", 4, (AccuracyEntry(empty.key, "int8", 0.995),
+                                                 AccuracyEntry(empty.key, "fp16", 0.9999)))
+    rng = LinkRange(1e5, 1e9, 1.0, 10.0)
+    for budget in (0.99, 0.999, 0.99999):
+        f = frontier(graph, profiles, rng, encodings=LOSSY + (Encoding(),), accuracy=table, min_agreement=budget)
+        assert all(e.plan.agreement is not None and e.plan.agreement >= budget for e in f.entries)
+        for up in (2e5, 3e6, 5e8):  # the envelope is the per-point optimum within the budget
+            best = solve_within_budget(graph, profiles, rng.at(up), encodings=LOSSY + (Encoding(),),
+                                       accuracy=table, min_agreement=budget)
+            assert f.plan_at(up).breakdown.total_ms == pytest.approx(best.breakdown.total_ms, rel=1e-6)
 
 
 # -- lossy codecs priced from the table ---------------------------------------------------
