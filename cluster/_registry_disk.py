@@ -470,7 +470,7 @@ class VersionFiles:
         check then run on real values. Without samples, declared ``input_shapes`` stand in
         where random values at those shapes are valid: every input with a symbolic dim
         besides the batch has a declared shape, and no integer input sets a shape
-        (workers.rewrite.shape_feeding_inputs); a head that does not run on them leaves
+        (partitioner.shapes.shape_feeding_inputs); a head that does not run on them leaves
         the tail without inputs, not failed. Otherwise each engine warms up only where
         that is safe ([Note: any shape] in workers/engine.py)."""
         samples = self.sample_inputs()

@@ -77,12 +77,12 @@ def make_shaped_inputs(graph: Any, input_shapes: Mapping[str, tuple[int, ...]]) 
     """Random inputs of the ONNX ``graph`` at ``input_shapes`` (the graph's own shapes for
     the other inputs, with batch 1 where it is symbolic); None where that would invent a
     size or a shape: a symbolic dim besides the batch that input_shapes leave open, or an
-    integer input that sets a shape (workers.rewrite.shape_feeding_inputs)."""
+    integer input that sets a shape (partitioner.shapes.shape_feeding_inputs)."""
     import onnx
     from onnx import helper
 
     from workers.coldstart import random_feed
-    from workers.rewrite import shape_feeding_inputs
+    from partitioner.shapes import shape_feeding_inputs
 
     model = onnx.ModelProto()
     model.graph.CopyFrom(graph)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ from onnx import helper, shape_inference
 
 from partitioner.errors import PartitionError
 from partitioner.graph import BATCH
-from partitioner.subgraphs import node_reads
+from partitioner.subgraphs import node_reads, subgraphs
 
 __all__ = ["Dim", "Shape", "Inferred", "infer_types", "shape_feeding_inputs", "per_sample_factor"]
 
@@ -74,7 +74,8 @@ _FOLDED = re.compile(r"^(\d+)\*" + re.escape(BATCH) + "$")
 # integer there is no valid model input.
 _SHAPE_SLOTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "ConstantOfShape": (0,),
-    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1, 3), "TopK": (1,), "OneHot": (1,),
+    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1, 3), "CenterCropPad": (1,), "TopK": (1,),
+    "OneHot": (1,),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
     "ReduceMin": (1,), "ReduceProd": (1,), "CumSum": (1,), "Loop": (0,), "Trilu": (1,),
     "NonMaxSuppression": (2,),
@@ -347,38 +348,41 @@ def _recorded_types(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], nam
     return out
 
 
-def shape_feeding_inputs(model: onnx.ModelProto) -> list[str]:
-    """Integer inputs whose values reach a shape, size or axis slot of a node.
+def shape_feeding_inputs(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The integer inputs whose values reach an argument that sets a shape, a count or a
+    range (Reshape's shape, Expand, Slice, Tile, ConstantOfShape, Range, ...), through any
+    chain of operators, inside If, Loop and Scan bodies too; a path through Shape or Size
+    does not count.
 
-    Random values for them are no valid input: such a model is run on sample inputs.
+    Random values for them are no valid input: verification and profiling run such a
+    model on sample inputs, and warm-up and the batch check never invent values for them.
     """
-    g = model.graph
     ints = [vi.name for vi in _model_inputs(model) if vi.type.tensor_type.elem_type in _INT_TYPES]
-    if not ints:
-        return []
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for n in g.node:
-        for k, x in enumerate(n.input):
-            if x:
-                readers.setdefault(x, []).append((n, k))
-    out = []
-    for start in ints:
-        seen, stack, hit = {start}, [start], False
-        while stack and not hit:
-            t = stack.pop()
-            for n, k in readers.get(t, ()):
-                if k in _SHAPE_SLOTS.get(n.op_type, ()):
-                    hit = True
-                    break
-                if n.op_type in _SHAPE_ONLY:
-                    continue
-                for o in n.output:
-                    if o and o not in seen:
-                        seen.add(o)
-                        stack.append(o)
-        if hit:
-            out.append(start)
-    return out
+    return tuple(name for name in ints if _reaches_shape_arg(model.graph.node, {name}))
+
+
+def _reaches_shape_arg(nodes: Iterable[onnx.NodeProto], reach: set[str]) -> bool:
+    """Whether a value in ``reach`` reaches a shape argument of one of ``nodes``
+    (topologically sorted, as in a valid model) or of a node inside their If, Loop and
+    Scan bodies; adds to ``reach`` every value it reaches on the way.
+
+    A node that reads a reached value, directly or inside a body (``node_reads``),
+    passes it to all its outputs; inside the body, to all the body's inputs too (a
+    Loop's carried values, a Scan's slices): a value marked shape-setting that is not
+    only costs a warm-up, a value missed costs a failed one."""
+    for node in nodes:
+        if node.op_type in _SHAPE_ONLY:
+            continue
+        if not any(x in reach for x in node_reads(node)):
+            continue
+        hit = {i for i, x in enumerate(node.input) if x and x in reach}
+        if hit & set(_SHAPE_SLOTS.get(node.op_type, ())):
+            return True
+        for body in subgraphs(node):
+            if _reaches_shape_arg(body.node, reach | {i.name for i in body.input}):
+                return True
+        reach.update(o for o in node.output if o)
+    return False
 
 
 def _random_feeds(model: onnx.ModelProto, sizes: Mapping[str, int], fixed: Mapping[str, tuple[int, ...]],

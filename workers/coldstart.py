@@ -334,7 +334,7 @@ def check_batching(session: ort.InferenceSession, batch: int, *, rtol: float = 1
 
     The samples are ``samples`` (real inputs, see :func:`make_batch_feed`) when given,
     else random ones. Random values are never made for ``shape_inputs`` (integer inputs
-    that set shapes, :func:`workers.rewrite.shape_feeding_inputs`): without samples
+    that set shapes, :func:`partitioner.shapes.shape_feeding_inputs`): without samples
     such a segment is reported unsafe without running. Returns an empty string when
     they agree (``np.allclose``), else the reason.
     """

@@ -30,7 +30,7 @@ request's rank, dtype and fixed dims, and runs it with ``InferenceSession.run`` 
 shape it came in. :meth:`Engine.run_batch` stacks only requests of one per-sample shape
 (the batcher groups them so: ``shape_key``). Warm-up runs the segment's sample inputs,
 or nothing: it never invents sizes for symbolic dims, nor values for integer inputs
-that set shapes (``workers.rewrite.shape_feeding_inputs``); it logs what it skipped.
+that set shapes (``partitioner.shapes.shape_feeding_inputs``); it logs what it skipped.
 
 The buckets' buffers are in workers/_bucket.py, the checks of a request's inputs in
 workers/_input_check.py and [Note: weight sharing] in workers/_weights.py. The config,
@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from partitioner.shapes import shape_feeding_inputs
 from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
 from workers._bucket import Bucket, PreparedRun, address_of, pin_batch
 from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, PlacedInputs, TensorSpec
@@ -62,7 +63,6 @@ from workers._ort import make_session_options, np_dtype_of_ort, select_providers
 from workers._weights import SharedWeights, acquire_weights
 from workers.coldstart import Artefact, compute_artefact_key, digest_samples, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
-from workers.rewrite import shape_feeding_inputs
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "Outputs", "Place", "PlacedInputs", "TensorSpec"]
 

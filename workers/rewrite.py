@@ -4,20 +4,20 @@
 * :func:`make_batch_dynamic` makes the batch dimension symbolic (see [Note: dynamic
   batching] in workers/engine.py; only the batch check in workers/coldstart.py trusts it);
 * :func:`fuse_transformer` applies ONNX Runtime's BERT fusions;
-* :func:`shape_feeding_inputs` finds the integer inputs whose values set shapes (no
-  warm-up or batch check may invent values for them).
+* :func:`shape_feeding_inputs` (from `partitioner.shapes`) finds the integer inputs
+  whose values set shapes (no warm-up or batch check may invent values for them).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from partitioner.subgraphs import node_reads, subgraphs
+from partitioner.shapes import shape_feeding_inputs
+from partitioner.subgraphs import node_reads
 from workers.errors import BatchingUnsafeError
 
 __all__ = [
@@ -59,62 +59,6 @@ def _input_dependent(model: onnx.ModelProto) -> set[str]:
         if any(x in live for x in node_reads(node)):
             live.update(o for o in node.output if o)
     return live
-
-
-_SHAPE_ARGS = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Slice": (1, 2, 3, 4), "Pad": (1,), "Resize": (2, 3), "Upsample": (1,), "Split": (1,), "Squeeze": (1,),
-    "Unsqueeze": (1,), "TopK": (1,), "OneHot": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
-    "ReduceMin": (1,), "ReduceProd": (1,), "CenterCropPad": (1,), "Loop": (0,),
-}
-"""Operator -> the input positions whose values set a shape, a count or a range: an
-invented value there gives an error or a tensor of the wrong size, not a wrong number."""
-
-_SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
-"""Operators whose output depends on their input's shape only, never on its values."""
-
-
-def shape_feeding_inputs(model: onnx.ModelProto) -> tuple[str, ...]:
-    """The real integer inputs whose values reach an argument that sets a shape, a count
-    or a range (Reshape's shape, Expand, Slice, Tile, ConstantOfShape, Range, ...),
-    through any chain of operators, inside If, Loop and Scan bodies too; a path through
-    Shape or Size does not count.
-
-    Warm-up and the batch check never invent values for these: zeros or 0/1 masks make
-    ONNX Runtime fail, or build a tensor of the wrong size."""
-    ints = [vi.name for vi in _real_inputs(model)
-            if vi.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32,
-                                                 onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-                                                 onnx.TensorProto.UINT8, onnx.TensorProto.UINT64,
-                                                 onnx.TensorProto.UINT32, onnx.TensorProto.UINT16)]
-    if not ints:
-        return ()
-    return tuple(name for name in ints if _reaches_shape_arg(model.graph.node, {name}))
-
-
-def _reaches_shape_arg(nodes: Iterable[onnx.NodeProto], reach: set[str]) -> bool:
-    """Whether a value in ``reach`` reaches a shape argument of one of ``nodes``
-    (topologically sorted, as in a valid model) or of a node inside their If, Loop and
-    Scan bodies; adds to ``reach`` every value it reaches on the way.
-
-    A node that reads a reached value, directly or inside a body (``node_reads``),
-    passes it to all its outputs; inside the body, to all the body's inputs too (a
-    Loop's carried values, a Scan's slices): a value marked shape-setting that is not
-    only costs a warm-up, a value missed costs a failed one."""
-    for node in nodes:
-        if node.op_type in _SHAPE_ONLY_OPS:
-            continue
-        if not any(x in reach for x in node_reads(node)):
-            continue
-        hit = {i for i, x in enumerate(node.input) if x and x in reach}
-        if hit & set(_SHAPE_ARGS.get(node.op_type, ())):
-            return True
-        for body in subgraphs(node):
-            inner = reach | {i.name for i in body.input}
-            if _reaches_shape_arg(body.node, inner):
-                return True
-        reach.update(o for o in node.output if o)
-    return False
 
 
 def _set_batch(vi: onnx.ValueInfoProto) -> None:
