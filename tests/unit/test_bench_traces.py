@@ -45,3 +45,8 @@ def test_hindsight_takes_the_best_measured_latency_of_each_request():
             "cloud_only": [{"index": 0, "latency_ms": 100.0}, {"index": 1, "latency_ms": 900.0}]}
     h = hindsight(runs, 2, slo_ms=250.0)
     assert h["p50_ms"] == 200.0 and h["slo_miss_rate"] == 0.5
+    # With neighbours, one lucky sample of a strategy is not its level at that moment.
+    noisy = {"a": [{"index": i, "latency_ms": ms} for i, ms in enumerate([300, 50, 300, 300])],
+             "b": [{"index": i, "latency_ms": 150.0} for i in range(4)]}
+    assert hindsight(noisy, 4, slo_ms=100.0)["slo_miss_rate"] == 0.75  # the lucky 50 ms counts
+    assert hindsight(noisy, 4, slo_ms=100.0, half_width=1)["slo_miss_rate"] == 1.0  # b's 150 ms is the bound
