@@ -12,15 +12,20 @@ estimated link by rescaling its own breakdown, so the current plan's cost is kno
 even where it is no longer the optimum), and local execution of the whole model.
 The uplink is shared by consecutive requests: at `arrival_rps` a plan whose upload
 takes u ms loads it to rho = rps * u / 1000 and waits u * rho / (2 (1 - rho)) more
-(M/D/1); a plan that would load it past 0.9 is not an option.
-1. Deadline: with an SLO, an option predicted to miss it loses to one that meets it;
-   when the best remote plan misses and local meets, the request runs locally.
-2. Otherwise the cheapest option by the objective (ms or device joules) is the target.
-3. Hysteresis and dwell: the target replaces the current option only if it is at least
-   `hysteresis` cheaper and `dwell_s` passed since the last switch, unless the current
-   option became unavailable (breaker open, engine gone), misses the SLO while the
-   target meets it, or costs over 1/`urgent_ratio` times the target. So jitter never
-   flaps the cut and a real step switches at once.
+(M/D/1); a plan that would load it past 0.9 is not an option, unless the requests in
+flight bound the queue (see [Note: closed loop]).
+1. Deadline: with an SLO, the option least likely to miss it is the target (see [Note:
+   risk]); when the best remote plan misses more often than local, the request runs
+   locally.
+2. Otherwise (or between options within `risk_tie` of each other) the cheapest option
+   by the objective (ms or device joules) is the target.
+3. Hysteresis, switch cost and dwell: the target replaces the current option only if it
+   is at least `hysteresis` cheaper (or `risk_tie` safer), saves more than a switch costs
+   over one dwell (see [Note: risk]), and `dwell_s` passed since the last switch (a
+   safer target need not wait), unless the current option became unavailable (breaker
+   open, engine gone), misses the SLO at least half the time more than the target, or
+   costs over 1/`urgent_ratio` times the target. So jitter never flaps the cut and a
+   real step switches at once.
 4. Back-off on reversals: going back to the option just left, when that one was held
    less than `flap_window_s`, counts a reversal, and each reversal doubles the dwell
    that the next return must wait (up to 2^`max_backoff`), the urgent ratio included.
