@@ -29,6 +29,7 @@ batch is timed there is no estimate and nothing is refused on it.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -36,7 +37,7 @@ from typing import Any, NamedTuple
 from workers._batcher_config import BatcherConfig
 from workers.errors import BatcherConfigError
 
-__all__ = ["BatcherLoad", "RunTimes"]
+__all__ = ["BatcherLoad", "RunTimes", "ShapeRunTimes"]
 
 
 class RunTimes:
@@ -89,6 +90,36 @@ class RunTimes:
 
     def as_dict(self) -> dict[int, float]:
         return dict(sorted(self._s.items()))
+
+
+class ShapeRunTimes:
+    """Batch run times over every shape, and of each shape key apart for the most
+    recent ``limit`` shapes: a batch of small images is not predicted to take what one
+    of large images took."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.overall = RunTimes()
+        """Batch run time by size, over every shape."""
+        self.limit = limit
+        self._by_shape: collections.OrderedDict[Hashable, RunTimes] = collections.OrderedDict()
+
+    def observe(self, shape_key: Hashable, size: int, run_s: float) -> None:
+        """Times a batch: over every shape, and for its own shape."""
+        self.overall.observe(size, run_s)
+        times = self._by_shape.get(shape_key)
+        if times is None:
+            times = self._by_shape[shape_key] = RunTimes()
+            if len(self._by_shape) > self.limit:
+                self._by_shape.popitem(last=False)
+        else:
+            self._by_shape.move_to_end(shape_key)
+        times.observe(size, run_s)
+
+    def of(self, shape_key: Hashable) -> Callable[[int], float | None]:
+        """The run-time estimate of a batch of ``shape_key``: its own where it was
+        timed, else the one over every shape."""
+        times = self._by_shape.get(shape_key)
+        return times.estimate_s if times is not None else self.overall.estimate_s
 
 
 @dataclass(frozen=True)

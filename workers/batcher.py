@@ -34,6 +34,7 @@ from typing import Any
 from workers._batch_policy import (
     BatcherLoad,
     RunTimes,
+    ShapeRunTimes,
     _batch_size,
     _Decision,
     _earliest_deadline_wait,
@@ -138,11 +139,9 @@ class Batcher:
         """How long the last batch of one took (on the executor: with the hand-offs)."""
         self._inline_runs = 0
         self._discarded = 0
-        self.run_times = RunTimes()
+        self._times = ShapeRunTimes(_MAX_SHAPE_TIMES)
+        self.run_times = self._times.overall
         """Batch run time by size, over every shape ([Note: deadline-aware batching])."""
-        self._shape_times: collections.OrderedDict[Hashable, RunTimes] = collections.OrderedDict()
-        """Batch run time by size of each shape_key, the most recent ``_MAX_SHAPE_TIMES``:
-        what a batch of that shape is predicted to take, where it was timed."""
         self._window_start_s = float("-inf")
         self._window_arrivals = 0
         self._arrival_rps = 0.0
@@ -295,31 +294,13 @@ class Batcher:
         self._wakeup.set()
         return request
 
-    def _observe_run(self, shape_key: Hashable, size: int, run_s: float) -> None:
-        """Times a batch: over every shape, and for its own shape."""
-        self.run_times.observe(size, run_s)
-        times = self._shape_times.get(shape_key)
-        if times is None:
-            times = self._shape_times[shape_key] = RunTimes()
-            if len(self._shape_times) > _MAX_SHAPE_TIMES:
-                self._shape_times.popitem(last=False)
-        else:
-            self._shape_times.move_to_end(shape_key)
-        times.observe(size, run_s)
-
-    def _run_s_of(self, shape_key: Hashable) -> Callable[[int], float | None]:
-        """The run-time estimate of a batch of ``shape_key``: its own where it was timed,
-        else the one over every shape."""
-        times = self._shape_times.get(shape_key)
-        return times.estimate_s if times is not None else self.run_times.estimate_s
-
     def _refuse_if_late(self, now_s: float, deadline_s: float, shape_key: Hashable = None) -> None:
         """Refuses a new request whose predicted wait and run end after its deadline.
 
         The batches ahead of it are taken to be as large as its own deadline allows
         (what :func:`_fit` forms), at least one request; its own batch takes what batches
         of its shape take."""
-        est = self._run_s_of(shape_key)
+        est = self._times.of(shape_key)
         one_s = est(1)
         if one_s is None:
             return
@@ -394,7 +375,7 @@ class Batcher:
             raise
         finally:
             self._lone_run_s = time.perf_counter() - start_s
-            self._observe_run(shape_key, 1, self._lone_run_s)
+            self._times.observe(shape_key, 1, self._lone_run_s)
         self._inline_runs += 1
         results = list(results)  # type: ignore[arg-type] # _plain_results: run_batch returns results, not awaitables
         if len(results) != 1:
@@ -411,7 +392,7 @@ class Batcher:
         self._batches_formed += 1
         self._histogram[1] += 1
         self._lone_run_s = run_s
-        self._observe_run(None, 1, run_s)
+        self._times.observe(None, 1, run_s)
         self._count_arrival(self._clock(), 1)
         if ok:
             self._inline_runs += 1
@@ -560,7 +541,7 @@ class Batcher:
             now_s = self._clock()
             decision = _next_batch(self._queues, now_s, self._config, flush=self._closing,
                                    run_s=self.run_times.estimate_s, start_s=self._free_at_s(now_s),
-                                   run_s_of_shape=self._run_s_of)
+                                   run_s_of_shape=self._times.of)
             for request in decision.unreachable:
                 self._remove(request)
                 self._rejected[_REJECT_UNREACHABLE] += 1
@@ -673,7 +654,7 @@ class Batcher:
             results = list(results)
             if len(results) != len(batch):
                 raise _size_mismatch(len(batch), len(results))
-            self._observe_run(batch[0].shape_key, len(batch), self._clock() - dispatched_s)
+            self._times.observe(batch[0].shape_key, len(batch), self._clock() - dispatched_s)
         except asyncio.CancelledError:
             for request in batch:
                 self._fail(request, BatcherClosedError(
