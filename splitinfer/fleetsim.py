@@ -23,10 +23,11 @@ planner's frontier and cost model, as on a device. What is modelled:
   waits ``batch_timeout_ms`` for company while a worker is free, takes up to
   ``max_batch`` when one frees, oldest pool first, and leaves out a request that cannot
   finish before its deadline (refused: deadline-aware batching). Admission: a request
-  whose predicted wait (the earliest worker's rest, plus the queued batches' work over c,
-  plus its own batch) ends past its deadline, or that finds 1024 queued, is refused with
-  RESOURCE_EXHAUSTED and retry-after = that wait. Every answer carries the pool's predicted
-  wait as `timings_ms['predicted_wait']` does.
+  whose predicted wait (the batcher's formula: the earliest running batch's rest when all
+  workers are busy, plus whole rounds of full batches queued ahead) and its own batch end
+  past its deadline, or that finds 1024 queued, is refused with RESOURCE_EXHAUSTED and
+  retry-after = that wait. Every answer carries the predicted wait at the time it is sent,
+  as the gateway's `timings_ms['predicted_wait']` does.
 Strategies: 'ours' (the policy with the cloud's load), 'planned' (each device follows the
 fleet plan's equilibrium choice for its class and link point, `planner.fleet.planned_choices`,
 drawn by its shares), 'dads' (each device's load-blind
@@ -311,9 +312,12 @@ class _Sim:
         return ms * self.rng.exponential() if self.cfg.service == "exponential" else ms
 
     def predicted_wait_s(self, pool: int, now: float) -> float:
+        """The batcher's own estimate (workers/_batch_policy.py): the earliest running batch's rest
+        when every worker is busy, plus whole rounds of full batches queued ahead."""
         first = 0.0 if self.free else max(0.0, min(self.busy_until) - now)
-        work = sum(len(q) / self.max_batch * float(self.tables[p][-1]) for p, q in enumerate(self.queues) if q)
-        return first + work / 1e3 / self.workers
+        depth = sum(len(q) for q in self.queues)
+        rounds = (depth // self.max_batch) // self.workers
+        return first + rounds * float(self.tables[pool][-1]) / 1e3
 
     def arrive(self, req: _Req, now: float) -> None:
         req.arrive = now
