@@ -168,9 +168,10 @@ def boundary(graph: LayerGraph, cut: Cut) -> tuple[str, ...]:
     return tuple(out)
 
 
-def boundary_bytes(graph: LayerGraph, cut: Cut) -> int:
-    """Bytes per sample that the device sends; unknown sizes count as 0."""
-    return sum(graph.tensor[n].bytes_per_sample or 0 for n in boundary(graph, cut))
+def boundary_bytes(graph: LayerGraph, cut: Cut) -> int | None:
+    """Bytes per sample that the device sends; None where a boundary tensor's size is
+    unknown (``graph.bytes_total(boundary(graph, cut))`` says how much is known)."""
+    return graph.bytes_total(boundary(graph, cut)).exact
 
 
 def device_outputs(graph: LayerGraph, cut: Cut) -> tuple[str, ...]:

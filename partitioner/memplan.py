@@ -10,6 +10,10 @@ activation memory.
 
 The unit is the layer: tensors inside a layer are what ONNX Runtime fuses away, so
 only tensors that connect layers (and the segment's inputs and outputs) are planned.
+
+A tensor of unknown size (no shape inference knows it) cannot be placed: the plan
+places the known ones and names the others in ``unknown_tensors``, so that its figures
+are lower bounds there (`MemoryPlan.peak` says so), never a plan that counts them as 0.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from partitioner.graph import LayerGraph
+from partitioner.graph import LayerGraph, Total
 
 __all__ = ["Allocation", "MemoryPlan", "plan_memory", "plan_lifetimes"]
 
@@ -44,6 +48,14 @@ class MemoryPlan:
     """The largest total of bytes live at one step."""
     naive_bytes: int
     """The sum of all tensor sizes (one buffer each, no reuse)."""
+    unknown_tensors: tuple[str, ...] = ()
+    """Tensors of unknown size the segment holds: left out of the figures above, which
+    are then lower bounds."""
+
+    @property
+    def peak(self) -> Total:
+        """The arena size, and how many tensors of unknown size it leaves out."""
+        return Total(self.peak_bytes, len(self.unknown_tensors))
 
     @property
     def saving(self) -> float:
@@ -57,12 +69,14 @@ class MemoryPlan:
             "lower_bound_bytes": self.lower_bound_bytes,
             "naive_bytes": self.naive_bytes,
             "saving": self.saving,
+            "unknown_tensors": list(self.unknown_tensors),
             "allocations": [a.__dict__ for a in self.allocations],
         }
 
 
-def plan_lifetimes(graph: LayerGraph, layers: Iterable[int] | None = None) -> list[tuple[str, int, int, int]]:
-    """(tensor, bytes, first step, last step) for every activation a segment holds."""
+def plan_lifetimes(graph: LayerGraph, layers: Iterable[int] | None = None) -> list[tuple[str, int | None, int, int]]:
+    """(tensor, bytes, first step, last step) for every activation a segment holds;
+    bytes are None where the size is unknown."""
     seg = sorted(range(len(graph)) if layers is None else set(layers))
     step_of = {lid: k for k, lid in enumerate(seg)}
     last = max(len(seg) - 1, 0)
@@ -75,14 +89,16 @@ def plan_lifetimes(graph: LayerGraph, layers: Iterable[int] | None = None) -> li
         first = step_of[t.producer] if produced_here else 0
         leaves = t.is_output or any(c not in step_of for c in t.consumers)
         end = last if (produced_here and leaves) else max(inside_readers, default=first)
-        out.append((t.name, t.bytes_per_sample or 0, first, end))
+        out.append((t.name, t.bytes_per_sample, first, end))
     return out
 
 
 def plan_memory(graph: LayerGraph, layers: Iterable[int] | None = None, *, batch: int = 1) -> MemoryPlan:
-    """Greedy-by-size arena plan for the segment of ``layers`` (default: whole model)."""
-    lives = [(n, b * batch, f, e) for n, b, f, e in plan_lifetimes(graph, layers)]
-    steps = 1 + max((e for *_, e in lives), default=-1)
+    """Greedy-by-size arena plan for the segment of ``layers`` (default: whole model);
+    tensors of unknown size are named in ``unknown_tensors``, not placed."""
+    every = plan_lifetimes(graph, layers)
+    lives = [(n, b * batch, f, e) for n, b, f, e in every if b is not None]
+    steps = 1 + max((e for *_, e in every), default=-1)
     live_at = [0] * max(steps, 1)
     for _, b, f, e in lives:
         for s in range(f, e + 1):
@@ -98,6 +114,7 @@ def plan_memory(graph: LayerGraph, layers: Iterable[int] | None = None, *, batch
         peak_bytes=max((a.offset_bytes + a.size_bytes for a in placed), default=0),
         lower_bound_bytes=max(live_at, default=0),
         naive_bytes=sum(b for _, b, _, _ in lives),
+        unknown_tensors=tuple(n for n, b, _, _ in every if b is None),
     )
 
 

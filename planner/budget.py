@@ -73,8 +73,10 @@ def _fixed_plan(graph: LayerGraph, profiles: Sequence[Profile], link: Link, obj:
     if any(pinned[v] and v not in cut.device for v in range(len(graph))):
         return None
     mem_limit = c.device_memory_bytes if c.device_memory_bytes is not None else profiles[0].memory_bytes
-    if mem_limit is not None and head_memory_bytes(graph, sorted(cut.device)) > mem_limit:
-        return None
+    if mem_limit is not None:
+        need = head_memory_bytes(graph, sorted(cut.device))
+        if need is None or need > mem_limit:  # unknown never fits
+            return None
     b = evaluate(graph, cut, profiles, link, enc)
     if c.latency_slo_ms is not None and b.total_ms > c.latency_slo_ms * (1 + 1e-12):
         return None

@@ -20,13 +20,19 @@ and ``eff[op]`` the fraction of peak that op reaches at small batch on that devi
 compute term on a measured profile, the way Neurosurgeon fits one regression per
 layer type, so a roofline of this host ("this-host") can be derived from a
 measurement and compared with the other devices on the same footing.
+
+A layer whose FLOPs or activation sizes are unknown has no roofline: counting the
+unknown part as 0 would make it free and draw the planner to it. `roofline_ms` and
+`reference_profile` refuse it with a `PlannerError` naming the layers and the fix
+(input shapes or sample inputs for unknown sizes; a measured profile for an op without
+a FLOP count); the fits skip such layers.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -277,10 +283,30 @@ def anchor_op(layer: Layer) -> str:
         return layer.ops[0] if layer.ops else ""
 
 
-def layer_bytes(graph: LayerGraph, layer: Layer, batch: int = 1) -> float:
-    """Bytes a run of ``batch`` samples moves for the layer: activations in and out, weights once."""
-    act = sum(graph.tensor[t].bytes_per_sample or 0 for t in layer.inputs + layer.outputs if t in graph.tensor)
-    return float(batch * act + layer.param_bytes)
+def layer_bytes(graph: LayerGraph, layer: Layer, batch: int = 1) -> float | None:
+    """Bytes a run of ``batch`` samples moves for the layer: activations in and out, weights
+    once; None where an activation's size is unknown."""
+    act = graph.bytes_total(t for t in layer.inputs + layer.outputs if t in graph.tensor).exact
+    return None if act is None else float(batch * act + layer.param_bytes)
+
+
+def _unknown_work(graph: LayerGraph, layers: Sequence[Layer], device: str) -> PlannerError:
+    """The refusal for layers whose FLOPs or activation sizes are unknown."""
+    sized = [ly for ly in layers if layer_bytes(graph, ly) is None]
+    ops = [ly for ly in layers if ly.flops is None and layer_bytes(graph, ly) is not None]
+    shown = ", ".join(f"{ly.id} ({anchor_op(ly)})" for ly in layers[:5]) + (
+        f" and {len(layers) - 5} more" if len(layers) > 5 else "")
+    fixes = []
+    if sized:
+        fixes.append("fix the input shapes with --input-shape NAME=D0xD1x... (input_shapes=) or pass sample "
+                     "inputs with --inputs FILE.npz (inputs=) where sizes are unknown")
+    if ops:
+        fixes.append(f"measure a profile with 'splitinfer profile' where an op ({', '.join(sorted({anchor_op(ly) for ly in ops}))}) "
+                     "has no FLOP count")
+    return PlannerError(
+        f"cannot estimate {graph.model} on {device}: layers {shown} have unknown FLOPs or activation sizes, "
+        f"and a roofline cannot price unknown work; {'; '.join(fixes)}",
+        model=graph.model, field="input_shapes" if sized else "flops")
 
 
 def _check_precision(precision: str) -> None:
@@ -292,10 +318,13 @@ def roofline_ms(device: Device, graph: LayerGraph, layer: Layer, *, batch: int =
                 precision: str = "fp32") -> float:
     """Estimated ms of one layer; see [Note: roofline layer time]."""
     _check_precision(precision)
-    flops = float(layer.flops or 0) * batch
+    moved = layer_bytes(graph, layer, batch)
+    if layer.flops is None or moved is None:
+        raise _unknown_work(graph, [layer], device.name)
+    flops = float(layer.flops) * batch
     compute_s = flops / (device.peak_flops[precision] * device.eff(anchor_op(layer)))
     scale = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}[precision]
-    memory_s = layer_bytes(graph, layer, batch) * scale / device.mem_bw_bytes_per_s
+    memory_s = moved * scale / device.mem_bw_bytes_per_s
     return max(compute_s, memory_s) * 1e3 + device.layer_overhead_ms
 
 
@@ -314,6 +343,9 @@ def reference_profile(device: Device | str, graph: LayerGraph, batch: int = 1, *
     _check_precision(precision)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise PlannerError(f"batch is {batch!r}; use a batch size >= 1", field="batch")
+    unknown = [ly for ly in graph.layers if ly.flops is None or layer_bytes(graph, ly) is None]
+    if unknown:
+        raise _unknown_work(graph, unknown, dev.name)
     layers = {ly.id: LayerTime(ms=roofline_ms(dev, graph, ly, batch=batch, precision=precision))
               for ly in graph.layers}
     batch_ms = {b: sum(roofline_ms(dev, graph, ly, batch=b, precision=precision) for ly in graph.layers)
@@ -347,10 +379,10 @@ def fit_efficiencies(graph: LayerGraph, measured: Profile, peak: float, *, layer
     flops: dict[str, float] = {}
     secs: dict[str, float] = {}
     for ly in graph.layers:
-        f = float(ly.flops or 0)
         t = measured.layer_ms(ly.id)
-        if f <= 0 or t <= min_ms:
+        if ly.flops is None or ly.flops <= 0 or t <= min_ms:  # unknown FLOPs tell nothing of the rate
             continue
+        f = float(ly.flops)
         op = anchor_op(ly)
         flops[op] = flops.get(op, 0.0) + f * measured.batch
         secs[op] = secs.get(op, 0.0) + max(t - layer_overhead_ms, 1e-6) / 1e3
@@ -369,9 +401,12 @@ def device_from_profile(graph: LayerGraph, measured: Profile, *, name: str = THI
     bws = []
     for ly in graph.layers:
         t_s = measured.layer_ms(ly.id) / 1e3
-        if t_s > 0:
-            rates.append(float(ly.flops or 0) * measured.batch / t_s)
-            bws.append(layer_bytes(graph, ly, measured.batch) / t_s)
+        moved = layer_bytes(graph, ly, measured.batch)
+        if t_s > 0:  # a layer of unknown FLOPs or sizes shows no rate
+            if ly.flops is not None:
+                rates.append(float(ly.flops) * measured.batch / t_s)
+            if moved is not None:
+                bws.append(moved / t_s)
     peak = peak_flops or max(rates, default=0.0)
     bw = mem_bw_bytes_per_s or max(bws, default=0.0)
     if peak <= 0 or bw <= 0:

@@ -36,7 +36,7 @@ from planner.costmodel import (
     _plan_parts, _stages, _Stages, _summaries, _Tables, _tables, cuts_of, require_known_sizes,
 )
 from planner.errors import InfeasibleError, PlannerError
-from planner.memory import head_memory_bytes
+from planner.memory import head_memory_bytes, unknown_head_tensors
 from planner.mincut import _ones, _solve_labels, _Weights
 from planner.profile import Profile
 from planner.types import Constraints, Encoding, Link, Objective, Plan
@@ -187,9 +187,10 @@ class _Search:
                  slo_ms: float | None, mem_limit: int | None) -> None:
         self.graph, self.tb, self.obj, self.pins = graph, tb, obj, pins
         self.slo_ms, self.mem_limit = slo_ms, mem_limit
-        self._mem: dict[bytes, int] = {}
+        self._mem: dict[bytes, int | None] = {}
 
-    def memory(self, labels: np.ndarray) -> int:
+    def memory(self, labels: np.ndarray) -> int | None:
+        """The head's memory; None where it holds a tensor of unknown size (it never fits a limit)."""
         dev = labels == 0
         key = np.packbits(dev).tobytes()
         if key not in self._mem:
@@ -202,7 +203,8 @@ class _Search:
             return True
         if float(self.tb.param_bytes[labels == 0].sum()) > self.mem_limit:
             return False
-        return self.memory(labels) <= self.mem_limit
+        need = self.memory(labels)
+        return need is not None and need <= self.mem_limit
 
     def score(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(objective value, latency, meets the SLO) per row; memory is checked lazily."""
@@ -337,9 +339,18 @@ def _infeasible(graph: LayerGraph, search: _Search, rows: np.ndarray | None) -> 
             f"unpin layers",
             constraint="latency_slo", required=fastest, limit=search.slo_ms, unit="ms", model=graph.model,
         )
-    mems = [search.memory(r) for r in rows]
-    least = min(mems)
+    mems = [m for m in (search.memory(r) for r in rows) if m is not None]
     limit = search.mem_limit
+    if limit is not None and not mems:
+        unknown = unknown_head_tensors(graph, np.flatnonzero(rows[0] == 0).tolist())
+        return InfeasibleError(
+            f"device memory: every head that {where} holds tensors of unknown size "
+            f"({', '.join(repr(n) for n in unknown[:5])}), so none can be shown to fit the device's "
+            f"{limit / _MIB:.1f} MiB; fix the input shapes with --input-shape NAME=D0xD1x... (input_shapes=) "
+            "or pass sample inputs with --inputs FILE.npz (inputs=)",
+            constraint="device_memory", limit=limit, unit="bytes", model=graph.model,
+        )
+    least = min(mems, default=0)
     if limit is not None and least > limit:
         return InfeasibleError(
             f"device memory: the smallest head that {where} needs {least / _MIB:.1f} MiB, the device "

@@ -102,7 +102,7 @@ def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
         plan=best, edge_only=edge_only, cloud_only=cloud_only, metric=metric_of(sc.objective),
         gain_vs_edge_only=gain(edge_only), gain_vs_cloud_only=gain(cloud_only),
         edge_device=profiles[0].device, cloud_device=profiles[1].device, layers=len(graph),
-        boundary_bytes=sum(graph.tensor[t].bytes_per_sample or 0 for t in best.boundary),
+        boundary_bytes=graph.bytes_total(best.boundary).known,  # solve() refuses a boundary of unknown size
         cloud_only_image=image_summary, cloud_only_image_encoding=None if image is None else image.encoding,
         cloud_only_image_agreement=None if image is None else image.agreement,
         gain_vs_cloud_only_image=None if image_summary is None else gain(image_summary),
