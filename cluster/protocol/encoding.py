@@ -1,4 +1,5 @@
-"""Boundary encodings: fp32, fp16 and int8, each optionally compressed without loss.
+"""Boundary encodings: fp32, fp16 and int8, each optionally compressed without loss, and
+the lossy codecs of `lossy.py` by their names (jpeg, webp, tiled-jpeg, tiled-webp, bits).
 
 int8 is *affine uint8*: q = clip(rint(x / scale) + zero_point, 0, 255) and
 x' = (q - zero_point) * scale, with the range [min(x, 0), max(x, 0)] mapped onto
@@ -27,11 +28,12 @@ import numpy as np
 import zstandard
 
 from cluster.protocol.errors import EncodingError, ProtocolError
-from cluster.protocol.tensors import COMPRESSIONS, PRECISIONS, EncodedTensor
+from cluster.protocol.lossy import ImageNorm, decode_lossy, encode_lossy, from_encoded, to_encoded
+from cluster.protocol.tensors import COMPRESSIONS, LOSSY_PRECISIONS, PRECISIONS, EncodedTensor
 
 __all__ = ["encode", "decode", "measure_codec", "CodecStats", "Precision", "Compression"]
 
-Precision = Literal["fp32", "fp16", "int8"]
+Precision = Literal["fp32", "fp16", "int8", "jpeg", "webp", "tiled-jpeg", "tiled-webp", "bits"]
 Compression = Literal["none", "zstd", "lz4"]
 
 _FP16_MAX = 65504.0
@@ -105,15 +107,25 @@ def encode(
     per_channel: bool = False,
     axis: int = 1,
     level: int | None = None,
+    norm: ImageNorm | None = None,
 ) -> EncodedTensor:
     """Encodes a float tensor for the wire.
 
     `per_channel` applies to int8 only and uses one scale per index of `axis`.
     `level` is the compression level (zstd default 1, lz4 default 0: speed first,
-    the link is usually slower than either codec).
+    the link is usually slower than either codec). For the lossy codecs it is the
+    image quality (1..100, default 90) or the bit depth of 'bits' (2..8, default 4), and
+    `norm` the image normalisation of jpeg/webp (`lossy.ImageNorm`; None fits each
+    channel's range). The lossy codecs take compression 'none'.
     """
     _check_choice("precision", precision, PRECISIONS)
     _check_choice("compression", compression, COMPRESSIONS)
+    if precision in LOSSY_PRECISIONS:
+        if compression != "none":
+            raise EncodingError(reason=f"the lossy codec {precision} compresses by itself, compression "
+                                       f"{compression!r} does not apply", fix="pass compression='none'")
+        default = 4 if precision == "bits" else 90
+        return to_encoded(encode_lossy(arr, precision, default if level is None else level, norm=norm))
     if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
         got = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
         raise EncodingError(
@@ -200,9 +212,12 @@ def _decompress(t: EncodedTensor, expected: int) -> bytes | memoryview:
 
 
 def decode(t: EncodedTensor) -> np.ndarray:
-    """Returns the float32 tensor; a read-only view of the frame for uncompressed fp32."""
+    """Returns the float32 tensor (uint8 pixels for a uint8 image sent as jpeg/webp); a
+    read-only view of the frame for uncompressed fp32."""
     if not isinstance(t, EncodedTensor):
         raise ProtocolError(reason=f"decode takes an EncodedTensor, got {type(t).__name__}")
+    if t.lossy:
+        return decode_lossy(from_encoded(t))
     count = 1
     for d in t.shape:
         count *= d

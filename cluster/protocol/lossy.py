@@ -25,9 +25,11 @@ runs, so the wire protocol imports without it.
 
 Every ``encode_*`` raises :class:`EncodingError` naming the value and the fix for input
 it cannot take (an array that is not an image, a quality outside 1..100, a bit depth
-outside 2..8, a non-float feature map, NaN or infinity). These codecs do not cross the
-wire yet: the encoding record (`EncodedTensor`) carries fp32, fp16 and int8 only, and
-:func:`measure_lossy` gives the planner their sizes and times like `measure_codec` does.
+outside 2..8, a non-float feature map, NaN or infinity). On the wire a `LossyTensor`
+travels as an `EncodedTensor` of the codec's precision code (:func:`to_encoded`,
+:func:`from_encoded`; byte layout in docs/protocol.md), and `encoding.encode` /
+`encoding.decode` take the codec names as precisions. :func:`measure_lossy` gives the
+planner their sizes and times like `measure_codec` does.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 import zstandard
 
 from cluster.protocol.errors import EncodingError, ProtocolError
+from cluster.protocol.tensors import EncodedTensor
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -57,8 +60,10 @@ __all__ = [
     "encode_image",
     "encode_lossy",
     "encode_tiled",
+    "from_encoded",
     "image_layout",
     "measure_lossy",
+    "to_encoded",
 ]
 
 ImageFormat = Literal["jpeg", "webp"]
@@ -248,12 +253,17 @@ def _open(frame: bytes, size: tuple[int, int], mode: str) -> np.ndarray:
     Image = _pil()
     try:
         img = Image.open(io.BytesIO(frame))
+        # The size is checked before the pixels are decoded: a frame from a peer that
+        # declares a huge image must not allocate it.
+        if img.size != size:
+            raise ProtocolError(reason=f"image frame is {img.size[0]}x{img.size[1]}, the shape needs "
+                                       f"{size[0]}x{size[1]}")
         img.load()
+        return np.asarray(img.convert(mode), dtype=np.uint8)
+    except ProtocolError:
+        raise
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for a corrupt image
         raise ProtocolError(reason=f"image frame does not decode: {type(e).__name__}: {e}") from e
-    if img.size != size:
-        raise ProtocolError(reason=f"image frame is {img.size[0]}x{img.size[1]}, the shape needs {size[0]}x{size[1]}")
-    return np.asarray(img.convert(mode), dtype=np.uint8)
 
 
 def encode_image(x: np.ndarray, *, fmt: str = "jpeg", quality: int = 90,
@@ -335,7 +345,7 @@ def encode_bits(x: np.ndarray, *, bits: int = 4, level: int = 3) -> LossyTensor:
     # Per channel only where a channel holds enough values to pay for its 8 bytes of affine:
     # a [N, 1000] vector of logits would otherwise carry more affine than levels.
     per_channel = x.ndim >= 2 and x.shape[1] and x.size // x.shape[1] >= _MIN_PER_CHANNEL
-    flat = x if per_channel else x.reshape(1, -1)
+    flat = x if per_channel else x.reshape(-1, 1)  # one column: one (lo, step) for the tensor
     lo, step = _fit(flat, 1, top)
     levels = _to_levels(flat, lo, step, 1, top)
     frame = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(levels.tobytes())
@@ -371,12 +381,16 @@ def decode_lossy(t: LossyTensor) -> np.ndarray:
     if t.codec == "bits":
         count = int(np.prod(t.shape, dtype=np.int64))
         try:
+            declared = zstandard.get_frame_parameters(t.frames[0]).content_size
+            if declared != count:  # bounds the allocation by the shape before inflating
+                raise ProtocolError(reason=f"bits frame declares {declared} bytes, shape {list(t.shape)} needs "
+                                           f"{count}; write the content size into the frame")
             body = zstandard.ZstdDecompressor().decompress(t.frames[0], max_output_size=count)
         except zstandard.ZstdError as e:
             raise ProtocolError(reason=f"bits body does not decompress: {e}") from e
         if len(body) != count:
             raise ProtocolError(reason=f"bits body inflates to {len(body)} bytes, shape {list(t.shape)} needs {count}")
-        levels = np.frombuffer(body, np.uint8).reshape(t.shape if t.layout else (1, count))
+        levels = np.frombuffer(body, np.uint8).reshape(t.shape if t.layout else (count, 1))
         return _affine(levels, t.lo, t.step, 1).reshape(t.shape)
     if t.codec.startswith("tiled-"):
         n, c, h, w = t.shape
@@ -405,6 +419,48 @@ def decode_lossy(t: LossyTensor) -> np.ndarray:
     if not grey and t.layout == "NCHW":
         out = np.ascontiguousarray(np.moveaxis(out, 3, 1))
     return out
+
+
+def _axis(t: LossyTensor) -> int:
+    if t.codec == "bits":
+        return 1 if t.layout else -1
+    if t.codec.startswith("tiled-"):
+        return 1
+    if len(t.shape) == 3:
+        return -1  # grey pixels [N, H, W]
+    return 3 if t.layout == "NHWC" else 1
+
+
+def to_encoded(t: LossyTensor) -> EncodedTensor:
+    """The wire record of a lossy tensor (precision = the codec's name)."""
+    return EncodedTensor(
+        precision=t.codec, compression="none", shape=t.shape, axis=_axis(t),
+        scales=np.ascontiguousarray(t.step, dtype="<f4"), zero_points=np.zeros(0, np.uint8),
+        payload=b"".join(t.frames), level=t.level, offsets=np.ascontiguousarray(t.lo, dtype="<f4"),
+        frame_bytes=tuple(len(f) for f in t.frames), dtype=t.dtype,
+    )
+
+
+def from_encoded(t: EncodedTensor) -> LossyTensor:
+    """The lossy tensor a wire record carries; ProtocolError for one of another precision."""
+    if t.precision not in LOSSY_CODECS:
+        raise ProtocolError(reason=f"precision {t.precision!r} is not a lossy codec; known: {LOSSY_CODECS}")
+    if sum(t.frame_bytes) != t.payload_bytes:
+        raise ProtocolError(reason=f"{t.precision} frames declare {sum(t.frame_bytes)} bytes, the payload holds "
+                                   f"{t.payload_bytes}")
+    body = memoryview(t.payload) if not isinstance(t.payload, memoryview) else t.payload
+    frames, pos = [], 0
+    for size in t.frame_bytes:
+        frames.append(body[pos:pos + size])
+        pos += size
+    if t.precision == "bits":
+        layout = "NCHW" if t.axis == 1 else ""
+    elif len(t.shape) == 3 or t.axis == 3:
+        layout = "NHWC"
+    else:
+        layout = "NCHW"
+    return LossyTensor(codec=t.precision, level=t.level, shape=t.shape, dtype=t.dtype, frames=tuple(frames),
+                       lo=np.asarray(t.offsets, np.float32), step=np.asarray(t.scales, np.float32), layout=layout)
 
 
 @dataclass(frozen=True)

@@ -249,7 +249,7 @@ def _head(dtype_code: int, shape: tuple[int, ...], pad: int = 0) -> bytes:
         (lambda big: _tensor_ext(b"\x01\x01", big=big), "shorter than its"),
         (lambda big: _tensor_ext(b"\x02\x01\x01\x00" + b"\0" * 8, big=big), "layout 2 is unknown"),
         (lambda big: _tensor_ext(_head(1, (2,), pad=200)[:12], big=big), "too short"),
-        (lambda big: _tensor_ext(b"\x01\x05\x00\x00\x00\x00\x00\x00" + b"\0" * 4, code=EXT_ENCODED, big=big), "unknown precision"),
+        (lambda big: _tensor_ext(b"\x01\x09\x00\x00\x00\x00\x00\x00" + b"\0" * 4, code=EXT_ENCODED, big=big), "unknown precision"),
         (lambda big: _tensor_ext(b"\x01\x02\x01\x01\x05\x00\x00\x00" + b"\0" * 8, code=EXT_ENCODED, big=big), "outside"),
         (lambda big: msgpack.packb({k: v for k, v in _frame_dict().items() if k != "model"}), "missing required field 'model'"),
         (lambda big: msgpack.packb(_frame_dict(model=5)), "field 'model' must be a str, got int"),
