@@ -34,7 +34,6 @@ import asyncio
 import concurrent.futures
 import json
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -45,14 +44,12 @@ from urllib.parse import unquote
 
 import grpc
 
-from cluster._load_failures import failed_tail
-from cluster._oip_tensors import check_inputs, datatype_of, decode_body, encode_outputs
+from cluster._oip_models import DEFAULT_TIMEOUT_S, TAIL_MARK, WHOLE_MODEL_CUT, OipModels
+from cluster._oip_tensors import decode_body, encode_outputs
 from cluster.errors import (
     ClusterError,
     DeadlineExceeded,
     ProtocolError,
-    UnknownCutError,
-    UnknownModelError,
 )
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.status import status_of, to_status
@@ -61,12 +58,6 @@ from cluster.server import RequestContext
 __all__ = ["OipRest", "HttpAnswer", "HTTP_STATUS_OF", "WHOLE_MODEL_CUT", "TAIL_MARK", "DEFAULT_TIMEOUT_S",
            "MAX_BODY_BYTES", "IDLE_TIMEOUT_S", "http_status", "to_answer"]
 
-WHOLE_MODEL_CUT = "L"
-"""The empty cut: the device runs nothing and the cloud runs the whole model."""
-TAIL_MARK = ".tail."
-"""`NAME.tail.<cut-id>` names the tail of a preloaded cut of NAME."""
-DEFAULT_TIMEOUT_S = 60.0
-"""Deadline of an infer request that gives no `timeout` parameter."""
 MAX_BODY_BYTES = 64 << 20
 """Largest request body; the native gRPC door's default message limit."""
 IDLE_TIMEOUT_S = 120.0
@@ -121,83 +112,6 @@ def _fail(reason: str) -> ProtocolError:
     return ProtocolError(reason=reason, where="OIP REST")
 
 
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("splitinfer")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-@dataclass(frozen=True)
-class _Signature:
-    """A tail's inputs and outputs as OIP metadata: (name, datatype, shape with -1 for free dims)."""
-
-    inputs: tuple[tuple[str, str, tuple[int, ...]], ...]
-    outputs: tuple[tuple[str, str, tuple[int, ...]], ...]
-
-
-def _read_signature(path: str) -> _Signature:
-    import onnx
-    from onnx.helper import tensor_dtype_to_np_dtype
-
-    graph = onnx.load(path, load_external_data=False).graph
-    weights = {t.name for t in graph.initializer}
-
-    def spec(v: Any) -> tuple[str, str, tuple[int, ...]]:
-        t = v.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-        return v.name, datatype_of(tensor_dtype_to_np_dtype(t.elem_type)), (-1,) + dims[1:] if dims else dims
-
-    return _Signature(tuple(spec(v) for v in graph.input if v.name not in weights),
-                      tuple(spec(v) for v in graph.output))
-
-
-def _bump(count_ns: list[int], seconds: float) -> None:
-    count_ns[0] += 1
-    count_ns[1] += int(seconds * 1e9)
-
-
-class _Stats:
-    """Triton-style statistics of the requests this door served, per model name and version."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_key: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def add(self, name: str, version: str, ok: bool, total_s: float, queue_s: float = 0.0,
-            compute_s: float = 0.0, batch: int = 0) -> None:
-        with self._lock:
-            s = self._by_key.setdefault((name, version), {
-                "success": [0, 0], "fail": [0, 0], "queue": [0, 0], "compute_infer": [0, 0], "last": 0,
-                "inference_count": 0})
-            if not ok:
-                _bump(s["fail"], total_s)
-                return
-            _bump(s["success"], total_s)
-            _bump(s["queue"], queue_s)
-            _bump(s["compute_infer"], compute_s)
-            s["inference_count"] += batch
-            s["last"] = int(time.time() * 1e3)
-
-    def to_json(self, name: str | None, version: str | None) -> dict[str, Any]:
-        with self._lock:
-            items = sorted(self._by_key.items())
-        zero = {"count": 0, "ns": 0}
-        out = []
-        for (n, v), s in items:
-            if (name is not None and n != name) or (version is not None and v != version):
-                continue
-            out.append({"name": n, "version": v, "last_inference": s["last"],
-                        "inference_count": s["inference_count"], "execution_count": s["success"][0],
-                        "inference_stats": {**{k: {"count": s[k][0], "ns": s[k][1]}
-                                               for k in ("success", "fail", "queue", "compute_infer")},
-                                            "compute_input": zero, "compute_output": zero},
-                        "batch_stats": []})
-        return {"model_stats": out}
-
-
 class OipRest:
     """The OIP REST routes over a `cluster.gateway.Gateway` that runs on `loop`.
 
@@ -207,16 +121,15 @@ class OipRest:
     """
 
     def __init__(self, gateway: Any, loop: asyncio.AbstractEventLoop, *, server_name: str = "splitinfer",
-                 max_body_bytes: int = MAX_BODY_BYTES, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 models: OipModels | None = None) -> None:
         self.gateway = gateway
         self.loop = loop
         self.max_body_bytes = max_body_bytes
         self.idle_timeout_s = idle_timeout_s
-        self._server_meta = {"name": server_name, "version": _package_version(),
-                             "extensions": ["binary_tensor_data", "model_configuration", "statistics"]}
-        self._signatures: dict[tuple[str, str, str], _Signature] = {}
-        self._lock = threading.Lock()
-        self.stats = _Stats()
+        self.models = models or OipModels(gateway, server_name=server_name)
+        """The model mapping, shared with the gRPC door (cluster.oip_grpc) when given."""
+        self.stats = self.models.stats
 
     # -- HTTP ---------------------------------------------------------------------------
 
@@ -301,7 +214,7 @@ class OipRest:
             parts.pop()
         get = method == "GET"
         if not parts and get:
-            return _json(200, self._server_meta)
+            return _json(200, self.models.server_metadata)
         if parts == ["health", "live"] and get:
             return HttpAnswer(200, b"")
         if parts == ["health", "ready"] and get:
@@ -312,7 +225,7 @@ class OipRest:
             return _json(200, self.stats.to_json(None, None))
         if parts == ["repository", "index"] and method == "POST":
             self.gateway.auth.authorize(headers, model=None, action="list models")
-            return _json(200, self._index())
+            return _json(200, self.models.index())
         if len(parts) < 2 or parts[0] != "models":
             return _json(404, {"error": f"no route {method} {path[:200]}; see GET /v2 and /v2/models/{{model}}"})
         name, version, rest = parts[1], "", parts[2:]
@@ -328,79 +241,18 @@ class OipRest:
             # without a token. Gateway.infer then authorises (model, rate) as on the native door.
             self.gateway.auth.authenticate(headers)
             return self._infer(name, version, headers, body, peer)
-        self.gateway.auth.authorize(headers, model=self._split(name)[0], action="read metadata of")
+        self.gateway.auth.authorize(headers, model=self.models.split(name)[0], action="read metadata of")
         if action == "stats":
             return _json(200, self.stats.to_json(name, version or None))
-        lv, cut_id = self._resolve(name, version)
+        lv, cut_id = self.models.resolve(name, version)
         if action == "ready":
-            why = self.gateway.failed_tails(lv.model, lv.version).get(f"{lv.key}@{cut_id}")
-            if why is not None:  # [Note: failed tails] in cluster/gateway.py
-                raise failed_tail(f"{lv.key}@{cut_id}", why)
+            self.models.check_ready(lv, cut_id)
             return HttpAnswer(200, b"")
-        sig = self._signature(lv, cut_id)
+        # Blocking on first use (the whole model's tail is cut): on this HTTP thread, never the loop.
+        sig = self.models.signature(lv, cut_id)
         if action == "config":
-            return _json(200, self._config(name, lv, sig))
-        tensors = lambda specs: [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in specs]  # noqa: E731
-        return _json(200, {"name": name, "versions": self.gateway.registry.describe()[lv.model]["versions"],
-                           "platform": "onnxruntime_onnx", "inputs": tensors(sig.inputs),
-                           "outputs": tensors(sig.outputs)})
-
-    def _index(self) -> list[dict[str, str]]:
-        """Every model this door serves: each loaded version of NAME and of each of its tails."""
-        out = []
-        failed = self.gateway.failed_tails()
-        for lv in sorted(self.gateway.registry.loaded(), key=lambda v: (v.model, v.version)):
-            for cut_id in lv.frontier.cut_ids if WHOLE_MODEL_CUT in lv.frontier.cut_ids else (
-                    WHOLE_MODEL_CUT, *lv.frontier.cut_ids):
-                name = lv.model if cut_id == WHOLE_MODEL_CUT else f"{lv.model}{TAIL_MARK}{cut_id}"
-                why = failed.get(f"{lv.key}@{cut_id}")
-                out.append({"name": name, "version": lv.version, "state": "READY"} if why is None else
-                           {"name": name, "version": lv.version, "state": "UNAVAILABLE", "reason": why})
-        return out
-
-    @staticmethod
-    def _split(name: str) -> tuple[str, str]:
-        """(registry model, cut id) of a door model name."""
-        model, mark, cut_id = name.partition(TAIL_MARK)
-        return (model, cut_id) if mark else (name, WHOLE_MODEL_CUT)
-
-    def _resolve(self, name: str, version: str, device_id: str = "") -> tuple[Any, str]:
-        """(the loaded version, cut id) a door model name and version go to (routed for `device_id`
-        when the version is ''); 404 errors otherwise."""
-        model, cut_id = self._split(name)
-        lv = self.gateway.registry.resolve(model, version, device_id)
-        tails = [c for c in lv.frontier.cut_ids if c != WHOLE_MODEL_CUT]
-        if cut_id != WHOLE_MODEL_CUT and cut_id not in tails:
-            if not cut_id:
-                raise UnknownModelError(model=name, known=[model] + [f"{model}{TAIL_MARK}{c}" for c in tails])
-            raise UnknownCutError(model=model, version=lv.version, cut_id=cut_id,
-                                  known=[f"{model}{TAIL_MARK}{c}" for c in tails])
-        return lv, cut_id
-
-    def _signature(self, lv: Any, cut_id: str) -> _Signature:
-        key = (lv.model, lv.version, cut_id)
-        sig = self._signatures.get(key)
-        if sig is None:
-            # Blocking (the tail of the whole model is cut on first use): on this HTTP thread, never the loop.
-            sig = _read_signature(lv.files.tail_path(cut_id, lv.frontier.cut_ids))
-            with self._lock:
-                self._signatures[key] = sig
-        return sig
-
-    @staticmethod
-    def _config(name: str, lv: Any, sig: _Signature) -> dict[str, Any]:
-        c = lv.config
-        batched = all(s and s[0] == -1 for _, _, s in sig.inputs)
-
-        def dims(specs: Any) -> list[dict[str, Any]]:
-            return [{"name": n, "data_type": f"TYPE_{d}", "dims": list(s[1:] if batched else s)} for n, d, s in specs]
-
-        return {"name": name, "platform": "onnxruntime_onnx", "backend": "onnxruntime", "version_policy": {
-                    "specific": {"versions": [lv.version]}},
-                "max_batch_size": c.max_batch_size if batched else 0, "input": dims(sig.inputs),
-                "output": dims(sig.outputs),
-                "dynamic_batching": {"max_queue_delay_microseconds": int(c.max_queue_delay_ms * 1e3)},
-                "instance_group": [{"count": c.replicas, "kind": "KIND_AUTO"}]}
+            return _json(200, self.models.config(name, lv, sig))
+        return _json(200, self.models.metadata(name, lv, sig))
 
     # -- infer --------------------------------------------------------------------------
 
@@ -421,18 +273,18 @@ class OipRest:
             device_id = params.get("device_id", "")
             if not isinstance(device_id, str):
                 raise _fail(f"parameter device_id {str(device_id)[:40]} is not a string")
-            lv, cut_id = self._resolve(name, version, device_id)
+            lv, cut_id = self.models.resolve(name, version, device_id)
             served = lv.version  # counted from here on: names that resolve are few, client-sent ones are not
-            check_inputs(inputs, self._signature(lv, cut_id).inputs, name)
+            sig = self.models.signature(lv, cut_id)
             timeout = params.get("timeout")
             if timeout is not None and (type(timeout) is not int or timeout < 0):
                 raise _fail(f"parameter timeout {str(timeout)[:40]} is not a whole number of microseconds >= 0")
             timeout_s = DEFAULT_TIMEOUT_S if timeout is None else timeout / 1e6
             rid = req.get("id")
             request_id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
-            native = InferRequest(request_id, self._split(name)[0], lv.version, cut_id,
-                                  int((time.time() + timeout_s) * 1e3), {t.name: t.array for t in inputs},
-                                  device_id=device_id)
+            native = self.models.to_request(name, lv, cut_id, sig, inputs, request_id=request_id,
+                                            deadline_unix_ms=int((time.time() + timeout_s) * 1e3),
+                                            device_id=device_id)
             context = RequestContext(method="Infer", received_monotonic_s=received,
                                      deadline_monotonic_s=received + timeout_s, peer=peer, metadata=headers)
             result = self._call(native, context, timeout_s)
