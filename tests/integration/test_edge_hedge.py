@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from cluster.protocol.tensors import EncodedTensor
 from cluster.server import serve
 from edge_agent.cache import ArtifactCache
 from edge_agent.config import config_from_dict
@@ -78,3 +79,36 @@ def test_a_late_remote_answer_is_raced_by_the_local_tail_before_the_deadline(tmp
     assert slow.latency_ms < SLO_MS + 200  # the local tail started before the deadline (host slack aside)
     assert hedges_at_answer == 1 and c.late_dropped == 1 and c.remote_errors == {"timeout": 1}
     assert (c.answered, c.failed, c.local_tail, c.remote) == (1, 0, 1, 0)
+
+
+def test_the_first_link_probe_sends_the_warm_plan_with_the_fewest_bytes(tmp_path):
+    """Before any request offloaded, a probe sends zeros for the cheapest warm plan, in its encoding:
+    a probe holds the device's uplink while it runs."""
+    import concurrent.futures
+    import dataclasses
+
+    from partitioner import Cut
+    from planner import Encoding, FrontierEntry
+
+    path = write_model(tmp_path)
+    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model=MODEL, version=VERSION)
+    cuts = [Cut(frozenset()), prefix_cut(models.graph, 1)]
+    for cut in cuts:
+        models.load_cut(cut)
+    plans = [fixed_frontier(models.graph, cut, encoding=Encoding(enc)).entries[0].plan
+             for cut, enc in zip(cuts, ("fp16", "fp32"))]
+    front = fixed_frontier(models.graph, cuts[0])
+    front = dataclasses.replace(front, entries=(FrontierEntry(0.1e6, 5e6, plans[1]), FrontierEntry(5e6, 1e9, plans[0])))
+    cfg = config_from_dict({"gateway": "127.0.0.1:1", "model": f"{MODEL}@{VERSION}", "cacheDir": str(tmp_path / "c")})
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        runner = Runner(models, front, None, cfg, executor=pool, local_ms=1000.0)
+        sizes = {p.key: p.breakdown.hop_up_ms[0] for p in plans}
+        cheapest = min(plans, key=lambda p: sizes[p.key])
+        req = runner._zero_request(5.0)
+        assert req is not None and req.cut_id == cheapest.cut.key
+        assert cheapest.encoding.precision == "fp16"  # the input in halves: 200 bytes against 400 and more
+        assert all(isinstance(t, EncodedTensor) for t in req.tensors.values())
+        other = next(p for p in plans if p is not cheapest)
+        runner.unusable_cuts.add(cheapest.cut.key)  # the gateway does not know it: the next cheapest
+        assert runner._zero_request(5.0).cut_id == other.cut.key
+    models.close()
