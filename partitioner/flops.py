@@ -20,6 +20,30 @@ inputs and outputs), falling back to the enclosing scopes for names it reads fro
 
 Any part that cannot be told (a branch with an unknown op, a dynamic trip count, a body
 whose shapes inference could not carry in) makes the node unknown (None), never 0.
+
+[Note: FLOPs of real models' ops]
+- INT8 ops count as their float counterparts: ``QLinearConv`` and ``ConvInteger`` as
+  Conv, ``QLinearMatMul``, ``MatMulInteger``, ``MatMulIntegerToFloat`` and
+  ``DynamicQuantizeMatMul`` as MatMul, ``QGemm`` as Gemm, ``QAttention`` as Attention,
+  ``DynamicQuantizeLSTM`` as LSTM, ``QLinearAdd`` and the other ``QLinear*`` elementwise
+  ops as theirs: the multiply-adds are the work; the (de)quantisation folded into them
+  is not counted. The standalone ``QuantizeLinear`` and ``DequantizeLinear`` count 2 per
+  element (scale and zero point), ``DynamicQuantizeLinear`` 4 (min and max, then both).
+- ``Resize``/``Upsample`` count per output element by mode, over the d axes whose size
+  changes: ``nearest`` 0 (it picks an input element, like Gather); ``linear`` 3 (2^d - 1)
+  (2^d - 1 lerps of a sub, a mul and an add: 9 for bilinear); ``cubic`` 7 (4^d - 1) / 3
+  (separable 4-tap sums of 4 muls and 3 adds: 35 for bicubic).
+- ``LSTM``, ``GRU`` and ``RNN``: per direction and time step, with G gates (4, 3, 1),
+  hidden size H and input size I, 2 G H (I + H) for the two products, G H to add them,
+  2 G H for the biases where given, and the cell's elementwise work with the default
+  activations (Sigmoid and Tanh 4 each, as below): LSTM 24 H (+ 6 H with peepholes),
+  GRU 17 H, RNN 4 H. Times the sequence length where it is static, else unknown.
+- ``Attention`` (com.microsoft): the QKV projection 2 S D_in (D_q + D_k + D_v) (+ its
+  bias), then as ``MultiHeadAttention``: scores 2 S S_kv D_k, their scaling (h S S_kv),
+  Softmax (3 h S S_kv) and the weighted sum 2 S S_kv D_v, for h heads, S query and S_kv
+  key positions (past ones included). The output projection is a MatMul of its own.
+- ``Einsum``: 2 per term of the full index product for two or more operands (k per term
+  for k operands), as MatMul's 2 M N K; one operand: 1 per element where it reduces.
 """
 
 from __future__ import annotations
@@ -59,7 +83,32 @@ _PER_ELEMENT = {
     "BatchNormalization": 2, "InstanceNormalization": 5, "LayerNormalization": 5,
     "Softmax": 3, "LogSoftmax": 3, "ReduceMean": 1, "ReduceSum": 1, "ReduceMax": 1,
     "GlobalAveragePool": 1, "GlobalMaxPool": 1,
+    "Floor": 1, "Ceil": 1, "Round": 1, "Sign": 1, "Sin": 1, "Cos": 1, "Mod": 1, "IsNaN": 1, "IsInf": 1,
+    "ReduceMin": 1, "ReduceProd": 1, "ReduceL1": 2, "ReduceL2": 2, "ReduceSumSquare": 2,
+    "ReduceLogSumExp": 3, "ArgMax": 1, "ArgMin": 1, "CumSum": 1, "TopK": 1,
+    "GroupNormalization": 5, "SkipLayerNormalization": 6, "SimplifiedLayerNormalization": 4,
+    "SkipSimplifiedLayerNormalization": 5, "BiasGelu": 9, "QuickGelu": 5, "BiasAdd": 2,
+    "QuantizeLinear": 2, "DequantizeLinear": 2, "DynamicQuantizeLinear": 4,
 }
+_REDUCING = frozenset({
+    "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "ArgMax", "ArgMin", "TopK",
+    "DynamicQuantizeLinear",
+})
+"""Ops whose work is per *input* element (their output is smaller)."""
+_AS = {
+    "ConvInteger": "Conv", "QLinearConv": "Conv", "FusedConv": "Conv",
+    "MatMulInteger": "MatMul", "QLinearMatMul": "MatMul", "MatMulIntegerToFloat": "MatMul",
+    "DynamicQuantizeMatMul": "MatMul", "FusedMatMul": "MatMul", "QGemm": "Gemm", "FusedGemm": "Gemm",
+    "QAttention": "Attention", "DynamicQuantizeLSTM": "LSTM", "Upsample": "Resize",
+    "QLinearAdd": "Add", "QLinearMul": "Mul", "QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu",
+    "QLinearSoftmax": "Softmax", "QLinearGlobalAveragePool": "GlobalAveragePool",
+    "QLinearAveragePool": "AveragePool", "QLinearConcat": "Concat", "QLinearReduceMean": "ReduceMean",
+}
+"""Ops counted as another (see [Note: FLOPs of real models' ops]); inputs are re-indexed
+by `_float_inputs` where the layouts differ."""
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_CELL = {"LSTM": 24, "GRU": 17, "RNN": 4}
 
 
 def _static(shape: tuple[int | str, ...] | None, batch: int | str) -> list[int] | None:
@@ -95,12 +144,22 @@ def node_flops(node: onnx.NodeProto, shape: ShapeFn, batch: int | str, value: Va
     op = node.op_type
     if op in ("If", "Loop", "Scan"):
         return _control_flops(node, shape, batch, value)
+    names = _float_inputs(node)
+    op = _AS.get(op, op)
     if op in _ZERO:
         return 0
     out = _static(shape(node.output[0]), batch) if node.output else None
-    ins = [_static(shape(x), batch) if x else None for x in node.input]
-    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv"):
-        w = ins[3] if op == "QLinearConv" else ins[1]
+    ins = [_static(shape(x), batch) if x else None for x in names]
+    if op in _GATES:
+        return _recurrent_flops(node, op, names, shape)
+    if op in ("Attention", "MultiHeadAttention"):
+        return _attention_flops(node, op, names, ins, shape)
+    if op == "Resize":
+        return _resize_flops(node, ins, out)
+    if op == "Einsum":
+        return _einsum_flops(node, ins)
+    if op in ("Conv", "ConvTranspose"):
+        w = ins[1]
         if out is None or w is None or len(w) < 2:
             return None
         # groups need no term of their own: w[1] is already C_in / group
@@ -112,7 +171,7 @@ def node_flops(node: onnx.NodeProto, shape: ShapeFn, batch: int | str, value: Va
             return 2 * prod(x) * (w[1]) * prod(w[2:])
         cin_per_group = w[1]
         flops = 2 * prod(out) * cin_per_group * prod(w[2:])
-        if op == "Conv" and len(node.input) > 2 and node.input[2]:
+        if len(names) > 2 and names[2]:
             flops += prod(out)
         return flops
     if op == "Gemm":
@@ -121,8 +180,8 @@ def node_flops(node: onnx.NodeProto, shape: ShapeFn, batch: int | str, value: Va
             return None
         trans_a = int(_attr(node, "transA", 0))  # type: ignore[arg-type]
         k = a[0] if trans_a else a[-1]
-        return 2 * prod(out) * k + (prod(out) if len(node.input) > 2 else 0)
-    if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+        return 2 * prod(out) * k + (prod(out) if len(names) > 2 and names[2] else 0)
+    if op == "MatMul":
         a = ins[0]
         if out is None or a is None or not a:
             return None
@@ -137,25 +196,145 @@ def node_flops(node: onnx.NodeProto, shape: ShapeFn, batch: int | str, value: Va
             return None
         size = int(_attr(node, "size", 5))  # type: ignore[arg-type]
         return prod(out) * (size + 3)
-    if op == "Sum":
+    if op in ("Sum", "Mean"):
         if out is None:
             return None
-        return prod(out) * max(1, len(node.input) - 1)
-    if op in ("Attention", "MultiHeadAttention"):
-        q = ins[0]
-        if q is None or len(q) < 3:
-            return None
-        seq, hidden = q[-2], q[-1]
-        # QKV projections + scores + weighted sum + output projection
-        return 2 * seq * hidden * hidden * 4 + 4 * seq * seq * hidden
+        return prod(out) * max(1, len(node.input) - (op == "Sum"))
     if op in _PER_ELEMENT:
-        ref = out if out is not None else (ins[0] if ins else None)
+        # the reductions' work is per input element: their output never stands in for it
+        ref = (ins[0] if ins else None) if op in _REDUCING else (out if out is not None else (ins[0] if ins else None))
         if ref is None:
             return None
-        if op in ("GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax"):
-            ref = ins[0] if ins and ins[0] is not None else ref
         return prod(ref) * _PER_ELEMENT[op]
     return None
+
+
+def _float_inputs(node: onnx.NodeProto) -> list[str]:
+    """The node's inputs at the positions its float counterpart has them (scales and zero
+    points dropped; "" where the counterpart's input is absent)."""
+    x = list(node.input) + [""] * 12
+    op = node.op_type
+    if op == "QLinearConv":  # x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B
+        return [x[0], x[3], x[8]]
+    if op == "ConvInteger":  # x, w, x_zero_point, w_zero_point: no bias
+        return [x[0], x[1]]
+    if op == "QLinearMatMul":  # a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
+        return [x[0], x[3]]
+    if op == "QGemm":  # A, a_scale, a_zp, B, b_scale, b_zp, C, y_scale, y_zp
+        return [x[0], x[3], x[6]]
+    if op in ("QLinearAdd", "QLinearMul"):  # A, A_scale, A_zp, B, B_scale, B_zp, C_scale, C_zp
+        return [x[0], x[3]]
+    if op == "QAttention":  # input, weight, bias, input_scale, weight_scale, mask_index, input_zp, weight_zp, past
+        return [x[0], x[1], x[2], x[5], x[8]]
+    if op == "DynamicQuantizeLSTM":  # X, W, R, B, sequence_lens, initial_h, initial_c, P, scales and zero points
+        return [x[0], "", "", x[3], x[4], x[5], x[6], x[7]]
+    if op == "FusedConv":  # X, W, B, Z (a residual added)
+        return [x[0], x[1], x[2]]
+    return list(node.input)
+
+
+def _recurrent_flops(node: onnx.NodeProto, op: str, names: list[str], shape: ShapeFn) -> int | None:
+    """LSTM/GRU/RNN: see [Note: FLOPs of real models' ops]."""
+    x = shape(names[0]) if names and names[0] else None
+    hidden = int(_attr(node, "hidden_size", 0))  # type: ignore[arg-type]
+    if x is None or len(x) != 3 or hidden < 1:
+        return None
+    seq, inp = x[int(_attr(node, "layout", 0)) if node.op_type != "DynamicQuantizeLSTM" else 0], x[2]  # type: ignore[call-overload]
+    if not isinstance(seq, int) or not isinstance(inp, int):
+        return None
+    g = _GATES[op]
+    has = lambda i: len(names) > i and bool(names[i])  # noqa: E731 - a one-line predicate
+    step = 2 * g * hidden * (inp + hidden) + g * hidden + (2 * g * hidden if has(3) else 0)
+    step += _CELL[op] * hidden + (6 * hidden if op == "LSTM" and has(7) else 0)
+    directions = 2 if _attr(node, "direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+    return directions * seq * step
+
+
+def _attention_flops(node: onnx.NodeProto, op: str, names: list[str], ins: list, shape: ShapeFn) -> int | None:
+    """com.microsoft Attention and MultiHeadAttention: see [Note: FLOPs of real models' ops]."""
+    heads = int(_attr(node, "num_heads", 0))  # type: ignore[arg-type]
+    q = ins[0] if ins else None
+    if heads < 1 or q is None:
+        return None
+    flops = 0
+    if op == "Attention":  # input [B, S, D_in], weights [D_in, D_q + D_k + D_v], bias, mask, past
+        w = ins[1] if len(ins) > 1 else None
+        if len(q) != 3 or w is None or len(w) != 2:
+            return None
+        s, cols = q[1], w[1]
+        sizes = list(_attr(node, "qkv_hidden_sizes", []))  # type: ignore[call-overload]
+        dq, dk, dv = sizes if len(sizes) == 3 else (cols // 3,) * 3
+        flops += 2 * s * q[2] * cols + (s * cols if len(names) > 2 and names[2] else 0)
+        s_kv = s
+        if len(names) > 4 and names[4]:  # past [2, B, heads, P, head_size]
+            past = shape(names[4])
+            if past is None or len(past) != 5 or not isinstance(past[3], int):
+                return None
+            s_kv += past[3]
+    else:  # query [B, S, D] or packed [B, S, heads, 3, H]; key [B, S_kv, D], [B, heads, S_kv, H] or packed KV
+        key = ins[1] if len(ins) > 1 and names[1] else None
+        value = ins[2] if len(ins) > 2 and names[2] else None
+        if len(q) == 5 and key is None:
+            s, s_kv, dq = q[1], q[1], q[2] * q[4]
+            dk = dv = dq
+        elif len(q) == 3 and key is not None and len(key) == 5:
+            s, s_kv, dq, dk, dv = q[1], key[1], q[2], key[2] * key[4], key[2] * key[4]
+        elif len(q) == 3 and key is not None and value is not None and len(key) == len(value) == 3:
+            s, s_kv, dq, dk, dv = q[1], key[1], q[2], key[2], value[2]
+        elif len(q) == 3 and key is not None and value is not None and len(key) == len(value) == 4:
+            s, s_kv, dq, dk, dv = q[1], key[2], q[2], key[1] * key[3], value[1] * value[3]
+        else:
+            return None
+        if len(names) > 3 and names[3]:  # bias [D_q + D_k + D_v]
+            flops += s * dq + s_kv * (dk + dv)
+    return flops + 2 * s * s_kv * dk + 4 * heads * s * s_kv + 2 * s * s_kv * dv
+
+
+def _resize_flops(node: onnx.NodeProto, ins: list, out: list[int] | None) -> int | None:
+    """Resize/Upsample per output element by mode: see [Note: FLOPs of real models' ops]."""
+    x = ins[0] if ins else None
+    if out is None or x is None or len(x) != len(out):
+        return None
+    mode = _attr(node, "mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    d = sum(a != b for a, b in zip(x, out))
+    if mode == "nearest":
+        return 0
+    if mode in ("linear", "bilinear", "trilinear"):
+        return prod(out) * 3 * (2**d - 1)
+    if mode in ("cubic", "bicubic"):
+        return prod(out) * 7 * (4**d - 1) // 3
+    return None
+
+
+def _einsum_flops(node: onnx.NodeProto, ins: list) -> int | None:
+    """Einsum: see [Note: FLOPs of real models' ops]."""
+    eq = _attr(node, "equation", b"")
+    eq = (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ins) or any(t is None for t in ins):
+        return None
+    size: dict[str, int] = {}
+    for term, dims in zip(terms, ins):
+        explicit = term.replace("...", "")
+        if "..." in term:  # the broadcast dims, named by their position from the right
+            extra = len(dims) - len(explicit)
+            if extra < 0:
+                return None
+            head, tail = term.split("...")
+            term = head + "".join(str(i) for i in range(extra - 1, -1, -1)) + tail
+        if len(term) != len(dims):
+            return None
+        for letter, n in zip(term, dims):
+            size[letter] = max(size.get(letter, 1), n)
+    if not rhs and "->" not in eq:  # implicit output: the letters seen once, sorted
+        rhs = "".join(sorted(c for c in size if lhs.count(c) == 1 and not c.isdigit()))
+    everything = prod(size.values())
+    if len(terms) > 1:
+        return len(terms) * everything
+    kept = {c for c in rhs.replace("...", "")} | {c for c in size if c.isdigit()}
+    return everything if set(size) - kept else 0
 
 
 def _subgraph(node: onnx.NodeProto, name: str) -> onnx.GraphProto | None:
