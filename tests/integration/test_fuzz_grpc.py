@@ -60,6 +60,33 @@ def _tensor_head(dtype_code: int, shape, pad: int = 0) -> bytes:
     return struct.pack("<BBBB", 1, dtype_code, len(shape), pad) + struct.pack(f"<{len(shape)}Q", *shape) + bytes(pad)
 
 
+def _bad_lossy(rng) -> bytes:
+    """An encoded-tensor record of a lossy precision code (3..7) with one field wrong."""
+    prec = int(rng.integers(3, 8))
+    shape, axis = ((1, 8), -1) if prec == 7 else ((1, 3, 4, 4), 1)
+    level = 4 if prec == 7 else 90
+    dcode, nframes, frames, comp = 1, 1, [rng.bytes(int(rng.integers(0, 40)))], 0
+    fault = rng.integers(6)
+    if fault == 0:
+        level = int(rng.choice([0, 1, 9, 101, 65535])) if prec == 7 else int(rng.choice([0, 101, 65535]))
+    elif fault == 1:
+        dcode = int(rng.choice([0, 2, 5, 255])) if prec >= 5 else int(rng.choice([0, 2, 255]))
+    elif fault == 2:
+        nframes = int(rng.choice([0, 2, 1 << 31]))
+    elif fault == 3:
+        comp = int(rng.integers(1, 3))
+    elif fault == 4:
+        # 5 channels are no image, a tiled map is 4-d, and bits' affine is per tensor or along axis 1
+        shape, axis = {3: ((1, 5, 4, 4), 1), 4: ((1, 5, 4, 4), 1), 5: ((1, 5, 4), 1), 6: ((1, 5, 4), 1),
+                       7: ((1, 5, 4), 2)}[prec]
+    nq = 1 if axis == -1 else shape[axis]
+    rec = (struct.pack("<BBBBbBH", 1, prec, comp, len(shape), axis, 0, level) + struct.pack(f"<{len(shape)}Q", *shape)
+           + struct.pack("<BBHI", dcode, 0, 0, nframes) + bytes(8 * nq) + struct.pack("<I", len(frames[0])) + frames[0])
+    if fault == 5:  # truncated: the frame sizes no longer add up
+        rec = rec[: int(rng.integers(8, len(rec)))] if len(frames[0]) else rec + b"x"
+    return rec
+
+
 def _mutate_dict(rng, fn) -> bytes:
     d = msgpack.unpackb(_good(rng).to_msgpack(), ext_hook=lambda c, b: msgpack.ExtType(c, b))
     fn(d)
@@ -75,7 +102,7 @@ def malformed(rng: np.random.Generator):
     kinds = [
         "truncated", "random", "bitflip", "ext_code", "shape_bytes", "dtype", "unknown_model",
         "unknown_version", "unknown_cut", "expired", "missing_field", "wrong_type", "version", "deep",
-        "not_a_map", "long_name", "oversized",
+        "not_a_map", "long_name", "oversized", "lossy",
     ]
     while True:
         kind = kinds[int(rng.integers(len(kinds)))]
@@ -105,6 +132,8 @@ def malformed(rng: np.random.Generator):
         elif kind == "dtype":
             code = int(rng.choice([0, 13, 50, 255]))
             yield kind, _ext_frame(rng, _tensor_head(code, (2,)) + bytes(16)), C.INVALID_ARGUMENT
+        elif kind == "lossy":
+            yield kind, _ext_frame(rng, _bad_lossy(rng), 2), C.INVALID_ARGUMENT
         elif kind == "unknown_model":
             yield kind, _good(rng, model=f"m{int(rng.integers(1000))}").to_msgpack(), C.NOT_FOUND
         elif kind == "unknown_version":
