@@ -40,7 +40,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +49,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from partitioner.graph import BATCH, LayerGraph
 from partitioner.subgraphs import node_reads
 from workers._ort import host_fingerprint, make_session_options, np_dtype_of_ort
 from workers._weights import acquire_weights
@@ -65,6 +66,7 @@ from workers.rewrite import (
 __all__ = [
     "Artefact",
     "BATCH_DIM",
+    "batch_axes",
     "check_batching",
     "compute_artefact_key",
     "digest_samples",
@@ -308,39 +310,73 @@ def _random_feed(session: ort.InferenceSession, batch: int, rng: np.random.Gener
     return random_feed(((i.name, np_dtype_of_ort(i.type), i.shape) for i in session.get_inputs()), batch, rng)
 
 
-def make_batch_feed(samples: Mapping[str, np.ndarray], batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def batch_axes(name: str, value: np.ndarray, graph: LayerGraph | None = None,
+               unbatched: Collection[str] = ()) -> tuple[int, ...]:
+    """The axes of input ``name`` that hold the batch: where the layer graph's per-sample
+    shape has ``N`` (a recurrent state [layers, N, hidden] has it on axis 1), none for
+    an input without it (a shape vector); without the graph's shape, axis 0 unless the
+    input is one of ``unbatched`` (integer inputs that set shapes) or a scalar."""
+    t = graph.tensor.get(name) if graph is not None else None
+    if t is not None and t.shape is not None:
+        return tuple(ax for ax, d in enumerate(t.shape) if d == BATCH and ax < np.ndim(value))
+    return () if name in unbatched or not np.ndim(value) else (0,)
+
+
+def make_batch_feed(samples: Mapping[str, np.ndarray], batch: int, rng: np.random.Generator, *,
+                    graph: LayerGraph | None = None, unbatched: Collection[str] = ()) -> dict[str, np.ndarray]:
     """``batch`` rows made from real sample inputs: their own rows first, then copies of
     them; a copy's floating-point inputs get noise of 1 % of their spread, so that no two
-    rows are equal, while integer inputs (ids, masks, lengths) keep their real values."""
-    rows = min((v.shape[0] for v in samples.values() if np.ndim(v)), default=1)
+    rows are equal, while integer inputs (ids, masks, lengths) keep their real values.
+    Rows are taken along each input's batch axes (`batch_axes`); an input without a batch
+    dim (a shape vector, a sample rate) is passed unchanged."""
+    axes = {name: batch_axes(name, v, graph, unbatched) for name, v in samples.items()}
+    rows = min((np.shape(v)[ax] for name, v in samples.items() for ax in axes[name]), default=1)
     feed = {}
     for name, value in samples.items():
         value = np.asarray(value)
-        if not value.ndim:
+        if not axes[name]:
             feed[name] = value
             continue
-        picked = value[[j % rows for j in range(batch)]].copy()
+        picked = value
+        for ax in axes[name]:
+            picked = np.take(picked, [j % rows for j in range(batch)], axis=ax)
         if picked.dtype.kind == "f" and batch > rows:
+            copies = np.zeros(picked.shape, dtype=bool)
+            index: list = [slice(None)] * picked.ndim
+            for ax in axes[name]:
+                index[ax] = slice(rows, None)
+                copies[tuple(index)] = True
+                index[ax] = slice(None)
             spread = float(np.std(value)) or 1.0
-            noise = rng.standard_normal(picked[rows:].shape) * (0.01 * spread)
-            picked[rows:] = (picked[rows:] + noise).astype(picked.dtype)
+            noise = rng.standard_normal(picked.shape) * (0.01 * spread)
+            picked = np.where(copies, picked + noise, picked).astype(picked.dtype)
         feed[name] = picked
     return feed
 
 
+def _row(value: np.ndarray, axes: tuple[int, ...], j: int) -> np.ndarray:
+    """Row ``j`` of ``value`` along its batch axes (all of it where it has none)."""
+    for ax in axes:
+        value = np.take(value, [j], axis=ax)
+    return value
+
+
 def check_batching(session: ort.InferenceSession, batch: int, *, rtol: float = 1e-4, atol: float = 1e-5,
-                   samples: Mapping[str, np.ndarray] | None = None, shape_inputs: Sequence[str] = ()) -> str:
+                   samples: Mapping[str, np.ndarray] | None = None, shape_inputs: Sequence[str] = (),
+                   graph: LayerGraph | None = None) -> str:
     """Run one batch of ``batch`` samples against ``batch`` runs of one each.
 
     The samples are ``samples`` (real inputs, see :func:`make_batch_feed`) when given,
     else random ones. Random values are never made for ``shape_inputs`` (integer inputs
     that set shapes, :func:`partitioner.shapes.shape_feeding_inputs`): without samples
-    such a segment is reported unsafe without running. Returns an empty string when
-    they agree (``np.allclose``), else the reason.
+    such a segment is reported unsafe without running. Rows are split and joined along
+    each tensor's batch axes (`batch_axes`, from ``graph``'s shapes where given); inputs
+    without a batch dim go whole into every run. Returns an empty string when they agree
+    (``np.allclose``), else the reason.
     """
     rng = np.random.default_rng(1234)
     if samples is not None:
-        feed = make_batch_feed(samples, batch, rng)
+        feed = make_batch_feed(samples, batch, rng, graph=graph, unbatched=shape_inputs)
     elif shape_inputs:
         return (f"its integer inputs {', '.join(shape_inputs)} set shapes, and there are no sample inputs to "
                 "check a batch on; give the model sample inputs (model.yaml sample_inputs, or --inputs)")
@@ -348,12 +384,14 @@ def check_batching(session: ort.InferenceSession, batch: int, *, rtol: float = 1
         feed = _random_feed(session, batch, rng)
     try:
         together = session.run(None, feed)
-        apart = [session.run(None, {k: v[j : j + 1] for k, v in feed.items()}) for j in range(batch)]
+        axes = {k: batch_axes(k, v, graph, shape_inputs) for k, v in feed.items()}
+        apart = [session.run(None, {k: _row(v, axes[k], j) for k, v in feed.items()}) for j in range(batch)]
     except Exception as e:  # noqa: BLE001 - ORT raises its own error types; we report them
         return f"a batch of {batch} does not run: {str(e).splitlines()[0][:300]}"
     names = [o.name for o in session.get_outputs()]
     for k, name in enumerate(names):
-        joined = np.concatenate([a[k] for a in apart], axis=0)
+        out_axes = batch_axes(name, together[k], graph) or (0,)
+        joined = np.concatenate([a[k] for a in apart], axis=out_axes[0])
         if together[k].shape != joined.shape:
             return f"output {name!r} has shape {together[k].shape} for a batch of {batch}, expected {joined.shape}"
         if not np.allclose(together[k], joined, rtol=rtol, atol=atol):

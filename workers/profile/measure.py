@@ -267,7 +267,7 @@ def _batch_ms(model: onnx.ModelProto, graph: LayerGraph, sizes: Sequence[int], *
         return None, f"batch kept at 1: {e}"
     sess = open_session(dyn, threads=threads, ep=ep, name=graph.model)
     reason = check_batching(sess, 2, samples=sample_rows(inputs, graph, 1) if inputs is not None else None,
-                            shape_inputs=shape_feeding_inputs(model))
+                            shape_inputs=shape_feeding_inputs(model), graph=graph)
     if reason:
         return None, f"batch kept at 1: the batch dimension cannot be made dynamic ({reason})"
     jobs = [(sess, _feed(model, graph, b, inputs)) for b in sizes]
