@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +56,8 @@ __all__ = [
     "Backend",
     "RequestContext",
     "Health",
+    "InferRunner",
+    "ServiceFactory",
     "RunningServer",
     "ThreadedServer",
     "serve",
@@ -70,6 +72,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_STREAM_WINDOW = 8
 DEFAULT_CHUNK_BYTES = 1 << 20
+
+InferRunner = Callable[[InferRequest, grpc.aio.ServicerContext, str, float], Awaitable[InferResponse]]
+"""`run(request, context, method, received_monotonic_s)`: the native Infer path from a decoded
+request to the backend's answer, with its deadline handling (the earlier of the request's and
+gRPC's deadline; refused before the backend when already past, cancelled at it otherwise)."""
+ServiceFactory = Callable[[InferRunner], grpc.GenericRpcHandler]
+"""Builds another gRPC service on the same server (and port, TLS and message limits) over the
+native Infer path, e.g. the Open Inference Protocol door (`cluster.oip_grpc.oip_service`)."""
 
 
 @dataclass(frozen=True)
@@ -491,12 +501,14 @@ async def serve(
     stream_window: int = DEFAULT_STREAM_WINDOW,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ready: bool = True,
+    services: Sequence[ServiceFactory] = (),
 ) -> RunningServer:
     """Starts `splitinfer.v1.Inference` and grpc.health.v1 on `host:port` (port 0: the OS picks).
 
     `stream_window` bounds the unanswered frames per InferStream call;
     `max_message_bytes` bounds each message both ways (larger ones get
-    RESOURCE_EXHAUSTED from gRPC). `ready` is the initial health status.
+    RESOURCE_EXHAUSTED from gRPC). `ready` is the initial health status. Each of `services`
+    adds a service beside the native one, served over the same Infer path.
     The process keeps freed buffers instead of returning them to the OS
     (`workers.keep_freed_memory`; SPLITINFER_KEEP_FREED_MEMORY=0 opts out).
     """
@@ -516,7 +528,7 @@ async def serve(
     ]
     server = grpc.aio.server(interceptors=list(interceptors), options=options)
     service = _Service(backend, stream_window, chunk_bytes)
-    server.add_generic_rpc_handlers((service.generic_handler(),))
+    server.add_generic_rpc_handlers((service.generic_handler(), *(make(service._run_infer) for make in services)))
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     target = f"{host}:{port}"
