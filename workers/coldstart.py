@@ -470,6 +470,9 @@ def _checked_reason(model_path: str, providers: list, intra_op_threads: int, bat
     )
     weights.apply(so)
     session = ort.InferenceSession(model_path, so, providers=providers)
+    if samples is not None and shape_inputs:  # an engine stacks requests along dim 0 of every input
+        return (f"its integer inputs {', '.join(shape_inputs)} set shapes and hold no rows, and requests are "
+                "stacked along dim 0 of every input")
     try:
         return check_batching(session, batch, samples=samples, shape_inputs=shape_inputs)
     finally:

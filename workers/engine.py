@@ -131,6 +131,8 @@ class Engine:
         build_ms = 0.0 if from_cache else self.artefact.build_ms
         self._session, self._weights = self._create_session(self.artefact, providers)
         self.inputs, self.outputs = self._specs()
+        # rows are read from the first input: one that has them, never a shape vector's length
+        self.inputs = tuple(sorted(self.inputs, key=lambda s: s.name in self._shape_inputs))
         self.any_shape = any(d is None for spec in self.inputs + self.outputs for d in spec.shape[1:])
         """Symbolic dims besides the batch: no fixed buffers, runs at each request's shape ([Note: any shape])."""
         self.batch_safe = self.artefact.batch_safe

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from partitioner import build_graph
+from partitioner import build_graph, make_cut, split
 from workers.coldstart import batch_axes, check_batching, make_batch_feed
 from workers.profile import measure
 from tests.unit import _shape_models as M
@@ -64,3 +64,38 @@ def test_profile_times_batches_of_a_model_with_a_shape_input():
     graph = build_graph(model, inputs=SAMPLES)
     got = measure(model, graph, threads=1, runs=2, warmup=1, progress=False, batch_sizes=(1, 4), inputs=SAMPLES)
     assert sorted(got.profile.batch_ms or {}) == [1, 4], got.batch_note
+
+
+def test_an_engine_with_a_shape_input_reads_rows_from_a_batch_input(tmp_path):
+    from workers.engine import Engine, EngineConfig
+
+    model = late_reshape()
+    graph = build_graph(model, inputs=SAMPLES)
+    _, tail = split(model, make_cut(graph, [0]), graph=graph)
+    assert tail.inputs == ("shape", "h")  # the tail's first input holds no rows
+    feed = {"h": np.ones((1, 12), np.float32), "shape": SAMPLES["shape"]}
+    engine = Engine(tail.model, EngineConfig(log_severity=4, cache_dir=str(tmp_path)), name="tail",
+                    sample_inputs=feed)
+    assert not engine.batch_safe
+    assert [s.name for s in engine.inputs] == ["h", "shape"] and engine.inputs[0].shape == (1, 12)
+    assert engine.check(feed) == 1 and engine.run(feed)["y"].shape == (1, 3)
+
+
+def test_instances_after_a_cut_that_leaves_the_tail_a_shape_input(tmp_path, capsys):
+    from splitinfer.instances_cmd import instances_main
+
+    np.savez(tmp_path / "s.npz", **SAMPLES)
+    path = M.save(late_reshape(), tmp_path / "late.onnx")
+    argv = [path, "--after", "0", "--inputs", str(tmp_path / "s.npz"), "--threads", "2", "--rounds", "1",
+            "--seconds", "0.05", "--quiet"]
+    assert instances_main(argv) == 0
+    assert "late after layer 0 on cpu: 1 row(s) a run" in capsys.readouterr().out
+
+
+def test_an_engine_never_batches_a_segment_whose_integer_input_sets_a_shape(tmp_path):
+    from workers.engine import Engine, EngineConfig
+
+    flat = {"x": SAMPLES["x"], "shape": np.array([-1], np.int64)}
+    engine = Engine(late_reshape(), EngineConfig(log_severity=4, cache_dir=str(tmp_path)), name="late",
+                    sample_inputs=flat)
+    assert not engine.batch_safe and "shape set shapes and hold no rows" in engine.batch_reason
