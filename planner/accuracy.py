@@ -31,7 +31,7 @@ from typing import Any
 
 from partitioner.cuts import Cut
 from planner.errors import PlannerError
-from planner.types import Encoding
+from planner.types import LOSSY_CODECS, Encoding, codec_levels
 
 __all__ = [
     "ACCURACY_SCHEMA",
@@ -43,8 +43,6 @@ __all__ = [
 ]
 
 ACCURACY_SCHEMA = "splitinfer.accuracy/1"
-#: Lossy codec names of `CODEC@LEVEL` keys (cluster.protocol.lossy implements them).
-LOSSY_CODECS: tuple[str, ...] = ("jpeg", "webp", "tiled-jpeg", "tiled-webp", "bits")
 _LOSSLESS = ("fp32", "fp16", "int8", "int8+pc")
 _LOSSY_KEY = re.compile(r"^([a-z-]+)@(\d+)$")
 
@@ -52,6 +50,8 @@ _LOSSY_KEY = re.compile(r"^([a-z-]+)@(\d+)$")
 def encoding_key(encoding: Encoding | str) -> str:
     """The table key of an encoding ([Note: encoding keys]); a string is checked and returned."""
     if isinstance(encoding, Encoding):
+        if encoding.lossy_codec:
+            return encoding.key
         return encoding.precision + ("+pc" if encoding.per_channel else "")
     parse_encoding_key(encoding)
     return encoding
@@ -65,7 +65,7 @@ def parse_encoding_key(key: str) -> tuple[str, int | None]:
     m = _LOSSY_KEY.match(key) if isinstance(key, str) else None
     if m and m.group(1) in LOSSY_CODECS:
         level = int(m.group(2))
-        limits = (2, 8) if m.group(1) == "bits" else (1, 100)
+        limits = codec_levels(m.group(1))
         if limits[0] <= level <= limits[1]:
             return m.group(1), level
         what = "bit depth" if m.group(1) == "bits" else "quality"

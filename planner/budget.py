@@ -5,15 +5,21 @@ A plan's agreement is known in three cases:
 
 * fp32 crosses every cut without loss (segments are verified equal to the model), and an
   edge-only plan sends nothing: agreement 1, at any cut;
-* a lossy encoding (fp16, int8, int8 per channel) at a cut the accuracy table measured:
-  the table's figure (`planner.accuracy.AccuracyTable`, from ``splitinfer calibrate``);
+* a lossy encoding (fp16, int8, int8 per channel, or a lossy codec: jpeg@90, tiled-webp@75,
+  bits@4...) at a cut the accuracy table measured: the table's figure
+  (`planner.accuracy.AccuracyTable`, from ``splitinfer calibrate``);
 * anything else is unknown, and refused under a budget.
 
 So `solve_within_budget` solves the lossless encodings over every placement (the exact
-solver, as without a budget), and each lossy encoding over the measured cuts whose
+solver, as without a budget), and each lossy cast over the measured cuts whose
 agreement meets the budget (each evaluated with the cost model and checked against
-the constraints), plus that encoding's unconstrained optimum when its agreement is
-known. The best of these wins. Lossy encodings are placed on two tiers only: the
+the constraints), plus that cast's unconstrained optimum when its agreement is known.
+The lossy codecs of the table (``codecs=``, all by default) are placed the same way at
+their measured cuts only, priced with their measured bytes and codec time there
+(`lossy_encoding`): a codec's size and error depend on the content it compresses, so
+they are known only where measured. The best of these wins. Without a budget the
+solver places no lossy codec at all (`planner.solve` refuses them), because their
+accuracy cost is then unbounded. Lossy encodings are placed on two tiers only: the
 table measures one boundary, and the errors of two lossy hops compound.
 """
 
@@ -33,9 +39,10 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.memory import head_memory_bytes
 from planner.profile import Profile
 from planner.solvers import _pins, solve
-from planner.types import Breakdown, Constraints, Encoding, Link, Objective, Plan
+from planner.types import LOSSY_CODECS, Breakdown, Constraints, Encoding, Link, Objective, Plan
 
-__all__ = ["CodecOption", "best_codec", "check_budget", "plan_agreement", "price_codec", "solve_within_budget"]
+__all__ = ["CodecOption", "best_codec", "check_budget", "lossy_encoding", "plan_agreement", "price_codec",
+           "solve_within_budget"]
 
 CALIBRATE_HINT = "measure it with: splitinfer calibrate MODEL (or the registry entry, --registry ROOT)"
 
@@ -55,7 +62,7 @@ def _sends_nothing(graph: LayerGraph, plan: Plan) -> bool:
 
 def plan_agreement(graph: LayerGraph, plan: Plan, accuracy: AccuracyTable | None) -> float | None:
     """The plan's predicted agreement with the fp32 model ([Note: accuracy budget])."""
-    if plan.encoding.precision == "fp32" or _sends_nothing(graph, plan):
+    if plan.encoding.lossless or _sends_nothing(graph, plan):
         return 1.0
     if accuracy is None or len(plan.cuts) != 1:
         return None
@@ -93,6 +100,30 @@ def _measured_cut(graph: LayerGraph, cut_id: str) -> Cut | None:
         return None
 
 
+def lossy_encoding(graph: LayerGraph, cut: Cut, entry: AccuracyEntry) -> Encoding | None:
+    """The entry's lossy codec as an Encoding priced with its measurement at ``cut``: the
+    float32 boundary bytes scaled by the measured ratio (the entry's bytes less the
+    tensors that travel as they are) and the measured codec ms per MB. None when the
+    entry is no lossy codec, measured no bytes, or the boundary holds no float32 bytes
+    of known size."""
+    codec, level = parse_encoding_key(entry.encoding)
+    if level is None or entry.wire_bytes <= 0:
+        return None
+    floats = other = 0.0
+    for name in boundary(graph, cut):
+        t = graph.tensor[name]
+        if t.bytes_per_sample is None:
+            return None
+        if t.dtype == "float32":
+            floats += t.bytes_per_sample
+        else:
+            other += t.bytes_per_sample
+    if floats <= 0:
+        return None
+    coded = max(entry.wire_bytes - other, 1.0)
+    return Encoding(codec=codec, level=level, ratio=coded / floats, codec_ms_per_mb=entry.codec_ms / (floats / 1e6))
+
+
 def solve_within_budget(
     graph: LayerGraph,
     profiles: Sequence[Profile],
@@ -103,18 +134,25 @@ def solve_within_budget(
     *,
     accuracy: AccuracyTable | None,
     min_agreement: float,
+    codecs: Sequence[str] = LOSSY_CODECS,
 ) -> Plan:
     """The best plan whose predicted agreement is at least ``min_agreement``
-    ([Note: accuracy budget]); its ``agreement`` field says the figure. Raises
-    InfeasibleError (constraint 'min_agreement') naming the calibrate command when no
-    encoding meets the budget because none was measured."""
+    ([Note: accuracy budget]); its ``agreement`` field says the figure. ``codecs`` are
+    the lossy codecs of the table it may place (() for none; a codec Encoding in
+    ``encodings`` allows its own key too). Raises InfeasibleError (constraint
+    'min_agreement') naming the calibrate command when no encoding meets the budget
+    because none was measured."""
     budget = check_budget(min_agreement)
     obj = Objective.parse(objective)
     c = constraints or Constraints()
     if not encodings:
         raise PlannerError("encodings is empty; give at least one, e.g. (Encoding(),)", field="encodings")
-    lossless = [e for e in encodings if e.precision == "fp32"]
-    lossy = [e for e in encodings if e.precision != "fp32"]
+    bad = [x for x in codecs if x not in LOSSY_CODECS]
+    if bad:
+        raise PlannerError(f"codecs {bad} are unknown; use some of {list(LOSSY_CODECS)}", field="codecs")
+    lossless = [e for e in encodings if e.lossless]
+    named = [e for e in encodings if e.lossy_codec]
+    lossy = [e for e in encodings if not e.lossless and not e.lossy_codec]
     candidates: list[Plan] = []
     errors: list[InfeasibleError] = []
     unmeasured: list[str] = []
@@ -146,8 +184,14 @@ def solve_within_budget(
                         candidates.append(p)
             if not measured:
                 unmeasured.append(enc.key)
+    if len(profiles) == 2 and single:
+        allowed = {e.key for e in named}
+        codec_plans = _codec_plans(graph, profiles, link, obj, c, accuracy, budget, set(codecs), allowed)  # type: ignore[arg-type]
+        candidates += codec_plans
+        measured_keys = set(accuracy.encodings) if accuracy is not None else set()
+        unmeasured += [k for k in sorted(allowed) if k not in measured_keys]
     if not candidates:
-        if errors and not lossy:
+        if errors and not lossy and not named:
             raise errors[0]
         why = (f"encodings {unmeasured} have no measured agreement ({CALIBRATE_HINT})" if unmeasured
                else "no measured cut and encoding reaches it within the constraints")
@@ -156,6 +200,25 @@ def solve_within_budget(
             "(lossless) or lower --min-agreement",
             constraint="min_agreement", required=budget, unit="agreement", model=graph.model)
     return min(candidates, key=lambda p: (_value(obj, p), -(p.agreement or 0.0)))
+
+
+def _codec_plans(graph: LayerGraph, profiles: Sequence[Profile], link: Link, obj: Objective, c: Constraints,
+                 accuracy: AccuracyTable | None, budget: float, codecs: set[str], allowed: set[str]) -> list[Plan]:
+    """A plan per lossy-codec entry of the table within the budget, at its measured cut."""
+    plans: list[Plan] = []
+    for e in accuracy.entries if accuracy is not None else ():
+        if e.agreement is None or e.agreement < budget:
+            continue
+        codec, level = parse_encoding_key(e.encoding)
+        if level is None or (codec not in codecs and e.encoding not in allowed):
+            continue
+        cut = _measured_cut(graph, e.cut_id)
+        enc = lossy_encoding(graph, cut, e) if cut is not None else None
+        if cut is not None and enc is not None:
+            p = _fixed_plan(graph, profiles, link, obj, c, cut, enc, e.agreement)
+            if p is not None:
+                plans.append(p)
+    return plans
 
 
 # -- lossy codecs priced from the table --------------------------------------------------
@@ -179,27 +242,20 @@ class CodecOption:
 
 
 def price_codec(graph: LayerGraph, profiles: Sequence[Profile], link: Link, entry: AccuracyEntry) -> Breakdown:
-    """The breakdown of the entry's cut as the cost model prices it in fp32, with the
-    uplink carrying the entry's measured bytes and the encode stage its measured
-    encode + decode ms (on the host that calibrated; counted as device time). Device
-    energy changes by the radio's and the CPU's power over the changed times."""
+    """The breakdown of the entry's cut as the cost model prices its lossy codec
+    (`lossy_encoding`): the uplink carries the entry's measured bytes and the sender's
+    codec stage its measured encode + decode ms (on the host that calibrated; counted as
+    device time)."""
     cut = _measured_cut(graph, entry.cut_id)
     if cut is None:
         raise PlannerError(f"cut {entry.cut_id!r} of the accuracy table is not a cut of {graph.model}; measure the "
                            f"table again ({CALIBRATE_HINT})", field="accuracy", model=graph.model)
-    b = evaluate(graph, cut, profiles, link, Encoding())
-    uplink_ms = entry.wire_bytes * 8.0 / link.up_goodput_bps * 1e3
-    d_up, d_enc = uplink_ms - b.uplink_ms, entry.codec_ms - b.encode_ms
-    dev = profiles[0]
-    energy = b.energy_j + ((dev.radio_tx_w - dev.idle_w) * d_up + (dev.compute_w - dev.idle_w) * d_enc) / 1000.0
-    # pipelined stages of two tiers: device compute + codec, uplink, downlink, cloud compute
-    stages = {"edge": (b.tier_ms[0] if b.tier_ms else b.edge_ms) + entry.codec_ms, "uplink": uplink_ms,
-              "downlink": b.downlink_ms, "cloud": b.tier_ms[-1] if len(b.tier_ms) > 1 else b.cloud_ms}
-    bottleneck = max(stages, key=lambda k: stages[k])
-    return dataclasses.replace(
-        b, uplink_ms=uplink_ms, encode_ms=entry.codec_ms, total_ms=b.total_ms + d_up + d_enc,
-        energy_j=max(0.0, energy), hop_up_ms=(uplink_ms,), period_ms=stages[bottleneck], bottleneck=bottleneck,
-        tier_codec_ms=(entry.codec_ms,) + (0.0,) * (len(b.tier_codec_ms) - 1) if b.tier_codec_ms else ())
+    enc = lossy_encoding(graph, cut, entry)
+    if enc is None:
+        raise PlannerError(f"entry {entry.encoding} at cut {entry.cut_id} of {graph.model} is no lossy codec with a "
+                           f"measured size over float32 tensors of known size; measure it again ({CALIBRATE_HINT})",
+                           field="accuracy", model=graph.model)
+    return evaluate(graph, cut, profiles, link, enc)
 
 
 def best_codec(graph: LayerGraph, profiles: Sequence[Profile], link: Link, accuracy: AccuracyTable | None,

@@ -17,7 +17,10 @@ scale) and ``const_i`` = fixed_ms + corrections.offset_ms:
     tier_ms_i   = seg_i + const_i if tier i runs a layer, else 0
     up_ms_h     = sum(wire_bytes(t) for t crossing h) * 8 / (up_bps_h * (1 - loss_h)) * 1000
     down_ms_h   = sum(bytes(o) for o crossing h) * 8 / (down_bps_h * (1 - loss_h)) * 1000
-    codec_ms_i  = encode on the hop it sends + decode on the hop it receives (CodecModel)
+    codec_ms_i  = encode on the hop it sends + decode on the hop it receives (CodecModel);
+                  a lossy codec's measured encode + decode, all on the sender
+    wire_bytes  = a float32 tensor's bytes cast and compressed (Encoding), or times the
+                  lossy codec's measured ratio
     rtt_ms      = sum(rtt_h for hops h with a layer beyond them)
     total_ms    = sum(tier_ms) + sum(codec_ms) + sum(up_ms) + rtt_ms + queue_ms + sum(down_ms)
 
@@ -113,6 +116,8 @@ def _wire_and_codec(graph: LayerGraph, tensors: Sequence[Any], enc: Encoding, se
     wire = np.zeros(len(tensors))
     e_ms = np.zeros(len(tensors))
     d_ms = np.zeros(len(tensors))
+    if enc.lossy_codec:
+        return _lossy_wire_and_codec(tensors, enc)
     ratio = 1.0 if enc.compression == "none" else sender.codec.ratio[enc.compression]
     for i, t in enumerate(tensors):
         raw = _UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample)
@@ -131,6 +136,26 @@ def _wire_and_codec(graph: LayerGraph, tensors: Sequence[Any], enc: Encoding, se
             d_ms[i] += cast / 1e6 * receiver.codec.decode_ms_per_mb[enc.compression]
         wire[i] = cast * ratio
     return wire, e_ms, d_ms
+
+
+def _lossy_wire_and_codec(tensors: Sequence[Any], enc: Encoding) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A lossy codec's measured bytes and time per float32 byte ([Note: cost model]): all of
+    its encode + decode ms is counted on the sender, as it was measured on one host."""
+    if enc.ratio is None or enc.codec_ms_per_mb is None:
+        raise PlannerError(
+            f"the lossy encoding {enc.key} carries no measured ratio and codec_ms_per_mb, so it cannot be "
+            "priced; plan it within an accuracy budget (min_agreement=, accuracy=) so the accuracy table's "
+            "measurement prices it", field="encoding")
+    wire = np.zeros(len(tensors))
+    e_ms = np.zeros(len(tensors))
+    for i, t in enumerate(tensors):
+        raw = _UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample)
+        if t.dtype in _CASTABLE:
+            wire[i] = raw * enc.ratio
+            e_ms[i] = raw / 1e6 * enc.codec_ms_per_mb
+        else:
+            wire[i] = raw
+    return wire, e_ms, np.zeros(len(tensors))
 
 
 _CACHE: dict[tuple[Any, ...], tuple[LayerGraph, tuple[Profile, ...], _Tables]] = {}

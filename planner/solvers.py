@@ -405,6 +405,14 @@ def solve(
     _check_inputs(graph, profiles, links)
     if not encodings:
         raise PlannerError("encodings is empty; give at least one, e.g. (Encoding(),)", field="encodings")
+    lossy = [e.key for e in encodings if e.lossy_codec]
+    if lossy:
+        # A codec's size and error are measured at one cut: pricing it at every placement,
+        # and placing it without a bound on its accuracy cost, would both be guesses.
+        raise PlannerError(
+            f"lossy codecs {lossy} are placed only within an accuracy budget, at the cuts the accuracy table "
+            "measured: call planner.budget.solve_within_budget (min_agreement=, accuracy=) or drop them",
+            model=graph.model, field="encodings")
     pins = _pins(graph, c)
     mem_limit = c.device_memory_bytes if c.device_memory_bytes is not None else profiles[0].memory_bytes
     slo = c.latency_slo_ms

@@ -26,10 +26,19 @@ __all__ = [
     "Plan",
     "PRECISIONS",
     "COMPRESSIONS",
+    "LOSSY_CODECS",
 ]
 
 PRECISIONS = ("fp32", "fp16", "int8")
 COMPRESSIONS = ("none", "zstd", "lz4")
+#: Lossy codecs (cluster.protocol.lossy implements them): the model input as an image,
+#: feature maps tiled into images, and levels of a chosen bit depth.
+LOSSY_CODECS: tuple[str, ...] = ("jpeg", "webp", "tiled-jpeg", "tiled-webp", "bits")
+
+
+def codec_levels(codec: str) -> tuple[int, int]:
+    """The level range of a lossy codec: quality 1..100, or the bit depth 2..8 of 'bits'."""
+    return (2, 8) if codec == "bits" else (1, 100)
 
 
 def _positive(name: str, v: float, fix: str) -> None:
@@ -130,6 +139,13 @@ class Encoding(_Json):
     plus for int8 8 bytes (fp32 scale, int32 zero point) per tensor, or per channel
     (dimension 1) when ``per_channel``; then times the sender's compression ratio.
     Codec time is in the tiers' `CodecModel`.
+
+    With a lossy ``codec`` the float32 tensors go through it instead of a cast: b *
+    ``ratio`` bytes, and ``codec_ms_per_mb`` per MB of b on the sender. Both are
+    measured (the accuracy table's entry for the cut, ``planner.budget.lossy_encoding``),
+    because a codec's size depends on the content: a lossy encoding without them
+    cannot be priced. See [Note: accuracy budget] in planner.budget for where lossy
+    codecs are placed.
     """
 
     precision: str = "fp32"
@@ -138,6 +154,14 @@ class Encoding(_Json):
     """none, zstd or lz4 (lossless, after the cast)."""
     per_channel: bool = False
     """int8 only: one scale and zero point per channel instead of per tensor."""
+    codec: str = "none"
+    """'none', or a lossy codec of LOSSY_CODECS (precision fp32, no compression)."""
+    level: int = 0
+    """The codec's quality (1..100) or bit depth ('bits', 2..8); 0 without a codec."""
+    ratio: float | None = None
+    """Lossy codec: measured wire bytes per byte of float32 it encodes."""
+    codec_ms_per_mb: float | None = None
+    """Lossy codec: measured encode + decode ms per MB (1e6 bytes) of float32 it encodes."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -155,6 +179,37 @@ class Encoding(_Json):
                 f"or use precision 'int8'",
                 field="per_channel",
             )
+        if self.codec == "none":
+            if self.level or self.ratio is not None or self.codec_ms_per_mb is not None:
+                raise PlannerError("level, ratio and codec_ms_per_mb apply to a lossy codec only; "
+                                   f"set codec to one of {list(LOSSY_CODECS)} or drop them", field="codec")
+            return
+        if self.codec not in LOSSY_CODECS:
+            raise PlannerError(f"codec is {self.codec!r}; use 'none' or one of {list(LOSSY_CODECS)}", field="codec")
+        if self.precision != "fp32" or self.compression != "none":
+            raise PlannerError(f"the lossy codec {self.codec} replaces the cast and the compression; use precision "
+                               f"'fp32' and compression 'none' with it, not {self.precision!r}/{self.compression!r}",
+                               field="codec")
+        lo, hi = codec_levels(self.codec)
+        if isinstance(self.level, bool) or not isinstance(self.level, int) or not lo <= self.level <= hi:
+            what = "bit depth" if self.codec == "bits" else "quality"
+            raise PlannerError(f"{self.codec} {what} (level) is {self.level!r}; use {lo}..{hi}", field="level")
+        if self.ratio is not None:
+            _positive("ratio", self.ratio, "the measured wire bytes per float32 byte, e.g. 0.05")
+        if self.codec_ms_per_mb is not None and not (
+                isinstance(self.codec_ms_per_mb, (int, float)) and math.isfinite(self.codec_ms_per_mb)
+                and self.codec_ms_per_mb >= 0):
+            raise PlannerError(f"codec_ms_per_mb is {self.codec_ms_per_mb!r}; it must be a finite number >= 0",
+                               field="codec_ms_per_mb")
+
+    @property
+    def lossy_codec(self) -> bool:
+        return self.codec != "none"
+
+    @property
+    def lossless(self) -> bool:
+        """fp32 with or without compression: the tail gets exactly what the head computed."""
+        return self.precision == "fp32" and self.codec == "none"
 
     @property
     def scale(self) -> float:
@@ -162,6 +217,8 @@ class Encoding(_Json):
 
     @property
     def key(self) -> str:
+        if self.codec != "none":
+            return f"{self.codec}@{self.level}"
         parts = [self.precision]
         if self.per_channel:
             parts.append("pc")
@@ -170,11 +227,17 @@ class Encoding(_Json):
         return "+".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"precision": self.precision, "compression": self.compression, "per_channel": self.per_channel}
+        d: dict[str, Any] = {"precision": self.precision, "compression": self.compression,
+                             "per_channel": self.per_channel}
+        if self.codec != "none":
+            d |= {"codec": self.codec, "level": self.level, "ratio": self.ratio,
+                  "codec_ms_per_mb": self.codec_ms_per_mb}
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Encoding:
-        return cls(d.get("precision", "fp32"), d.get("compression", "none"), bool(d.get("per_channel", False)))
+        return cls(d.get("precision", "fp32"), d.get("compression", "none"), bool(d.get("per_channel", False)),
+                   d.get("codec", "none"), d.get("level", 0), d.get("ratio"), d.get("codec_ms_per_mb"))
 
 
 class Objective(str, enum.Enum):

@@ -11,7 +11,7 @@ from partitioner import candidate_cuts
 from partitioner.cuts import Cut
 from partitioner.synthetic import make_chain_graph
 from planner import Encoding, InfeasibleError, Link, Plan, PlannerError, evaluate, solve
-from planner.accuracy import AccuracyEntry, AccuracyTable
+from planner.accuracy import AccuracyEntry, AccuracyTable, encoding_key
 from planner.budget import check_budget, plan_agreement, solve_within_budget
 from planner.synthetic import make_random_profile
 from tests.strategies import problems
@@ -24,10 +24,13 @@ def tables(draw: st.DrawFn, graph) -> AccuracyTable:
     cuts = [c for c in candidate_cuts(graph) if len(c.device) < len(graph)][:12]
     entries = []
     for c in cuts:
-        for enc in ("fp16", "int8", "int8+pc"):
+        for enc in ("fp16", "int8", "int8+pc", "jpeg@90", "tiled-webp@75", "bits@4"):
             if draw(st.booleans()):
                 a = draw(st.one_of(st.none(), st.floats(0.5, 1.0)))
-                entries.append(AccuracyEntry(c.key, enc, a, reason="" if a is not None else "not applicable"))
+                size = draw(st.floats(1.0, 1e6)) if "@" in enc else 0.0  # lossy codecs: measured bytes and ms
+                ms = draw(st.floats(0.0, 50.0)) if "@" in enc else 0.0
+                entries.append(AccuracyEntry(c.key, enc, a, wire_bytes=size, codec_ms=ms,
+                                             reason="" if a is not None else "not applicable"))
     return AccuracyTable(graph.model, "f", 4, tuple(entries))
 
 
@@ -46,9 +49,8 @@ def test_no_plan_is_below_the_budget(data, problem, budget: float, with_fp32: bo
         assert e.constraint == "min_agreement"
         return
     assert plan.agreement is not None and plan.agreement >= budget
-    lossless = plan.encoding.precision == "fp32" or len(plan.cut.device) == len(graph)
-    measured = 1.0 if lossless else table.agreement(plan.cut.key, plan.encoding.precision
-                                                    + ("+pc" if plan.encoding.per_channel else ""))
+    lossless = plan.encoding.lossless or len(plan.cut.device) == len(graph)
+    measured = 1.0 if lossless else table.agreement(plan.cut.key, encoding_key(plan.encoding))
     assert measured == plan.agreement == plan_agreement(graph, plan, table)
     # the reported cost is the cost model's for this cut and encoding
     assert plan.breakdown.total_ms == pytest.approx(evaluate(graph, plan.cut, profiles, link, plan.encoding).total_ms)
