@@ -142,13 +142,15 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     http = server = None
     rc = 0
     try:
+        from cluster.oip_grpc import oip_service
         from cluster.oip_rest import OipRest
 
         oip = OipRest(gateway, loop)  # the Open Inference Protocol's REST routes, under /v2
         http = (MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port, routes=oip.serve)
                 if a.metrics_port >= 0 else None)
+        # The OIP gRPC service on the gRPC port, sharing the REST door's models and statistics.
         server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,
-                             max_message_bytes=a.max_message_bytes)
+                             max_message_bytes=a.max_message_bytes, services=[oip_service(oip.models)])
         print(f"gateway serving on {server.address}" + (f", metrics on {http.url}" if http else ""), flush=True)
         rc = await _serve(a, gateway, stop)
     finally:
