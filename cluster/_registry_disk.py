@@ -203,9 +203,16 @@ class ModelConfig:
     what the head makes of them, and the batch check runs on them, never on invented
     values. Empty: none."""
 
+    min_agreement: float | None = None
+    """The accuracy budget of this version's plans, a fraction in (0, 1]: its frontier (the
+    tails preloaded, the plans agents get) holds only plans whose agreement with the fp32
+    model, as accuracy.json measured it, is at least this; fp16, int8 and the lossy codecs
+    are then placed where they meet it (planner [Note: accuracy budget]). None: lossless
+    fp32 plans only."""
+
     _FIELDS = ("name", "description", "max_batch_size", "max_queue_delay_ms", "max_queue_size", "replicas",
                "intra_op_threads", "instances", "max_request_bytes", "ray_resources", "frontier", "input_shapes",
-               "sample_inputs")
+               "sample_inputs", "min_agreement")
 
     def __post_init__(self) -> None:
         for name, lo in (("max_batch_size", 1), ("max_queue_size", 1), ("replicas", 1), ("intra_op_threads", 0),
@@ -214,6 +221,10 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {lo}")
         if not self.max_queue_delay_ms >= 0:
             raise ValueError(f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0")
+        m = self.min_agreement
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 1):
+            raise ValueError(f"min_agreement={m!r} must be a fraction in (0, 1], such as 0.99, or left out for "
+                             "lossless plans only")
         if not isinstance(self.ray_resources, Mapping):
             raise ValueError(f"ray_resources={self.ray_resources!r} must be a mapping of Ray resource name to "
                              "amount, such as {splitinfer-gpu-tier: 1}")
@@ -334,10 +345,13 @@ class VersionFrontier:
     """The cuts to preload, device-light first."""
     planner: Mapping[str, Any] | None = None
     """`planner.Frontier.to_dict()` when source is 'planner', for edge agents."""
+    min_agreement: float | None = None
+    """The accuracy budget the planner frontier keeps to (model.yaml's), for edge agents."""
 
     def to_json(self) -> str:
         return json.dumps({"schema": FRONTIER_SCHEMA, "source": self.source,
-                           "cuts": [c.to_dict() for c in self.cuts], "planner": self.planner},
+                           "cuts": [c.to_dict() for c in self.cuts], "planner": self.planner}
+                          | ({} if self.min_agreement is None else {"min_agreement": self.min_agreement}),
                           sort_keys=True, indent=1)
 
     @classmethod
@@ -345,7 +359,8 @@ class VersionFrontier:
         d = json.loads(text)
         if d.get("schema") != FRONTIER_SCHEMA:
             raise ValueError(f"schema {d.get('schema')!r} is not {FRONTIER_SCHEMA!r}")
-        return cls(d["source"], tuple(CutEntry.from_dict(c) for c in d["cuts"]), d.get("planner"))
+        return cls(d["source"], tuple(CutEntry.from_dict(c) for c in d["cuts"]), d.get("planner"),
+                   d.get("min_agreement"))
 
     @property
     def cut_ids(self) -> tuple[str, ...]:
@@ -358,25 +373,35 @@ def _entry(graph: Any, cut: Any) -> CutEntry:
     return CutEntry(cut.key, tuple(sorted(cut.device)), tuple(boundary(graph, cut)))
 
 
-def compute_frontier(graph: Any, config: FrontierConfig, profiles: Mapping[str, str]) -> VersionFrontier:
+def compute_frontier(graph: Any, config: FrontierConfig, profiles: Mapping[str, str], *,
+                     min_agreement: float | None = None, accuracy: Any = None) -> VersionFrontier:
     """The cuts to preload: the planner's frontier when both profiles exist, else chain points.
 
-    `profiles` maps file names under profiles/ to their JSON text. Pure: no I/O.
+    `profiles` maps file names under profiles/ to their JSON text. With `min_agreement`
+    (model.yaml's) the planner frontier keeps to that budget on the `accuracy` table
+    (a `planner.accuracy.AccuracyTable` or None): fp16, int8 and the table's lossy codecs
+    are placed where their measured agreement meets it, so the tails their plans need
+    are preloaded too. Pure: no I/O.
     """
     from partitioner import Cut, chain_points, prefix_cut
 
     if config.device_profile in profiles and config.cloud_profile in profiles:
-        from planner import LinkRange, Profile, frontier
+        from planner import Encoding, LinkRange, Profile, frontier
 
         dev = Profile.from_json(profiles[config.device_profile])
         cloud = Profile.from_json(profiles[config.cloud_profile])
         rng = LinkRange(config.up_lo_bps, config.up_hi_bps, config.down_ratio, config.rtt_ms)
-        front = frontier(graph, [dev, cloud], rng, config.objective)
+        if min_agreement is None:
+            front = frontier(graph, [dev, cloud], rng, config.objective)
+        else:
+            casts = (Encoding(), Encoding("fp16"), Encoding("int8"), Encoding("int8", per_channel=True))
+            front = frontier(graph, [dev, cloud], rng, config.objective, encodings=casts, accuracy=accuracy,
+                             min_agreement=min_agreement)
         seen: dict[str, CutEntry] = {}
         for plan in front.plans:
             if len(plan.cut.device) < len(graph):  # an edge-only plan has no tail to preload
                 seen.setdefault(plan.cut.key, _entry(graph, plan.cut))
-        return VersionFrontier("planner", tuple(seen.values()), front.to_dict())
+        return VersionFrontier("planner", tuple(seen.values()), front.to_dict(), min_agreement)
     # [Note: default frontier] Without profiles nothing says which cut wins, so the
     # registry preloads cuts that are cheap to ship and spread over the model: the
     # empty cut (the device sends the input) and `default_cut_count` chain points
@@ -542,15 +567,21 @@ class VersionFiles:
         """frontier.json if it is newer than model.onnx, else computed and written back."""
         path = os.path.join(self.path, "frontier.json")
         cached = self._find("frontier.json")
-        if cached and os.path.getmtime(cached) >= os.path.getmtime(self.model_path):
+        budget = self.config.min_agreement
+        table = self._find("accuracy.json") if budget is not None else None
+        newer_than = max(os.path.getmtime(self.model_path), os.path.getmtime(table) if table else 0.0)
+        if cached and os.path.getmtime(cached) >= newer_than:
             try:
                 with open(cached, encoding="utf-8") as fh:
-                    return VersionFrontier.from_json(fh.read())
+                    front = VersionFrontier.from_json(fh.read())
+                if front.min_agreement == budget:  # a frontier of another budget is computed again
+                    return front
             except (ValueError, KeyError, TypeError) as e:
                 logger.warning("ignoring %s (%s); computing the frontier again", cached, e)
         graph = self.sized_graph()
         try:
-            front = compute_frontier(graph, self.config.frontier, self.profiles())
+            front = compute_frontier(graph, self.config.frontier, self.profiles(), min_agreement=budget,
+                                     accuracy=self.accuracy() if budget is not None else None)
         except ClusterError:
             raise
         except Exception as e:  # noqa: BLE001 - planner and profile errors name their own fields
