@@ -53,9 +53,11 @@ class GrpcDoor:
 
 
 @contextmanager
-def oip_grpc_door(root: str, versions: tuple[str, ...] = ("1",), model_yaml: str = "") -> Iterator[GrpcDoor]:
+def oip_grpc_door(root: str, versions: tuple[str, ...] = ("1",), model_yaml: str = "",
+                  credentials: Any = None) -> Iterator[GrpcDoor]:
     """Registry m@versions (conv chains, each with its own weights and `model_yaml`; all loaded), a
-    gateway that wants TOKEN, and its gRPC port with the native and the OIP services."""
+    gateway that wants TOKEN, and its gRPC port (TLS with `credentials`) with the native and the
+    OIP services."""
     for i, v in enumerate(versions):
         d = os.path.join(root, "repo", "m", v)
         os.makedirs(d)
@@ -74,7 +76,7 @@ def oip_grpc_door(root: str, versions: tuple[str, ...] = ("1",), model_yaml: str
     try:
         asyncio.run_coroutine_threadsafe(gateway.start(), loop).result(60)
         server = asyncio.run_coroutine_threadsafe(
-            serve(gateway, host="127.0.0.1", port=0, services=[oip_service(models)]), loop).result(30)
+            serve(gateway, host="127.0.0.1", port=0, credentials=credentials, services=[oip_service(models)]), loop).result(30)
         yield GrpcDoor(server.address, gateway, models, os.path.join(root, "repo", "m", versions[0], "model.onnx"))
     finally:
         if server is not None:

@@ -226,3 +226,51 @@ def test_a_request_over_the_size_limit_is_resource_exhausted(tmp_path):
                    grpc.StatusCode.RESOURCE_EXHAUSTED, "request size of m@1")
         finally:
             c.close()
+
+
+def test_device_id_parameter_routes_the_canary_as_on_the_native_door(tmp_path):
+    with oip_grpc_door(str(tmp_path), versions=("1", "2")) as d:
+        registry = d.gateway.registry
+        registry.set_default("m", "1")
+        registry.set_canary("m", "2", 50.0)
+        devices = {registry.resolve("m", "", f"dev{i}").version: f"dev{i}" for i in range(64)}
+        assert set(devices) == {"1", "2"}
+        c = triton.InferenceServerClient(d.host)
+        try:
+            x = np.zeros((1, 4, 5, 5), np.float32)
+            for version, device in devices.items():
+                r = c.infer("m", inputs_of({"x": x}), headers=AUTH, parameters={"device_id": device})
+                assert r.get_response().model_version == version
+            expect(lambda: c.infer("m", inputs_of({"x": x}), headers=AUTH, parameters={"device_id": 7}),
+                   grpc.StatusCode.INVALID_ARGUMENT, "device_id 7 is not a string_param")
+        finally:
+            c.close()
+
+
+def test_tls_serves_the_oip_door_on_the_same_port(tmp_path):
+    from cluster.auth import load_server_credentials
+    from tests.integration.test_gateway_auth import _certs
+
+    ca, (crt, key), _ = _certs(tmp_path, "oip")
+    with oip_grpc_door(str(tmp_path), credentials=load_server_credentials(crt, key)) as d:
+        x = np.random.default_rng(5).random((1, 4, 5, 5), dtype=np.float32)
+        secure = triton.InferenceServerClient(d.host, ssl=True, root_certificates=ca)
+        plain = triton.InferenceServerClient(d.host)
+        try:
+            r = secure.infer("m", inputs_of({"x": x}), headers=AUTH)
+            np.testing.assert_allclose(r.as_numpy("y"), ort_run(d.model_path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+            expect(lambda: plain.is_server_live(client_timeout=5), grpc.StatusCode.UNAVAILABLE, "")
+        finally:
+            secure.close()
+            plain.close()
+
+
+def test_a_malformed_message_is_counted_as_a_refusal(door):
+    metrics = door.gateway.metrics
+    labels = {"model": "-", "reason": "malformed"}  # a message that names no model
+    before = metrics.sample("splitinfer_refusals_total", labels) or 0
+    with grpc.insecure_channel(door.host) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(b"\xff\xff", timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid ModelInferRequest" in e.value.details()
+    assert metrics.sample("splitinfer_refusals_total", labels) == before + 1
