@@ -95,6 +95,9 @@ class EdgeConfig:
     """ONNX Runtime threads per operator on the device; 0 lets ORT choose."""
     encodings: tuple[str, ...] = ("fp32", "fp16")
     """Boundary encodings the planner may choose ('fp32', 'fp16', 'int8'; int8 trades accuracy for bytes)."""
+    min_agreement: float | None = None
+    """Accuracy budget in (0, 1]: plans keep to it on the gateway's accuracy.json, which may then place
+    int8 and the lossy codecs it measured (the stricter of this and model.yaml's); None: model.yaml's."""
     max_inflight: int = 64
     """Requests the local API runs at once; more wait."""
     emulate_device: str | None = None
@@ -199,6 +202,8 @@ def _check(c: EdgeConfig) -> None:
             or any(e not in ("fp32", "fp16", "int8") for e in c.encodings)):
         raise _bad("encodings", c.encodings, "a non-empty list of 'fp32', 'fp16', 'int8'",
                    "e.g. encodings: [fp32, fp16]")
+    if c.min_agreement is not None and not (_num(c.min_agreement) and 0 < c.min_agreement <= 1):
+        raise _bad("min_agreement", c.min_agreement, "a fraction in (0, 1]", "e.g. min_agreement: 0.99, or remove it")
     if (c.tls_cert is None) != (c.tls_key is None):
         raise ConfigError(key="tls_cert" if c.tls_key else "tls_key", reason="is set without its pair",
                           fix="set both tls_cert and tls_key for mutual TLS, or neither")

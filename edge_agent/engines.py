@@ -10,6 +10,12 @@ measured profile for better plans.
 [Note: cloud profile] When the gateway ships profiles/cloud.json the frontier uses it;
 otherwise the cloud is assumed `CLOUD_SPEEDUP` times faster than this device (stated in
 the log), which only decides how much the agent offloads, never correctness.
+[Note: agent accuracy budget] The budget is the stricter of edge.yaml's `min_agreement`
+and the one model.yaml set (frontier.json carries it). Under a budget the frontier is
+planned on the accuracy.json the gateway ships (`planner.accuracy.AccuracyTable`): the
+configured encodings where their measured agreement meets it, and the lossy codecs the
+table measured at their cuts (planner [Note: accuracy budget]). Without a table only
+lossless plans meet a budget.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from edge_agent.cache import ArtifactCache
 from edge_agent.errors import ArtifactError
 from partitioner import Cut, LayerGraph, PartitionError, Splitter, save_segment
 from planner import Encoding, Frontier, LinkRange, PlannerError, Profile, frontier, make_flops_profile
+from planner.accuracy import AccuracyTable
 from workers.engine import Engine, EngineConfig
 from workers.errors import WorkerError
 
@@ -76,7 +83,9 @@ def estimate_profile(graph: LayerGraph, model_ms: float) -> Profile:
     """See [Note: device profile]."""
     flops = max(graph.total_flops, 1)
     gflops = flops / (max(model_ms, 1e-3) / 1e3) / 1e9
-    return make_flops_profile(graph, device=f"{socket.gethostname()}-flops-estimate", gflops=gflops)
+    # the one timed run is spread over the layers of known FLOPs; the others get none of it
+    return make_flops_profile(graph, device=f"{socket.gethostname()}-flops-estimate", gflops=gflops,
+                              unknown_flops_ms=0.0)
 
 
 def profile_model_ms(profile: Profile, graph: LayerGraph) -> float:
@@ -102,28 +111,52 @@ def load_or_estimate_profile(path: str, graph: LayerGraph, full: Engine) -> tupl
     return prof, "estimated"
 
 
+def _accuracy_table(files: Mapping[str, bytes]) -> AccuracyTable | None:
+    text = files.get("accuracy.json")
+    if text is None:
+        return None
+    try:
+        return AccuracyTable.from_json(text.decode("utf-8"))
+    except (UnicodeDecodeError, PlannerError, KeyError, TypeError, ValueError) as e:
+        logger.warning("ignoring the gateway's accuracy.json (%s): under a budget only lossless plans remain", e)
+        return None
+
+
 def make_frontier(graph: LayerGraph, device: Profile, files: Mapping[str, bytes], objective: str,
-                  encodings: tuple[str, ...] = ("fp32", "fp16")) -> Frontier:
-    """The plan frontier for this device; see [Note: cloud profile]."""
+                  encodings: tuple[str, ...] = ("fp32", "fp16"), *, min_agreement: float | None = None) -> Frontier:
+    """The plan frontier for this device; see [Note: cloud profile] and [Note: agent accuracy budget]
+    (``min_agreement`` is edge.yaml's)."""
     cloud_text = files.get("profiles/cloud.json")
     if cloud_text is not None:
         cloud = Profile.from_json(cloud_text.decode())
     else:
         dev_ms = sum(device.layer_ms(layer.id) for layer in graph.layers)
         gflops = max(graph.total_flops, 1) / (max(dev_ms, 1e-3) / 1e3) / 1e9 * CLOUD_SPEEDUP
-        cloud = make_flops_profile(graph, device="cloud-estimate", gflops=gflops)
+        cloud = make_flops_profile(graph, device="cloud-estimate", gflops=gflops, unknown_flops_ms=0.0)  # as the device's
         logger.info("no profiles/cloud.json from the gateway: assuming the cloud is %.0fx this device", CLOUD_SPEEDUP)
     rng = DEFAULT_LINK_RANGE
+    registry_budget = None
     fj = files.get("frontier.json")
     if fj is not None:
         try:
-            planner_part = json.loads(fj).get("planner")
+            front_json = json.loads(fj)
+            planner_part = front_json.get("planner")
             if planner_part:
                 rng = LinkRange.from_dict(planner_part["link_range"])
-        except (ValueError, KeyError, TypeError, PlannerError) as e:
+            registry_budget = front_json.get("min_agreement")
+        except (ValueError, KeyError, TypeError, AttributeError, PlannerError) as e:
             logger.warning("ignoring the link range of frontier.json (%s)", e)
     obj = "energy" if objective == "energy" else "latency"
-    return frontier(graph, [device, cloud], rng, obj, encodings=tuple(Encoding(e) for e in encodings))
+    encs = tuple(Encoding(e) for e in encodings)
+    budgets = [b for b in (min_agreement, registry_budget)
+               if isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b <= 1]
+    if not budgets:
+        return frontier(graph, [device, cloud], rng, obj, encodings=encs)
+    budget = max(budgets)
+    table = _accuracy_table(files)
+    logger.info("planning within min_agreement %g (edge.yaml %s, model.yaml %s) on %s", budget, min_agreement,
+                registry_budget, "the gateway's accuracy.json" if table is not None else "no accuracy table")
+    return frontier(graph, [device, cloud], rng, obj, encodings=encs, accuracy=table, min_agreement=budget)
 
 
 class ModelSet:
