@@ -184,7 +184,8 @@ class EdgeAgent:
             profile, self.profile_source = load_or_estimate_profile(prof_path, models.graph, models.full)
         self._local_ms = models.local_ms if self.profile_source == "estimated" else profile_model_ms(profile, models.graph)
         try:
-            self.frontier = make_frontier(models.graph, profile, files, cfg.policy.objective, cfg.encodings)
+            self.frontier = make_frontier(models.graph, profile, files, cfg.policy.objective, cfg.encodings,
+                                          min_agreement=cfg.min_agreement)
         except PlannerError as e:
             logger.error("no plan frontier (%s): every request runs locally", e)
             self.frontier = None

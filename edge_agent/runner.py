@@ -366,7 +366,9 @@ class Runner(LinkProbing):
         tensors: dict[str, Any] = {}
         for name in ce.boundary:
             arr = boundary[name]
-            if arr.dtype == np.float32 and (enc.precision != "fp32" or enc.compression != "none"):
+            if arr.dtype == np.float32 and enc.codec != "none":  # a lossy codec: quality or bit depth as level
+                tensors[name] = encode(arr, precision=enc.codec, level=enc.level)  # type: ignore[arg-type]
+            elif arr.dtype == np.float32 and (enc.precision != "fp32" or enc.compression != "none"):
                 tensors[name] = encode(arr, precision=enc.precision, compression=enc.compression,  # type: ignore[arg-type]
                                        per_channel=enc.per_channel)
             else:

@@ -75,3 +75,29 @@ def test_a_bad_min_agreement_in_edge_yaml_is_a_clear_error(tmp_path, value) -> N
 
 def test_edge_yaml_min_agreement_is_read() -> None:
     assert EdgeConfig(gateway="127.0.0.1:1", model="m", min_agreement=0.99).min_agreement == 0.99
+
+
+def test_the_agent_sends_a_lossy_plan_through_its_codec() -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cluster.protocol.encoding import decode
+    from edge_agent.engines import CutEngines
+    from edge_agent.policy import Action
+    from edge_agent.runner import Runner
+    from planner import Encoding
+
+    agent = SimpleNamespace(models=SimpleNamespace(model="m", version="1"), _device_id="d")
+    ce = CutEngines("L", None, None, ("x", "ids"), ())  # type: ignore[arg-type]
+    yy, xx = np.mgrid[0:16, 0:16] / 16
+    x = np.stack([np.sin(3 * xx + k) * np.cos(2 * yy) for k in range(3)])[None].astype(np.float32)
+    ids = np.arange(4, dtype=np.int64)
+    enc = Encoding(codec="jpeg", level=85, ratio=0.05, codec_ms_per_mb=1.0)
+    req = Runner._make_request(agent, Action("offload", "L", enc), ce, {"x": x, "ids": ids}, "r1", 5.0)  # type: ignore[arg-type]
+    t = req.tensors["x"]
+    assert (t.precision, t.level) == ("jpeg", 85) and t.wire_bytes < x.nbytes / 4
+    from cluster.protocol.lossy import measure_lossy
+
+    assert np.abs(decode(t) - x).max() <= measure_lossy(x, "jpeg", 85, repeats=1).max_abs_err + 1e-6
+    assert req.tensors["ids"] is not None and req.tensors["ids"].dtype == np.int64  # integers travel as they are
