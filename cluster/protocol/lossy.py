@@ -160,8 +160,10 @@ class LossyTensor:
 
     @property
     def wire_bytes(self) -> int:
-        """What the codec sends: the frames, the per-channel affine and a 16-byte header per frame."""
-        return sum(len(f) for f in self.frames) + self.lo.nbytes + self.step.nbytes + 16 * len(self.frames)
+        """What the codec sends: the size of its wire record (`to_encoded(t).wire_bytes`): an
+        8-byte header, 8 bytes per dim and 8 of codec header, the per-channel affine, a
+        4-byte size per frame and the frames."""
+        return 16 + 8 * len(self.shape) + 8 * len(self.lo) + 4 * len(self.frames) + sum(len(f) for f in self.frames)
 
 
 def check_quality(quality: Any) -> int:

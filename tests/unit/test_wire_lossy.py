@@ -16,7 +16,7 @@ import pytest
 from cluster.protocol.client import make_request
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.errors import EncodingError, ProtocolError
-from cluster.protocol.lossy import ImageNorm, measure_lossy
+from cluster.protocol.lossy import ImageNorm, encode_lossy, measure_lossy
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EXT_ENCODED, PRECISIONS, EncodedTensor, ext_default, read_ext
 
@@ -68,7 +68,7 @@ def test_each_lossy_code_round_trips_with_exact_header_fields(precision, x, leve
     assert struct.unpack_from(f"<{ndim}Q", ext.data, 8) == x.shape
     dcode, _, _, nframes = struct.unpack_from("<BBHI", ext.data, pos)
     assert (dcode, nframes) == (1, frames)
-    assert len(ext.data) == t.wire_bytes
+    assert len(ext.data) == t.wire_bytes == encode_lossy(x, precision, level, norm=norm).wire_bytes
 
     got = _wire(t)
     assert (got.precision, got.level, got.shape, got.axis, got.dtype, got.frame_bytes) == \
