@@ -17,7 +17,7 @@ from planner.frontier import Frontier
 from planner.frontier import frontier as make_frontier
 from planner.profile import Profile
 from planner.solvers import solve
-from planner.types import Breakdown, Link, LinkRange, Objective
+from planner.types import Breakdown, Encoding, Link, LinkRange, Objective
 from planner.whatif.answers import PlanAnswer, Summary
 from planner.whatif.requests import FrontierRequest, PlanRequest
 
@@ -72,7 +72,8 @@ def require_finite(out: Mapping[str, Any]) -> None:
 def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
          accuracy: AccuracyTable | None = None) -> PlanAnswer:
     """The best plan for ``request`` on ``graph`` with [device, cloud] ``profiles``, and the
-    edge-only and cloud-only baselines on the same link and encoding. With the scenario's
+    edge-only and cloud-only baselines on the same link and encoding (fp32 when the plan's
+    encoding is a lossy codec, which is priced only at its measured cut). With the scenario's
     ``min_agreement``, the plan is the best within that budget (planner.budget) on the
     model's ``accuracy`` table, and the frame sent as an image at the quality that meets
     the budget is a third baseline where the table measured one."""
@@ -88,8 +89,11 @@ def plan(request: PlanRequest, graph: LayerGraph, profiles: Sequence[Profile],
         logger.info("no feasible plan for %s", request.to_dict())
         raise
     everything, nothing = Cut(frozenset(range(len(graph)))), Cut(frozenset())
-    edge_only = Summary.of(evaluate(graph, everything, profiles, link, best.encoding))
-    cloud_only = Summary.of(evaluate(graph, nothing, profiles, link, best.encoding))
+    # A lossy codec is priced only at the cut it was measured at: the baselines then send fp32
+    # (the frame as an image is the third baseline).
+    base_enc = Encoding() if best.encoding.lossy_codec else best.encoding
+    edge_only = Summary.of(evaluate(graph, everything, profiles, link, base_enc))
+    cloud_only = Summary.of(evaluate(graph, nothing, profiles, link, base_enc))
     ours = metric_value(sc.objective, best.breakdown)
 
     def gain(base: Summary) -> float | None:

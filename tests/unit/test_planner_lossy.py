@@ -125,3 +125,23 @@ def test_the_frontier_within_a_budget_holds_the_jpeg_at_slow_links_only_above_th
     assert there.key == held.plan.key  # the envelope is the per-rate optimum within the budget
     none = frontier(graph, profiles, rng, encodings=(Encoding(),), accuracy=table, min_agreement=0.999)
     assert "jpeg@90" not in [e.plan.encoding.key for e in none.entries]
+
+
+def test_the_plan_answer_sends_the_jpeg_and_holds_fp32_baselines(tmp_path, capsys) -> None:
+    import json
+
+    from splitinfer.plan_cmd import plan_main
+    from tests.unit.test_planner_budget import PLAN, _tiny_with_table
+
+    path = _tiny_with_table(tmp_path)
+    table = AccuracyTable.from_json((tmp_path / "tiny.accuracy.json").read_text())
+    table = table.with_entries([AccuracyEntry("L", "jpeg@90", 0.993, "y", "rel_l2", 4, 400.0, 0.3)])
+    (tmp_path / "tiny.accuracy.json").write_text(table.to_json())
+    assert plan_main([path, *PLAN, "--min-agreement", "0.99"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["encoding"]["codec"] == "jpeg" and d["agreement"] == 0.993
+    fp32 = [a if a != "auto" else "fp32" for a in PLAN]
+    assert plan_main([path, *fp32]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert d["baselines"]["cloud_only"] == plain["baselines"]["cloud_only"]
+    assert d["baselines"]["edge_only"] == plain["baselines"]["edge_only"]
