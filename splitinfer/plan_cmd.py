@@ -230,7 +230,7 @@ def format_plan(answer: PlanAnswer) -> str:
         f"{n - k} in the cloud ({answer.cloud_device})",
         f"link     up {format_rate_bps(link.up_bps)}, down {format_rate_bps(link.down_bps)}, "
         f"rtt {link.rtt_ms:g} ms, loss {link.loss:g}",
-        f"plan     objective {plan.objective.value}, encoding {enc.precision}"
+        f"plan     objective {plan.objective.value}, encoding {enc.key if enc.lossy_codec else enc.precision}"
         + (f"+{enc.compression}" if enc.compression != "none" else ""),
         f"cut      device layers {_ranges(plan.edge_layers) or '(none: cloud only)'}",
         f"boundary {', '.join(plan.boundary) or '(nothing crosses: edge only)'}"

@@ -145,3 +145,5 @@ def test_the_plan_answer_sends_the_jpeg_and_holds_fp32_baselines(tmp_path, capsy
     plain = json.loads(capsys.readouterr().out)
     assert d["baselines"]["cloud_only"] == plain["baselines"]["cloud_only"]
     assert d["baselines"]["edge_only"] == plain["baselines"]["edge_only"]
+    assert plan_main([path, *PLAN[:-1], "--min-agreement", "0.99"]) == 0
+    assert "encoding jpeg@90" in capsys.readouterr().out
