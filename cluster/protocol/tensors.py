@@ -78,6 +78,7 @@ LOSSY_PRECISIONS: tuple[str, ...] = ("jpeg", "webp", "tiled-jpeg", "tiled-webp",
 _IMAGE_PRECISIONS = ("jpeg", "webp")
 _LEVELS = {"jpeg": (1, 100), "webp": (1, 100), "tiled-jpeg": (1, 100), "tiled-webp": (1, 100), "bits": (2, 8)}
 _LOSSY_DTYPES = {1: "float32", 5: "uint8"}  # decoded dtype, by DTYPE_CODES
+_LOSSY_DTYPE_CODES = {v: k for k, v in _LOSSY_DTYPES.items()}
 #: Lossless compression codes of EncodedTensor.
 COMPRESSIONS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
 _PRECISION_OF_CODE = {v: k for k, v in PRECISIONS.items()}
@@ -217,9 +218,13 @@ def _encoded_head(t: EncodedTensor, pad: int, where: str) -> bytes:
     ndim = len(t.shape)
     scales = np.ascontiguousarray(t.scales, dtype="<f4")
     if t.lossy:
-        dcode = {v: k for k, v in _LOSSY_DTYPES.items()}.get(t.dtype)
+        dcode = _LOSSY_DTYPE_CODES.get(t.dtype)
         if dcode is None:
             raise ProtocolError(reason=f"EncodedTensor of {t.precision} has dtype {t.dtype!r}; use float32 or uint8",
+                                where=where)
+        lo, hi = _LEVELS[t.precision]
+        if not lo <= t.level <= hi:
+            raise ProtocolError(reason=f"EncodedTensor of {t.precision} has level {t.level}, outside {lo}..{hi}",
                                 where=where)
         return (
             _ENCODED_HEAD.pack(_LAYOUT, prec, comp, ndim, t.axis, pad, t.level)

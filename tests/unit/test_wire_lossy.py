@@ -181,3 +181,13 @@ def test_a_lossy_tensor_in_a_big_frame_is_written_aligned_and_read_back() -> Non
     got = InferRequest.from_msgpack(req.to_msgpack()).tensors["x"]
     np.testing.assert_array_equal(decode(got), decode(t))
     assert msgpack.unpackb(req.to_msgpack(), ext_hook=lambda c, b: c, raw=False)["tensors"]["x"] == EXT_ENCODED
+
+
+def test_a_lossy_record_with_a_level_out_of_range_is_not_written() -> None:
+    import dataclasses
+
+    t = encode(_image((1, 3, 8, 8)), precision="jpeg")
+    with pytest.raises(ProtocolError, match="level 0, outside 1..100"):
+        make_request("m", "1", "L", {"x": dataclasses.replace(t, level=0)}, timeout_s=5.0).to_msgpack()
+    with pytest.raises(ProtocolError, match="dtype 'int8'; use float32 or uint8"):
+        make_request("m", "1", "L", {"x": dataclasses.replace(t, dtype="int8")}, timeout_s=5.0).to_msgpack()
