@@ -78,10 +78,6 @@ def _parse(cls: Any, raw: bytes) -> Any:
                                    "send the protobuf message of the OIP spec", where=_WHERE) from None
 
 
-def _tensors(specs: Any) -> list[dict[str, Any]]:
-    return [{"name": d["name"], "datatype": d["datatype"], "shape": d["shape"]} for d in specs]
-
-
 class OipGrpc:
     """The handlers of `inference.GRPCInferenceService` over a gateway; `run` is the native Infer path."""
 
@@ -139,9 +135,7 @@ class OipGrpc:
     async def model_metadata(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         self._read(context, req.name)
         lv, cut_id = self.models.resolve(req.name, req.version)
-        meta = self.models.metadata(req.name, lv, await self._signature(lv, cut_id))
-        return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                                        inputs=_tensors(meta["inputs"]), outputs=_tensors(meta["outputs"]))
+        return pb.ModelMetadataResponse(**self.models.metadata(req.name, lv, await self._signature(lv, cut_id)))
 
     async def model_config(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         self._read(context, req.name)

@@ -1,12 +1,14 @@
 """Fuzzing the OIP gRPC door of a real gateway with malformed requests over a raw gRPC channel.
 
 Random bytes to every method, and valid ModelInferRequests mutated one field at a time: each
-call must end with a clear status (never INTERNAL or UNKNOWN, and no hang), and the server must
-answer a good request afterwards. Runs with the project's own messages (cluster._oip_pb), so it
-needs no tritonclient.
+call must end with a clear status (never INTERNAL or UNKNOWN, and no hang), the server must
+answer a good request afterwards, and the process's memory stay flat over the second of two
+rounds. Runs with the project's own messages (cluster._oip_pb), so it needs no tritonclient.
 """
 
 from __future__ import annotations
+
+import os
 
 import grpc
 import numpy as np
@@ -19,9 +21,10 @@ from tests.integration._oip_grpc_support import AUTH, oip_grpc_door
 
 pytestmark = [pytest.mark.grpc, pytest.mark.slow]
 
-N_RAW = 1300
-N_MUTATED = 1300
-"""2,600 malformed requests in all."""
+N_PER_ROUND = 650
+"""Of each kind (random bytes, mutated requests) per round; two rounds: 2,600 requests in all.
+The first round warms the process up, the second must not grow it."""
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 _METHODS = ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
             "ModelConfig", "ModelStatistics", "RepositoryIndex"]
 _CLEAR = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
@@ -60,14 +63,6 @@ def assert_alive(channel) -> None:
         channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
             good_request().SerializeToString(), metadata=tuple(AUTH.items()), timeout=30))
     assert resp.outputs[0].name == "y" and len(resp.raw_output_contents[0]) == 12
-
-
-@seed(31)
-@settings(max_examples=N_RAW, deadline=None, derandomize=False, database=None,
-          suppress_health_check=list(HealthCheck))
-@given(method=st.sampled_from(_METHODS), raw=st.binary(max_size=256))
-def test_random_bytes_get_a_clear_status(door, method, raw):
-    call(door[1], method, raw)
 
 
 @st.composite
@@ -114,14 +109,43 @@ def mutated(draw) -> bytes:
     return raw
 
 
-@seed(32)
-@settings(max_examples=N_MUTATED, deadline=None, derandomize=False, database=None,
-          suppress_health_check=list(HealthCheck))
-@given(raw=mutated())
-def test_mutated_infer_requests_get_a_clear_status(door, raw):
-    call(door[1], "ModelInfer", raw)
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
 
 
-def test_the_server_answers_after_the_fuzz(door):
-    assert_alive(door[1])
-    assert call(door[1], "ServerLive", b"") is grpc.StatusCode.OK
+def test_malformed_requests_get_a_clear_status_and_the_server_stays_up(door):
+    channel = door[1]
+    seen: dict[grpc.StatusCode, int] = {}
+
+    def count(code: grpc.StatusCode) -> None:
+        seen[code] = seen.get(code, 0) + 1
+
+    def fuzz_round(round_seed: int) -> None:
+        @seed(round_seed)
+        @settings(max_examples=N_PER_ROUND, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(method=st.sampled_from(_METHODS), raw=st.binary(max_size=256))
+        def random_bytes(method, raw):
+            count(call(channel, method, raw))
+
+        @seed(round_seed + 1)
+        @settings(max_examples=N_PER_ROUND, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(raw=mutated())
+        def mutated_infer(raw):
+            count(call(channel, "ModelInfer", raw))
+
+        random_bytes()
+        mutated_infer()
+
+    assert_alive(channel)
+    fuzz_round(31)
+    rss0 = _rss_bytes()
+    fuzz_round(33)
+    grew = _rss_bytes() - rss0
+    assert sum(seen.values()) >= 4 * N_PER_ROUND
+    assert {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND} <= set(seen), seen
+    assert_alive(channel)
+    assert call(channel, "ServerLive", b"") is grpc.StatusCode.OK
+    # Statistics keep only names that resolve: client-sent names cannot grow them.
+    assert {s["name"] for s in door[0].models.stats.to_json(None, None)["model_stats"]} <= {"m"}
+    assert grew < 16 << 20, f"RSS grew {grew >> 20} MiB over the second round ({seen})"
