@@ -11,11 +11,12 @@ configuration and statistics extensions (docs/protocol.md, "Open Inference Proto
     GET  /v2/models/{m}[/versions/{v}]                model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready          200, or 4xx with {"error"}
     GET  /v2/models/{m}[/versions/{v}]/config         Triton model configuration (max_batch_size)
-    GET  /v2/models[/{m}[/versions/{v}]]/stats        Triton statistics of this door's requests
+    GET  /v2/models[/{m}[/versions/{v}]]/stats        Triton statistics of the OIP doors' requests
     POST /v2/repository/index                         Triton's index: every model and tail, per version
     POST /v2/models/{m}[/versions/{v}]/infer          inference: JSON and/or binary tensors
 
-What a model is on this door: `NAME` is the whole model of registry model NAME, run in the
+What a model is on this door (cluster._oip_models, the mapping it shares with the gRPC door,
+cluster.oip_grpc): `NAME` is the whole model of registry model NAME, run in the
 cloud (the empty cut 'L'); `NAME.tail.<cut-id>` is the tail of a preloaded (frontier) cut of
 NAME, whose inputs are that cut's boundary tensors. Without `/versions/{v}` the registry
 routes the request (default version and canary) as it routes a native request with version ''.

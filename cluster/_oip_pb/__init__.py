@@ -1,0 +1,1 @@
+"""The Open Inference Protocol's gRPC messages: oip.proto and the oip_pb2 module generated from it."""
