@@ -17,7 +17,12 @@ from typing import Any
 
 __all__ = ["write_report", "plot_timeline", "plot_compare"]
 
-_COLORS = {"remote": "#1f77b4", "local": "#2ca02c", "local_tail": "#ff7f0e", "error": "#d62728"}
+_COLORS = {"split": "#9467bd", "remote": "#1f77b4", "local": "#2ca02c", "local_tail": "#ff7f0e", "error": "#d62728"}
+
+
+def _served(r: Mapping[str, Any]) -> str:
+    """How a request was served; reports written before `served_as` existed say only `served_by`."""
+    return str(r.get("served_as") or r["served_by"])
 
 
 def _plt():  # noqa: ANN202 - matplotlib.pyplot, loaded off-screen and only when drawing
@@ -65,8 +70,8 @@ def plot_timeline(data: Mapping[str, Any], path: str) -> str:
     if pts:
         ax.step(*zip(*pts), where="post", color="black", lw=1.5, label="plan chosen (agent)")
     for k, c in _COLORS.items():
-        xs = [r["sent_s"] for r in reqs if r["served_by"] == k]
-        ys = [order.get(r["ran_as"], 0) for r in reqs if r["served_by"] == k]
+        xs = [r["sent_s"] for r in reqs if _served(r) == k]
+        ys = [order.get(r["ran_as"], 0) for r in reqs if _served(r) == k]
         if xs:
             ax.scatter(xs, ys, s=10, color=c, label=f"request: {k}", alpha=0.7, zorder=3)
     ax.set_yticks(range(len(labels)))
@@ -78,16 +83,17 @@ def plot_timeline(data: Mapping[str, Any], path: str) -> str:
 
     ax = axes[2]
     for k, c in _COLORS.items():
-        xs = [r["sent_s"] for r in reqs if r["served_by"] == k]
-        ys = [r["latency_ms"] for r in reqs if r["served_by"] == k]
+        xs = [r["sent_s"] for r in reqs if _served(r) == k]
+        ys = [r["latency_ms"] for r in reqs if _served(r) == k]
         if xs:
             ax.scatter(xs, ys, s=12, color=c, label=f"measured: {k}", zorder=3)
     pred = data["predicted"]
     for key, style, lab in (("edge_only_ms", "--", "predicted edge-only"),
                             ("cloud_only_ms", ":", "predicted cloud-only"),
+                            ("split_ms", "-.", "predicted best split"),
                             ("best_ms", "-", "predicted best plan")):
         xs, ys = [], []
-        for p, v in zip(phases, pred[key]):
+        for p, v in zip(phases, pred.get(key) or []):
             if v is not None and math.isfinite(v):
                 xs += [p["start_s"], p["end_s"], float("nan")]
                 ys += [v, v, float("nan")]
@@ -114,16 +120,19 @@ def plot_compare(data: Mapping[str, Any], path: str) -> str:
     meas = data["measured_p50_ms"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     n = len(phases)
-    width = 0.27
-    series = (("measured: the demo (median)", meas, "#1f77b4", ""),
+    width = 0.2
+    series = [("measured: the demo (median)", meas, "#1f77b4", ""),
               ("predicted: edge-only", pred["edge_only_ms"], "#2ca02c", "//"),
-              ("predicted: cloud-only", pred["cloud_only_ms"], "#7f7f7f", "//"))
+              ("predicted: cloud-only" + _encodings(pred.get("cloud_only_encoding")), pred["cloud_only_ms"],
+               "#7f7f7f", "//")]
+    if pred.get("split_ms"):
+        series.append(("predicted: best split", pred["split_ms"], "#9467bd", "//"))
     top = max([v for _, vals, _, _ in series for v in vals if v is not None and math.isfinite(v)] or [1.0])
     for j, (lab, vals, color, hatch) in enumerate(series):
         for i, v in enumerate(vals):
-            x = i + (j - 1) * width
+            x = i + (j - (len(series) - 1) / 2) * width
             if v is None or not math.isfinite(v):
-                ax.text(x, top * 0.02, "no\nlink" if j == 2 else "n/a", ha="center", fontsize=7)
+                ax.text(x, top * 0.02, "no\nlink" if j >= 2 else "n/a", ha="center", fontsize=7)
                 continue
             ax.bar(x, v, width, color=color, hatch=hatch, edgecolor="white", label=lab if i == 0 or
                    all(u is None or not math.isfinite(u) for u in vals[:i]) else None)
@@ -131,7 +140,7 @@ def plot_compare(data: Mapping[str, Any], path: str) -> str:
     ax.set_xticks(range(n))
     ax.set_xticklabels([f"{p['label']}\n{p['start_s']:.0f}-{p['end_s']:.0f} s" for p in phases])
     ax.set_ylabel("latency per request (ms)")
-    ax.set_title("chosen plan (measured) against edge-only and cloud-only (planner's prediction)")
+    ax.set_title("chosen plan (measured) against edge-only, cloud-only and split (planner's prediction)")
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), fontsize=8)
@@ -140,6 +149,60 @@ def plot_compare(data: Mapping[str, Any], path: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _encodings(encs: Sequence[str | None] | None) -> str:
+    """' (fp16)' when the predictions are for one encoding, ' (fp16/fp32)' for several."""
+    seen = sorted({e for e in encs or [] if e})
+    return f" ({'/'.join(seen)})" if seen else ""
+
+
+def _ms(x: Any) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{float(x):.0f} ms"
+
+
+def _explanations(data: Mapping[str, Any]) -> str:
+    """The ratio, the gap between predicted and measured local latency, and skipped frames, in numbers."""
+    out = []
+    emu = data.get("emulation") or {}
+    ref = emu.get("reference")
+    env = data["setup"]
+    if ref:
+        how = (f"the CPU quota ({emu.get('edge_cpus', '?')} CPU) was set by timing the model inside it"
+               if emu.get("quota_from") == "reference ratio" else f"the quota came from {emu.get('quota_from', 'the flags')}")
+        out.append(f"""<h2>The device and the cloud</h2><p>The device is emulated as an <b>{html.escape(ref['edge_device'])}</b>
+against a <b>{html.escape(ref['cloud_device'])}</b> cloud: the planner's reference roofline profiles of {html.escape(data['model'])}
+take {ref['edge_ms']:.3g} ms and {ref['cloud_ms']:.3g} ms, <b>{ref['ratio']:.3g}x</b>. Here the cloud is this host's cores
+({env.get('cloud_model_ms')} ms for the model, measured) and the device one ONNX Runtime thread in a CPU quota that makes it
+that many times slower: {how}, and measured {env.get('edge_model_ms')} ms, <b>{env.get('edge_over_cloud')}x</b> the cloud.
+Link rates are the trace's, unscaled.</p>""")
+    gap = data.get("local_gap")
+    if gap and gap.get("local_answers"):
+        out.append(f"""<h2>Why local answers take longer than predicted</h2>
+<p>The prediction for a local answer is the model's time inside the quota, each run after an idle wait as requests
+arrive: <b>{_ms(gap['predicted_ms'])}</b>. The {gap['local_answers']} local answers took a median
+<b>{_ms(gap['measured_app_p50_ms'])}</b> as the app measured them ({_ms(gap['measured_agent_p50_ms'])} inside the agent).
+The parts, measured in the same quota before the stream:</p><ul>
+<li><b>the throttle</b>: back to back, without the idle wait that lets a CFS quota hand out a whole slice at once, the
+model takes {_ms(gap.get('quota_back_to_back_ms'))};</li>
+<li><b>the Python hand-offs</b> of one local answer besides the model (decoding the app's msgpack request, the hop to the
+engine's thread and back, encoding the answer), throttled like the rest of the agent: {_ms(gap.get('agent_handoff_ms'))};
+the app's HTTP call over the unix socket adds the difference between the two medians above;</li>
+<li><b>sharing the device</b>: the agent answers up to --window requests at once, and a device that runs two of them
+shares its quota: {gap['local_answers_sharing_the_device']} of the local answers overlapped another one on the device
+(median {_ms(gap['measured_shared_p50_ms'])}, against {_ms(gap['measured_alone_p50_ms'])} for those that ran alone).
+The agent does not batch local runs.</li></ul>
+<p>The agent learns the ratio of measured to predicted latency as answers come (its <code>latency_factors</code> in
+<code>/v1/status</code>) and plans with it, which is why it may offload a little below the frontier's breakpoint.</p>""")
+    skips = data.get("skip_reasons")
+    c = data["counts"]
+    if skips is not None:
+        rows = "".join(f"<li>{html.escape(k)}: {v}</li>" for k, v in skips.items())
+        out.append(f"""<h2>Skipped frames</h2><p>The app sends a frame every 1/fps s ({env.get('fps')} fps) and keeps at most
+--window ({env.get('window')}) requests unanswered: a frame whose tick finds the window full is skipped, as a camera drops
+a frame rather than queue without bound. It is never sent, so it is neither lost nor answered.
+{c['frames_skipped']} of {c['sent'] + c['frames_skipped']} ticks were skipped, by what held the window:</p><ul>{rows}</ul>""")
+    return "".join(out)
 
 
 def _table(rows: Sequence[Sequence[Any]], head: Sequence[str]) -> str:
@@ -163,8 +226,16 @@ def write_report(out_dir: str, data: Mapping[str, Any]) -> str:
     setup = _table([[k, v] for k, v in env.items()], ["setting", "value"])
     v = data["verification"]
     ok = c["lost"] == 0 and c["doubled"] == 0 and c["answered"] == c["sent"] and v["mismatched"] == 0
-    verdict = ("Every request got exactly one answer, equal to the whole model run locally." if ok
-               else "Something went wrong: see the counts below.")
+    verdict = ("Every request got exactly one answer, equal to the whole model run locally within its encoding's "
+               "tolerance." if ok else "Something went wrong: see the counts below.")
+    if "served_split" in c:
+        verdict += (f" {c['served_split']} answers were split (head on the device, tail in the cloud), "
+                    f"{c['served_remote']} ran in the cloud, {c['served_local']} on the device and "
+                    f"{c['served_fallback']} were finished on the device after the cloud failed or was late.")
+    per_enc = v.get("per_encoding") or {}
+    checks = ("; ".join(f"{html.escape(e)}: {m['answers']} answers, max relative error {m['max_rel_err']:.2g}, "
+                        f"tolerance {m['tolerance']:g}, {m['mismatched']} outside" for e, m in per_enc.items())
+              or f"max relative error {v['max_rel_err']:.2g}")
     title = html.escape(data["model"])
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>splitinfer demo: {title}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
@@ -176,19 +247,20 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}}
 <h2>What happened</h2>
 <p>The edge agent served a stream of requests while the link emulator replayed a trace: a fast link,
 a step down, an outage and a recovery. Each dot below is one request, coloured by where it ran:
-<i>remote</i> (head here, tail in the cloud), <i>local</i> (the whole model on the device) or
-<i>local_tail</i> (the cloud failed or was late, so the device finished it).
-Lines marked <i>predicted</i> are the planner's cost model with the profiles measured in this run;
-dots are measured.</p>
+<i>split</i> (the head on the device, the tail in the cloud), <i>remote</i> (the whole model in the cloud),
+<i>local</i> (the whole model on the device) or <i>local_tail</i> (the cloud failed or was late, so the device
+finished it). Lines marked <i>predicted</i> are the planner's cost model with the profiles measured in this run,
+for the encoding the planner chooses (the boundary or input as fp16 where that is faster); dots are measured.</p>
 <img src="timeline.png" alt="timeline">
 <img src="compare.png" alt="comparison">
 <h2>Counts</h2>{counts}
-<p>Answers checked against the whole model on this host: {v['checked']} checked, {v['mismatched']} outside
-their encoding's tolerance (max relative error {v['max_rel_err']:.2g}; tolerance {v['tolerance']:g} for an fp32
-boundary, {v.get('tolerances', {}).get('fp16', v['tolerance']):g} for fp16; answers by encoding:
-{', '.join(f'{k} {n}' for k, n in v.get('by_encoding', {}).items()) or 'none'}).</p>
+<p>Every answer is compared with the whole model run in one ONNX Runtime session on this host, on the same frame:
+the largest absolute difference over the largest absolute output, against a tolerance per encoding of what crossed
+the link (local answers count as fp32). {v['checked']} checked, {v['mismatched']} outside their tolerance;
+{checks}.</p>
 <h2>Plan frontier</h2><p>The plans that are optimal somewhere in the uplink range, as the planner computed them
 before the stream. The agent switches between these as its link estimate moves.</p>{front}
+{_explanations(data)}
 <h2>Set-up</h2>{setup}
 <p>Raw data: <a href="report.json">report.json</a>.</p></body></html>"""
     path = os.path.join(out_dir, "index.html")

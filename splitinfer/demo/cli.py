@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitinfer demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet50", help="zoo model name (default resnet50)")
+    p.add_argument("--model", default="squeezenet",
+                   help="zoo model name (default squeezenet: a mid-network cut is its best plan on part of the trace)")
     p.add_argument("-o", "--out", default="demo-report", help="report directory (default demo-report)")
     p.add_argument("--quick", action="store_true",
                    help="halve the trace's phases and profile with fewer runs (~1-2 min)")
@@ -46,8 +47,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="most requests in flight; later frames are skipped (default 2)")
     p.add_argument("--trace-scale", type=float, default=None,
                    help="multiply the trace's times (default 1, or 0.5 with --quick)")
-    p.add_argument("--edge-cpus", type=float, default=0.15,
-                   help="CPU quota of the edge agent's cgroup, where one can be made (0: no quota; default 0.15)")
+    p.add_argument("--edge-cpus", type=float, default=None,
+                   help="CPU quota of the edge agent's cgroup, where one can be made (0: no quota; default: the quota "
+                        "that makes the device as many times slower than the cloud as an rpi4 against a t4)")
     p.add_argument("--log-level", default="WARNING", help="log level of the parts (default WARNING)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show Ray's and gRPC's own log lines (hidden by default)")
@@ -122,8 +124,8 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
             if job is not None:
                 _say(f"      (local Ray up after {job.result():.0f} s)")
 
-        dm = await asyncio.to_thread(prepare, a.model, work, runs=4 if a.quick else 8, quota=quota, say=_say,
-                                     before_cloud=wait_ray)
+        dm = await asyncio.to_thread(prepare, a.model, work, runs=4 if a.quick else 8, quota=quota,
+                                     edge_cpus=a.edge_cpus, say=_say, before_cloud=wait_ray)
         label = make_cut_labeler(dm)
         _say(f"[4/6] plan frontier ({dm.front.objective.value}, uplink {dm.front.link_range.up_lo_bps / 1e6:g}-"
              f"{dm.front.link_range.up_hi_bps / 1e6:g} Mbit/s, downlink 4x, RTT 20 ms); breakpoints at "
@@ -150,7 +152,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
         res = await stream(socket_path=stack.edge.socket_path, inputs=inputs, refs=refs, duration_s=dur, fps=a.fps,
                            window=a.window,
                            start_trace=stack.start_trace, link_now=stack.link_now, status=stack.status,
-                           label_cut=label, say=_say, stop=_INTERRUPTED.is_set)
+                           label_cut=label, n_layers=len(dm.graph), say=_say, stop=_INTERRUPTED.is_set)
         agent_status = await stack.status()
         calls = stack.gateway.backend_calls
     finally:
@@ -175,8 +177,11 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
     setup = {"model": dm.name, "layers": len(dm.graph), "gflops": round(dm.graph.total_flops / 1e9, 3),
              "profiles": dm.profile_source, "edge_model_ms": round(dm.edge_model_ms, 1),
              "cloud_model_ms": round(dm.cloud_model_ms, 1), "edge_over_cloud": round(dm.slowdown, 2),
-             "edge_throttle": (f"{quota.kind} CPU quota of {a.edge_cpus:g} CPU, 1 ORT thread" if quota.kind != "none"
+             "edge_throttle": (f"{quota.kind} CPU quota of {quota.cpus:.3g} CPU, 1 ORT thread" if quota.kind != "none"
                                else f"1 ORT thread, no quota ({quota.why_not})"),
+             "reference_devices": (f"{dm.emulation['reference']['edge_device']} against "
+                                   f"{dm.emulation['reference']['cloud_device']}: {dm.emulation['reference']['ratio']:g}x "
+                                   "(the planner's roofline profiles of this model)"),
              "cloud": "Ray actors (local Ray)" if ray_job is not None else "gateway in-process pool (--no-ray)",
              "ray_start_s": None if ray_s is None else round(ray_s, 1), "fps": a.fps, "window": a.window,
              "trace": "splitinfer/traces/demo.csv", "trace_scale": scale, "cpus": os.cpu_count()}
@@ -186,11 +191,12 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
         json.dump(_clean(data), fh, indent=1, default=str, allow_nan=False)
     page = write_report(out, data)
     c, v = data["counts"], data["verification"]
-    _say(f"sent {c['sent']}, answered {c['answered']}, lost {c['lost']}, doubled {c['doubled']}; served remote "
-         f"{c['served_remote']}, local {c['served_local']}, fallback {c['served_fallback']}; "
-         f"{v['checked']} answers equal the whole model (max relative error {v['max_rel_err']:.1e}, "
-         f"{v['mismatched']} outside their encoding's tolerance: fp32 {v['tolerance']:g}, fp16 "
-         f"{v['tolerances']['fp16']:g})")
+    _say(f"sent {c['sent']}, answered {c['answered']}, lost {c['lost']}, doubled {c['doubled']}; served split "
+         f"{c['served_split']}, remote {c['served_remote']}, local {c['served_local']}, fallback {c['served_fallback']}; "
+         f"{c['frames_skipped']} frames skipped; {v['checked']} answers checked against the whole model, "
+         f"{v['mismatched']} outside their encoding's tolerance ("
+         + ", ".join(f"{e}: max relative error {m['max_rel_err']:.1e}, tolerance {m['tolerance']:g}"
+                     for e, m in v["per_encoding"].items()) + ")")
     _say(f"report: {page} (done in {time.monotonic() - t0:.0f} s)")
     ok = c["lost"] == 0 and c["doubled"] == 0 and c["answered"] == c["sent"] and v["mismatched"] == 0
     return 0 if ok else 1
@@ -223,7 +229,7 @@ def _bad_args(a: argparse.Namespace) -> str | None:
         return f"--fps must be > 0 and --window >= 1 (got {a.fps}, {a.window})"
     if a.trace_scale is not None and not (math.isfinite(a.trace_scale) and a.trace_scale > 0):
         return f"--trace-scale must be a number > 0 (got {a.trace_scale}); 0.5 replays the trace twice as fast"
-    if not (math.isfinite(a.edge_cpus) and a.edge_cpus >= 0):
+    if a.edge_cpus is not None and not (math.isfinite(a.edge_cpus) and a.edge_cpus >= 0):
         return f"--edge-cpus must be a number >= 0 (got {a.edge_cpus}); 0 runs the edge without a CPU quota"
     return None
 
@@ -261,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _SIGNAL["number"] = signal.SIGINT
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
-    quota = CpuQuota(a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
+    # Without --edge-cpus the limit is set once the profiles are measured (`setup.prepare`).
+    quota = CpuQuota(1.0 if a.edge_cpus is None else a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
     work = tempfile.mkdtemp(prefix="splitinfer-demo-")
     try:
         try:

@@ -12,20 +12,23 @@ as measured.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from splitinfer.emulate import PERIOD_US, CpuQuota, die_with_parent
 
-__all__ = ["AGENT_SETTINGS", "ENCODINGS", "CpuQuota", "EdgeProcess", "ThrottledTimer"]
+__all__ = ["AGENT_SETTINGS", "ENCODINGS", "CpuQuota", "EdgeProcess", "ThrottledTimer", "set_quota"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,13 +134,22 @@ class EdgeProcess:
         return p.returncode
 
 
+def set_quota(quota: CpuQuota, cpus: float) -> None:
+    """Rewrites the limit of `quota`'s cgroup in place (a CpuQuota of the same name does it);
+    processes inside it stay there."""
+    assert quota.path is not None
+    CpuQuota(cpus, os.path.basename(quota.path))
+    quota.cpus = cpus
+
+
 class ThrottledTimer:
     """Times the whole model with one thread inside the quota's cgroup, in a child process.
 
-    The child loads ONNX Runtime and the model unthrottled, says so, is moved into the
-    cgroup, then times `runs` inferences; `result()` is the median in ms. This is how fast
-    the emulated device really is on this host now (other load included), which no
-    arithmetic on the quota can say.
+    The child loads ONNX Runtime and the model unthrottled, says so, and is moved into the
+    cgroup; each `time()` then times a few inferences under the quota's current limit and
+    returns the median in ms. This is how fast the emulated device really is on this host
+    now (other load included), which no arithmetic on the quota can say. `gap_parts()`
+    times, in the same quota, what else a local answer costs the agent: see [Note: local gap].
     """
 
     def __init__(self, model_path: str, quota: CpuQuota, runs: int) -> None:
@@ -148,21 +160,33 @@ class ThrottledTimer:
             env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=die_with_parent)
         self._moved = False
 
-    def result(self, timeout_s: float = 180.0) -> float:
+    def _ask(self, command: str) -> str:
         p = self.proc
         assert p.stdin is not None and p.stdout is not None
-        try:
+        if not self._moved:
             line = p.stdout.readline().decode().strip()
             if line != "ready":
                 raise RuntimeError(f"the timing child did not start (said {line!r}, code {p.poll()})")
             if self.quota.active:
                 self.quota.add(p.pid)
-            p.stdin.write(b"go\n")
-            p.stdin.flush()
-            out, _ = p.communicate(timeout=timeout_s)
-            return float(out.decode().strip())
-        finally:
-            self.close()
+            self._moved = True
+        p.stdin.write(f"{command}\n".encode())
+        p.stdin.flush()
+        line = p.stdout.readline().decode().strip()
+        if not line:
+            raise RuntimeError(f"the timing child exited (code {p.poll()}) before answering {command!r}")
+        return line
+
+    def time(self) -> float:
+        """Median ms of one inference, each after an idle wait (see [Note: quota bursts])."""
+        return float(self._ask("go"))
+
+    def gap_parts(self) -> dict[str, float]:
+        """Median ms inside the quota of: an inference back to back with the one before
+        (`back_to_back_ms`), and the agent's hand-offs of one local answer without the
+        inference (`handoff_ms`: the request's msgpack decode, the hop to the engine's
+        thread and back, the answer's encode)."""
+        return {k: float(v) for k, v in json.loads(self._ask("parts")).items()}
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -171,13 +195,34 @@ class ThrottledTimer:
             self.proc.wait(10)
 
 
-def _time_model_main(argv: list[str]) -> int:
+def _time_runs(run: Callable[[], object], n: int, idle_s: float) -> float:
     from statistics import median
 
+    times = []
+    for _ in range(n):
+        if idle_s:
+            time.sleep(idle_s)
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(median(times))
+
+
+def _handoff(feed: dict[str, Any], outputs: dict[str, Any], pool: concurrent.futures.Executor) -> None:
+    """What the agent does for a local answer besides the inference, as its API does it."""
+    from edge_agent import wire
+
+    body = wire.dumps({"inputs": wire.encode_tensors(feed, True)}, wire.MSGPACK)
+    inputs, _ = wire.decode_tensors(wire.loads(body, wire.MSGPACK), True)
+    pool.submit(lambda: inputs).result()
+    wire.dumps({"outputs": wire.encode_tensors(outputs, True)}, wire.MSGPACK)
+
+
+def _time_model_main(argv: list[str]) -> int:
     import numpy as np
     import onnxruntime as ort
 
-    path, runs = argv[0], int(argv[1])
+    path, runs = argv[0], max(int(argv[1]), _MIN_TIMED_RUNS)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1
@@ -186,21 +231,26 @@ def _time_model_main(argv: list[str]) -> int:
     rng = np.random.default_rng(0)
     feed = {i.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in i.shape]).astype(np.float32)
             for i in sess.get_inputs()}
-    sess.run(None, feed)
+    names = [o.name for o in sess.get_outputs()]
+    outputs = dict(zip(names, sess.run(None, feed)))
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    _handoff(feed, outputs, pool)  # imports and first-use costs, outside the quota
     print("ready", flush=True)
-    sys.stdin.readline()
-    sess.run(None, feed)
-    times = []
-    for _ in range(max(runs, _MIN_TIMED_RUNS)):
-        # [Note: quota bursts] requests reach the device after an idle wait, and a CFS
-        # quota hands a job that starts after one its whole slice at full speed, so a
-        # short model runs faster then than back to back (ShuffleNet inside 0.2 CPU: a
-        # median 40 ms back to back, 26-34 ms after 30 ms pauses). Time it the way it is used.
-        time.sleep(_IDLE_BEFORE_RUN_S)
-        t0 = time.perf_counter()
+    for line in sys.stdin:
+        command = line.strip()
         sess.run(None, feed)
-        times.append((time.perf_counter() - t0) * 1e3)
-    print(f"{median(times):.3f}", flush=True)
+        if command == "go":
+            # [Note: quota bursts] requests reach the device after an idle wait, and a CFS
+            # quota hands a job that starts after one its whole slice at full speed, so a
+            # short model runs faster then than back to back (ShuffleNet inside 0.2 CPU: a
+            # median 40 ms back to back, 26-34 ms after 30 ms pauses). Time it the way it is used.
+            print(f"{_time_runs(lambda: sess.run(None, feed), runs, _IDLE_BEFORE_RUN_S):.3f}", flush=True)
+        elif command == "parts":
+            parts = {"back_to_back_ms": _time_runs(lambda: sess.run(None, feed), runs, 0.0),
+                     "handoff_ms": _time_runs(lambda: _handoff(feed, outputs, pool), runs, _IDLE_BEFORE_RUN_S)}
+            print(json.dumps(parts), flush=True)
+        else:
+            print("", flush=True)
     return 0
 
 

@@ -20,10 +20,10 @@ import yaml
 from partitioner import Cut, LayerGraph, boundary_bytes, build_graph
 from partitioner.zoo import load_zoo
 from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
-from splitinfer.demo.edge import ENCODINGS, CpuQuota, ThrottledTimer
+from splitinfer.demo.edge import ENCODINGS, CpuQuota, ThrottledTimer, set_quota
 
-__all__ = ["DemoModel", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles", "predicted_ms", "prepare",
-           "slow_down"]
+__all__ = ["CLOUD_DEVICE", "DEFAULT_MODEL", "DemoModel", "EDGE_DEVICE", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles",
+           "predicted_ms", "prepare", "reference_ratio", "slow_down"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,21 @@ VERSION = "1"
 # The range the frontier (and the gateway's preloaded tails) cover: it spans the demo
 # trace's 1.1 to 18.88 Mbit/s with margin. The downlink is 4x the uplink, as in the trace.
 LINK_RANGE = LinkRange(0.5e6, 100e6, down_ratio=4.0, rtt_ms=20.0)
+
+# [Note: demo speed ratio] The emulated device is as many times slower than the cloud side
+# as the planner's reference profiles (planner.devices' rooflines) say an EDGE_DEVICE is
+# against a CLOUD_DEVICE for the model: SqueezeNet takes 47 ms on an rpi4 and 1.9 ms on a t4,
+# 24.6x. The cloud side is this host's cores as measured; the device's CPU quota is set,
+# by timing inside it, so one ORT thread takes that ratio times the cloud's time. At that
+# ratio SqueezeNet's frontier has a mid-network cut (its first 3, 12 or 21 layers on the
+# device: 97, 47 or 16 kB in fp16 instead of the 301 kB input) from about 10 to 100 Mbit/s.
+EDGE_DEVICE = "rpi4"
+CLOUD_DEVICE = "t4"
+DEFAULT_MODEL = "squeezenet"
+_CALIBRATION_STEPS = 4
+_CALIBRATION_TOL = 0.15
+"""The quota is re-timed until the device's time is within this fraction of its target."""
+_MIN_EDGE_CPUS, _MAX_EDGE_CPUS = 0.01, 1.0
 
 @dataclasses.dataclass
 class DemoModel:
@@ -51,6 +66,9 @@ class DemoModel:
     cloud_model_ms: float
     """Median whole-model time with every core (the cloud side)."""
     front: Frontier
+    emulation: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """How the device was emulated: the reference ratio, the quota and the gap's parts
+    (see [Note: demo speed ratio] and [Note: local gap])."""
 
     @property
     def slowdown(self) -> float:
@@ -164,14 +182,47 @@ def slow_down(profile: Profile, factor: float, device: str) -> Profile:
                                batch_ms=None, corrections=corr, codec=codec)
 
 
-def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = None,
+def reference_ratio(graph: LayerGraph, edge: str = EDGE_DEVICE, cloud: str = CLOUD_DEVICE) -> dict[str, Any]:
+    """The model's whole time on the two reference devices' roofline profiles, and their ratio."""
+    from planner.devices import reference_profile
+
+    def total(p: Profile) -> float:
+        return sum(t.ms for t in p.layers.values()) + p.fixed_ms
+
+    edge_ms, cloud_ms = total(reference_profile(edge, graph)), total(reference_profile(cloud, graph))
+    return {"edge_device": edge, "cloud_device": cloud, "edge_ms": round(edge_ms, 2), "cloud_ms": round(cloud_ms, 3),
+            "ratio": round(edge_ms / cloud_ms, 2)}
+
+
+def _calibrate(timer: ThrottledTimer, quota: CpuQuota, target_ms: float, one_thread_ms: float,
+               say: Callable[[str], None]) -> tuple[float, list[dict[str, float]]]:
+    """Sets the quota so one ORT thread inside it takes about `target_ms`; returns the last
+    timing and every (cpus, ms) tried. A CFS quota stretches CPU time about in inverse
+    proportion, so each step scales the quota by measured / target."""
+    cpus = min(_MAX_EDGE_CPUS, max(_MIN_EDGE_CPUS, one_thread_ms / target_ms))
+    tried: list[dict[str, float]] = []
+    ms = float("nan")
+    for _ in range(_CALIBRATION_STEPS):
+        set_quota(quota, cpus)
+        ms = timer.time()
+        tried.append({"cpus": round(cpus, 4), "ms": round(ms, 1)})
+        say(f"      quota {cpus:.3g} CPU: {ms:.0f} ms (target {target_ms:.0f} ms)")
+        if abs(ms / target_ms - 1.0) <= _CALIBRATION_TOL:
+            break
+        cpus = min(_MAX_EDGE_CPUS, max(_MIN_EDGE_CPUS, cpus * ms / target_ms))
+    return ms, tried
+
+
+def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = None, edge_cpus: float | None = None,
             say: Callable[[str], None] = print, before_cloud: Callable[[], None] = lambda: None) -> DemoModel:
     """Loads `name` from the zoo, profiles both sides, writes the registry, plans the frontier.
 
-    With an active `quota` the device profile is the one-thread profile brought to the
-    whole-model time measured inside the quota (see [Note: edge throttle] in
-    `splitinfer.emulate`). `before_cloud` runs just before the cloud side is profiled
-    (the demo waits there for Ray's start-up, which would otherwise skew that profile)."""
+    With an active `quota` its limit is `edge_cpus`, or (None) the one that makes the device
+    the reference ratio slower than the cloud side (see [Note: demo speed ratio]); the device
+    profile is the one-thread profile brought to the whole-model time measured inside the
+    quota (see [Note: edge throttle] in `splitinfer.emulate`). `before_cloud` runs just
+    before the cloud side is profiled (the demo waits there for Ray's start-up, which would
+    otherwise skew that profile)."""
     say(f"[1/6] loading {name} from the onnx package's model zoo (seeded random weights)")
     model = load_zoo(name, random_weights=True, seed=0)
     graph = build_graph(model, name=name)
@@ -179,27 +230,46 @@ def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = Non
         f"{graph.total_param_bytes / 2**20:.1f} MiB of weights")
     registry = os.path.join(work_dir, "registry")
     model_path = _save_model(registry, name, model)
+    ref = reference_ratio(graph)
+    emulation: dict[str, Any] = {"reference": ref}
     timer = ThrottledTimer(model_path, quota, runs=max(3, runs // 2)) if quota is not None and quota.active else None
     try:
         say("[2/6] profiling the device and the cloud side (per-layer times from ONNX Runtime's profiler)")
         dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, runs, say, before_cloud)
         say(f"      whole model: one thread {dev_ms:.0f} ms, cloud {cloud_ms:.0f} ms "
             f"(ratio {dev_ms / max(cloud_ms, 1e-6):.2f}x, measured side by side in this run)")
+        emulation["one_thread_ms"] = round(dev_ms, 2)
         if timer is not None:
             assert quota is not None
-            edge_ms = timer.result()
+            if edge_cpus is None:
+                target = ref["ratio"] * cloud_ms
+                say(f"      the device: {ref['edge_device']} against a {ref['cloud_device']} cloud is {ref['ratio']:.3g}x "
+                    f"({ref['edge_ms']:.3g} ms against {ref['cloud_ms']:.3g} ms, reference rooflines); "
+                    f"{ref['ratio']:.3g} x {cloud_ms:.1f} ms = {target:.0f} ms here")
+                edge_ms, tried = _calibrate(timer, quota, target, dev_ms, say)
+                emulation.update(target_ms=round(target, 1), calibration=tried, quota_from="reference ratio")
+            else:
+                set_quota(quota, edge_cpus)
+                edge_ms = timer.time()
+                emulation.update(quota_from="--edge-cpus")
+            emulation["gap_parts"] = {k: round(v, 2) for k, v in timer.gap_parts().items()}
             total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
-            dev = slow_down(dev, edge_ms / max(total, 1e-6), f"edge-1-thread-{quota.cpus:g}-cpu")
-            say(f"      inside the edge's {quota.cpus:g}-CPU quota: {edge_ms:.0f} ms "
+            dev = slow_down(dev, edge_ms / max(total, 1e-6), f"edge-1-thread-{quota.cpus:.3g}-cpu")
+            say(f"      inside the edge's {quota.cpus:.3g}-CPU quota: {edge_ms:.0f} ms "
                 f"({edge_ms / max(cloud_ms, 1e-6):.1f}x the cloud); the device profile is scaled to it")
             dev_ms = edge_ms
+            emulation["edge_cpus"] = round(quota.cpus, 4)
     finally:
         if timer is not None:
             timer.close()
+    emulation["achieved_ratio"] = round(dev_ms / max(cloud_ms, 1e-6), 2)
     dev_path = _write_profiles(registry, name, dev, cloud)
     say(f"[3/6] registry {registry}: {name}/{VERSION}/{{model.onnx, model.yaml, profiles/device.json, cloud.json}}")
     front = frontier(graph, [dev, cloud], LINK_RANGE, "latency", encodings=tuple(Encoding(e) for e in ENCODINGS))
-    return DemoModel(name, model, graph, registry, model_path, dev_path, dev, cloud, source, dev_ms, cloud_ms, front)
+    return DemoModel(name, model, graph, registry, model_path, dev_path, dev, cloud, source, dev_ms, cloud_ms, front,
+                     emulation)
+
+
 def predicted_ms(dm: DemoModel, cut: Cut, link: Link, encoding: Encoding | None = None) -> float:
     """The planner's latency for `cut` on `link` with the profiles measured in this run."""
     return evaluate(dm.graph, cut, [dm.device, dm.cloud], link, encoding or Encoding()).total_ms

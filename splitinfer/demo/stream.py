@@ -4,7 +4,9 @@ the whole model run locally.
 
 The sender is an app like any other: it calls the agent's local API with `EdgeClient`
 at a fixed frame rate, with at most `window` requests in flight (a camera drops a frame
-rather than queue without bound, so a skipped tick is counted, not sent).
+rather than queue without bound, so a skipped tick is counted, not sent). A frame is
+skipped exactly when its tick finds `window` requests unanswered; each skip keeps the ids
+that filled the window, so the report can say what held them (`skip_reasons`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import numpy as np
 
 from splitinfer.netem import TraceStep, load_trace, shipped_trace_path
 
-__all__ = ["REL_TOL", "Record", "StreamResult", "make_trace", "reference_outputs", "stream"]
+__all__ = ["REL_TOL", "SERVED_AS", "Record", "StreamResult", "make_trace", "reference_outputs", "served_as",
+           "skip_reasons", "stream"]
 
 # The tolerance an fp32 boundary must meet: the same arithmetic split in two sessions,
 # relative to the output's scale (random weights make absolute scales arbitrary).
@@ -29,6 +32,23 @@ FP32_REL_TOL = 1e-3
 # An fp16 boundary rounds every value to 11 significant bits (relative 4.9e-4) before the
 # tail; ten times the fp32 tolerance leaves room for the tail to amplify that.
 REL_TOL = {"fp32": FP32_REL_TOL, "fp16": 1e-2}
+
+
+SERVED_AS = ("split", "remote", "local", "local_tail")
+"""How an answer was served: head here and tail in the cloud (`split`), the whole model in
+the cloud (`remote`), the whole model here (`local`), or the cloud failed or was late and
+the device finished it (`local_tail`)."""
+
+
+def served_as(served_by: str, cut_id: str, n_layers: int) -> str:
+    """`split` for a remote answer whose cut keeps some, not all, layers on the device;
+    otherwise the agent's `served_by` ('remote', 'local', 'local_tail', 'error')."""
+    from partitioner import Cut
+
+    if served_by != "remote":
+        return served_by
+    cut = Cut.from_key(cut_id) if cut_id else None
+    return "split" if cut is not None and 0 < len(cut.device) < n_layers else "remote"
 
 
 def make_trace(scale: float) -> list[TraceStep]:
@@ -59,6 +79,8 @@ class Record:
     """max |answer - reference| / max |reference|; NaN for errors."""
     encoding: str = "fp32"
     """How the boundary crossed the link (the agent's answer says); fp32 for local answers."""
+    served: str = ""
+    """`served_as`: split, remote, local, local_tail or error."""
 
     @property
     def tolerance(self) -> float:
@@ -73,6 +95,19 @@ class StreamResult:
     skipped_ticks: int
     answers_per_id: dict[str, int]
     duration_s: float
+    skips: list[tuple[float, list[str]]] = dataclasses.field(default_factory=list)
+    """(seconds since the start, ids in flight) of each skipped frame."""
+
+
+def skip_reasons(res: StreamResult) -> dict[str, int]:
+    """Skipped frames by what held the window: `device busy` when a request in it was being
+    answered on the device (local or local_tail), else `waiting on the cloud`."""
+    served = {r.request_id: r.served for r in res.records}
+    out = {"device busy (local run in the window)": 0, "waiting on the cloud (remote or split in the window)": 0}
+    for _, ids in res.skips:
+        local = any(served.get(i) in ("local", "local_tail", "error") for i in ids)
+        out["device busy (local run in the window)" if local else "waiting on the cloud (remote or split in the window)"] += 1
+    return out
 
 
 def reference_outputs(model_path: str, inputs: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -128,7 +163,7 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
                  refs: Sequence[Mapping[str, np.ndarray]],
                  duration_s: float, fps: float, window: int, start_trace: Callable[[], None],
                  link_now: Callable[[], dict[str, Any]], status: Callable[[], Awaitable[dict[str, Any]]],
-                 label_cut: Callable[[str], str], say: Callable[[str], None] = print,
+                 label_cut: Callable[[str], str], n_layers: int, say: Callable[[str], None] = print,
                  stop: Callable[[], bool] = lambda: False) -> StreamResult:
     """Sends frames for `duration_s` and prints one line per second; returns what happened.
     `stop()` true ends it early by cancellation (the demo's Ctrl-C)."""
@@ -137,8 +172,8 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
     records: list[Record] = []
     timeline: list[dict[str, Any]] = []
     answers_per_id: dict[str, int] = {}
-    inflight: set[asyncio.Future[Any]] = set()
-    skipped = 0
+    inflight: dict[asyncio.Future[Any], str] = {}
+    skips: list[tuple[float, list[str]]] = []
     sent = 0
     period = 1.0 / fps
 
@@ -154,14 +189,16 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
         answers_per_id[rid] = answers_per_id.get(rid, 0) + 1
         if ans is None:
             records.append(Record(rid, k, sent_s, time.monotonic() - t0, "error", "", lat, float("nan"),
-                                  up_bps, err, float("nan")))
+                                  up_bps, err, float("nan"), served="error"))
             return
-        records.append(Record(rid, k, sent_s, time.monotonic() - t0, ans["served_by"], ans.get("cut_id") or "",
+        cut_id = ans.get("cut_id") or ""
+        records.append(Record(rid, k, sent_s, time.monotonic() - t0, ans["served_by"], cut_id,
                               lat, float(ans.get("latency_ms") or 0.0), up_bps, ans.get("fallback_reason") or "",
-                              _rel_err(ans["outputs"], refs[k]), ans.get("encoding") or "fp32"))
+                              _rel_err(ans["outputs"], refs[k]), ans.get("encoding") or "fp32",
+                              served_as(ans["served_by"], cut_id, n_layers)))
 
     say(f"      {'t_s':>5} {'link (emulated)':>16} {'estimate':>10} {'plan in use':>22} "
-        f"{'answers/s':>9} {'p50_ms':>7}  served (remote/local/local_tail)")
+        f"{'answers/s':>9} {'p50_ms':>7}  served (split/remote/local/local_tail)")
     start_trace()
     t0 = time.monotonic()
     next_tick, next_line, i, last_n = t0, t0 + 1.0, 0, 0
@@ -175,11 +212,11 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
             if now >= next_tick:
                 next_tick += period
                 if len(inflight) >= window:
-                    skipped += 1
+                    skips.append((now - t0, sorted(inflight.values())))
                 else:
                     fut = asyncio.ensure_future(one(i, t0))
-                    inflight.add(fut)
-                    fut.add_done_callback(inflight.discard)
+                    inflight[fut] = f"demo-{i:05d}"
+                    fut.add_done_callback(lambda f: inflight.pop(f, None))
                     i += 1
                     sent += 1
             if now >= next_line:
@@ -187,14 +224,14 @@ async def stream(*, socket_path: str, inputs: Sequence[Mapping[str, np.ndarray]]
                 last_n = _line(now - t0, records, last_n, link_now(), await status(), label_cut, timeline, say)
             await asyncio.sleep(max(0.0, min(next_tick, next_line) - time.monotonic()))
         if inflight:
-            await asyncio.gather(*inflight)
+            await asyncio.gather(*list(inflight))
         _line(time.monotonic() - t0, records, last_n, link_now(), await status(), label_cut, timeline, say)
     finally:
-        for f in inflight:
+        for f in list(inflight):
             f.cancel()
         await loop.run_in_executor(None, sender.close)
-    return StreamResult(sorted(records, key=lambda r: r.sent_s), timeline, sent, skipped, answers_per_id,
-                        time.monotonic() - t0)
+    return StreamResult(sorted(records, key=lambda r: r.sent_s), timeline, sent, len(skips), answers_per_id,
+                        time.monotonic() - t0, skips)
 
 
 def _line(t_s: float, records: list[Record], last_n: int, link: dict[str, Any], st: dict[str, Any],
@@ -206,12 +243,12 @@ def _line(t_s: float, records: list[Record], last_n: int, link: dict[str, Any], 
     plan = "local (edge-only)" if act.get("kind") == "local" else label_cut(act.get("cut_id") or "") if act else "-"
     lats = [r.latency_ms for r in new]
     p50 = float(np.median(lats)) if lats else float("nan")
-    by = {k: sum(r.served_by == k for r in new) for k in ("remote", "local", "local_tail", "error")}
+    by = {k: sum(r.served == k for r in new) for k in (*SERVED_AS, "error")}
     link_s = "OUTAGE" if link["outage"] else f"{link['up_bps'] / 1e6:.2f} Mbit/s"
     est_s = f"{est / 1e6:.2f}M" if est else "-"
     extra = f" ({by['error']} errors)" if by["error"] else ""
     say(f"      {t_s:5.1f} {link_s:>16} {est_s:>10} {plan[:22]:>22} {len(new):>9} "
-        f"{p50:7.0f}  {by['remote']}/{by['local']}/{by['local_tail']}{extra}")
+        f"{p50:7.0f}  {by['split']}/{by['remote']}/{by['local']}/{by['local_tail']}{extra}")
     timeline.append({"t_s": t_s, "link_up_bps": 0.0 if link["outage"] else link["up_bps"], "outage": link["outage"],
                      "est_up_bps": est, "plan": plan, "action_kind": act.get("kind"), "cut_id": act.get("cut_id"),
                      "reason": act.get("reason"), "breaker": st.get("breaker"), "answers": len(new),

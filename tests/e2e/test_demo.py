@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from partitioner import Cut
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,9 +94,24 @@ def test_quick_demo_reports_every_answer_once_and_leaves_nothing_running(tmp_pat
     assert c["sent"] > 0
     assert c["lost"] == 0 and c["doubled"] == 0
     assert c["answered"] == c["sent"]
-    assert c["served_remote"] + c["served_local"] + c["served_fallback"] == c["answered"]
+    assert c["served_split"] + c["served_remote"] + c["served_local"] + c["served_fallback"] == c["answered"]
+    # The product, shown: some answers ran the head on the device and the tail in the cloud.
+    assert c["served_split"] > 0, log[-3000:]
+    split = [r for r in data["requests"] if r["served_as"] == "split"]
+    assert len(split) == c["served_split"]
+    assert all(0 < len(Cut.from_key(r["cut_id"]).device) < data["setup"]["layers"] for r in split)
     v = data["verification"]
     assert v["checked"] == c["answered"] and v["mismatched"] == 0
+    # Every answer within its encoding's tolerance of the whole model, and the worst of each recorded.
+    per = v["per_encoding"]
+    assert sum(m["answers"] for m in per.values()) == c["answered"]
+    for enc, m in per.items():
+        errs = [r["rel_err"] for r in data["requests"] if r["encoding"] == enc]
+        assert m["max_rel_err"] == max(errs) <= m["tolerance"], (enc, m)
+    # The ratio is the reference devices', stated, and the device was timed near it.
+    emu = data["emulation"]
+    assert emu["reference"]["edge_device"] == "rpi4" and emu["reference"]["cloud_device"] == "t4"
+    assert sum(data["skip_reasons"].values()) == c["frames_skipped"]
     # The live table printed about a line per second, and the report covers every phase of the trace.
     table = [x for x in log.splitlines() if ("Mbit/s" in x or "OUTAGE" in x) and x.strip()[:1].isdigit()]
     assert len(table) >= 10, log[-3000:]

@@ -27,7 +27,7 @@ def tmp_root(tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _failing_prepare(seen: list[str], *, call_before_cloud: bool = False):
-    def prepare(name, work_dir, *, runs, quota=None, say=print, before_cloud=lambda: None):
+    def prepare(name, work_dir, *, runs, quota=None, edge_cpus=None, say=print, before_cloud=lambda: None):
         seen.append(work_dir)
         with open(os.path.join(work_dir, "partial.onnx"), "wb") as fh:
             fh.write(b"\0" * 1024)
@@ -80,7 +80,7 @@ _SIGTERM_SCRIPT = textwrap.dedent("""
     from splitinfer import demo
     from splitinfer.demo import setup as demo_setup
 
-    def prepare(name, work_dir, *, runs, quota=None, say=print, before_cloud=lambda: None):
+    def prepare(name, work_dir, *, runs, quota=None, edge_cpus=None, say=print, before_cloud=lambda: None):
         print("ready", work_dir, flush=True)
         time.sleep(0.5)  # a set-up thread keeps going after the signal, as profiling does
         open(work_dir + "/late.onnx", "wb").close()
