@@ -165,11 +165,12 @@ def test_a_version_none_of_whose_tails_loads_fails_as_a_whole(tmp_path):
     assert 'splitinfer_model_load_failures_total{model="bad",reason="optimise",version="1"} 1.0' in text
 
 
-def test_sample_inputs_that_do_not_fit_a_tail_fail_its_warm_up_and_the_reason_says_so(tmp_path):
+def test_sample_inputs_that_do_not_fit_the_model_fail_its_version_and_the_reason_says_so(tmp_path):
     d = tmp_path / "repo" / "hw" / "1"
     d.mkdir(parents=True)
     onnx.save(any_hw_model(), str(d / "model.onnx"))
-    # Three channels where the model takes four: the whole model's warm-up refuses them.
+    # Three channels where the model takes four: the registry refuses the version when it
+    # sizes the model's graph at its sample inputs, before any tail is cut.
     np.savez(d / "inputs.npz", x=np.ones((1, 3, 4, 4), np.float32))
     (d / "model.yaml").write_text("sample_inputs: inputs.npz\nfrontier: {default_cut_count: 0}\n")
     _version(tmp_path / "repo", "good", conv_bn_relu_chain(2))
@@ -186,9 +187,10 @@ def test_sample_inputs_that_do_not_fit_a_tail_fail_its_warm_up_and_the_reason_sa
 
     ready, detail = asyncio.run(main())
     assert ready and detail["versions"] == ["good@1"]
-    assert "sample inputs of hw@1@L do not fit it" in detail["failed"]["hw@1"]
+    reason = detail["failed"]["hw@1"]
+    assert "input 'x'" in reason and "fixed at 4" in reason and "1x3x4x4" in reason
     _, text = get_metrics(metrics)
-    assert 'splitinfer_model_load_failures_total{model="hw",reason="warmup",version="1"} 1.0' in text
+    assert 'splitinfer_model_load_failures_total{model="hw",reason="registry",version="1"} 1.0' in text
 
 
 def get_metrics(metrics: GatewayMetrics) -> tuple[int, str]:
