@@ -99,7 +99,9 @@ def _interrupt(signum: int, frame: object) -> None:
 async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
     from splitinfer.demo import stack as demo_stack
     from splitinfer.demo.setup import prepare
-    from splitinfer.demo.stream import make_trace, reference_outputs, stream
+    from partitioner import Cut
+    from splitinfer.demo.edge import ENCODINGS
+    from splitinfer.demo.stream import make_tolerances, make_trace, measure_encoding_errors, reference_outputs, stream
     from splitinfer.demo.summary import make_cut_labeler, summarize
     from splitinfer.report import write_report
 
@@ -146,6 +148,14 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
 
         inputs = [make_inputs(dm.model, dm.graph, seed=100 + k) for k in range(4)]
         refs = await asyncio.to_thread(reference_outputs, dm.model_path, inputs)
+        n = len(dm.graph)
+        cuts = [e.plan.cut for e in dm.front.entries if len(e.plan.cut.device) < n] + [Cut(frozenset())]
+        encoding_errors = await asyncio.to_thread(measure_encoding_errors, dm.model, dm.graph, cuts, ENCODINGS,
+                                                  inputs, refs)
+        tolerances = make_tolerances(encoding_errors)
+        _say("      tolerance per encoding of what crosses the link: " + ", ".join(
+            f"{e} {t:.2g}" + (f" (measured {encoding_errors[e]:.2g} at the frontier's cuts + fp32's)"
+                              if e in encoding_errors else "") for e, t in tolerances.items()))
         dur = trace[-1].t_s
         _say(f"[6/6] streaming {a.fps:g} frames/s for {dur:.0f} s while the link replays the demo trace "
              f"(steps at {', '.join(f'{s.t_s:g}' for s in trace[1:-1])} s)")
@@ -185,7 +195,9 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
              "cloud": "Ray actors (local Ray)" if ray_job is not None else "gateway in-process pool (--no-ray)",
              "ray_start_s": None if ray_s is None else round(ray_s, 1), "fps": a.fps, "window": a.window,
              "trace": "splitinfer/traces/demo.csv", "trace_scale": scale, "cpus": os.cpu_count()}
-    data = _clean(summarize(dm, trace, res, agent_status=agent_status, gateway_calls=calls, setup=setup))
+    data = _clean(summarize(dm, trace, res, agent_status=agent_status, gateway_calls=calls, setup=setup,
+                            tolerances=tolerances))
+    data["verification"]["measured_encoding_errors"] = _clean(encoding_errors)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
         json.dump(_clean(data), fh, indent=1, default=str, allow_nan=False)

@@ -103,7 +103,7 @@ class Stack:
         self.timings_s["agent"] = await asyncio.to_thread(self.edge.start)
         self.emu.set(self.trace[0].setting)
         st = await self.status()
-        throttle = (f"{self.quota.kind} quota of {self.quota.cpus:g} CPU" if self.quota.active
+        throttle = (f"{self.quota.kind} quota of {self.quota.cpus:.3g} CPU" if self.quota.active
                     else f"not throttled: {self.quota.why_not}")
         pid = self.edge.proc.pid if self.edge.proc else "?"
         say(f"      edge agent: pid {pid}, API on unix:{self.edge.socket_path}, "

@@ -23,14 +23,15 @@ import numpy as np
 
 from splitinfer.netem import TraceStep, load_trace, shipped_trace_path
 
-__all__ = ["REL_TOL", "SERVED_AS", "Record", "StreamResult", "make_trace", "reference_outputs", "served_as",
+__all__ = ["REL_TOL", "SERVED_AS", "make_tolerances", "measure_encoding_errors", "Record", "StreamResult", "make_trace", "reference_outputs", "served_as",
            "skip_reasons", "stream"]
 
 # The tolerance an fp32 boundary must meet: the same arithmetic split in two sessions,
 # relative to the output's scale (random weights make absolute scales arbitrary).
 FP32_REL_TOL = 1e-3
 # An fp16 boundary rounds every value to 11 significant bits (relative 4.9e-4) before the
-# tail; ten times the fp32 tolerance leaves room for the tail to amplify that.
+# tail; ten times the fp32 tolerance leaves room for the tail to amplify that. The demo
+# replaces it with the error measured before the stream (`measure_encoding_errors`).
 REL_TOL = {"fp32": FP32_REL_TOL, "fp16": 1e-2}
 
 
@@ -82,9 +83,6 @@ class Record:
     served: str = ""
     """`served_as`: split, remote, local, local_tail or error."""
 
-    @property
-    def tolerance(self) -> float:
-        return REL_TOL.get(self.encoding, REL_TOL["fp16"])
 
 
 @dataclasses.dataclass
@@ -119,6 +117,37 @@ def reference_outputs(model_path: str, inputs: Sequence[Mapping[str, np.ndarray]
     sess = ort.InferenceSession(model_path, sess_options=opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return [dict(zip(names, sess.run(None, dict(x)))) for x in inputs]
+
+
+def measure_encoding_errors(model: Any, graph: Any, cuts: Sequence[Any], encodings: Sequence[str],
+                            inputs: Sequence[Mapping[str, np.ndarray]],
+                            refs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """The largest relative error (as `_rel_err`) of each encoding other than fp32 over
+    `cuts` and `inputs`: the head runs, its float32 boundary tensors are cast to the
+    encoding and back, as the agent sends them, and the tail runs."""
+    from partitioner import Splitter, run_segments
+
+    casts = {"fp16": np.float16}
+    splitter = Splitter(model, graph)
+    worst: dict[str, float] = {}
+    for cut in cuts:
+        head, tail = splitter.split(cut, check=False)
+        for enc in encodings:
+            if enc not in casts:
+                continue
+            for x, ref in zip(inputs, refs):
+                env = run_segments([head], x) if head.layers else dict(x)
+                sent = {k: (env[k].astype(casts[enc]).astype(np.float32) if env[k].dtype == np.float32 else env[k])
+                        for k in tail.inputs}
+                out = {**env, **run_segments([tail], sent)}
+                worst[enc] = max(worst.get(enc, 0.0), _rel_err({k: out[k] for k in ref}, ref))
+    return worst
+
+
+def make_tolerances(measured: Mapping[str, float]) -> dict[str, float]:
+    """Per encoding: fp32's tolerance, and for each measured encoding its measured error plus
+    fp32's (the same arithmetic in other sessions); `REL_TOL`'s for the rest."""
+    return {**REL_TOL, **{e: float(m) + FP32_REL_TOL for e, m in measured.items()}}
 
 
 def _rel_err(outputs: Mapping[str, Any], ref: Mapping[str, np.ndarray]) -> float:

@@ -99,7 +99,10 @@ def _local_gap(dm: DemoModel, records: Sequence[Record]) -> dict[str, Any]:
 
 
 def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, agent_status: Mapping[str, Any],
-              gateway_calls: int, setup: Mapping[str, Any]) -> dict[str, Any]:
+              gateway_calls: int, setup: Mapping[str, Any],
+              tolerances: Mapping[str, float] = REL_TOL) -> dict[str, Any]:
+    """`tolerances`: the largest relative error an answer may have, per encoding of what
+    crossed the link (`stream.make_tolerances`); encodings not in it get fp16's."""
     label = make_cut_labeler(dm)
     reqs = []
     for r in res.records:
@@ -160,13 +163,16 @@ def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, a
     }
     checked = [r for r in res.records if r.served_by != "error" and math.isfinite(r.rel_err)]
     errs = [r.rel_err for r in checked]
+    def tol(e: str) -> float:
+        return float(tolerances.get(e, tolerances.get("fp16", REL_TOL["fp16"])))
+
     per_encoding = {e: {"answers": sum(r.encoding == e for r in checked),
                         "max_rel_err": max((r.rel_err for r in checked if r.encoding == e), default=0.0),
-                        "tolerance": REL_TOL.get(e, REL_TOL["fp16"]),
-                        "mismatched": sum(r.rel_err > r.tolerance for r in checked if r.encoding == e)}
+                        "tolerance": tol(e),
+                        "mismatched": sum(r.rel_err > tol(e) for r in checked if r.encoding == e)}
                     for e in sorted({r.encoding for r in checked})}
-    verification = {"checked": len(errs), "mismatched": sum(r.rel_err > r.tolerance for r in checked),
-                    "max_rel_err": max(errs, default=0.0), "tolerance": REL_TOL["fp32"], "tolerances": REL_TOL,
+    verification = {"checked": len(errs), "mismatched": sum(r.rel_err > tol(r.encoding) for r in checked),
+                    "max_rel_err": max(errs, default=0.0), "tolerance": tol("fp32"), "tolerances": dict(tolerances),
                     "by_encoding": {e: m["answers"] for e, m in per_encoding.items()}, "per_encoding": per_encoding,
                     "against": "the whole model in one ONNX Runtime session on this host"}
     front = describe_frontier(dm)

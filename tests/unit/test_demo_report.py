@@ -53,3 +53,60 @@ def test_the_demo_ratio_is_the_reference_devices_for_its_model():
     assert (ref["edge_device"], ref["cloud_device"]) == (EDGE_DEVICE, CLOUD_DEVICE) == ("rpi4", "t4")
     assert math.isclose(ref["ratio"], ref["edge_ms"] / ref["cloud_ms"], rel_tol=1e-2)
     assert ref["ratio"] > 10  # an rpi4 is far slower than a t4: the device must be emulated much slower
+
+
+def test_encoding_errors_are_measured_at_the_cuts_and_set_the_tolerance(tmp_path):
+    import onnx
+
+    from partitioner import make_inputs
+    from splitinfer.demo.stream import FP32_REL_TOL, make_tolerances, measure_encoding_errors, reference_outputs
+
+    model = load_zoo(DEFAULT_MODEL, random_weights=True, seed=0)
+    graph = build_graph(model, name=DEFAULT_MODEL)
+    path = str(tmp_path / "model.onnx")
+    onnx.save_model(model, path)
+    inputs = [make_inputs(model, graph, seed=100 + k) for k in range(2)]
+    refs = reference_outputs(path, inputs)
+    cuts = [Cut(frozenset()), Cut(frozenset(range(21)))]
+    errs = measure_encoding_errors(model, graph, cuts, ("fp32", "fp16"), inputs, refs)
+    assert set(errs) == {"fp16"}  # fp32 crosses as it is: nothing to measure
+    assert 0 < errs["fp16"] < FP32_REL_TOL  # fp16 rounds (relative 4.9e-4 per value), and SqueezeNet keeps it small
+    tol = make_tolerances(errs)
+    assert tol["fp32"] == FP32_REL_TOL and tol["fp16"] == errs["fp16"] + FP32_REL_TOL
+
+
+class _FakeQuota:
+    cpus = 1.0
+
+
+class _FakeTimer:
+    """A device whose time grows faster than 1/quota (as a CFS quota does for short runs)."""
+
+    def __init__(self, quota: _FakeQuota) -> None:
+        self.quota = quota
+
+    def time(self) -> float:
+        return 10.0 * (0.1 / self.quota.cpus) ** 1.6
+
+
+def _calibrate(monkeypatch, target_ms: float):
+    from splitinfer.demo import setup
+
+    quota = _FakeQuota()
+    monkeypatch.setattr(setup, "set_quota", lambda q, cpus: setattr(q, "cpus", cpus))
+    ms, tried = setup._calibrate(_FakeTimer(quota), quota, target_ms, one_thread_ms=4.0, say=lambda _: None)
+    return quota, ms, tried
+
+
+def test_the_quota_search_brackets_the_target_and_leaves_the_quota_at_it(monkeypatch):
+    quota, ms, tried = _calibrate(monkeypatch, 60.0)
+    assert abs(ms / 60.0 - 1) <= 0.15, tried
+    assert _FakeTimer(quota).time() == ms  # the quota left set is the one timed
+
+
+def test_the_quota_search_stops_at_the_floor_when_the_target_is_too_slow(monkeypatch):
+    from splitinfer.demo.setup import _MIN_EDGE_CPUS
+
+    quota, ms, tried = _calibrate(monkeypatch, 5000.0)
+    assert quota.cpus == _MIN_EDGE_CPUS and ms < 5000.0
+    assert len(tried) <= 2
