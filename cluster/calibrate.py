@@ -16,7 +16,8 @@ Which encodings apply where:
 * ``jpeg@Q`` / ``webp@Q`` (``input_encodings``) are measured only where what crosses is
   the model input itself (the empty cut, and any cut whose boundary is model inputs),
   and apply only to an image tensor; float inputs are turned back into pixels with the declared
-  `ImageNorm` or, without one, each sample's per-channel range.
+  `ImageNorm` or, without one, each sample's per-channel range. The table records which
+  (`AccuracyTable.image_norm`), and the edge agent encodes the frame with the same one.
 
 Integer and bool tensors cross as they are under every encoding. An encoding that
 cannot take a boundary (not an image, fp16 overflow) is recorded with its reason and
@@ -245,9 +246,10 @@ def measure_accuracy(
     name = model_name or graph.model
     cuts = select_cuts(graph) if cuts is None else [c for c in cuts if len(c.device) < len(graph)]
     feeds = split_samples(splitter.model, samples)
-    table = AccuracyTable(name, fp, len(feeds), (), sample_source)
+    image_norm = None if norm is None else norm.to_dict()
+    table = AccuracyTable(name, fp, len(feeds), (), sample_source, image_norm)
     if previous is not None and previous.fingerprint == fp and previous.num_samples == len(feeds):
-        table = previous
+        table = replace(previous, image_norm=image_norm)  # the fingerprint holds the norm: this states it
     elif previous is not None:
         logger.info("%s: the model, samples or norm changed since the stored accuracy table; measuring again", name)
     inputs = set(graph.inputs)

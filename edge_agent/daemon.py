@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 from cluster.protocol.client import InferenceClient
+from cluster.protocol.lossy import ImageNorm
 from cluster.protocol.errors import (
     ClusterError,
     PermissionDenied,
@@ -34,6 +35,7 @@ from edge_agent.cache import ArtifactCache
 from edge_agent.config import EdgeConfig
 from edge_agent.engines import ModelSet, load_or_estimate_profile, make_frontier, profile_model_ms
 from edge_agent.errors import ArtifactError, ConfigError, NotReadyError, StartupError
+from edge_agent.model_inputs import image_norm, planning_graph
 from edge_agent.runner import Runner
 from edge_agent.transport import connect, make_credentials
 from planner import Frontier, PlannerError
@@ -69,6 +71,8 @@ class EdgeAgent:
         self.remote: InferenceClient | None = None
         self.models: ModelSet | None = None
         self.frontier: Frontier | None = None
+        self.image_norm: ImageNorm | None = None
+        """The accuracy table's image normalisation, which jpeg/webp plans encode the frame with."""
         self.runner: Runner | None = None
         self.api: LocalApi | None = None
         self.version = config.model_version
@@ -121,7 +125,8 @@ class EdgeAgent:
         await loop.run_in_executor(None, self._load, files)
         assert self.models is not None
         local_ms = self._local_ms
-        self.runner = Runner(self.models, self.frontier, self.remote, cfg, local_ms=local_ms)
+        self.runner = Runner(self.models, self.frontier, self.remote, cfg, local_ms=local_ms,
+                             image_norm=self.image_norm)
         self.api = LocalApi(self, host=cfg.api_host, port=cfg.api_port, socket_path=cfg.api_socket,
                             max_inflight=cfg.max_inflight)
         await self.api.start()
@@ -174,17 +179,19 @@ class EdgeAgent:
         path = os.path.join(self.cache.version_dir(cfg.model_name, self.version), "model.onnx")
         self.models = models = ModelSet(path, cache=self.cache, model=cfg.model_name, version=self.version,
                                         intra_op_threads=cfg.intra_op_threads)
+        self.image_norm = image_norm(files)
+        graph = planning_graph(path, models.graph, files)  # [Note: agent graph sizes]
         if cfg.emulate_device is not None:
             # This host plays the reference device: plans use its roofline profile of the model
             # (`splitinfer edge run` throttles the process to match; see splitinfer.emulate).
-            profile = reference_profile(cfg.emulate_device, models.graph)
+            profile = reference_profile(cfg.emulate_device, graph)
             self.profile_source = f"emulated {cfg.emulate_device} (roofline estimate)"
         else:
             prof_path = cfg.device_profile or self.cache.profile_path(cfg.model_name, self.version)
-            profile, self.profile_source = load_or_estimate_profile(prof_path, models.graph, models.full)
-        self._local_ms = models.local_ms if self.profile_source == "estimated" else profile_model_ms(profile, models.graph)
+            profile, self.profile_source = load_or_estimate_profile(prof_path, graph, models.full)
+        self._local_ms = models.local_ms if self.profile_source == "estimated" else profile_model_ms(profile, graph)
         try:
-            self.frontier = make_frontier(models.graph, profile, files, cfg.policy.objective, cfg.encodings,
+            self.frontier = make_frontier(graph, profile, files, cfg.policy.objective, cfg.encodings,
                                           min_agreement=cfg.min_agreement)
         except PlannerError as e:
             logger.error("no plan frontier (%s): every request runs locally", e)

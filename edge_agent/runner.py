@@ -58,6 +58,7 @@ import numpy as np
 from cluster.protocol.client import InferenceClient, InferResult
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.errors import EncodingError, ResourceExhausted, Unauthenticated, UnknownCutError
+from cluster.protocol.lossy import IMAGE_FORMATS, ImageNorm
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EncodedTensor
 from edge_agent import breaker as B
@@ -153,8 +154,13 @@ class Runner(LinkProbing):
     """The online core: one per agent, on one event loop. Link probing is `probing.LinkProbing`."""
 
     def __init__(self, models: ModelSet, frontier: Frontier | None, remote: InferenceClient | None, config: EdgeConfig,
-                 *, executor: concurrent.futures.Executor | None = None, local_ms: float | None = None) -> None:
+                 *, executor: concurrent.futures.Executor | None = None, local_ms: float | None = None,
+                 image_norm: ImageNorm | None = None) -> None:
         self.models = models
+        self.image_norm = image_norm
+        """How the frame becomes pixels under a jpeg/webp plan: the accuracy table's
+        (`edge_agent.model_inputs.image_norm`), so the bytes sent and the agreement are those
+        measured; None fits each channel's range, as calibrate does without a declared one."""
         self.local_ms = models.local_ms if local_ms is None else local_ms
         """Whole-model ms on this device as the policy sees it (the device profile's, else measured)."""
         self.frontier = frontier
@@ -367,7 +373,8 @@ class Runner(LinkProbing):
         for name in ce.boundary:
             arr = boundary[name]
             if arr.dtype == np.float32 and enc.codec != "none":  # a lossy codec: quality or bit depth as level
-                tensors[name] = encode(arr, precision=enc.codec, level=enc.level)  # type: ignore[arg-type]
+                norm = self.image_norm if enc.codec in IMAGE_FORMATS else None
+                tensors[name] = encode(arr, precision=enc.codec, level=enc.level, norm=norm)  # type: ignore[arg-type]
             elif arr.dtype == np.float32 and (enc.precision != "fp32" or enc.compression != "none"):
                 tensors[name] = encode(arr, precision=enc.precision, compression=enc.compression,  # type: ignore[arg-type]
                                        per_channel=enc.per_channel)

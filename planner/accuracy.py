@@ -45,6 +45,7 @@ __all__ = [
 ACCURACY_SCHEMA = "splitinfer.accuracy/1"
 _LOSSLESS = ("fp32", "fp16", "int8", "int8+pc")
 _LOSSY_KEY = re.compile(r"^([a-z-]+)@(\d+)$")
+_NORM_KEYS = frozenset({"mean", "std", "scale", "layout"})
 
 
 def encoding_key(encoding: Encoding | str) -> str:
@@ -139,8 +140,18 @@ class AccuracyTable:
     sample_source: str = "generated"
     """Where the samples came from: 'model.yaml', a file name, or 'generated' (random
     inputs: the agreement of a real model on real inputs may differ)."""
+    image_norm: Mapping[str, Any] | None = None
+    """The normalisation the image codecs (``jpeg@Q``, ``webp@Q``) turned float inputs
+    into pixels with, as ``cluster.protocol.lossy.ImageNorm.to_dict()`` (``mean``, ``std``,
+    ``scale``, ``layout``); None: each sample's per-channel range was fitted. A sender
+    encodes with the same one, so its bytes and agreement are those measured."""
 
     def __post_init__(self) -> None:
+        if self.image_norm is not None:
+            if not isinstance(self.image_norm, Mapping) or not set(self.image_norm) <= _NORM_KEYS:
+                raise PlannerError(f"the accuracy table of {self.model} has image_norm {self.image_norm!r}; it must "
+                                   f"be null or an object of {', '.join(sorted(_NORM_KEYS))}", field="image_norm")
+            object.__setattr__(self, "image_norm", dict(self.image_norm))
         seen: set[tuple[str, str]] = set()
         for e in self.entries:
             if (e.cut_id, e.encoding) in seen:
@@ -186,6 +197,7 @@ class AccuracyTable:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": ACCURACY_SCHEMA, "model": self.model, "fingerprint": self.fingerprint,
                 "num_samples": self.num_samples, "sample_source": self.sample_source,
+                "image_norm": None if self.image_norm is None else dict(self.image_norm),
                 "entries": [e.to_dict() for e in self.entries]}
 
     def to_json(self, **kw: Any) -> str:
@@ -198,7 +210,7 @@ class AccuracyTable:
                                "it again with splitinfer calibrate", field="schema")
         return cls(str(d["model"]), str(d["fingerprint"]), int(d["num_samples"]),
                    tuple(AccuracyEntry.from_dict(e) for e in d.get("entries", ())),
-                   str(d.get("sample_source", "generated")))
+                   str(d.get("sample_source", "generated")), d.get("image_norm"))
 
     @classmethod
     def from_json(cls, text: str) -> AccuracyTable:

@@ -88,7 +88,7 @@ def test_the_agent_sends_a_lossy_plan_through_its_codec() -> None:
     from edge_agent.runner import Runner
     from planner import Encoding
 
-    agent = SimpleNamespace(models=SimpleNamespace(model="m", version="1"), _device_id="d")
+    agent = SimpleNamespace(models=SimpleNamespace(model="m", version="1"), _device_id="d", image_norm=None)
     ce = CutEngines("L", None, None, ("x", "ids"), ())  # type: ignore[arg-type]
     yy, xx = np.mgrid[0:16, 0:16] / 16
     x = np.stack([np.sin(3 * xx + k) * np.cos(2 * yy) for k in range(3)])[None].astype(np.float32)
