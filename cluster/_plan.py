@@ -8,7 +8,10 @@ with three changes: `model` names a registry model and `version` one of its vers
 accepted, because the cloud tier is the one this gateway runs and its profile is
 `profiles/<frontier.cloud_profile>` of that version; and `frontier` (default true) asks
 for the plan frontier over the version's `frontier` link range as well. Quantities are
-plain numbers (bits/s, ms, bytes): the wire has no unit strings.
+plain numbers (bits/s, ms, bytes): the wire has no unit strings. The accuracy budget is
+model.yaml's `min_agreement` where the query names none, and the stricter of the two
+where both do: a device may ask for more accuracy than the model's owner set, never
+less. Under a budget the plan and frontier keep to the version's accuracy.json.
 
 The work is the typed what-if API, `planner.whatif` (its request validation, device
 specs, solve, baselines and frontier), so the gRPC and HTTP answers agree; this module
@@ -38,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 _PLANNER_FIELDS = (
     "edge", "rtt", "loss", "objective", "encoding", "compression", "device_memory", "slo",
-    "keep_input_local", "first_k_local", "pinned_device_layers", "uplink", "downlink",
+    "keep_input_local", "first_k_local", "pinned_device_layers", "uplink", "downlink", "min_agreement",
 )
 QUERY_FIELDS = ("model", "version", "device_id", "frontier") + _PLANNER_FIELDS
 """Keys a Plan query may carry (see [Note: gateway plan])."""
@@ -118,15 +121,17 @@ class GatewayPlanner:
         from partitioner import PartitionError
         from planner.errors import InfeasibleError, PlannerError
         from planner.whatif import PlanRequest
+        from planner.whatif import plan as make_plan
 
         name = self._model(lv)
         cloud = self._cloud_profile(lv)
-        body = dict(query.body or {})
+        body = _with_budget(dict(query.body or {}), lv.config.min_agreement)
         self._check_device(body.get("edge"))
         try:
             request = PlanRequest.from_dict({**body, "model": name, "cloud": cloud})
-            answer = self._workspace.plan(request)
-            front = self._frontier(lv, request, name) if query.with_frontier else None
+            accuracy = lv.files.accuracy() if request.scenario.min_agreement is not None else None
+            answer = make_plan(request, *self._workspace.tiers(request.scenario), accuracy)
+            front = self._frontier(lv, request, name, accuracy) if query.with_frontier else None
         except InfeasibleError as e:
             logger.info("no feasible plan for %s: %s (query %s)", lv.key, e.message, query.to_dict())
             raise InvalidArgument(field=_constraint_field(e.constraint), reason=e.message) from e
@@ -199,14 +204,15 @@ class GatewayPlanner:
                 reason=f"{edge[:60]!r} is not a reference device; use one of {', '.join(names) or 'none'}, "
                        f"a profile object (schema 'splitinfer.profile/1') or a roofline {{\"gflops\": ...}}")
 
-    def _frontier(self, lv: LoadedVersion, request: PlanRequest, name: str) -> dict[str, Any] | None:
+    def _frontier(self, lv: LoadedVersion, request: PlanRequest, name: str, accuracy: Any) -> dict[str, Any] | None:
         from planner.types import Objective
-        from planner.whatif import FrontierRequest
+        from planner.whatif import FrontierRequest, frontier
 
         if request.scenario.objective is Objective.THROUGHPUT:
             return None  # the frontier covers latency and energy only (they are affine in 1/bandwidth)
         fc = lv.config.frontier
-        front = self._workspace.frontier(FrontierRequest(request.scenario, fc.up_lo_bps, fc.up_hi_bps, fc.down_ratio))
+        front = frontier(FrontierRequest(request.scenario, fc.up_lo_bps, fc.up_hi_bps, fc.down_ratio),
+                         *self._workspace.tiers(request.scenario), accuracy)
         n = len(self._workspace.graph(name))
         out = {**front.to_dict(), "breakpoints_bps": list(front.breakpoints_bps)}
         for entry in out["entries"]:
@@ -221,6 +227,22 @@ class GatewayPlanner:
         if cut.key.startswith("H") and len(edge_layers) < n_layers:
             lv.files.remember_cut(cut)
         return cut.key
+
+
+def _with_budget(body: dict[str, Any], budget: float | None) -> dict[str, Any]:
+    """``body`` with model.yaml's ``budget``: the query's min_agreement where it is stricter,
+    else the budget ([Note: gateway plan]). A min_agreement that is not a number is left
+    for the planner's validation to name."""
+    if budget is None:
+        return body
+    asked = body.get("min_agreement")
+    if asked is None:
+        return {**body, "min_agreement": budget}
+    if isinstance(asked, (int, float)) and not isinstance(asked, bool) and asked < budget:
+        logger.info("min_agreement %g of the query is below model.yaml's %g; planning within %g", asked, budget,
+                    budget)
+        return {**body, "min_agreement": budget}
+    return body
 
 
 def _constraint_field(constraint: str | None) -> str:
