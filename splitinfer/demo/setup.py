@@ -42,6 +42,10 @@ LINK_RANGE = LinkRange(0.5e6, 100e6, down_ratio=4.0, rtt_ms=20.0)
 EDGE_DEVICE = "rpi4"
 CLOUD_DEVICE = "t4"
 DEFAULT_MODEL = "squeezenet"
+_CLOUD_RETRIES = 3
+_CLOUD_RETRY_PAUSE_S = 1.0
+_CLOUD_SPEEDUP_MIN = 1.2
+"""Every core is expected to beat one thread by this much; see [Note: busy cloud profile]."""
 _CALIBRATION_STEPS = 5
 _CALIBRATION_TOL = 0.15
 """The quota is re-timed until the device's time is within this fraction of its target."""
@@ -155,6 +159,19 @@ def measure_profiles(model: onnx.ModelProto, graph: LayerGraph, runs: int, say: 
         before_cloud()
         say(f"      cloud: {cores} threads (the gateway's workers)")
         cloud, cloud_ms = _measure(model, graph, threads=cores, device=f"cloud-{cores}-threads", runs=runs)
+        for _ in range(_CLOUD_RETRIES):
+            # [Note: busy cloud profile] Every core is timed at once, so a burst of other work
+            # (Ray's workers starting just after Ray is up, another job on a shared host) makes
+            # the cloud look slower than one thread: SqueezeNet's 2 ms took 40 ms once, the
+            # device's target (the ratio times it) went out of the quota's reach and no cut
+            # paid. Such a profile is measured again after a pause; the fastest is kept.
+            if cloud_ms * _CLOUD_SPEEDUP_MIN <= dev_ms:
+                break
+            time.sleep(_CLOUD_RETRY_PAUSE_S)
+            again, again_ms = _measure(model, graph, threads=cores, device=f"cloud-{cores}-threads", runs=runs)
+            say(f"      cloud again (it was not faster than one thread): {again_ms:.1f} ms against {cloud_ms:.1f} ms")
+            if again_ms < cloud_ms:
+                cloud, cloud_ms = again, again_ms
         return dev, cloud, "measured", dev_ms, cloud_ms
     except Exception as e:  # noqa: BLE001 - any profiler failure falls back to the FLOPs estimate, said aloud
         why = f"{type(e).__name__}: {str(e)[:200]}"

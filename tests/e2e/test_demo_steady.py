@@ -2,8 +2,9 @@
 simulated time: after its first plan the agent switches at most once.
 
 The parts are the demo's own: its trace (`make_trace`: the phase's rate, downlink and RTT),
-its model (ResNet50's graph from the zoo) and a frontier over its `LINK_RANGE` with its
-encodings, its agent's settings (`AGENT_SETTINGS` through edge.yaml's loader), and the link
+a model whose whole input is its cheapest upload (ResNet50's graph from the zoo, `--model
+resnet50`: the hardest case for switching, every offload saturates the uplink at 5 fps) and a
+frontier over its `LINK_RANGE` with its encodings, its agent's settings (`AGENT_SETTINGS` through edge.yaml's loader), and the link
 emulator's token bucket, which serialises the uploads that share the link. What a real run
 adds is simulated, with time passed in: the app's frame rate and window, the device's and
 the cloud's run times, and a loaded 2-core host that delays every answer by a few ms and
