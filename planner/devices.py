@@ -23,7 +23,7 @@ measurement and compared with the other devices on the same footing.
 
 A layer whose FLOPs or activation sizes are unknown has no roofline: counting the
 unknown part as 0 would make it free and draw the planner to it. `roofline_ms` and
-`reference_profile` refuse it with a `PlannerError` naming the layers and the fix
+`reference_profile` refuse it (`unknown_work_error`) naming the layers and the fix
 (input shapes or sample inputs for unknown sizes; a measured profile for an op without
 a FLOP count); the fits skip such layers.
 """
@@ -51,6 +51,7 @@ __all__ = [
     "device_names",
     "anchor_op",
     "layer_bytes",
+    "unknown_work_error",
     "roofline_ms",
     "reference_profile",
     "fit_efficiencies",
@@ -290,23 +291,28 @@ def layer_bytes(graph: LayerGraph, layer: Layer, batch: int = 1) -> float | None
     return None if act is None else float(batch * act + layer.param_bytes)
 
 
-def _unknown_work(graph: LayerGraph, layers: Sequence[Layer], device: str) -> PlannerError:
-    """The refusal for layers whose FLOPs or activation sizes are unknown."""
-    sized = [ly for ly in layers if layer_bytes(graph, ly) is None]
-    ops = [ly for ly in layers if ly.flops is None and layer_bytes(graph, ly) is not None]
+def unknown_work_error(graph: LayerGraph, layers: Sequence[Layer], what: str) -> PlannerError:
+    """The refusal to time ``layers``, whose FLOPs or activation sizes are unknown, with
+    ``what`` (a device's roofline, a FLOP rate): names them, the tensors of unknown size
+    they touch and the fix."""
     shown = ", ".join(f"{ly.id} ({anchor_op(ly)})" for ly in layers[:5]) + (
         f" and {len(layers) - 5} more" if len(layers) > 5 else "")
+    touched = [t for ly in layers for t in ly.inputs + ly.outputs]
+    unsized = list(dict.fromkeys(t for t in touched if t in graph.tensor and graph.tensor[t].bytes_per_sample is None))
+    no_count = sorted({anchor_op(ly) for ly in layers if ly.flops is None and layer_bytes(graph, ly) is not None})
     fixes = []
-    if sized:
+    if unsized:
         fixes.append("fix the input shapes with --input-shape NAME=D0xD1x... (input_shapes=) or pass sample "
-                     "inputs with --inputs FILE.npz (inputs=) where sizes are unknown")
-    if ops:
-        fixes.append(f"measure a profile with 'splitinfer profile' where an op ({', '.join(sorted({anchor_op(ly) for ly in ops}))}) "
-                     "has no FLOP count")
+                     "inputs with --inputs FILE.npz (inputs=)")
+    if no_count:
+        fixes.append(f"measure a profile with 'splitinfer profile' where an op ({', '.join(no_count)}) has no "
+                     "FLOP count")
+    sizes = (f" (tensors of unknown size: {', '.join(repr(t) for t in unsized[:5])}"
+             f"{f' and {len(unsized) - 5} more' if len(unsized) > 5 else ''})") if unsized else ""
     return PlannerError(
-        f"cannot estimate {graph.model} on {device}: layers {shown} have unknown FLOPs or activation sizes, "
-        f"and a roofline cannot price unknown work; {'; '.join(fixes)}",
-        model=graph.model, field="input_shapes" if sized else "flops")
+        f"cannot time {graph.model} with {what}: layers {shown} have unknown FLOPs or activation sizes{sizes}, "
+        f"and unknown work cannot be priced; {'; '.join(fixes)}",
+        model=graph.model, field="input_shapes" if unsized else "flops")
 
 
 def _check_precision(precision: str) -> None:
@@ -320,7 +326,7 @@ def roofline_ms(device: Device, graph: LayerGraph, layer: Layer, *, batch: int =
     _check_precision(precision)
     moved = layer_bytes(graph, layer, batch)
     if layer.flops is None or moved is None:
-        raise _unknown_work(graph, [layer], device.name)
+        raise unknown_work_error(graph, [layer], f"{device.name}'s roofline")
     flops = float(layer.flops) * batch
     compute_s = flops / (device.peak_flops[precision] * device.eff(anchor_op(layer)))
     scale = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}[precision]
@@ -345,7 +351,7 @@ def reference_profile(device: Device | str, graph: LayerGraph, batch: int = 1, *
         raise PlannerError(f"batch is {batch!r}; use a batch size >= 1", field="batch")
     unknown = [ly for ly in graph.layers if ly.flops is None or layer_bytes(graph, ly) is None]
     if unknown:
-        raise _unknown_work(graph, unknown, dev.name)
+        raise unknown_work_error(graph, unknown, f"{dev.name}'s roofline")
     layers = {ly.id: LayerTime(ms=roofline_ms(dev, graph, ly, batch=batch, precision=precision))
               for ly in graph.layers}
     batch_ms = {b: sum(roofline_ms(dev, graph, ly, batch=b, precision=precision) for ly in graph.layers)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from partitioner.graph import LayerGraph
+from planner.devices import unknown_work_error
 from planner.profile import Corrections, Profile
 
 __all__ = ["make_random_profile", "make_flops_profile"]
@@ -23,9 +24,15 @@ def make_flops_profile(
     radio_tx_w: float = 0.0,
     idle_w: float = 0.0,
     batch_ms: dict[int, float] | None = None,
+    unknown_flops_ms: float | None = None,
 ) -> Profile:
-    """Roofline-free times: layer ms = flops / (gflops * 1e9) * 1000 (unknown FLOPs: 0)."""
-    layers = {layer.id: {"ms": (layer.flops or 0) / (gflops * 1e9) * 1e3} for layer in graph.layers}
+    """Roofline-free times: layer ms = flops / (gflops * 1e9) * 1000. A layer of unknown
+    FLOPs has no such time: a PlannerError names it (never priced as free), unless the
+    caller says what it takes with ``unknown_flops_ms``."""
+    if unknown_flops_ms is None:
+        _require_flops(graph, f"a {gflops:g} GFLOP/s roofline")
+    layers = {layer.id: {"ms": unknown_flops_ms if layer.flops is None else layer.flops / (gflops * 1e9) * 1e3}
+              for layer in graph.layers}
     d = {
         "schema": "splitinfer.profile/1", "model": graph.model, "device": device, "layers": layers,
         "fixed_ms": fixed_ms, "compute_w": compute_w, "radio_tx_w": radio_tx_w, "idle_w": idle_w,
@@ -48,10 +55,11 @@ def make_random_profile(
     """Layer ms from FLOPs at a random speed (``gflops``), times a log-normal jitter
     (fused and memory-bound layers do not follow FLOPs), plus random power figures.
     """
+    _require_flops(graph, "a random profile")
     rng = random.Random(seed)
     speed = gflops if gflops is not None else 10 ** rng.uniform(0.5, 3.5)
     layers = {
-        layer.id: {"ms": (layer.flops or 0) / (speed * 1e9) * 1e3 * rng.lognormvariate(0.0, jitter)}
+        layer.id: {"ms": layer.flops / (speed * 1e9) * 1e3 * rng.lognormvariate(0.0, jitter)}
         for layer in graph.layers
     }
     total = sum(v["ms"] for v in layers.values())
@@ -67,3 +75,9 @@ def make_random_profile(
         "batch_ms": batch_ms, "corrections": corr,
         "compute_w": rng.uniform(1.0, 8.0), "radio_tx_w": rng.uniform(0.5, 3.0), "idle_w": rng.uniform(0.0, 1.0),
     })
+
+
+def _require_flops(graph: LayerGraph, what: str) -> None:
+    unknown = [ly for ly in graph.layers if ly.flops is None]
+    if unknown:
+        raise unknown_work_error(graph, unknown, what)

@@ -18,6 +18,7 @@ from planner.devices import (
 )
 from planner.errors import InfeasibleError, PlannerError
 from planner.memory import head_memory_bytes, unknown_head_tensors
+from planner.profile import LayerTime, Profile
 from planner.synthetic import make_flops_profile
 from tests.unit import _shape_models as M
 
@@ -58,8 +59,7 @@ def test_head_memory_is_none_where_the_head_holds_a_tensor_of_unknown_size(symbo
 
 
 def test_a_memory_limit_refuses_heads_of_unknown_size_naming_the_tensors(symbolic):
-    profiles = [make_flops_profile(symbolic, device="dev", gflops=1.0),
-                make_flops_profile(symbolic, device="cloud", gflops=100.0)]
+    profiles = [_measured(symbolic, "dev", 1.0), _measured(symbolic, "cloud", 0.01)]
     c = Constraints(device_memory_bytes=1 << 30, pinned_device_layers=frozenset({0}))
     with pytest.raises(InfeasibleError) as e:
         solve(symbolic, profiles, Link(18.88e6, 50e6, 20.0), constraints=c)
@@ -78,9 +78,21 @@ def test_the_roofline_refuses_unknown_work_naming_layers_and_the_fix(symbolic, f
 
 
 def test_fits_and_this_hosts_roofline_use_only_layers_of_known_work(symbolic):
-    # a measured profile where every layer took 1 ms: only the Gemm's FLOPs are known
-    measured = make_flops_profile(symbolic, device="host", gflops=1e-6)
-    assert set(fit_efficiencies(symbolic, measured, 1e9)) <= {"Gemm", "GlobalAveragePool"}
+    # every layer took 1 ms; only the Gemm's FLOPs (60) are known, and only the pool's
+    # output and the Gemm's tensors are of known size
+    measured = _measured(symbolic, "host", 1.0)
+    assert set(fit_efficiencies(symbolic, measured, 1e9)) == {"Gemm"}
     dev = device_from_profile(symbolic, measured)
-    known = [ly for ly in symbolic.layers if ly.flops is not None]
-    assert dev.peak_flops["fp32"] == pytest.approx(max(ly.flops / (measured.layer_ms(ly.id) / 1e3) for ly in known))
+    assert dev.peak_flops["fp32"] == pytest.approx(60 / 1e-3)
+    assert dev.mem_bw_bytes_per_s == pytest.approx(layer_bytes(symbolic, symbolic.layers[4]) / 1e-3)
+
+
+def test_a_flops_roofline_refuses_layers_of_unknown_flops(symbolic):
+    with pytest.raises(PlannerError, match=r"layers 0 \(Conv\).*unknown size: 'x', 'c1', 'a', 'c2'.*--inputs"):
+        make_flops_profile(symbolic, device="dev", gflops=5.0)
+    said = make_flops_profile(symbolic, device="dev", gflops=1e-6, unknown_flops_ms=2.5)  # the caller's figure
+    assert [said.layer_ms(v) for v in range(5)] == [2.5, 2.5, 2.5, 2.5, pytest.approx(60.0)]
+
+
+def _measured(graph, device: str, ms: float) -> Profile:
+    return Profile(device=device, layers={ly.id: LayerTime(ms=ms) for ly in graph.layers})
