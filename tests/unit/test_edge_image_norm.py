@@ -55,7 +55,8 @@ def _agent_record(norm: ImageNorm | None):
     agent = SimpleNamespace(models=SimpleNamespace(model="img", version="1"), _device_id="d", image_norm=norm)
     ce = CutEngines(L, None, None, ("x",), ())  # type: ignore[arg-type]
     enc = Encoding(codec="jpeg", level=90, ratio=0.05, codec_ms_per_mb=1.0)
-    req = Runner._make_request(agent, Action("offload", L, enc), ce, {"x": frame()}, "r1", 5.0)  # type: ignore[arg-type]
+    action = Action("offload", L, enc)
+    req = Runner._make_request(agent, action, ce, {"x": frame()}, "r1", 5.0)  # type: ignore[arg-type]
     return req.tensors["x"]
 
 
