@@ -305,12 +305,13 @@ def unknown_work_error(graph: LayerGraph, layers: Sequence[Layer], what: str) ->
         fixes.append("fix the input shapes with --input-shape NAME=D0xD1x... (input_shapes=) or pass sample "
                      "inputs with --inputs FILE.npz (inputs=)")
     if no_count:
-        fixes.append(f"measure a profile with 'splitinfer profile' where an op ({', '.join(no_count)}) has no "
-                     "FLOP count")
+        fixes.append(f"measure a profile with 'splitinfer profile' where FLOPs cannot be counted "
+                     f"({', '.join(no_count)})")
     sizes = (f" (tensors of unknown size: {', '.join(repr(t) for t in unsized[:5])}"
              f"{f' and {len(unsized) - 5} more' if len(unsized) > 5 else ''})") if unsized else ""
     return PlannerError(
-        f"cannot time {graph.model} with {what}: layers {shown} have unknown FLOPs or activation sizes{sizes}, "
+        f"cannot time {graph.model} with {what}: {'layers' if len(layers) > 1 else 'layer'} {shown} "
+        f"{'have' if len(layers) > 1 else 'has'} unknown FLOPs or activation sizes{sizes}, "
         f"and unknown work cannot be priced; {'; '.join(fixes)}",
         model=graph.model, field="input_shapes" if unsized else "flops")
 

@@ -5,6 +5,7 @@ symbolic H and W (tests/unit/_shape_models.py)."""
 from __future__ import annotations
 
 import pytest
+from onnx import TensorProto, helper
 
 from partitioner import Cut, boundary_bytes, build_graph, plan_memory
 from planner import Constraints, Link, solve
@@ -96,3 +97,15 @@ def test_a_flops_roofline_refuses_layers_of_unknown_flops(symbolic):
 
 def _measured(graph, device: str, ms: float) -> Profile:
     return Profile(device=device, layers={ly.id: LayerTime(ms=ms) for ly in graph.layers})
+
+
+def test_the_roofline_refuses_an_op_without_a_flop_count_and_says_to_measure():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Hardmax", ["a"], ["y"], name="mystery", axis=1)]
+    model = helper.make_model(helper.make_graph(
+        nodes, "hm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]), opset_imports=[helper.make_opsetid("", 17)])
+    g = build_graph(model)
+    with pytest.raises(PlannerError, match=r"layer 1 \(Hardmax\) has unknown FLOPs .*'splitinfer profile'") as e:
+        reference_profile("rpi4", g)
+    assert e.value.field == "flops" and "--input-shape" not in e.value.message
