@@ -655,8 +655,8 @@ class VersionFiles:
         return path
 
     def artifact_files(self) -> dict[str, bytes]:
-        """What an edge agent needs to start: the model, model.yaml, profiles, the frontier and
-        the accuracy table when there is one."""
+        """What an edge agent needs to start: the model, model.yaml and its sample inputs,
+        profiles, the frontier and the accuracy table when there is one."""
         out: dict[str, bytes] = {}
         with open(self.model_path, "rb") as fh:
             out["model.onnx"] = fh.read()
@@ -664,6 +664,10 @@ class VersionFiles:
         if os.path.exists(yml):
             with open(yml, "rb") as fh:
                 out["model.yaml"] = fh.read()
+        samples = os.path.join(self.path, self.config.sample_inputs) if self.config.sample_inputs else ""
+        if samples and os.path.isfile(samples):  # the agent plans at their sizes (edge_agent/model_inputs.py)
+            with open(samples, "rb") as fh:
+                out[self.config.sample_inputs] = fh.read()
         for name, text in self.profiles().items():
             out[f"profiles/{name}"] = text.encode()
         out["frontier.json"] = self.frontier().to_json().encode()

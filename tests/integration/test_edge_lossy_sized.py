@@ -29,15 +29,18 @@ from tests.unit.test_edge_planning_graph import symbolic_image_model
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(180)]
 
 
-@pytest.mark.parametrize("declared", [True, False], ids=["input_shapes", "no-sizes"])
+@pytest.mark.parametrize("declared", ["input_shapes", "sample_inputs", ""])
 def test_the_agent_sizes_a_symbolic_model_and_sends_the_measured_jpeg(tmp_path, declared):
     d = tmp_path / "registry" / "img" / "1"
     os.makedirs(d)
     src = str(d / "model.onnx")
     onnx.save(symbolic_image_model(), src)
-    if declared:
-        (d / "model.yaml").write_text("input_shapes: {x: [1, 3, 32, 32]}\n")
     x, norm = frame(), ImageNorm.imagenet()
+    if declared == "input_shapes":
+        (d / "model.yaml").write_text("input_shapes: {x: [1, 3, 32, 32]}\n")
+    elif declared == "sample_inputs":  # GetArtifacts ships the file with model.yaml
+        np.savez(d / "inputs.npz", x=x)
+        (d / "model.yaml").write_text("sample_inputs: inputs.npz\n")
     jpeg = encode(x, precision="jpeg", level=90, norm=norm)  # what calibrate measures with the declared norm
     table = AccuracyTable("img", "f", 4, (AccuracyEntry("L", "jpeg@90", 0.995, "y", "rel_l2", 4,
                                                         float(jpeg.wire_bytes), 0.01),), image_norm=norm.to_dict())
