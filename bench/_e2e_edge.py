@@ -5,13 +5,15 @@ set-up (the full model's path and, per candidate, the head segment's path, the b
 names and the wire cut id), loads every ONNX Runtime session with one thread while it is
 still unthrottled, prints ``ready`` and waits for ``go`` (the parent moves it into the
 cgroup in between, see [Note: edge throttle] in `splitinfer.emulate`). Each later line
-is a job ``{"id", "precision", "reps"}`` or ``{"op": "add", "candidate"}`` (one more head) or
+is a job ``{"id", "precision", "reps", "check"}`` (``precision``: an encoding key, ``int8+pc``
+or ``jpeg@90`` too; with ``check`` the first answer's agreement with the whole model is
+returned as ``check_agreement``) or ``{"op": "add", "candidate"}`` (one more head) or
 ``{"op": "load", "id", "precision", "rate_hz", "n"}`` (Poisson arrivals, see `_load`): the child runs the candidate `reps` times end
 to end (head, encode, gRPC call through the link emulator, answer) and prints one JSON
 line with every request's stage times. ``{"op": "quit"}`` ends it.
 
 The stages are timed here, on the device, as a client sees them: `edge_ms` (the head),
-`encode_ms` (casting the boundary to fp16/int8 and building the request) and
+`encode_ms` (casting the boundary to fp16/int8 or through a lossy codec, and building the request) and
 `remote_ms` (the call: uplink, the cloud's decode, queue and tail, downlink). The
 gateway's own timings come back in each response and are kept as `server`.
 """
@@ -36,13 +38,28 @@ def _session(path: str) -> Any:
     return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+def _wire_tensor(arr: Any, key: str) -> Any:
+    """The boundary tensor `arr` as the encoding key ``fp32``, ``fp16``, ``int8``, ``int8+pc`` or
+    ``CODEC@LEVEL`` (a lossy codec: ``jpeg@90``) sends it ([Note: encoding keys] in planner.accuracy)."""
+    import numpy as np
+
+    from cluster.protocol.encoding import encode
+
+    if arr.dtype != np.float32 or key == "fp32":
+        return np.ascontiguousarray(arr)
+    if key == "int8+pc":
+        return encode(arr, precision="int8", per_channel=True)
+    codec, _, level = key.partition("@")
+    return encode(arr, precision=codec, level=int(level)) if level else encode(arr, precision=codec)
+
+
 def _request(c: dict[str, Any], precision: str, sessions: dict[str, Any], feed: dict[str, Any], model: str,
              version: str) -> tuple[Any, float, float, int]:
-    """Runs the head and builds the request: (request or None for edge-only, edge_ms, encode_ms, wire bytes)."""
+    """Runs the head and builds the request: (request or None for edge-only, edge_ms, encode_ms, wire bytes).
+    `precision` is the encoding's key (`_wire_tensor`)."""
     import numpy as np
 
     from cluster.protocol.client import make_request
-    from cluster.protocol.encoding import encode
 
     t0 = time.perf_counter()
     if c["local"]:
@@ -58,37 +75,52 @@ def _request(c: dict[str, Any], precision: str, sessions: dict[str, Any], feed: 
     tensors: dict[str, Any] = {}
     wire = 0
     for name in c["boundary"]:
-        arr = values[name]
-        if arr.dtype == np.float32 and precision != "fp32":
-            enc = encode(arr, precision=precision)
-            tensors[name] = enc
-            wire += len(enc.payload)
-        else:
-            tensors[name] = np.ascontiguousarray(arr)
-            wire += arr.nbytes
+        t = _wire_tensor(values[name], precision)
+        tensors[name] = t
+        wire += t.nbytes if isinstance(t, np.ndarray) else len(t.payload)
     req = make_request(model, version, c["cut_key"], tensors, timeout_s=120.0)
     return req, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, wire
 
 
+def _check(outputs: Any, reference: dict[str, Any]) -> float | None:
+    """The answer's agreement with the whole fp32 model on the same input (`workers.agreement`),
+    over the outputs the cloud sent (a head may compute others on the device)."""
+    import numpy as np
+
+    from cluster.protocol.encoding import decode
+    from workers.agreement import compare_runs
+
+    got = {k: v if isinstance(v, np.ndarray) else decode(v) for k, v in outputs.items()}
+    common = sorted(set(got) & set(reference))
+    if not common:
+        return None
+    return compare_runs([{k: reference[k] for k in common}], [{k: got[k] for k in common}]).agreement
+
+
 def _job(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed: dict[str, Any],
-         client: Any, model: str, version: str) -> dict[str, Any]:
+         client: Any, model: str, version: str, reference: dict[str, Any]) -> dict[str, Any]:
     precision = job.get("precision", "fp32")
     rows = []
-    for _ in range(int(job["reps"])):
+    check = 1.0 if c["local"] else None
+    for i in range(int(job["reps"])):
         t0 = time.perf_counter()
         req, edge_ms, encode_ms, wire = _request(c, precision, sessions, feed, model, version)
         t2 = time.perf_counter()
         server: dict[str, float] = {}
+        answer = None
         if req is not None:
-            server = dict(client.infer(req).timings_ms)
+            answer = client.infer(req)
+            server = dict(answer.timings_ms)
         t3 = time.perf_counter()
         rows.append({"edge_ms": edge_ms, "encode_ms": encode_ms, "remote_ms": (t3 - t2) * 1e3 if req else 0.0,
                      "total_ms": (t3 - t0) * 1e3, "wire_bytes": wire, "server": server})
-    return {"id": c["id"], "precision": precision, "rows": rows}
+        if i == 0 and answer is not None and job.get("check"):
+            check = _check(answer.outputs, reference)
+    return {"id": c["id"], "precision": precision, "rows": rows, "check_agreement": check}
 
 
 def _load(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed: dict[str, Any],
-          client: Any, model: str, version: str) -> dict[str, Any]:
+          client: Any, model: str, version: str, reference: dict[str, Any]) -> dict[str, Any]:
     """Poisson arrivals at `rate_hz`: heads run in arrival order on the one edge thread (a
     request waits while the device is busy), calls overlap in flight."""
     import threading
@@ -134,6 +166,19 @@ def _load(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed
             "span_s": span_s, "latency_ms": lat}
 
 
+def _warm_codecs() -> None:
+    """Every encoding once on a small image while unthrottled: the first lossy encode imports
+    Pillow and zstandard, which inside the edge's CPU quota would take seconds of one request."""
+    import numpy as np
+
+    x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
+    for key in ("fp16", "int8", "int8+pc", "jpeg@90", "webp@90", "tiled-jpeg@90", "tiled-webp@90", "bits@4"):
+        try:
+            _wire_tensor(x, key)
+        except Exception:  # noqa: BLE001 - a codec that cannot run here fails in its own job, with its reason
+            pass
+
+
 def main(argv: list[str]) -> int:
     import numpy as np
 
@@ -149,8 +194,14 @@ def main(argv: list[str]) -> int:
     rng = np.random.default_rng(int(setup.get("seed", 0)))
     feed = {i.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in i.shape]).astype(np.float32)
             for i in sessions["__full__"].get_inputs()}
+    if setup.get("inputs_path"):  # the first of the accuracy table's samples: what the codecs were measured on
+        with np.load(setup["inputs_path"]) as z:
+            feed = {k: np.ascontiguousarray(z[k][:1]) if z[k].ndim else z[k] for k in z.files}
+    full = sessions["__full__"]
+    reference = dict(zip([o.name for o in full.get_outputs()], full.run(None, feed)))
     for s in sessions.values():  # first runs allocate; keep that out of the measured ones
         s.run(None, {k: v for k, v in feed.items() if k in {i.name for i in s.get_inputs()}})
+    _warm_codecs()
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 1
@@ -171,7 +222,7 @@ def main(argv: list[str]) -> int:
                 continue
             try:
                 run = _load if job.get("op") == "load" else _job
-                out = run(cands[job["id"]], job, sessions, feed, client, model, version)
+                out = run(cands[job["id"]], job, sessions, feed, client, model, version, reference)
             except Exception as e:  # noqa: BLE001 - the parent records the failure with its reason
                 out = {"id": job.get("id"), "error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(json.dumps(out), flush=True)

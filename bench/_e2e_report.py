@@ -1,8 +1,14 @@
 """The e2e benchmark's headline figures and plots, computed from the measured runs.
 
-Pure arithmetic over `ModelRun.to_dict()` rows (`compute_summary`) and three PNGs
+Pure arithmetic over `ModelRun.to_dict()` rows (`compute_summary`) and four PNGs
 (`write_plots`): the regret of every strategy per model and link, our speed-up over the
-better of edge-only and cloud-only as a heat map, and predicted against measured latency.
+better of edge-only and cloud-only as a heat map, predicted against measured latency, and
+latency against agreement per strategy for one real-weight model at two uplinks.
+
+Every regret is against the oracle *within the accuracy budget*: the fastest measured
+cut and encoding whose agreement with the fp32 model is at least
+``summary.accuracy_budget.min_agreement`` (fp32 and edge-only agree fully; the others
+carry the accuracy table's figure).
 """
 
 from __future__ import annotations
@@ -12,10 +18,10 @@ import os
 from statistics import median
 from typing import Any
 
-__all__ = ["REGRET_DPI", "STRATEGIES", "TARGETS", "compute_summary", "draw_regret", "markdown_table",
-           "regret_layout", "write_plots"]
+__all__ = ["REGRET_DPI", "STRATEGIES", "TARGETS", "accuracy_model", "compute_summary", "draw_accuracy", "draw_regret",
+           "markdown_table", "regret_layout", "write_plots"]
 
-STRATEGIES = ("edge-only", "cloud-only", "neurosurgeon", "dads", "ours")
+STRATEGIES = ("edge-only", "cloud-only", "neurosurgeon", "dads", "dads_encoded", "cloud_only_jpeg", "ours")
 TARGETS = {"regret_geomean": 1.05, "regret_worst": 1.15, "cost_model_median_abs_pct_error": 10.0}
 
 
@@ -28,8 +34,9 @@ def _p50(link: dict[str, Any], strategy: str) -> float | None:
     return None if m is None else float(m["p50_ms"])
 
 
-def compute_summary(models: list[dict[str, Any]]) -> dict[str, Any]:
-    """Regret per strategy, our speed-up, and the cost model's error, over every model and link."""
+def compute_summary(models: list[dict[str, Any]], min_agreement: float = 0.99) -> dict[str, Any]:
+    """Regret per strategy against the oracle within the `min_agreement` budget, each
+    strategy's agreement, our speed-up, and the cost model's error, over every model and link."""
     regrets: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     bounds: dict[str, int] = {s: 0 for s in STRATEGIES}
     speedups: list[float] = []
@@ -42,6 +49,8 @@ def compute_summary(models: list[dict[str, Any]]) -> dict[str, Any]:
             cell: dict[str, Any] = {"model": m["model"], "up_mbps": lk["up_bps"] / 1e6, "oracle_ms": oracle,
                                     "regret": {}}
             for s in STRATEGIES:
+                if s not in lk["strategies"] or lk["strategies"][s].get("cut_id") is None:
+                    continue  # no plan (cloud_only_jpeg: no JPEG quality meets the budget)
                 v = _p50(lk, s)
                 if v is not None:
                     regrets[s].append(v / oracle)
@@ -57,7 +66,8 @@ def compute_summary(models: list[dict[str, Any]]) -> dict[str, Any]:
                 cell["speedup_vs_best_single_side"] = base / ours
                 speedups.append(base / ours)
             cells.append(cell)
-            chosen = {(lk["strategies"][s]["cut_id"], lk["strategies"][s]["encoding"]) for s in STRATEGIES}
+            chosen = {(lk["strategies"][s]["cut_id"], lk["strategies"][s]["encoding"]) for s in STRATEGIES
+                      if s in lk["strategies"]}
             for c in lk["candidates"]:
                 e = abs(c["predicted_ms"] - c["p50_ms"]) / c["p50_ms"] * 100.0
                 errors_all.append(e)
@@ -78,6 +88,8 @@ def compute_summary(models: list[dict[str, Any]]) -> dict[str, Any]:
     per_strategy = {s: {"geomean": _geomean(v), "worst": max(v) if v else float("nan"), "n": len(v),
                         "n_lower_bounds": bounds[s]} for s, v in regrets.items()}
     ours = per_strategy["ours"]
+    accuracy = _accuracy(models)
+    below = [c for c in _cells_of(models) if (c[2].get("ours", {}).get("agreement") or 0.0) < min_agreement]
     err = median(errors_all) if errors_all else float("nan")
     return {
         "regret": per_strategy,
@@ -87,12 +99,80 @@ def compute_summary(models: list[dict[str, Any]]) -> dict[str, Any]:
         "cost_model_median_abs_pct_error_chosen_plans": median(errors_chosen) if errors_chosen else float("nan"),
         "cost_model_points": len(errors_all),
         "targets": TARGETS,
-        "meets": {"regret_geomean": ours["geomean"] <= TARGETS["regret_geomean"],
+        "meets": {"ours_within_budget": not below,
+                  "regret_geomean": ours["geomean"] <= TARGETS["regret_geomean"],
                   "regret_worst": ours["worst"] <= TARGETS["regret_worst"],
                   "cost_model_median_abs_pct_error": err <= TARGETS["cost_model_median_abs_pct_error"]},
         "cells": cells,
         "throughput": throughput,
+        "accuracy_budget": {"min_agreement": min_agreement,
+                            "oracle": "the fastest measured cut and encoding whose agreement is at least the budget",
+                            "ours_below_budget": len(below)},
+        "accuracy": accuracy,
+        "ratios": _ratios(models),
+        "splitting": _splitting(models),
     }
+
+
+def _cells_of(models: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    return [(m["model"], lk, lk["strategies"]) for m in models for lk in m["links"]]
+
+
+def _accuracy(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per strategy: the predicted agreement of its picks (min, median over cells) and the
+    measured agreement of its first answer per cell with the whole model's (the check)."""
+    out: dict[str, Any] = {}
+    for s in STRATEGIES:
+        pred = [st[s]["agreement"] for _, _, st in _cells_of(models) if st.get(s, {}).get("agreement") is not None]
+        checked = [st[s]["measured"]["check_agreement"] for _, _, st in _cells_of(models)
+                   if (st.get(s, {}).get("measured") or {}).get("check_agreement") is not None]
+        out[s] = {"min_agreement": min(pred, default=float("nan")),
+                  "median_agreement": median(pred) if pred else float("nan"), "n": len(pred),
+                  "checked_answers": len(checked), "checked_min_agreement": min(checked, default=float("nan")),
+                  "checked_median_agreement": median(checked) if checked else float("nan")}
+    return out
+
+
+def _ratios(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ours' measured p50 over dads_encoded's and over cloud_only_jpeg's, geomean over the
+    cells where both ran (below 1: ours is faster)."""
+    out: dict[str, Any] = {}
+    for other in ("dads_encoded", "cloud_only_jpeg"):
+        xs = []
+        for _, lk, _ in _cells_of(models):
+            if lk["strategies"].get(other) is None:
+                continue
+            a, b = _p50(lk, "ours"), _p50(lk, other) if lk["strategies"][other].get("cut_id") else None
+            if a is not None and b is not None:
+                xs.append(a / b)
+        out[f"ours_over_{other}"] = {"geomean": _geomean(xs), "min": min(xs, default=float("nan")),
+                                     "max": max(xs, default=float("nan")), "n": len(xs)}
+    return out
+
+
+def _splitting(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a mid-network cut is the oracle within the budget and beats the better of
+    edge-only, cloud-only and cloud_only_jpeg as measured; the models where it never does."""
+    pays, per_model = [], {}
+    for m in models:
+        n_layers = m.get("setup", {}).get("layers")
+        wins = 0
+        for lk in m["links"]:
+            o = lk["oracle"]
+            mid = 0 < o["device_layers"] < (n_layers or 10**9)
+            sides = [x for x in (_p50(lk, s) for s in ("edge-only", "cloud-only", "cloud_only_jpeg")
+                                 if lk["strategies"].get(s, {}).get("cut_id")) if x is not None]
+            if mid and sides and o["p50_ms"] < min(sides):
+                wins += 1
+                pays.append({"model": m["model"], "up_mbps": lk["up_bps"] / 1e6, "oracle_encoding": o["encoding"],
+                             "device_layers": o["device_layers"], "gain_over_best_side": min(sides) / o["p50_ms"]})
+        per_model[m["model"]] = wins
+    never = [k for k, v in per_model.items() if v == 0]
+    note = ("splitting pays in no cell: on every link the fastest plan within the budget runs everything on one "
+            "side or sends the frame as a JPEG" if not pays else
+            f"splitting pays in {len(pays)} of {sum(len(m['links']) for m in models)} cells; "
+            + (f"it pays in no cell of {', '.join(never)}" if never else "it pays in some cell of every model"))
+    return {"pays_in": pays, "cells_where_split_pays": len(pays), "does_not_pay_on": never, "note": note}
 
 
 REGRET_DPI = 110
@@ -190,8 +270,62 @@ def draw_regret(models: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
     return fig
 
 
+_MARKERS = {"edge-only": "s", "cloud-only": "^", "neurosurgeon": "v", "dads": "D", "dads_encoded": "P",
+            "cloud_only_jpeg": "X", "ours": "o"}
+
+
+def accuracy_model(models: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The model of the accuracy plot (the first real-weight one, else the first) and two of
+    its links (the slowest and the fastest uplink)."""
+    if not models:
+        return None
+    m = next((x for x in models if x.get("setup", {}).get("real_weights")), models[0])
+    links = sorted(m["links"], key=lambda lk: lk["up_bps"])
+    if not links:
+        return None
+    return m, [links[0], links[-1]] if len(links) > 1 else links
+
+
+def draw_accuracy(models: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
+    """Measured p50 latency against predicted agreement per strategy, one panel per uplink."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    picked = accuracy_model(models)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), squeeze=False)
+    budget = summary.get("accuracy_budget", {}).get("min_agreement")
+    if picked is None:
+        return fig
+    m, links = picked
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, lk in zip(axes[0], links):
+        for i, s in enumerate(STRATEGIES):
+            st = lk["strategies"].get(s) or {}
+            v = _p50(lk, s) if st.get("cut_id") else None
+            if v is None or st.get("agreement") is None:
+                continue
+            ax.scatter([st["agreement"]], [v], s=70, marker=_MARKERS[s], color=colors[i % len(colors)],
+                       label=f"{s} ({st['encoding']}, {st.get('device_layers', 0)} layers)", alpha=0.85)
+        o = lk["oracle"]
+        ax.axhline(o["p50_ms"], color="0.5", lw=0.8, ls=":")
+        if budget is not None:
+            ax.axvline(budget, color="r", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_xlabel("agreement with the fp32 model (accuracy table)")
+        ax.set_ylabel("measured p50 ms")
+        ax.set_title(f"{lk['up_bps'] / 1e6:g} Mbit/s up, RTT {lk.get('rtt_ms', 0):g} ms", fontsize=10)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"{m['model']}: latency against agreement per strategy (red dashed: budget "
+                 f"{budget}; dotted: oracle within it)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def write_plots(models: list[dict[str, Any]], summary: dict[str, Any], out_dir: str, stem: str = "e2e") -> list[str]:
-    """Writes `<stem>_regret.png`, `<stem>_speedup.png` and `<stem>_error.png`; returns their paths."""
+    """Writes `<stem>_regret.png`, `<stem>_speedup.png`, `<stem>_error.png` and
+    `<stem>_accuracy.png`; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -255,6 +389,11 @@ def write_plots(models: list[dict[str, Any]], summary: dict[str, Any], out_dir: 
     paths.append(os.path.join(out_dir, f"{stem}_error.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
+
+    fig = draw_accuracy(models, summary)
+    paths.append(os.path.join(out_dir, f"{stem}_accuracy.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
     return paths
 
 
@@ -264,13 +403,16 @@ def markdown_table(doc: dict[str, Any]) -> str:
     by_model: dict[str, list[dict[str, Any]]] = {}
     for c in s["cells"]:
         by_model.setdefault(c["model"], []).append(c)
+    budget = s.get("accuracy_budget", {}).get("min_agreement", cfg.get("min_agreement"))
+    others = ("neurosurgeon", "dads", "dads_encoded", "cloud_only_jpeg", "edge-only", "cloud-only")
     lines = [f"End to end, {len(s['cells'])} cells ({len(by_model)} models x uplinks "
              f"{', '.join(f'{u:g}' for u in cfg['uplinks_mbps'])} Mbit/s x RTT "
-             f"{', '.join(f'{r:g}' for r in cfg['rtts_ms'])} ms), measured p50 / the measured oracle's:",
+             f"{', '.join(f'{r:g}' for r in cfg['rtts_ms'])} ms), measured p50 / the measured oracle's "
+             f"within agreement ≥ {budget:g}:",
              "",
-             "| model | regret: ours geomean (worst) | Neurosurgeon | DADS | edge-only | cloud-only "
-             "| ours vs better single side: geomean (max) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | regret: ours geomean (worst) | Neurosurgeon | DADS | DADS encoded | cloud-only JPEG "
+             "| edge-only | cloud-only | ours vs better single side: geomean (max) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def gm(cells: list[dict[str, Any]], k: str) -> str:
         xs = [c["regret"][k] for c in cells if k in c["regret"]]
@@ -281,18 +423,27 @@ def markdown_table(doc: dict[str, Any]) -> str:
     for name, cells in by_model.items():
         ours = [c["regret"]["ours"] for c in cells if "ours" in c["regret"]]
         sp = [c["speedup_vs_best_single_side"] for c in cells if "speedup_vs_best_single_side" in c]
-        lines.append(f"| {name} | {_geomean(ours):.3f} ({max(ours):.2f}) | {gm(cells, 'neurosurgeon')} | "
-                     f"{gm(cells, 'dads')} | {gm(cells, 'edge-only')} | {gm(cells, 'cloud-only')} | "
-                     f"{_geomean(sp):.2f}x ({max(sp):.2f}x) |")
+        lines.append(f"| {name} | {_geomean(ours):.3f} ({max(ours):.2f}) | "
+                     + " | ".join(gm(cells, k) for k in others)
+                     + f" | {_geomean(sp):.2f}x ({max(sp):.2f}x) |")
     o, sp = s["regret"]["ours"], s["speedup_vs_best_single_side"]
-    lines.append(f"| **all** | **{o['geomean']:.3f} ({o['worst']:.2f})** | {s['regret']['neurosurgeon']['geomean']:.2f} | "
-                 f"{s['regret']['dads']['geomean']:.2f} | {s['regret']['edge-only']['geomean']:.2f} | "
-                 f"{'≥ ' if s['regret']['cloud-only'].get('n_lower_bounds') else ''}"
-                 f"{s['regret']['cloud-only']['geomean']:.2f} | {sp['geomean']:.2f}x ({sp['max']:.2f}x) |")
+
+    def total(k: str) -> str:
+        r = s["regret"][k]
+        return "–" if not r["n"] else ("≥ " if r.get("n_lower_bounds") else "") + f"{r['geomean']:.2f}"
+
+    lines.append(f"| **all** | **{o['geomean']:.3f} ({o['worst']:.2f})** | "
+                 + " | ".join(total(k) for k in others) + f" | {sp['geomean']:.2f}x ({sp['max']:.2f}x) |")
     lines += ["", f"Targets: regret geomean ≤ {TARGETS['regret_geomean']} "
               f"({'met' if s['meets']['regret_geomean'] else 'missed'}), worst ≤ {TARGETS['regret_worst']} "
               f"({'met' if s['meets']['regret_worst'] else 'missed'}); cost model median |error| end to end "
               f"{s['cost_model_median_abs_pct_error']:.1f} % over {s['cost_model_points']} measured cuts "
               f"(target ≤ {TARGETS['cost_model_median_abs_pct_error']:g} %, "
               f"{'met' if s['meets']['cost_model_median_abs_pct_error'] else 'missed'})."]
+    r = s.get("ratios", {})
+    if r:
+        a, b = r["ours_over_dads_encoded"], r["ours_over_cloud_only_jpeg"]
+        lines += ["", f"Ours / DADS encoded: geomean {a['geomean']:.3f} over {a['n']} cells; ours / cloud-only "
+                      f"JPEG: geomean {b['geomean']:.3f} over {b['n']} cells (below 1: ours is faster). "
+                      f"{s['splitting']['note'][0].upper()}{s['splitting']['note'][1:]}."]
     return "\n".join(lines) + "\n"

@@ -3,9 +3,10 @@
 [Note: e2e measurement]
 The edge is a child process (`bench._e2e_edge`) with one ONNX Runtime thread inside a
 cgroup CPU quota; the cloud is the gateway in this process (tails in-process, every
-core); between them the user-space link emulator. For every link the five strategies
-pick a cut (and an encoding), and the oracle's candidates are the chain points (capped,
-evenly spaced) plus those picks. Every candidate that is measured runs `reps` requests
+core); between them the user-space link emulator. For every link the seven strategies
+pick a cut and an encoding ([Note: e2e strategies]), and the oracle's candidates are the
+chain points (capped, evenly spaced, fp32) plus those picks; the oracle is the fastest
+measured candidate whose agreement (`_agreement`) meets the budget. Every candidate that is measured runs `reps` requests
 end to end on the device, one at a time and round-robin over the candidates (the host is
 shared: a burst of load then hits every candidate alike); its latency is the median.
 A candidate other than ours whose first request took over 3x the best first request
@@ -139,9 +140,12 @@ class _Edge:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
 
-    def job(self, cand_id: str, precision: str, reps: int) -> dict[str, Any]:
+    def job(self, cand_id: str, precision: str, reps: int, *, check: bool = False) -> dict[str, Any]:
+        """`reps` requests of the cut in the encoding keyed `precision`; with `check` the first
+        answer's agreement with the whole model comes back as ``check_agreement``."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"id": cand_id, "precision": precision, "reps": reps}) + "\n")
+        job = {"id": cand_id, "precision": precision, "reps": reps, "check": check}
+        self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -281,26 +285,62 @@ class ModelRun:
         return {"model": self.name, "setup": self.setup, "links": self.links, "notes": self.notes}
 
 
-def _strategies(graph: Any, profiles: list[Any], link: Any) -> dict[str, tuple[Any, Any]]:
+def _agreement(graph: Any, cut: Any, enc: Any, table: Any) -> float | None:
+    """A cut and encoding's agreement with the fp32 model: 1 for fp32 and for edge-only
+    (nothing crosses), else the accuracy table's ([Note: accuracy budget] in planner.budget)."""
+    if enc.lossless or len(cut.device) == len(graph):
+        return 1.0
+    return None if table is None else table.agreement(cut, enc)
+
+
+def _strategies(graph: Any, profiles: list[Any], link: Any, table: Any,
+                min_agreement: float) -> dict[str, tuple[Any, Any] | None]:
+    """Each strategy's cut and encoding on `link`; None where it has no plan (no JPEG
+    quality meets the budget, or the input is no image).
+
+    [Note: e2e strategies]
+    Neurosurgeon and DADS are as published: fp32 boundaries. ``dads_encoded`` is DADS's
+    min-cut given our casts (fp16, int8) within the budget, at the cuts where the
+    accuracy table measured them: it separates the planner's win from the encoding's.
+    ``cloud_only_jpeg`` is what a camera app deploys: the frame as a JPEG, at the
+    quality (of the table's) that meets the budget and the cost model finds fastest.
+    ``ours`` is `planner.solve_within_budget` with every cast and the table's lossy
+    codecs (JPEG/WebP of the input, tiled feature maps, bit depths)."""
     from partitioner import make_cut
     from planner import Encoding, solve, solve_chain_scan
+    from planner.budget import best_codec, lossy_encoding, solve_within_budget
 
     fp32 = Encoding()
-    ours = solve(graph, profiles, link, "latency", encodings=(fp32, Encoding("fp16"), Encoding("int8")))
+    casts = (fp32, Encoding("fp16"), Encoding("int8"))
+    ours = solve_within_budget(graph, profiles, link, "latency", encodings=(*casts, Encoding("int8", per_channel=True)),
+                               accuracy=table, min_agreement=min_agreement)
+    dads_enc = solve_within_budget(graph, profiles, link, "latency", encodings=casts, accuracy=table,
+                                   min_agreement=min_agreement, codecs=())
+    jpeg = best_codec(graph, profiles, link, table, min_agreement, codecs=("jpeg",))
+    jpeg_pick = None
+    if jpeg is not None:
+        cut = make_cut(graph, _layers(jpeg.cut_id))
+        enc = lossy_encoding(graph, cut, table.entry(jpeg.cut_id, jpeg.encoding))
+        jpeg_pick = (cut, enc) if enc is not None else None
     return {
         "edge-only": (make_cut(graph, range(len(graph))), fp32),
         "cloud-only": (make_cut(graph, []), fp32),
         "neurosurgeon": (solve_chain_scan(graph, profiles, link, "latency").cuts[0], fp32),
         "dads": (solve(graph, profiles, link, "latency", encodings=(fp32,)).cuts[0], fp32),
+        "dads_encoded": (dads_enc.cuts[0], dads_enc.encoding),
+        "cloud_only_jpeg": jpeg_pick,
         "ours": (ours.cuts[0], ours.encoding),
     }
 
 
 def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], reps: int, max_chain: int,
               edge_cpus: float, profile_runs: int, prune_ratio: float = 1.5, load_mbps: tuple[float, ...] = (),
-              load_n: int = 0,
+              load_n: int = 0, min_agreement: float = 0.99, calibrate_chain: int = 6,
               say: Callable[[str], None] = print) -> ModelRun:
-    """Profiles `name`, starts the stack and measures every strategy and the oracle on each link."""
+    """Profiles `name` (a zoo or a real-weight model), measures its accuracy table
+    (``splitinfer calibrate``, cached), starts the stack and measures every strategy and
+    the oracle within the `min_agreement` budget on each link."""
+    from bench._e2e_real import calibrate, is_real, prepare_real, zoo_samples_path
     from partitioner import Splitter, chain_points, make_cut, prefix_cut
     from planner import Link
     from splitinfer.demo.edge import CpuQuota
@@ -312,13 +352,21 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     if not quota.active:
         out.notes.append(f"edge not throttled: {quota.why_not}; it runs with one thread")
     t0 = time.monotonic()
-    dm = prepare(name, work_dir, runs=profile_runs, quota=quota, say=say)
+    real = is_real(name)
+    dm = (prepare_real if real else prepare)(name, work_dir, runs=profile_runs, quota=quota, say=say)
     graph, profiles = dm.graph, [dm.device, dm.cloud]
+    samples_path = dm.samples_path if real else zoo_samples_path(dm, work_dir)
+    table = calibrate(dm, samples_path, max_chain_points=calibrate_chain, say=say)
     out.setup = {"edge": f"1 ORT thread, {quota.kind} quota {edge_cpus:g} CPU" if quota.active else "1 ORT thread",
                  "cloud": "gateway in-process pool, every core", "edge_model_ms": dm.edge_model_ms,
                  "cloud_model_ms": dm.cloud_model_ms, "profile_source": dm.profile_source,
                  "layers": len(graph), "gflops": graph.total_flops / 1e9, "reps": reps,
-                 "prune_ratio": prune_ratio}
+                 "prune_ratio": prune_ratio, "real_weights": real,
+                 "weights": "real (PyPI wheel)" if real else "seeded random (onnx zoo topology)",
+                 "inputs": ("realistic samples (bench._wild_models)" if real
+                            else "smooth colour images (splitinfer calibrate's generated samples)"),
+                 "accuracy_table": {"entries": len(table.entries), "num_samples": table.num_samples,
+                                    "sample_source": table.sample_source, "cuts": len(table.cut_ids)}}
     chain = list(chain_points(graph))
     if len(chain) > max_chain:
         step = len(chain) / max_chain
@@ -336,8 +384,8 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     try:
         port = gw.start()
         emu = ThreadedLinkEmulator(upstream=("127.0.0.1", port), setting=LinkSetting(**_FAST_LINK)).start()
-        edge = _Edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands, "seed": 0},
-                     quota)
+        edge = _Edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands, "seed": 0,
+                                                      "inputs_path": samples_path}, quota)
         known = _warm(edge, cands, out.notes)
         overhead_ms = _call_overhead_ms(edge, graph, cands, known)
         out.setup["call_overhead_ms"] = overhead_ms
@@ -348,8 +396,8 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         # per call: gRPC, the proxy, the gateway's decode and queue), measured once here
         # over the fast link before any link of the grid is measured.
         plan_links = [Link(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt + overhead_ms) for u, rtt in links]
-        picks = [_strategies(graph, profiles, lk) for lk in plan_links]
-        fresh = {c.key: c for p in picks for c, _ in p.values() if c.key not in cuts}
+        picks = [_strategies(graph, profiles, lk, table, min_agreement) for lk in plan_links]
+        fresh = {c.key: c for p in picks for c, _ in (v for v in p.values() if v is not None) if c.key not in cuts}
         for c in (export.candidate(c) for c in fresh.values()):
             if c is not None:
                 edge.add(c)
@@ -361,7 +409,7 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         for (u, rtt), lk, pk in zip(links, plan_links, picks):
             emu.set(LinkSetting(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt))
             row = _measure_link(graph, profiles, lk, pk, chain, known, edge, reps=reps, prune_ratio=prune_ratio,
-                                edge_floor=edge_floor, say=say)
+                                edge_floor=edge_floor, table=table, min_agreement=min_agreement, say=say)
             row["rtt_ms"], row["planner_rtt_ms"] = rtt, lk.rtt_ms
             if load_n and any(abs(u - x * 1e6) < 1 for x in load_mbps):
                 row["load"] = _measure_load(graph, profiles, lk, pk, known, edge, n=load_n, say=say)
@@ -377,15 +425,31 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     return out
 
 
-def _measure_load(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any]], known: set[str],
+def _key(enc: Any) -> str:
+    from planner.accuracy import encoding_key
+
+    return encoding_key(enc)
+
+
+def _wire_scale(enc: Any) -> float:
+    """Wire bytes per float32 byte of the boundary under `enc` (a lossy codec's measured ratio)."""
+    if enc.lossy_codec:
+        return float(enc.ratio or 1.0)
+    return {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}[enc.precision]
+
+
+def _measure_load(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any] | None], known: set[str],
                   edge: _Edge, *, n: int, say: Callable[[str], None]) -> dict[str, Any]:
     """Every distinct pick under the same Poisson load: 1.2x the best predicted throughput."""
     from planner import evaluate
 
     keys: dict[tuple[str, str], list[str]] = {}
     period: dict[tuple[str, str], float] = {}
-    for sname, (c, enc) in picks.items():
-        k = (c.key, enc.precision)
+    for sname, pick in picks.items():
+        if pick is None:
+            continue
+        c, enc = pick
+        k = (c.key, _key(enc))
         if k[0] in known:
             keys.setdefault(k, []).append(sname)
             period[k] = evaluate(graph, c, profiles, lk, enc).period_ms
@@ -407,25 +471,29 @@ def _measure_load(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
     return res
 
 
-def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any]], chain: list[int],
-                  known: set[str], edge: _Edge, *, reps: int, prune_ratio: float, edge_floor: dict[str, float],
+def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tuple[Any, Any] | None],
+                  chain: list[int], known: set[str], edge: _Edge, *, reps: int, prune_ratio: float,
+                  edge_floor: dict[str, float], table: Any, min_agreement: float,
                   say: Callable[[str], None]) -> dict[str, Any]:
     """Measures the picks and the chain points on one link; `edge_floor` (cut id -> fastest
-    head run seen) carries over from link to link."""
+    head run seen) carries over from link to link. Every candidate carries its agreement
+    (`_agreement`) and the oracle is the fastest measured one within `min_agreement`."""
     from partitioner import boundary_bytes, prefix_cut
     from planner import Encoding, evaluate
 
     todo: dict[tuple[str, str], tuple[Any, Any]] = {}
-    for c, enc in picks.values():
-        todo[(c.key, enc.precision)] = (c, enc)
+    for pick in picks.values():
+        if pick is not None:
+            todo[(pick[0].key, _key(pick[1]))] = pick
     for v in chain:
         c = prefix_cut(graph, v)
         todo.setdefault((c.key, "fp32"), (c, Encoding()))
     pred = {k: evaluate(graph, c, profiles, lk, enc) for k, (c, enc) in todo.items()}
-    pick_keys = {(c.key, enc.precision) for c, enc in picks.values()}
-    ours_key = (picks["ours"][0].key, picks["ours"][1].precision)
+    pick_keys = {(p[0].key, _key(p[1])) for p in picks.values() if p is not None}
+    ours_key = (picks["ours"][0].key, _key(picks["ours"][1]))  # type: ignore[index]
     order = sorted(todo, key=lambda k: (k not in pick_keys, pred[k].total_ms))
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    checks: dict[tuple[str, str], float | None] = {}
     skipped = 0
     bounded: dict[tuple[str, str], float] = {}
     best = float("inf")
@@ -434,8 +502,7 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
         if k[0] not in known:
             continue
         full = len(c.device) == len(graph)
-        scale = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}[enc.precision]
-        floor_ms = 0.0 if full else boundary_bytes(graph, c) * scale * 8 / lk.up_bps * 1e3
+        floor_ms = 0.0 if full else boundary_bytes(graph, c) * _wire_scale(enc) * 8 / lk.up_bps * 1e3
         floor_ms = max(floor_ms, edge_floor.get(k[0], 0.0))
         if k != ours_key and floor_ms > (prune_ratio if k not in pick_keys else _PICK_BOUND) * best:
             if k in pick_keys:
@@ -443,11 +510,13 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
             else:
                 skipped += 1
             continue
-        r = edge.job(k[0], enc.precision, 1)
+        # the first request of every pick is checked against the whole model on the same input
+        r = edge.job(k[0], k[1], 1, check=k in pick_keys)
         if "error" in r:
-            logger.warning("cut %s (%s) failed: %s", k[0], enc.precision, r["error"])
+            logger.warning("cut %s (%s) failed: %s", k[0], k[1], r["error"])
             continue
         rows[k] = r["rows"]
+        checks[k] = r.get("check_agreement")
         best = min(best, r["rows"][0]["total_ms"])
     # The other requests go round-robin over the candidates, so a burst of load from
     # elsewhere on the host lands on all of them alike rather than on one cut's run.
@@ -476,27 +545,38 @@ def _measure_link(graph: Any, profiles: list[Any], lk: Any, picks: dict[str, tup
         s = _summary(rs)
         edge_floor[k[0]] = min(edge_floor.get(k[0], float("inf")), min(r["edge_ms"] for r in rs))
         b = pred[k]
-        s.update({"cut_id": k[0], "encoding": enc.precision, "device_layers": len(c.device),
+        s.update({"cut_id": k[0], "encoding": k[1], "device_layers": len(c.device),
+                  "agreement": _agreement(graph, c, enc, table), "check_agreement": checks.get(k),
                   "predicted_ms": b.total_ms, "predicted": {"edge_ms": b.edge_ms, "encode_ms": b.encode_ms,
                                                             "uplink_ms": b.uplink_ms, "rtt_ms": b.rtt_ms,
                                                             "cloud_ms": b.cloud_ms, "downlink_ms": b.downlink_ms}})
         measured[k] = s
-    strategies = {}
-    for sname, (c, enc) in picks.items():
-        m = measured.get((c.key, enc.precision))
-        strategies[sname] = {"cut_id": c.key, "encoding": enc.precision, "device_layers": len(c.device),
-                             "measured": m}
-        if (c.key, enc.precision) in bounded:
-            strategies[sname]["lower_bound_ms"] = bounded[(c.key, enc.precision)]
-    okey = min(measured, key=lambda k: measured[k]["p50_ms"])
+    strategies: dict[str, Any] = {}
+    for sname, pick in picks.items():
+        if pick is None:
+            strategies[sname] = {"cut_id": None, "encoding": None, "measured": None, "agreement": None,
+                                 "not_applicable": "no JPEG quality of the accuracy table meets the budget "
+                                                   "(or the input is no image)"}
+            continue
+        c, enc = pick
+        k = (c.key, _key(enc))
+        m = measured.get(k)
+        strategies[sname] = {"cut_id": c.key, "encoding": k[1], "device_layers": len(c.device),
+                             "agreement": _agreement(graph, c, enc, table), "measured": m}
+        if k in bounded:
+            strategies[sname]["lower_bound_ms"] = bounded[k]
+    within = {k: v for k, v in measured.items() if v["agreement"] is not None and v["agreement"] >= min_agreement}
+    okey = min(within or measured, key=lambda k: measured[k]["p50_ms"])
     oracle = measured[okey]
     row = {"up_bps": lk.up_bps, "down_bps": lk.down_bps, "rtt_ms": lk.rtt_ms, "strategies": strategies,
            "oracle": {"cut_id": okey[0], "encoding": okey[1], "p50_ms": oracle["p50_ms"],
-                      "device_layers": oracle["device_layers"]},
+                      "device_layers": oracle["device_layers"], "agreement": oracle["agreement"],
+                      "within_budget": bool(within)},
            "candidates": list(measured.values()), "skipped_by_bound": skipped}
     ours = strategies["ours"]["measured"]
     say(f"      {lk.up_bps / 1e6:g} Mbit/s (planner's RTT {lk.rtt_ms:.1f} ms): ours {ours['p50_ms'] if ours else float('nan'):.0f} ms "
-        f"({strategies['ours']['device_layers']} layers on device, {strategies['ours']['encoding']}), "
-        f"oracle {oracle['p50_ms']:.0f} ms ({oracle['device_layers']} layers, {okey[1]}), "
-        f"{len(measured)} measured, {skipped} skipped by the bytes/rate bound")
+        f"({strategies['ours']['device_layers']} layers on device, {strategies['ours']['encoding']}, agreement "
+        f"{strategies['ours']['agreement']:.3f}), oracle within the budget {oracle['p50_ms']:.0f} ms "
+        f"({oracle['device_layers']} layers, {okey[1]}), {len(measured)} measured, {skipped} skipped by the "
+        "bytes/rate bound")
     return row
