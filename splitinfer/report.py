@@ -158,7 +158,9 @@ def _encodings(encs: Sequence[str | None] | None) -> str:
 
 
 def _ms(x: Any) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{float(x):.0f} ms"
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{float(x):.1f} ms" if abs(float(x)) < 10 else f"{float(x):.0f} ms"
 
 
 def _explanations(data: Mapping[str, Any]) -> str:
@@ -182,7 +184,7 @@ Link rates are the trace's, unscaled.</p>""")
 <p>The prediction for a local answer is the model's time inside the quota, each run after an idle wait as requests
 arrive: <b>{_ms(gap['predicted_ms'])}</b>. The {gap['local_answers']} local answers took a median
 <b>{_ms(gap['measured_app_p50_ms'])}</b> as the app measured them ({_ms(gap['measured_agent_p50_ms'])} inside the agent).
-The parts, measured in the same quota before the stream:</p><ul>
+The parts (the first two timed in the same quota before the stream, the others from the stream's answers):</p><ul>
 <li><b>the throttle</b>: back to back, without the idle wait that lets a CFS quota hand out a whole slice at once, the
 model takes {_ms(gap.get('quota_back_to_back_ms'))};</li>
 <li><b>the Python hand-offs</b> of one local answer besides the model (decoding the app's msgpack request, the hop to the
@@ -192,6 +194,7 @@ the app's HTTP call over the unix socket adds the difference between the two med
 shares its quota: {gap['local_answers_sharing_the_device']} of the local answers overlapped another one on the device
 (median {_ms(gap['measured_shared_p50_ms'])}, against {_ms(gap['measured_alone_p50_ms'])} for those that ran alone).
 The agent does not batch local runs.</li></ul>
+<p>What these parts leave is other work on this host delaying the agent's threads.</p>
 <p>The agent learns the ratio of measured to predicted latency as answers come (its <code>latency_factors</code> in
 <code>/v1/status</code>) and plans with it, which is why it may offload a little below the frontier's breakpoint.</p>""")
     skips = data.get("skip_reasons")

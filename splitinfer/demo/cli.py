@@ -130,7 +130,8 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
                                      edge_cpus=a.edge_cpus, say=_say, before_cloud=wait_ray)
         label = make_cut_labeler(dm)
         _say(f"[4/6] plan frontier ({dm.front.objective.value}, uplink {dm.front.link_range.up_lo_bps / 1e6:g}-"
-             f"{dm.front.link_range.up_hi_bps / 1e6:g} Mbit/s, downlink 4x, RTT 20 ms); breakpoints at "
+             f"{dm.front.link_range.up_hi_bps / 1e6:g} Mbit/s, downlink 4x, RTT {dm.front.link_range.rtt_ms:g} ms); "
+             "breakpoints at "
              + (", ".join(f"{b / 1e6:.3g}" for b in dm.front.breakpoints_bps) or "none") + " Mbit/s")
         from splitinfer.demo.setup import describe_frontier
 

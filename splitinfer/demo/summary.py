@@ -132,10 +132,17 @@ def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, a
             pred_best.append(edge)
         else:
             link = Link(s.up_bps, s.down_bps, s.rtt_ms)
-            ms, enc = _best_encoding(dm, cloud_only, link)
+            # The encoding the phase's offloaded answers crossed in, where they agree; else
+            # the one the planner would choose.
+            used = {r.encoding for r in res.records if a.t_s <= r.sent_s < b.t_s and r.served in ("split", "remote")}
+            if len(used) == 1:
+                enc = used.pop()
+                ms = predicted_ms(dm, cloud_only, link, Encoding(enc))
+            else:
+                ms, enc = _best_encoding(dm, cloud_only, link)
             pred_cloud.append(ms)
             cloud_enc.append(enc)
-            splits = [predicted_ms(dm, c, link, e) for c, e in split_plans]
+            splits = [predicted_ms(dm, c, link, Encoding(enc)) for c, _ in split_plans]
             pred_split.append(min(splits) if splits else None)
             pred_best.append(min([edge, ms] + [predicted_ms(dm, c, link, e) for c, e in front_plans]))
         lats = [r.latency_ms for r in res.records if a.t_s <= r.sent_s < b.t_s and r.served_by != "error"]
@@ -190,7 +197,8 @@ def summarize(dm: DemoModel, trace: Sequence[TraceStep], res: StreamResult, *, a
         "predicted": {"edge_only_ms": pred_edge, "cloud_only_ms": pred_cloud, "cloud_only_encoding": cloud_enc,
                       "split_ms": pred_split, "best_ms": pred_best,
                       "note": "the planner's cost model with the profiles measured in this run; cloud-only and "
-                              "split with the encoding the planner chooses for them (the agent's choice)"},
+                              "split in the encoding the phase's offloaded answers used (cloud_only_encoding), or "
+                              "where they used none or several, the one the planner chooses"},
         "emulation": dict(dm.emulation),
         "local_gap": _local_gap(dm, res.records),
         "skip_reasons": skip_reasons(res),
