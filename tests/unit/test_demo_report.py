@@ -110,3 +110,10 @@ def test_the_quota_search_stops_at_the_floor_when_the_target_is_too_slow(monkeyp
     quota, ms, tried = _calibrate(monkeypatch, 5000.0)
     assert quota.cpus == _MIN_EDGE_CPUS and ms < 5000.0
     assert len(tried) <= 2
+
+
+def test_the_demo_runs_the_model_its_ratio_was_chosen_for():
+    from splitinfer.demo import make_parser
+
+    assert make_parser().parse_args([]).model == DEFAULT_MODEL
+    assert make_parser().parse_args([]).edge_cpus is None  # the quota comes from the reference ratio
