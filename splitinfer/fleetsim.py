@@ -85,12 +85,17 @@ class SimConfig:
     """Overrides the spec's worker count."""
     fps_scale: float = 1.0
     """Multiplies every class's frame rate (load sweeps)."""
+    request_overhead_ms: float = 0.0
+    """The cloud's per-request time outside the batch run (decoding, encoding, the transport), added
+    to every remote answer; a measured gateway's figure, 0 for the cost model alone."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r}; use one of {list(STRATEGIES)}")
         if self.service not in ("deterministic", "exponential"):
             raise ValueError(f"service={self.service!r}; use 'deterministic' or 'exponential'")
+        if not (math.isfinite(self.request_overhead_ms) and self.request_overhead_ms >= 0):
+            raise ValueError(f"request_overhead_ms={self.request_overhead_ms!r} must be a finite number >= 0")
         if not 0 <= self.warmup_s < self.seconds:
             raise ValueError(f"warmup_s={self.warmup_s!r} must be >= 0 and below seconds={self.seconds!r}")
 
@@ -214,7 +219,8 @@ class _Sim:
             _, b = remote_ms(one, 0, float(self.up[d]), float(self.rtt[d]), 0.0)
             rtt = float(self.rtt[d])
             pool = self.pool_names.index(f"{m.cls.model}@{entry.plan.cut.key or 'whole'}")
-            r = _Route(b.edge_ms + b.encode_ms + b.uplink_ms + rtt / 2, rtt / 2 + b.downlink_ms,
+            r = _Route(b.edge_ms + b.encode_ms + b.uplink_ms + rtt / 2,
+                       rtt / 2 + b.downlink_ms + self.cfg.request_overhead_ms,
                        max(0.0, m.local_ms - b.edge_ms), pool)
             self.routes[d][key] = r
         return r
