@@ -168,8 +168,8 @@ def _splitting(models: list[dict[str, Any]]) -> dict[str, Any]:
                              "device_layers": o["device_layers"], "gain_over_best_side": min(sides) / o["p50_ms"]})
         per_model[m["model"]] = wins
     never = [k for k, v in per_model.items() if v == 0]
-    note = ("splitting pays in no cell: on every link the fastest plan within the budget runs everything on one "
-            "side or sends the frame as a JPEG" if not pays else
+    note = ("splitting pays in no cell: on every link the fastest plan within the budget runs the whole model "
+            "on the device, or sends the model input (as it is or through a codec)" if not pays else
             f"splitting pays in {len(pays)} of {sum(len(m['links']) for m in models)} cells; "
             + (f"it pays in no cell of {', '.join(never)}" if never else "it pays in some cell of every model"))
     return {"pays_in": pays, "cells_where_split_pays": len(pays), "does_not_pay_on": never, "note": note}

@@ -57,7 +57,7 @@ HOST_NOTE = ("shared 2-core machine with other jobs running; strategies are meas
 QUICK = {"models": ["squeezenet", "resnet50", "ppocr_cls", "ppocr_rec", "ppocr_det"],
          "uplinks_mbps": [1.1, 5.85, 18.88, 100.0],
          "rtts_ms": [20.0], "reps": 5, "max_chain": 6, "profile_runs": 4, "stem": "e2e_quick",
-         "load_mbps": [18.88], "load_n": 20}
+         "load_mbps": [18.88], "load_n": 10}
 FULL = {"models": ["bvlc_alexnet", "zfnet512", "vgg19", "resnet50", "densenet121", "inception_v1", "inception_v2",
                    "shufflenet", "squeezenet", "ppocr_cls", "ppocr_rec", "ppocr_det", "ddddocr_det"],
         "uplinks_mbps": [0.13, 1.1, 5.85, 18.88, 50.0, 100.0, 300.0], "rtts_ms": [5.0, 20.0, 50.0], "reps": 5,
