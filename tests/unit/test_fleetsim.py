@@ -3,6 +3,8 @@ matches the M/M/c closed form at batch 1 with exponential service."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from planner._queueing import erlang_c
@@ -76,3 +78,22 @@ def test_cloud_matches_mmc_at_batch_one() -> None:
     assert r.refused == 0 and r.fallbacks == 0
     assert r.worker_wait_ms == pytest.approx(expected, rel=0.15)
     assert r.cloud_utilisation == pytest.approx(rho, rel=0.1)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"strategy": "greedy"}, "strategy='greedy'"),
+    ({"service": "gamma"}, "service='gamma'"),
+    ({"seconds": 5.0, "warmup_s": 5.0}, "warmup_s=5.0"),
+    ({"request_overhead_ms": -1.0}, "request_overhead_ms=-1.0"),
+])
+def test_bad_config_is_refused(kw: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("[", r"\[")):
+        SimConfig(**kw)
+
+
+def test_request_overhead_adds_to_remote_answers(fleet) -> None:
+    spec, models = fleet
+    cfg = SimConfig(strategy="cloud-only", seconds=2.0, warmup_s=0.5, workers=8)
+    a = simulate(spec, models, cfg)
+    b = simulate(spec, models, dataclasses.replace(cfg, request_overhead_ms=20.0))
+    assert b.p50_ms == pytest.approx(a.p50_ms + 20.0, abs=2.0)
