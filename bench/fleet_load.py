@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default=os.path.join(RESULTS, "fleet_load.json"))
     a = ap.parse_args(argv)
 
-    from bench.overload import _clients_in_process, _repo
+    from bench.overload import _clients_in_process, _commit, _repo
     from cluster.gateway import Gateway, LocalPoolFactory, PoolKey
     from cluster.protocol.client import InferenceClient, make_request
     from cluster.registry import Registry
@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                       request_overhead_ms=overhead_ms))
     m95 = measured["steady"]["p95_ms"]
     result = {
-        "devices": a.devices, "slo_ms": SLO_MS, "fps": fps, "load_of_capacity": LOAD, "capacity_rps": capacity_rps,
+        "commit": _commit(), "devices": a.devices, "slo_ms": SLO_MS, "fps": fps, "load_of_capacity": LOAD,
+        "capacity_rps": capacity_rps,
         "gateway_run_ms": {str(b): s * 1e3 for b, s in sorted(run_s.items())}, "workers": workers,
         "gateway_run_ms_steady": {str(b): s * 1e3 for b, s in sorted(steady_run_s.items())},
         "gateway_request_overhead_ms": overhead_ms,
