@@ -197,7 +197,8 @@ def _summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
     ms = [r["ms"] for r in recs if "ms" in r]
     within = [r["ms"] <= SLO_MS for r in recs if "ms" in r]
     return {"requests": len(recs), "within_slo": statistics.fmean(within) if within else None,
-            "p50_ms": float(np.percentile(ms, 50)) if ms else None, "p95_ms": float(np.percentile(ms, 95)) if ms else None,
+            "p50_ms": float(np.percentile(ms, 50)) if ms else None,
+            "p95_ms": float(np.percentile(ms, 95)) if ms else None,
             "offloaded": statistics.fmean([r["offload"] for r in recs]) if recs else None,
             "refused": sum(r["how"] == "refused" for r in recs),
             "fallbacks": sum(r["how"] == "fallback" for r in recs)}  # answered by the local tail after the budget

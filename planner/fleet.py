@@ -292,7 +292,8 @@ def _equilibrium(gr: _Groups, workers: int, timeout_ms: float) -> tuple[np.ndarr
         return x0, l0, FixedPoint(0.0, l0.delay_ms, 1, 0.0, tuple(trace))
     gaps = gr.local[:, None] - gr.ms
     finite_gaps = gaps[np.isfinite(gaps)]
-    hi = max(float(gr.slo.max()) + float(gr.table[:, -1].max()), float(finite_gaps.max()) if finite_gaps.size else 0.0) + 1.0
+    widest_gap = float(finite_gaps.max()) if finite_gaps.size else 0.0  # past it every group that can leave has
+    hi = max(float(gr.slo.max()) + float(gr.table[:, -1].max()), widest_gap) + 1.0
     x_hi, l_hi = f(hi)
     trace.append((hi, l_hi.delay_ms))
     lo, x_lo = 0.0, x0

@@ -273,7 +273,8 @@ class _Sim:
         r = self.route(d, key, entry, front)
         req.flow.fire("offload")
         req.flow.fire("head_done")
-        req.pool, req.cut_id, req.post_ms, req.tail_ms, req.trial = r.pool, entry.plan.cut.key, r.post_ms, r.tail_ms, trial
+        req.pool, req.cut_id, req.trial = r.pool, entry.plan.cut.key, trial
+        req.post_ms, req.tail_ms = r.post_ms, r.tail_ms
         slo_s = self.slo_s[c]
         req.deadline = now + slo_s
         head_s = (r.pre_ms - self.rtt[d] / 2) / 1e3
