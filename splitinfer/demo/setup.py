@@ -38,8 +38,8 @@ LINK_RANGE = LinkRange(0.5e6, 100e6, down_ratio=4.0, rtt_ms=5.0)
 # against a CLOUD_DEVICE for the model: SqueezeNet takes 47 ms on an rpi4 and 1.9 ms on a t4,
 # 24.6x. The cloud side is this host's cores as measured; the device's CPU quota is set,
 # by timing inside it, so one ORT thread takes that ratio times the cloud's time. At that
-# ratio SqueezeNet's frontier has a mid-network cut (its first 3, 12 or 21 layers on the
-# device: 97, 47 or 16 kB in fp16 instead of the 301 kB input) from about 10 to 100 Mbit/s.
+# ratio SqueezeNet's frontier at 5 ms RTT has a mid-network cut (its first 3, 12 or 21 layers
+# on the device: 97, 47 or 16 kB in fp16 instead of the 301 kB input) from about 7 to 90 Mbit/s.
 EDGE_DEVICE = "rpi4"
 CLOUD_DEVICE = "t4"
 DEFAULT_MODEL = "squeezenet"
