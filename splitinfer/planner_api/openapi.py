@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from planner.types import COMPRESSIONS, Objective
+from planner.types import COMPRESSIONS, LOSSY_CODECS, Objective
 from planner.whatif import (
     ENCODING_CHOICES, FRONTIER_OBJECTIVES, MAX_SWEEP_POINTS, ROOFLINE_KEYS, FrontierRequest, PlanRequest, SweepRequest,
 )
@@ -123,9 +123,10 @@ _RATIO = {"type": "number", "minimum": limits.DOWN_RATIO.lo, "maximum": limits.D
 def _request(fields: tuple[str, ...], extra: dict[str, Any], required: list[str], desc: str) -> dict[str, Any]:
     props = {**_SCENARIO_PROPS, **extra}
     assert set(props) == set(fields), sorted(set(props) ^ set(fields))
-    return {"type": "object", "description": desc, "additionalProperties": False,
-            "required": ["model", "edge", "cloud"] + required,
-            "properties": {k: props[k] for k in fields}}
+    required = ["model", "edge", "cloud"] + required
+    # The service reads an optional field given as null as left out (its default).
+    return {"type": "object", "description": desc, "additionalProperties": False, "required": required,
+            "properties": {k: props[k] if k in required else {**props[k], "nullable": True} for k in fields}}
 
 
 _PREDICTED = {
@@ -149,9 +150,17 @@ _PLAN = {
         "edge_layers": {"type": "array", "items": {"type": "integer"}},
         "cuts": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
         "boundary": {"type": "array", "items": {"type": "string"}},
-        "encoding": {"type": "object", "properties": {
+        "encoding": {"type": "object", "required": ["precision", "compression", "per_channel"], "properties": {
             "precision": {"type": "string"}, "compression": {"type": "string"},
-            "per_channel": {"type": "boolean"}}},
+            "per_channel": {"type": "boolean"},
+            "codec": {"type": "string", "enum": ["none", *LOSSY_CODECS],
+                      "description": "A lossy codec the boundary goes through instead of a cast; only when one does"},
+            "level": {"type": "integer", "minimum": 0,
+                      "description": "The codec's quality (1..100) or bit depth ('bits', 2..8)"},
+            "ratio": {"type": "number", "nullable": True,
+                      "description": "Measured wire bytes per byte of float32 the codec encodes"},
+            "codec_ms_per_mb": {"type": "number", "nullable": True,
+                                "description": "Measured encode + decode ms per MB of float32"}}},
         "objective": {"type": "string", "enum": [o.value for o in Objective]},
         "link": {"type": "object"},
         "predicted": _PREDICTED,
@@ -228,14 +237,19 @@ _ERROR = {
 }
 
 
-_SPREAD = {
-    "description": "A value that varies across a class's devices: a number, a list of equally likely "
-                   "values, or a lognormal {median, sigma}",
-    "oneOf": [{"type": "number"}, {"type": "array", "minItems": 1, "items": {"type": "number"}},
-              {"type": "object", "required": ["median"], "additionalProperties": False,
-               "properties": {"median": {"type": "number"},
-                              "sigma": {"type": "number", "minimum": 0, "maximum": 3, "default": 0}}}],
-}
+def _spread(positive: bool) -> dict[str, Any]:
+    """A value that varies across a class's devices; ``positive``: > 0 (a rate), else >= 0 (a delay)."""
+    value = {"type": "number", "minimum": 0} | ({"exclusiveMinimum": True} if positive else {})
+    return {
+        "description": "A value that varies across a class's devices: a number, a list of equally likely "
+                       "values, or a lognormal {median, sigma}",
+        "oneOf": [value, {"type": "array", "minItems": 1, "items": value},
+                  {"type": "object", "required": ["median"], "additionalProperties": False,
+                   "properties": {"median": value,
+                                  "sigma": {"type": "number", "minimum": 0, "maximum": 3, "default": 0}}}],
+    }
+
+
 _FLEET_SPEC = {
     "type": "object", "additionalProperties": False, "required": ["classes", "models", "cloud"],
     "description": "A fleet: device classes, models with SLOs, the shared cloud tier (docs/fleet.md)",
@@ -251,7 +265,7 @@ _FLEET_SPEC = {
                 "fps": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
                         "description": "Requests per second per device"},
                 "link": {"type": "object", "additionalProperties": False, "required": ["up_mbps", "rtt_ms"],
-                         "properties": {"up_mbps": _SPREAD, "rtt_ms": _SPREAD,
+                         "properties": {"up_mbps": _spread(True), "rtt_ms": _spread(False),
                                         "down_ratio": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
                                                        "default": 1.0}}}}}},
         "models": {"type": "object", "minProperties": 1, "additionalProperties": {
