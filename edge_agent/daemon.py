@@ -22,7 +22,6 @@ import uuid
 from typing import Any
 
 from cluster.protocol.client import InferenceClient
-from cluster.protocol.lossy import ImageNorm
 from cluster.protocol.errors import (
     ClusterError,
     PermissionDenied,
@@ -30,6 +29,7 @@ from cluster.protocol.errors import (
     UnknownModelError,
     UnknownVersionError,
 )
+from cluster.protocol.lossy import ImageNorm
 from edge_agent.api import LocalApi
 from edge_agent.cache import ArtifactCache
 from edge_agent.config import EdgeConfig
