@@ -340,7 +340,7 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     """Profiles `name` (a zoo or a real-weight model), measures its accuracy table
     (``splitinfer calibrate``, cached), starts the stack and measures every strategy and
     the oracle within the `min_agreement` budget on each link."""
-    from bench._e2e_real import calibrate, is_real, prepare_real, zoo_samples_path
+    from bench._e2e_real import calibrate, codec_on_device, is_real, prepare_real, zoo_samples_path
     from partitioner import Splitter, chain_points, make_cut, prefix_cut
     from planner import Link
     from splitinfer.demo.edge import CpuQuota
@@ -357,6 +357,9 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     graph, profiles = dm.graph, [dm.device, dm.cloud]
     samples_path = dm.samples_path if real else zoo_samples_path(dm, work_dir)
     table = calibrate(dm, samples_path, max_chain_points=calibrate_chain, say=say)
+    # the planner prices each codec at the throttled edge's speed ([Note: codec time on the device])
+    codec_scale = dm.edge_model_ms / max(float(dm.emulation.get("one_thread_ms") or dm.edge_model_ms), 1e-6)
+    plan_table = codec_on_device(table, codec_scale)
     out.setup = {"edge": f"1 ORT thread, {quota.kind} quota {edge_cpus:g} CPU" if quota.active else "1 ORT thread",
                  "cloud": "gateway in-process pool, every core", "edge_model_ms": dm.edge_model_ms,
                  "cloud_model_ms": dm.cloud_model_ms, "profile_source": dm.profile_source,
@@ -366,7 +369,8 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
                  "inputs": ("realistic samples (bench._wild_models)" if real
                             else "smooth colour images (splitinfer calibrate's generated samples)"),
                  "accuracy_table": {"entries": len(table.entries), "num_samples": table.num_samples,
-                                    "sample_source": table.sample_source, "cuts": len(table.cut_ids)}}
+                                    "sample_source": table.sample_source, "cuts": len(table.cut_ids)},
+                 "codec_ms_scale": codec_scale}
     chain = list(chain_points(graph))
     if len(chain) > max_chain:
         step = len(chain) / max_chain
@@ -396,7 +400,7 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         # per call: gRPC, the proxy, the gateway's decode and queue), measured once here
         # over the fast link before any link of the grid is measured.
         plan_links = [Link(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt + overhead_ms) for u, rtt in links]
-        picks = [_strategies(graph, profiles, lk, table, min_agreement) for lk in plan_links]
+        picks = [_strategies(graph, profiles, lk, plan_table, min_agreement) for lk in plan_links]
         fresh = {c.key: c for p in picks for c, _ in (v for v in p.values() if v is not None) if c.key not in cuts}
         for c in (export.candidate(c) for c in fresh.values()):
             if c is not None:
