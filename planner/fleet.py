@@ -58,7 +58,7 @@ from planner._queueing import QueueState, batch_queue, run_ms_table
 from planner.costmodel import evaluate
 from planner.errors import PlannerError
 from planner.fleet_result import ClassPlan, CloudPlan, FixedPoint, FleetPlan, ModelPlan, OptionShare, PoolPlan
-from planner.fleet_spec import MAX_WORKERS, DeviceClass, FleetSpec, FleetSpecError
+from planner.fleet_spec import MAX_WORKERS, DeviceClass, FleetSpec, FleetSpecConflict
 from planner.frontier import Frontier, frontier
 from planner.profile import Profile
 from planner.types import LinkRange
@@ -91,20 +91,20 @@ class ClassModel:
 
 
 def resolve(spec: FleetSpec, workspace: Workspace | None = None) -> tuple[ClassModel, ...]:
-    """Each class's graph, profiles, frontier and local time; unknown names raise `FleetSpecError`."""
+    """Each class's graph, profiles, frontier and local time; unknown names raise `FleetSpecConflict`."""
     ws = workspace if workspace is not None else Workspace()
     resolved = []
     for i, c in enumerate(spec.classes):
         try:
             graph = ws.graph(c.model)
         except NotFoundError as e:
-            raise FleetSpecError(f"classes[{i}].model: {e.message}", field=f"classes[{i}].model") from None
+            raise FleetSpecConflict(f"classes[{i}].model: {e.message}", field=f"classes[{i}].model") from None
         profiles = []
         for name, path in ((c.device, f"classes[{i}].device"), (spec.cloud.device, "cloud.device")):
             try:
                 profiles.append(ws.profile(graph, name, path))
             except PlannerError as e:
-                raise FleetSpecError(f"{path}: {e.message}", field=path) from None
+                raise FleetSpecConflict(f"{path}: {e.message}", field=path) from None
         resolved.append((c, graph, profiles[0], profiles[1]))
     # One frontier per (model, device, cloud, down ratio) over every such class's uplinks, as an
     # agent's frontier covers its whole range; each option is then rescaled to the group's link.

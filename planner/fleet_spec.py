@@ -24,7 +24,8 @@ import numpy as np
 from planner.types import Encoding
 from planner.whatif.requests import InvalidRequestError
 
-__all__ = ["FleetSpecError", "Spread", "DeviceClass", "ModelSLO", "CloudSpec", "FleetSpec", "LOGNORMAL_POINTS",
+__all__ = [
+    "FleetSpecConflict", "FleetSpecError", "Spread", "DeviceClass", "ModelSLO", "CloudSpec", "FleetSpec", "LOGNORMAL_POINTS",
            "MAX_WORKERS"]
 
 LOGNORMAL_POINTS = 9
@@ -39,6 +40,14 @@ class FleetSpecError(InvalidRequestError):
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message, field=field)
+
+
+class FleetSpecConflict(FleetSpecError):
+    """A spec of the right form whose parts do not fit together: a class naming a model
+    with no SLO or a device no one knows, an SLO no cloud answer can meet. The planner
+    API answers it 422, as it does any request of the right form it cannot serve."""
+
+    http_status = 422
 
 
 def _number(d: Any, path: str, *, minimum: float = 0.0, strict: bool = True, fix: str = "") -> float:
@@ -210,17 +219,17 @@ class FleetSpec:
         names = [c.name for c in self.classes]
         for i, c in enumerate(self.classes):
             if names.index(c.name) != i:
-                raise FleetSpecError(f"classes[{i}].name {c.name!r} repeats classes[{names.index(c.name)}]; "
+                raise FleetSpecConflict(f"classes[{i}].name {c.name!r} repeats classes[{names.index(c.name)}]; "
                                      "give each class its own name", field=f"classes[{i}].name")
         slos = {m.name: m for m in self.models}
         for i, c in enumerate(self.classes):
             m = slos.get(c.model)
             if m is None:
-                raise FleetSpecError(f"classes[{i}].model {c.model!r} has no entry under models; add "
+                raise FleetSpecConflict(f"classes[{i}].model {c.model!r} has no entry under models; add "
                                      f"models.{c.model}: {{slo_ms: ...}} or use one of {sorted(slos)}",
                                      field=f"classes[{i}].model")
             if m.slo_ms <= c.rtt_ms.lowest:
-                raise FleetSpecError(
+                raise FleetSpecConflict(
                     f"models.{m.name}.slo_ms {m.slo_ms:g} ms is not above classes[{i}].link.rtt_ms "
                     f"(lowest {c.rtt_ms.lowest:g} ms): no answer from the cloud can meet it; raise the SLO "
                     f"or check the RTT", field=f"models.{m.name}.slo_ms")

@@ -39,6 +39,9 @@ class InvalidRequestError(PlannerError):
     such as uplink_hi below uplink_lo or a profile that does not fit the model, raises
     plain `PlannerError`.)"""
 
+    http_status = 400
+    """What the planner API answers it with."""
+
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message, field=field)
 

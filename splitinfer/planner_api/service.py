@@ -114,7 +114,7 @@ def status_of(err: BaseException) -> int:
     if isinstance(err, RequestError):
         return err.status
     if isinstance(err, InvalidRequestError):
-        return 400
+        return err.http_status
     if isinstance(err, (PlannerError, PartitionError)):
         return 422
     return 500

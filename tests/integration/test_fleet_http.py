@@ -1,4 +1,5 @@
-"""POST /v1/fleet/plan over real HTTP on 127.0.0.1: the plan, and 400 naming the field for a bad spec."""
+"""POST /v1/fleet/plan over real HTTP on 127.0.0.1: the plan; 400 naming the field for a spec that breaks
+the OpenAPI document, 422 for one whose parts do not fit together."""
 
 from __future__ import annotations
 
@@ -32,18 +33,20 @@ def test_fleet_plan_over_http(server: PlannerHTTPServer) -> None:
     assert "/v1/fleet/plan" in doc["paths"] and set(doc["components"]["schemas"]["FleetSpec"]["properties"]) == set(SPEC)
 
 
-@pytest.mark.parametrize("path, value, field", [
-    (("cloud", "workers"), 0, "cloud.workers"),
-    (("classes", 0, "fps"), -2, "classes[0].fps"),
-    (("classes", 0, "device"), "rpi9", "classes[0].device"),
-    (("classes", 0, "link", "rtt_ms"), 500, "models.resnet50.slo_ms"),
+@pytest.mark.parametrize("path, value, field, status", [
+    (("cloud", "workers"), 0, "cloud.workers", 400),
+    (("classes", 0, "fps"), -2, "classes[0].fps", 400),
+    (("classes", 0, "device"), "rpi9", "classes[0].device", 422),
+    (("classes", 0, "link", "rtt_ms"), 500, "models.resnet50.slo_ms", 422),
+    (("classes", 0, "model"), "vgg", "classes[0].model", 422),
 ])
-def test_bad_fleet_specs_get_400_with_the_message(server: PlannerHTTPServer, path, value, field: str) -> None:
+def test_bad_fleet_specs_get_400_or_422_with_the_message(server: PlannerHTTPServer, path, value, field: str,
+                                                         status: int) -> None:
     d = copy.deepcopy(SPEC)
     node = d
     for k in path[:-1]:
         node = node[k]
     node[path[-1]] = value
     code, body, _ = _request(server, "POST", "/v1/fleet/plan", d)
-    assert code == 400 and body["field"] == field and field in body["error"]
+    assert code == status and body["field"] == field and field in body["error"]
     assert _request(server, "GET", "/healthz")[0] == 200  # the server lives on
