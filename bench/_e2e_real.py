@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import yaml
 
-__all__ = ["CALIBRATION_SAMPLES", "FULL_REAL", "QUICK_REAL", "accuracy_cache_dir", "calibrate", "codec_on_device",
+__all__ = ["CALIBRATION_SAMPLES", "FULL_REAL", "QUICK_REAL", "accuracy_cache_dir", "calibrate",
            "describe_real", "installed_real", "is_real", "make_static", "prepare_real", "write_samples"]
 
 #: The quick grid's real-weight models: a classifier, an OCR transformer, a detector.
@@ -223,20 +223,3 @@ def calibrate(dm: Any, samples_path: str, *, max_chain_points: int, say: Callabl
         f"median agreement {median(ok) if ok else float('nan'):.3f}")
     return table
 
-
-def codec_on_device(table: Any, factor: float) -> Any:
-    """The table with every codec time stretched by `factor`: the emulated device's time
-    over one unthrottled thread's, on the whole model.
-
-    [Note: codec time on the device]
-    ``splitinfer calibrate`` times each codec on the host that calibrates (here: one
-    unthrottled thread), and the cost model counts that time on the sender. The sender is
-    the throttled edge, `factor` times slower, so its encode takes about `factor` times as
-    long: WebP q90 of a 256x384 frame costs a few ms here and tens of ms inside the edge's
-    quota. The decode half runs in the cloud, so the stretched figure prices the codec
-    somewhat high, alike for every codec."""
-    from dataclasses import replace
-
-    if factor <= 1.0:
-        return table
-    return table.with_entries(replace(e, codec_ms=e.codec_ms * factor) for e in table.entries if e.codec_ms > 0)
