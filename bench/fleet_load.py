@@ -8,7 +8,7 @@ gRPC on 127.0.0.1, in this process, as bench/overload.py does. The devices run i
 process (its own GIL), all on one event loop. Each draws its uplink (lognormal, median
 40 Mbit/s, sigma 0.5) and RTT (30 ms) once, sends Poisson frames, and for each request runs
 the agent's own code: `edge_agent.policy.policy` with its `CloudLoad` (the gateway's
-`predicted_wait` from every answer, RESOURCE_EXHAUSTED with its retry-after) and an
+load keys of every answer, RESOURCE_EXHAUSTED with its retry-after) and an
 `edge_agent.flow.RequestFlow`, and the real `InferenceClient`. What a device would compute
 or send is emulated by sleeping the plan's times at its link (an rpi4 reference profile):
 the head, encode and upload, then half the RTT, the real call with the input tensor, half
@@ -108,7 +108,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
 
             est = LinkEstimate(float(ups[d]), float(ups[d]), RTT_MS, 100, start, None)
             health = Health(local_ms=local_ms, arrival_rps=fps, queue_ms=loads[d].queue_ms(start),
-                            refused_until_s=loads[d].refused_until_s(start))
+                            refused_until_s=loads[d].refused_until_s(start), unconfirmed=loads[d].busy_cuts(start))
             action, states[d] = policy(est, front, health, states[d], start, config=cfg)
             if action.kind != "offload":
                 flow.fire("local")
@@ -137,10 +137,8 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                     return "refused"
                 except ClusterError:
                     return "error"
-                wait = resp.timings_ms.get("predicted_wait")
                 await asyncio.sleep((RTT_MS / 2 + b.downlink_ms) / 1e3)
-                if wait is not None:
-                    loads[d].observe_wait(cut_id, wait, time.monotonic())
+                loads[d].observe_timings(cut_id, resp.timings_ms, time.monotonic())
                 return "ok"
 
             call = asyncio.create_task(remote())

@@ -121,6 +121,8 @@ class LocalPool:
             max_queue_size=config.max_queue_size, num_priority_levels=PRIORITY_LEVELS,
             max_concurrent_batches=config.replicas))
         self.batches = 0
+        self._expected_key: tuple[float, float | None, float | None] | None = None
+        self._expected: tuple[float, float] | None = None
 
     def _run_batch(self, payloads: list[tuple[Mapping[str, np.ndarray], float]]) -> list[PoolResult]:
         engine = self._free.get()  # never waits: the batcher runs at most `replicas` batches at once
@@ -148,6 +150,22 @@ class LocalPool:
 
     def predicted_wait_s(self) -> float | None:
         return self.batcher.predicted_wait_s()
+
+    def expected_load(self) -> tuple[float, float] | None:
+        """(utilisation, expected wait s) now, from the batcher's arrival rate and batch times
+        ([Note: expected wait] in workers/_batch_policy.py); None before any batch was timed."""
+        load = self.batcher.load()
+        if load.utilisation is None:
+            return None
+        cfg = self.batcher.config
+        key = (load.arrival_rps, load.batch_run_s, load.predicted_wait_s)
+        if key != self._expected_key:  # the rate changes once a second; the formula iterates
+            wait_s = load.expected_wait_at(load.arrival_rps, self.batcher.run_times.estimate_s,
+                                           max_batch_size=cfg.max_batch_size, instances=cfg.max_concurrent_batches,
+                                           timeout_s=cfg.max_queue_delay_ms / 1e3,
+                                           predicted_wait_s=load.predicted_wait_s or 0.0)
+            self._expected_key, self._expected = key, (load.utilisation, wait_s or 0.0)
+        return self._expected
 
     async def close(self) -> None:
         await self.batcher.close(drain=True)

@@ -33,7 +33,10 @@ batcher predicts its wait and its batch's run time from the batches it has timed
 when its batch forms if the queue ran slower than predicted. Every refusal and expiry
 is counted by reason (`splitinfer_refusals_total`, cluster.metrics.REFUSAL_REASONS),
 the time a failed request spent in the pool is observed as its queue stage, each
-response's `timings_ms['predicted_wait']` carries the pool's predicted wait, and
+response's `timings_ms['predicted_wait']` carries the pool's predicted wait (and, where the
+pool runs its batcher here, `timings_ms['utilisation']`, arrivals over capacity, and
+`timings_ms['expected_wait']`, the mean wait at that rate: [Note: expected wait] in
+workers/_batch_policy.py; keys an older agent ignores), and
 `/readyz?load=1` shows every pool's load and reports the gateway overloaded for
 `overload_window_s` after a refusal for load.
 """
@@ -549,6 +552,10 @@ class Gateway:
             wait_s = predicted() if predicted is not None else None
             if wait_s is not None:
                 timings_ms["predicted_wait"] = wait_s * 1e3
+            expected = getattr(pool, "expected_load", None)
+            load = expected() if expected is not None else None
+            if load is not None:  # [Note: expected wait] in workers/_batch_policy.py
+                timings_ms["utilisation"], timings_ms["expected_wait"] = load[0], load[1] * 1e3
             return InferResponse(request_id=request.request_id, outputs=outputs, timings_ms=timings_ms,
                                  served_by=lv.key)
         except asyncio.CancelledError:

@@ -1,4 +1,4 @@
-"""What the agent knows of the cloud's load, per cut: the queue wait it reported and its refusals.
+"""What the agent knows of the cloud's load, per cut: the waits it reported and its refusals.
 
 The gateway puts its pool's predicted queue wait for a request arriving now in every
 answer (`timings_ms['predicted_wait']`) and refuses overload with RESOURCE_EXHAUSTED
@@ -12,28 +12,55 @@ Other devices' arrivals keep a real queue longer; the next answer at that cut (a
 or a trial) reports the wait again. Draining is what brings a device that moved local
 back: without it, a device that no longer sends would keep the last, loaded figure for
 good. A refusal counts as a wait of its retry-after (the queue ahead ends then).
-Time is passed in (monotonic seconds).
+
+That instantaneous wait is 0 unless every worker is busy, so a device sending one frame
+every few seconds would read a 90%-busy cloud as idle. The gateway therefore also
+reports its utilisation (`timings_ms['utilisation']`, arrivals over capacity) and the
+mean wait at that utilisation (`timings_ms['expected_wait']`, [Note: expected wait] in
+workers/_batch_policy.py). A load, unlike a queue, lasts: `CloudLoad` keeps the expected
+wait and decays it by exp(-age / `tau_s`), so a device that sends rarely still knows the
+cloud is busy, and one that moved off the cloud (and so hears nothing more) comes back
+after a few time constants, when its next answer or trial reports the load again. The
+wait the policy prices is the larger of the two. Answers from a gateway without these
+keys leave only the instantaneous wait. Time is passed in (monotonic seconds).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CloudLoad", "DEFAULT_RETRY_AFTER_MS", "MAX_RETRY_AFTER_MS"]
+__all__ = ["BUSY_UTILISATION", "CloudLoad", "DEFAULT_RETRY_AFTER_MS", "DEFAULT_TAU_S", "MAX_RETRY_AFTER_MS"]
 
 DEFAULT_RETRY_AFTER_MS = 1000.0
 """Hold-off after a refusal that gave no retry-after."""
 MAX_RETRY_AFTER_MS = 30_000.0
 """The longest hold-off a hint can ask for: a wrong or hostile hint must not keep the device off the cloud for good."""
+DEFAULT_TAU_S = 10.0
+"""Time constant of a reported load: a few frames' spacing for a device at 0.3-1 fps, short
+beside the minutes over which a fleet's load moves (edge.yaml `policy: {cloud_load_tau_s}`)."""
+BUSY_UTILISATION = 0.8
+"""A pool reported at least this busy is, once the device has left it, tried again only by a
+trial (see [Note: cloud load] in edge_agent/policy.py): from here the expected wait climbs
+steeply (Erlang C), so a faded figure under-reads it most."""
+_FORGET = 0.01
+"""A decayed load under this share of its report is dropped."""
 
 
 class CloudLoad:
-    """Per cut id: the latest reported queue wait (drained since) and the end of the latest retry-after."""
+    """Per cut id: the latest reported queue wait (drained since), the latest reported load
+    (decayed since) and the end of the latest retry-after."""
 
-    def __init__(self) -> None:
+    def __init__(self, tau_s: float = DEFAULT_TAU_S) -> None:
+        if not (isinstance(tau_s, (int, float)) and math.isfinite(tau_s) and tau_s > 0):
+            raise ValueError(f"cloud_load_tau_s={tau_s!r} must be a finite number of seconds > 0 "
+                             f"(default {DEFAULT_TAU_S})")
+        self.tau_s = float(tau_s)
         self._waits: dict[str, tuple[float, float]] = {}
         """cut id -> (reported wait ms, reported at s)."""
+        self._loads: dict[str, tuple[float, float, float]] = {}
+        """cut id -> (expected wait ms, utilisation, reported at s)."""
         self._refused_until: dict[str, float] = {}
         self.refusals = 0
         """Refusals for load so far."""
@@ -42,6 +69,24 @@ class CloudLoad:
         """An answer at `cut_id` reported this predicted queue wait; a bad figure is ignored."""
         if isinstance(wait_ms, (int, float)) and math.isfinite(wait_ms) and wait_ms >= 0:
             self._waits[cut_id] = (float(wait_ms), now_s)
+
+    def observe_load(self, cut_id: str, expected_wait_ms: float, utilisation: float | None, now_s: float) -> None:
+        """An answer at `cut_id` reported this expected wait and utilisation; a bad figure is ignored."""
+        if not (isinstance(expected_wait_ms, (int, float)) and math.isfinite(expected_wait_ms)
+                and expected_wait_ms >= 0):
+            return
+        ok = isinstance(utilisation, (int, float)) and math.isfinite(utilisation) and utilisation >= 0
+        util = float(utilisation) if ok else math.nan  # type: ignore[arg-type]
+        self._loads[cut_id] = (float(expected_wait_ms), util, now_s)
+
+    def observe_timings(self, cut_id: str, timings_ms: Mapping[str, float], now_s: float) -> None:
+        """Reads the load keys of a gateway answer's `timings_ms`; an older gateway's lack them."""
+        wait_ms = timings_ms.get("predicted_wait")
+        if wait_ms is not None:
+            self.observe_wait(cut_id, wait_ms, now_s)
+        expected_ms = timings_ms.get("expected_wait")
+        if expected_ms is not None:
+            self.observe_load(cut_id, expected_ms, timings_ms.get("utilisation"), now_s)
 
     def refuse(self, cut_id: str, retry_after_ms: float | None, now_s: float) -> float:
         """The cloud refused a request at `cut_id` for load; returns the hold-off in ms."""
@@ -53,7 +98,8 @@ class CloudLoad:
         return hold_ms
 
     def queue_ms(self, now_s: float) -> dict[str, float]:
-        """Predicted queue wait per cut for a request sent at `now_s`: each report drained since."""
+        """Predicted queue wait per cut for a request sent at `now_s`: the larger of the instantaneous
+        wait drained since its report and the expected wait decayed since its report."""
         out = {}
         for cut_id, (wait_ms, at_s) in list(self._waits.items()):
             left = wait_ms - max(0.0, now_s - at_s) * 1e3
@@ -61,7 +107,27 @@ class CloudLoad:
                 out[cut_id] = left
             else:
                 del self._waits[cut_id]
+        for cut_id, (expected_ms, _, at_s) in list(self._loads.items()):
+            share = self._share(at_s, now_s)
+            if share < _FORGET:
+                del self._loads[cut_id]
+            elif expected_ms * share > out.get(cut_id, 0.0):
+                out[cut_id] = expected_ms * share
         return out
+
+    def utilisation(self, now_s: float) -> dict[str, float]:
+        """The reported utilisation per cut, decayed as the expected wait is."""
+        return {k: u * self._share(at_s, now_s) for k, (_, u, at_s) in self._loads.items()
+                if math.isfinite(u) and self._share(at_s, now_s) >= _FORGET}
+
+    def busy_cuts(self, now_s: float) -> frozenset[str]:
+        """Cuts whose latest remembered load report had a utilisation of at least `BUSY_UTILISATION`
+        (the policy's `Health.unconfirmed`)."""
+        return frozenset(k for k, (_, u, at_s) in self._loads.items()
+                         if u >= BUSY_UTILISATION and self._share(at_s, now_s) >= _FORGET)
+
+    def _share(self, at_s: float, now_s: float) -> float:
+        return math.exp(-max(0.0, now_s - at_s) / self.tau_s)
 
     def refused_until_s(self, now_s: float) -> dict[str, float]:
         """Cuts still inside a retry-after, with when it ends."""
@@ -70,5 +136,5 @@ class CloudLoad:
         return dict(self._refused_until)
 
     def to_dict(self, now_s: float) -> dict[str, Any]:
-        return {"queue_ms": self.queue_ms(now_s), "refusals": self.refusals,
+        return {"queue_ms": self.queue_ms(now_s), "utilisation": self.utilisation(now_s), "refusals": self.refusals,
                 "retry_after_ms": {k: (t - now_s) * 1e3 for k, t in self.refused_until_s(now_s).items()}}

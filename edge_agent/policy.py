@@ -115,7 +115,9 @@ inside a dip are rescued one by one, and the plan moves only for a drop that las
 [Note: cloud load]
 A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in its own
 pool). `Health.queue_ms` is the predicted queue wait of a request sent now at that cut
-(the gateway's `timings_ms['predicted_wait']`, drained since it was reported): it is
+(the larger of the gateway's `timings_ms['predicted_wait']`, drained since it was
+reported, and its `timings_ms['expected_wait']`, the mean wait at its utilisation, faded
+over `cloud_load_tau_s`; see edge_agent/cloud_load.py): it is
 the cost model's `queue` term for that plan, replacing the plan's own batch-fill wait
 where larger (and, being the cloud's own figure, not scaled by the remote factor), so a loaded pool moves the device to a cut whose pool is not loaded (a
 deeper edge cut) or to local, through the same hysteresis, dwell and back-off as a link
@@ -125,6 +127,15 @@ gateway asked for quiet, and a request sent anyway is refused again and pays a r
 trip for nothing); a current plan refused this way is unavailable, so the switch is
 immediate. When the wait drains or the retry-after ends, the remote option returns and
 the usual rules bring the device back.
+A faded wait is a guess, and a device that left a busy pool hears nothing more of it: were
+the guess a switch target, the device would go back each time the memory faded below the
+margin, and leave at the first answer (with two busy cuts it went from one to the other
+every few frames). So `Health.unconfirmed` holds the cuts whose last report said the pool
+was busy (`CloudLoad.busy_cuts`: utilisation at least 0.8); while local, the device sends
+one of them a trial (as rule 5, but at most one per `cloud_load_tau_s`, once its faded time
+is `trial_ratio` times faster than local), and only the trial's fresh answer can make the
+cut a target again. The current cut is priced as any other; a report forgotten (faded
+under 1%) is no longer a sign of anything.
 """
 
 from __future__ import annotations
@@ -135,6 +146,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from edge_agent.cloud_load import DEFAULT_TAU_S
 from edge_agent.monitor import LinkEstimate, quantile
 from planner import Breakdown, Encoding, Frontier, Objective
 
@@ -188,6 +200,9 @@ class PolicyConfig:
     hedge_margin: float = 0.25
     """The local run starts, at the latest, this fraction of its own time before the last moment at
     which it still meets the deadline."""
+    cloud_load_tau_s: float = DEFAULT_TAU_S
+    """Time constant over which a load the cloud reported fades (`edge_agent.cloud_load.CloudLoad`):
+    a device that sends rarely still knows the cloud is busy; see [Note: cloud load]."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -208,6 +223,7 @@ class PolicyConfig:
             ("risk_tie", _finite(self.risk_tie) and 0 <= self.risk_tie < 1, ">= 0 and < 1"),
             ("hedge_tail", _finite(self.hedge_tail) and 0 <= self.hedge_tail <= 0.5, "in [0, 0.5]"),
             ("hedge_margin", _finite(self.hedge_margin) and self.hedge_margin >= 0, ">= 0"),
+            ("cloud_load_tau_s", _finite(self.cloud_load_tau_s) and self.cloud_load_tau_s > 0, "> 0 s"),
         ):
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be {want}")
@@ -245,6 +261,9 @@ class Health:
     refused_until_s: Mapping[str, float] = field(default_factory=dict)
     """Cut ids the cloud refused for load, with when their retry-after ends (monotonic s); no
     option until then. See [Note: cloud load]."""
+    unconfirmed: frozenset[str] = frozenset()
+    """Cut ids whose pool the cloud last reported busy (`CloudLoad.busy_cuts`): unless current, such a
+    cut is a trial's target, never a switch's, until an answer reports it again. See [Note: cloud load]."""
     inflight: int = 0
     """Requests in flight with this one (0: unknown). A request waits for at most this many less one
     uploads ahead of it; see [Note: closed loop]."""
@@ -472,6 +491,9 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
             fastest = min(o.ms for o in unloaded)
             drawn = dataclasses.replace(health, arrival_rps=health.arrival_rps * max(1.0, local.ms / fastest))
             remote = _remote_options(estimate, frontier, drawn, config, energy, now_s)
+    # [Note: cloud load] a busy cut left behind returns through a trial's fresh answer, not its faded wait.
+    guesses = [o for o in remote if o.cut_id in health.unconfirmed and o.key != state.current]
+    remote = [o for o in remote if o not in guesses]
     best_remote = _least_risk(remote, config.risk_tie)
     options = {o.key: o for o in remote}
     if math.isfinite(local.ms):
@@ -494,6 +516,8 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
                 estimate, frontier, dataclasses.replace(health, refused_until_s={}, arrival_rps=0.0), config,
                 energy, now_s):
             why = "the cloud refused every warm plan for load"
+        elif guesses:
+            why = "the cloud reported every warm plan's pool busy"
         elif frontier is not None and health.arrival_rps > 0 and _remote_options(
                 estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config, energy, now_s):
             why = f"the uplink cannot carry {health.arrival_rps:.1f} req/s of any warm plan"
@@ -519,6 +543,11 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
         reason = f"{target.key}: {why} ({_show(estimate, health, now_s)})"
         if switched and state.current:
             reason = f"{state.current} unavailable -> {reason}"
+        trial = _busy_trial(guesses, target, new, health, now_s, config)
+        if trial is not None and not switched:
+            why = f"trial {trial.key} ({trial.ms:.0f} ms): its pool was busy; is it still? "
+            why += f"({_show(estimate, health, now_s)})"
+            return act(trial, why, False, trial=True), dataclasses.replace(state, trial_s=now_s)
         return act(target, reason, switched), new
 
     # 3-4: hysteresis, dwell and back-off.
@@ -549,7 +578,25 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
         reason = (f"trial {target.key} ({target.ms:.0f} ms) while keeping local ({current.ms:.0f} ms, {hold})"
                   f"{_show_factors(health)} ({_show(estimate, health, now_s)})")
         return act(target, reason, False, trial=True), dataclasses.replace(state, trial_s=now_s)
+    trial = _busy_trial(guesses, current, state, health, now_s, config)
+    if trial is not None:
+        why = f"trial {trial.key} ({trial.ms:.0f} ms): its pool was busy; is it still? "
+        why += f"({_show(estimate, health, now_s)})"
+        return act(trial, why, False, trial=True), dataclasses.replace(state, trial_s=now_s)
     return act(current, f"keep {current.key}: {hold} ({_show(estimate, health, now_s)})", False), state
+
+
+def _busy_trial(guesses: list[_Option], current: _Option, state: PolicyState, health: Health, now_s: float,
+                cfg: PolicyConfig) -> _Option | None:
+    """While local, the cheapest cut left busy whose faded wait makes it `trial_ratio` times faster
+    than local, once per `cloud_load_tau_s` (a load lasts): its answer reports the pool's load
+    afresh; see [Note: cloud load]."""
+    if not (guesses and health.request and current.kind == LOCAL and state.current == LOCAL):
+        return None
+    if state.trial_s is not None and now_s - state.trial_s < max(cfg.trial_every_s, cfg.cloud_load_tau_s):
+        return None
+    best = min(guesses, key=lambda o: o.cost)
+    return best if best.cost * cfg.trial_ratio <= current.cost else None
 
 
 def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:

@@ -171,7 +171,7 @@ class Runner(LinkProbing):
         self.breaker_config = B.BreakerConfig(config.breaker_failures, config.breaker_open_s)
         self.breaker = B.BreakerState()
         self.policy_config = config.policy
-        self.cloud = CloudLoad()
+        self.cloud = CloudLoad(self.config.policy.cloud_load_tau_s)
         """The cloud's reported queue waits and refusals; see [Note: cloud load] in policy.py."""
         self.state = PolicyState()
         self.last_action: Action | None = None
@@ -256,6 +256,7 @@ class Runner(LinkProbing):
                         self._arrival_rps(now_s, count=request), remote_factor=self.factors["remote"],
                         local_factor=self.factors["local"], request=request,
                         queue_ms=self.cloud.queue_ms(now_s), refused_until_s=self.cloud.refused_until_s(now_s),
+                        unconfirmed=self.cloud.busy_cuts(now_s),
                         inflight=self.counters.inflight + (0 if request else 1))
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
@@ -488,9 +489,7 @@ class Runner(LinkProbing):
             else:
                 r = task.result()
                 self.last_remote_s = now
-                wait_ms = r.response.timings_ms.get("predicted_wait")
-                if wait_ms is not None:
-                    self.cloud.observe_wait(ce.cut_id, wait_ms, now)
+                self.cloud.observe_timings(ce.cut_id, r.response.timings_ms, now)
                 self.monitor.observe_transfer(r.up_bytes * share, r.down_bytes * share, r.elapsed_s, r.server_ms, now)
                 if not timed_out:
                     self.breaker = B.on_success(self.breaker, now, self.breaker_config)

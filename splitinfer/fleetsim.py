@@ -27,7 +27,11 @@ planner's frontier and cost model, as on a device. What is modelled:
   workers are busy, plus whole rounds of full batches queued ahead) and its own batch end
   past its deadline, or that finds 1024 queued, is refused with RESOURCE_EXHAUSTED and
   retry-after = that wait. Every answer carries the predicted wait at the time it is sent,
-  as the gateway's `timings_ms['predicted_wait']` does.
+  as the gateway's `timings_ms['predicted_wait']` does, and the gateway's load keys: the
+  utilisation (the last second's arrivals, admitted or not, times their pool's full-batch
+  time per request, over the workers) and the expected wait at it
+  (`workers.batcher.BatcherLoad.expected_wait_at`, the gateway's own formula, on the
+  answer's pool), which the device's `CloudLoad` keeps with its decay.
 Strategies: 'ours' (the policy with the cloud's load), 'planned' (each device follows the
 fleet plan's equilibrium choice for its class and link point, `planner.fleet.planned_choices`,
 drawn by its shares), 'dads' (each device's load-blind
@@ -57,6 +61,7 @@ from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
 from planner.fleet import ClassChoices, ClassModel, planned_choices, remote_ms, run_ms_table
 from planner.fleet_spec import FleetSpec
+from workers.batcher import BatcherLoad
 
 __all__ = ["SimConfig", "SimResult", "simulate", "STRATEGIES", "quantiles"]
 
@@ -189,7 +194,7 @@ class _Sim:
         self.rtt = np.concatenate(rtts)
         n = len(self.cls)
         self.states = [PolicyState() for _ in range(n)]
-        self.loads = [CloudLoad() for _ in range(n)]
+        self.loads = [CloudLoad(PolicyConfig().cloud_load_tau_s) for _ in range(n)]
         self.routes: list[dict[str, _Route]] = [{} for _ in range(n)]
         self.configs = [PolicyConfig(slo_ms=spec.slo(m.cls.model).slo_ms) for m in models]
         self.slo_s = [spec.slo(m.cls.model).slo_ms / 1e3 for m in models]
@@ -205,6 +210,10 @@ class _Sim:
         self.doubled = 0
         self.counted_started = 0
         self.last_run_end = 0.0
+        self.recent: deque[tuple[float, float]] = deque()
+        """(arrival s, its pool's full-batch seconds per request) over the last second."""
+        self.recent_work_s = 0.0
+        self._expected: dict[tuple[int, int], float] = {}
 
     # -- plumbing ---------------------------------------------------------------------
     def push(self, t: float, kind: int, data: Any) -> None:
@@ -294,7 +303,8 @@ class _Sim:
         up, rtt = float(self.up[d]), float(self.rtt[d])
         est = LinkEstimate(up, up * m.cls.down_ratio, rtt, 100, now, None)
         health = Health(local_ms=m.local_ms, arrival_rps=m.cls.fps * self.cfg.fps_scale,
-                        queue_ms=cl.queue_ms(now), refused_until_s=cl.refused_until_s(now))
+                        queue_ms=cl.queue_ms(now), refused_until_s=cl.refused_until_s(now),
+                        unconfirmed=cl.busy_cuts(now))
         action, self.states[d] = policy(est, m.frontier, health, self.states[d], now, config=self.configs[c])
         if action.kind != "offload":
             return None
@@ -326,8 +336,32 @@ class _Sim:
         rounds = (depth // self.max_batch) // self.workers
         return first + rounds * float(self.tables[pool][-1]) / 1e3
 
+    def utilisation(self, now: float) -> float:
+        """The last second's arrivals (admitted or not) in full-batch work, over the workers."""
+        while self.recent and self.recent[0][0] <= now - 1.0:
+            self.recent_work_s -= self.recent.popleft()[1]
+        return max(0.0, self.recent_work_s) / self.workers
+
+    def expected_wait_ms(self, pool: int, util: float, now: float) -> float:
+        """The gateway's expected wait ([Note: expected wait] in workers/_batch_policy.py) at `pool`."""
+        full_s = float(self.tables[pool][-1]) / 1e3
+        rate = util * self.workers * self.max_batch / full_s
+        predicted_s = self.predicted_wait_s(pool, now)
+        key = (pool, round(rate), round(predicted_s * 1e3))
+        got = self._expected.get(key)
+        if got is None:
+            table = self.tables[pool]
+            wait_s = BatcherLoad.expected_wait_at(rate, lambda b: float(table[b - 1]) / 1e3,
+                                                  max_batch_size=self.max_batch, instances=self.workers,
+                                                  timeout_s=self.timeout, predicted_wait_s=predicted_s)
+            got = self._expected[key] = (wait_s or 0.0) * 1e3
+        return got
+
     def arrive(self, req: _Req, now: float) -> None:
         req.arrive = now
+        work_s = float(self.tables[req.pool][-1]) / 1e3 / self.max_batch
+        self.recent.append((now, work_s))
+        self.recent_work_s += work_s
         q = self.queues[req.pool]
         wait = self.predicted_wait_s(req.pool, now)
         own = float(self.tables[req.pool][min(len(q), self.max_batch - 1)]) / 1e3
@@ -378,8 +412,11 @@ class _Sim:
     def batch_done(self, pool: int, batch: list[_Req], now: float) -> None:
         self.free += 1
         wait_ms = self.predicted_wait_s(pool, now) * 1e3
+        util = self.utilisation(now)
+        timings = {"predicted_wait": wait_ms, "utilisation": util,
+                   "expected_wait": self.expected_wait_ms(pool, util, now)}
         for r in batch:
-            self.push(now + r.post_ms / 1e3, _ANSWER, (r, wait_ms))
+            self.push(now + r.post_ms / 1e3, _ANSWER, (r, timings))
         self.dispatch(now)
 
     # -- the loop ---------------------------------------------------------------------
@@ -401,8 +438,8 @@ class _Sim:
                 self.timer_at = math.inf
                 self.dispatch(now)
             elif kind == _ANSWER:
-                req, wait_ms = data
-                self.loads[req.device].observe_wait(req.cut_id, wait_ms, now)
+                req, timings = data
+                self.loads[req.device].observe_timings(req.cut_id, timings, now)
                 self.deliver(req, "remote_ok", now)
             elif kind == _REFUSED:
                 req, wait_s = data

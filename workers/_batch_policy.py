@@ -24,12 +24,28 @@ EWMA of how long its batches took (:class:`RunTimes`), and uses it twice:
 Both refusals carry ``retry_after_s``. Results that finish after their deadline anyway
 (the estimate was short) are counted in ``BatcherStats.discarded``. Before the first
 batch is timed there is no estimate and nothing is refused on it.
+
+[Note: expected wait]
+The predicted wait above is what a request arriving now would wait: 0 unless every
+instance is busy or a whole round of full batches is queued, so at 90% utilisation it
+is 0 most of the time, and a device that sends one frame every few seconds reads the
+cloud as idle. What such a device can plan with is the mean: :meth:`BatcherLoad.expected_wait_at`
+gives the mean time a request spends in the pool beyond a lone batch's run, at the
+measured arrival rate, from the batch queue the fleet planner uses ([Note: batch queue]
+in planner/_queueing.py, one pool): batches of b = clip(1 + rate (timeout + Wq), 1,
+max_batch) (a fixed point), waiting Wq = ErlangC(c, a) T(b) / (c - a) (1/b) / 2 for one
+of c instances (Allen-Cunneen with deterministic runs and Erlang-b spacing), plus the
+batch's fill, timeout (b + 1) / (2 b), plus its longer run, T(b) - T(1). At or past
+capacity there is no steady state, and admission control bounds the queue by the
+deadlines instead: the figure is then the formula at ``_RHO_CAP``, at least the
+instantaneous predicted wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -38,6 +54,10 @@ from workers._batcher_config import BatcherConfig
 from workers.errors import BatcherConfigError
 
 __all__ = ["BatcherLoad", "RunTimes", "ShapeRunTimes"]
+
+_RHO_CAP = 0.99
+"""Utilisation at which the expected wait stops rising ([Note: expected wait])."""
+_B_ITERATIONS = 30
 
 
 class RunTimes:
@@ -145,6 +165,57 @@ class BatcherLoad:
     def headroom_rps(self) -> float | None:
         """Capacity left: ``capacity_rps - arrival_rps``; negative when overloaded."""
         return None if self.capacity_rps is None else self.capacity_rps - self.arrival_rps
+
+    @property
+    def utilisation(self) -> float | None:
+        """``arrival_rps / capacity_rps``: the busy share of the instances at full batches (above 1:
+        overloaded); None before any run."""
+        return None if not self.capacity_rps else self.arrival_rps / self.capacity_rps
+
+    @staticmethod
+    def expected_wait_at(arrival_rps: float, run_s: Callable[[int], float | None], *, max_batch_size: int,
+                         instances: int, timeout_s: float, predicted_wait_s: float = 0.0) -> float | None:
+        """Mean seconds a request spends in a pool receiving ``arrival_rps`` beyond a lone batch's
+        run, where ``run_s(size)`` is a batch's run time; None before any run. Pure; see
+        [Note: expected wait]."""
+        one_s, full_s = run_s(1), run_s(max_batch_size)
+        if one_s is None or full_s is None or not math.isfinite(arrival_rps) or arrival_rps <= 0:
+            return None if one_s is None else max(0.0, predicted_wait_s)
+        capacity_rps = max_batch_size * instances / max(full_s, 1e-9)
+        rate = min(arrival_rps, _RHO_CAP * capacity_rps)
+
+        def at(b: float) -> float:  # T(b) between whole sizes
+            lo = int(b)
+            hi = min(lo + 1, max_batch_size)
+            lo_s, hi_s = run_s(lo), run_s(hi)
+            assert lo_s is not None and hi_s is not None  # one size timed: every size has an estimate
+            return lo_s + (hi_s - lo_s) * (b - lo)
+
+        b, wq_s = 1.0, 0.0
+        for _ in range(_B_ITERATIONS):
+            target = min(max(1.0 + rate * (timeout_s + wq_s), 1.0), float(max_batch_size))
+            b += 0.5 * (target - b)
+            erlangs = rate / b * at(b)
+            if erlangs >= instances:  # batches too small for the rate: they grow to full (rate < capacity)
+                b = float(max_batch_size)
+                erlangs = rate / b * at(b)
+            wq_s = _erlang_c(instances, erlangs) * at(b) / (instances - erlangs) * (1.0 / b) / 2.0
+        fill_s = timeout_s * (b + 1.0) / (2.0 * b)
+        expected_s = wq_s + fill_s + max(0.0, at(b) - one_s)
+        return max(expected_s, predicted_wait_s) if arrival_rps >= capacity_rps else expected_s
+
+
+def _erlang_c(instances: int, erlangs: float) -> float:
+    """Probability that an arrival waits in M/M/c (planner/_queueing.py's ``erlang_c``)."""
+    if erlangs <= 0.0:
+        return 0.0
+    if erlangs >= instances:
+        return 1.0
+    b = 1.0  # Erlang B by its stable recursion
+    for k in range(1, instances + 1):
+        b = erlangs * b / (k + erlangs * b)
+    rho = erlangs / instances
+    return b / (1.0 - rho + rho * b)
 
 
 @dataclass(eq=False)

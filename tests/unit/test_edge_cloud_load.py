@@ -134,7 +134,7 @@ def test_cloud_load_holds_a_cut_off_for_the_hint_bounded_and_defaulted():
     # A shorter hint never shortens a hold-off already running.
     load.refuse("c", 10.0, 2.0)
     assert load.refused_until_s(2.0)["c"] == 1.0 + MAX_RETRY_AFTER_MS / 1e3
-    assert set(load.to_dict(2.0)) == {"queue_ms", "refusals", "retry_after_ms"}
+    assert set(load.to_dict(2.0)) == {"queue_ms", "utilisation", "refusals", "retry_after_ms"}
 
 
 def test_under_the_energy_objective_the_device_idles_through_the_queue_wait():
