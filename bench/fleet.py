@@ -1,13 +1,16 @@
 """Fleets: the fleet planner and the fleet simulator on 10,000 devices sharing one cloud tier.
 
-    python -m bench.fleet [--devices 10000] [--seconds 20] [--quick] [--out PATH]
+    python -m bench.fleet [--devices 10000] [--seconds 20] [--quick] [--mix all|cloud-heavy] [--out PATH]
 
 The fleet: ResNet50 (seeded random weights; zoo topology) on 20 classes, four reference
 devices (rpi4, rpi5, phone-sd8g2, jetson-orin-nano) by five lognormal link profiles,
 sharing T4 workers that batch up to 8 (2 ms timeout); SLO 150 ms, target 85% (a Pi on
 the weak links meets 150 ms in no placement, so 95% is out of reach for any cloud). The
 devices' times and the workers' are the reference devices' roofline estimates, so the
-numbers are the model's, not measurements of hardware.
+numbers are the model's, not measurements of hardware. ``--mix cloud-heavy`` keeps the
+classes that depend on the cloud most: rpi4, rpi5 and phones (no Jetson, which meets the SLO
+locally) on the fibre to 4G links (no weak link, on which no placement meets it); it writes
+bench/results/fleet_cloud_heavy.json and .png by default.
 
 1. Planner: `plan_fleet` on the whole spec (resolution, frontiers, the fixed point and the
    workers-needed search), median of five runs: ``planner_s``.
@@ -20,7 +23,10 @@ numbers are the model's, not measurements of hardware.
    optimum), cloud-only and edge-only, and 'planned' (each device follows the fleet plan's
    choice for its class and link). ``goodput_ratio_vs_dads`` is ours over DADS in requests
    answered within the SLO per second, and likewise vs cloud-only and edge-only;
-   ``planned_goodput_ratio_vs_dads`` is the fleet plan's.
+   ``planned_goodput_ratio_vs_dads`` is the fleet plan's. ``idle_cloud_within_slo`` is DADS's
+   share within the SLO at 5% of capacity (a near-idle cloud: each device's best placement, which
+   no strategy beats), and ``max_goodput_ratio_vs_dads`` at each load is that over DADS's
+   share there: the most any load-aware strategy can gain on this fleet.
 3. Workers needed: the planner's answer N at 100% load, then the simulation with N and
    N - 1 workers, with devices following the plan ('planned') and running the agent
    ('ours'): whether the SLO target holds in each.
@@ -45,16 +51,19 @@ DEVICES = ("rpi4", "rpi5", "phone-sd8g2", "jetson-orin-nano")
 LINKS = (  # (name, median uplink Mbit/s, sigma, median RTT ms)
     ("fibre", 200.0, 0.4, 10.0), ("cable", 80.0, 0.5, 20.0), ("5g", 60.0, 0.7, 30.0),
     ("4g", 25.0, 0.7, 45.0), ("weak", 8.0, 0.6, 60.0))
+MIXES = {"all": (DEVICES, tuple(ln[0] for ln in LINKS)),
+         "cloud-heavy": (("rpi4", "rpi5", "phone-sd8g2"), ("fibre", "cable", "5g", "4g"))}
 SLO_MS, TARGET, WORKERS = 150.0, 0.85, 8
 LOADS = (0.8, 1.0, 1.2)
 STRATEGIES = ("ours", "planned", "dads", "cloud-only", "edge-only")
 
 
-def make_spec(devices: int, fps: float, workers: int = WORKERS) -> dict[str, Any]:
-    per = devices // (len(DEVICES) * len(LINKS))
+def make_spec(devices: int, fps: float, workers: int = WORKERS, mix: str = "all") -> dict[str, Any]:
+    kinds, links = MIXES[mix]
+    per = devices // (len(kinds) * len(links))
     classes = [{"name": f"{d}-{ln}", "count": per, "device": d, "model": "resnet50", "fps": fps,
                 "link": {"up_mbps": {"median": up, "sigma": sg}, "rtt_ms": {"median": rtt, "sigma": 0.3}}}
-               for d in DEVICES for ln, up, sg, rtt in LINKS]
+               for d in kinds for ln, up, sg, rtt in LINKS if ln in links]
     return {"models": {"resnet50": {"slo_ms": SLO_MS, "target": TARGET}},
             "cloud": {"device": "t4", "workers": workers, "max_batch": 8, "batch_timeout_ms": 2.0},
             "encodings": ["fp32", "fp16", "int8"], "classes": classes}
@@ -74,8 +83,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seconds", type=float, default=20.0, help="simulated seconds per run")
     ap.add_argument("--warmup", type=float, default=5.0, help="simulated seconds not counted")
     ap.add_argument("--quick", action="store_true", help="2,000 devices, 8 s: a smoke run")
-    ap.add_argument("--out", default=os.path.join(RESULTS_DIR, "fleet.json"))
+    ap.add_argument("--mix", choices=sorted(MIXES), default="all", help="device classes (see the docstring)")
+    ap.add_argument("--out", default=None, help="default bench/results/fleet.json (fleet_cloud_heavy.json)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = os.path.join(RESULTS_DIR, "fleet.json" if args.mix == "all" else "fleet_cloud_heavy.json")
     if args.quick:
         args.devices, args.seconds, args.warmup = 2000, 8.0, 2.0
 
@@ -83,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from planner.fleet_spec import FleetSpec
     from splitinfer.fleetsim import SimConfig, simulate
 
-    base = FleetSpec.from_dict(make_spec(args.devices, 1.0))
+    base = FleetSpec.from_dict(make_spec(args.devices, 1.0, mix=args.mix))
     times = []
     plan = None
     for _ in range(5):
@@ -101,12 +113,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dads_rps_at_1fps = probe.offloaded * base.devices
     # full-batch capacity of WORKERS workers on the pool the plans use (ResNet50 whole: its one remote cut)
     capacity = plan_resolved(base, models, workers=WORKERS, size_workers=False).cloud.capacity_rps
+    idle = sim("dads", 0.05 * capacity / dads_rps_at_1fps).within_slo
     loads: dict[str, Any] = {}
     for load in LOADS:
         scale = load * capacity / dads_rps_at_1fps
         runs = {s: sim(s, scale) for s in STRATEGIES}
         g = {s: r.goodput_rps for s, r in runs.items()}
-        spec_at = FleetSpec.from_dict(make_spec(args.devices, scale))
+        spec_at = FleetSpec.from_dict(make_spec(args.devices, scale, mix=args.mix))
         predicted = plan_resolved(spec_at, resolve(spec_at), size_workers=False)
         loads[f"{round(load * 100)}%"] = {
             "fps": scale, "offered_by_dads_rps": load * capacity,
@@ -114,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "planned_goodput_ratio_vs_dads": g["planned"] / g["dads"] if g["dads"] else None,
             "goodput_ratio_vs_cloud_only": g["ours"] / g["cloud-only"] if g["cloud-only"] else None,
             "goodput_ratio_vs_edge_only": g["ours"] / g["edge-only"] if g["edge-only"] else None,
+            "max_goodput_ratio_vs_dads": idle / runs["dads"].within_slo if runs["dads"].within_slo else None,
             "planner_within_slo": predicted.within_slo,
             "runs": {s: r.to_dict() for s, r in runs.items()},
         }
@@ -121,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                               for s, r in runs.items()), flush=True)
     # workers needed at 100% load, checked in the simulator
     scale = capacity / dads_rps_at_1fps
-    spec100 = FleetSpec.from_dict(make_spec(args.devices, scale))
+    spec100 = FleetSpec.from_dict(make_spec(args.devices, scale, mix=args.mix))
     m100 = resolve(spec100)
     need = plan_resolved(spec100, m100)
     check: dict[str, Any] = {"planner_workers_needed": need.workers_needed, "note": need.workers_needed_note}
@@ -138,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "slo_fails_at_n_minus_1": n - 1 in within and within[n - 1] < TARGET}
     results = {
         "commit": _commit(), "machine": platform.machine(), "python": platform.python_version(),
-        "simulated_devices": base.devices, "classes": len(base.classes), "workers": WORKERS,
+        "simulated_devices": base.devices, "classes": len(base.classes), "workers": WORKERS, "mix": args.mix,
+        "idle_cloud_within_slo": idle,
         "slo_ms": SLO_MS, "target": TARGET, "seconds_simulated": args.seconds, "warmup_s": args.warmup,
         "capacity_rps": capacity, "planner_s": {"median": statistics.median(times), "runs": times},
         "fixed_point": {"delay_ms": plan.fixed_point.delay_ms, "residual_ms": plan.fixed_point.residual_ms,

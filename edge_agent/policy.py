@@ -134,8 +134,13 @@ every few frames). So `Health.unconfirmed` holds the cuts whose last report said
 was busy (`CloudLoad.busy_cuts`: utilisation at least 0.8); while local, the device sends
 one of them a trial (as rule 5, but at most one per `cloud_load_tau_s`, once its faded time
 is `trial_ratio` times faster than local), and only the trial's fresh answer can make the
-cut a target again. The current cut is priced as any other; a report forgotten (faded
-under 1%) is no longer a sign of anything.
+cut a target again. The current cut is priced as any other, but leaving it while its pool
+is reported busy pays no switch cost (rule 3's gain over one dwell): a device that sends
+one frame every few seconds gains a few ms a request by moving local, under the switch
+cost, yet its place in the pool is what a device that cannot meet the SLO locally needs.
+On the 10,000-device fleet at 120% load, charging that cost kept 59% of requests on the
+cloud (80.8% within the SLO) where the fleet plan puts 50% (87.1%). A report forgotten
+(faded under 1%) is no longer a sign of anything.
 """
 
 from __future__ import annotations
@@ -564,7 +569,9 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     # safer option need not wait for the dwell (misses are what the dwell would cost).
     requests = max(1.0, health.arrival_rps * dwell_s)
     switch_cost_ms = config.switch_cost_ms * (1 + len(_recent(state, now_s, config)))
-    worth = _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
+    # [Note: cloud load] leaving a pool reported busy frees it for the devices that need it: no switch cost.
+    leaving_busy = current.kind == OFFLOAD and current.cut_id in health.unconfirmed
+    worth = leaving_busy or _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
     if forced or (better and (dwelt or safer) and worth):
         reason = (f"{current.key} ({current.ms:.0f} ms{_show_miss(current)}) -> {target.key} ({target.ms:.0f} ms"
                   f"{_show_miss(target)}): {why}{'; forced' if forced else ''}{_show_factors(health)} "
