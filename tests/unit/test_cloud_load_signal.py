@@ -136,3 +136,14 @@ def test_a_rare_sender_moves_deeper_then_local_under_load_and_back_without_flapp
 def test_without_the_expected_wait_a_rare_sender_reads_a_busy_cloud_as_idle():
     keys, _, _ = _fleet_day(lambda cut, t: (0.96, 600.0), timings_of=lambda cut, t: {"expected_wait": None})
     assert set(keys) == {A.key}
+
+
+def test_leaving_a_pool_reported_busy_pays_no_switch_cost():
+    # On A (46 ms idle); A's wait makes it 60 ms against a 50 ms local run: 10 ms a request,
+    # under the 50 ms a switch costs for a device sending one request per dwell.
+    cfg = PolicyConfig(hysteresis=0.15, dwell_s=1.0, switch_cost_ms=50.0)
+    state = PolicyState(current=A.key, switched_s=0.0, previous="")
+    for busy, want in ((frozenset(), A.key), (frozenset({A_CUT}), LOCAL)):
+        health = Health(local_ms=50.0, arrival_rps=0.3, queue_ms={A_CUT: 14.0, B_CUT: 60.0}, unconfirmed=busy)
+        a, _ = policy(EST, FRONT, health, state, 30.0, config=cfg)
+        assert a.plan_key == want, a.reason
