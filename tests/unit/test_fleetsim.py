@@ -97,3 +97,15 @@ def test_request_overhead_adds_to_remote_answers(fleet) -> None:
     a = simulate(spec, models, cfg)
     b = simulate(spec, models, dataclasses.replace(cfg, request_overhead_ms=20.0))
     assert b.p50_ms == pytest.approx(a.p50_ms + 20.0, abs=2.0)
+
+
+def test_told_the_pool_is_busy_the_phones_leave_it_to_the_pis(fleet) -> None:
+    # One worker, 300 devices at 1 fps: DADS offloads every request and the queue makes the Pis
+    # miss; the agents read the answers' utilisation and expected wait, and the phones (72 ms
+    # locally, within the SLO) leave the worker to the Pis (493 ms locally, no SLO without it).
+    spec, models = fleet
+    ours, dads = (simulate(spec, models, SimConfig(strategy=s, seconds=8.0, warmup_s=2.0, workers=1))
+                  for s in ("ours", "dads"))
+    assert dads.offloaded == 1.0 and dads.within_slo < 0.9
+    assert ours.offloaded < 0.8 and ours.within_slo > 0.98 and ours.worker_wait_ms < dads.worker_wait_ms / 3
+    assert ours.lost == 0 and ours.doubled == 0
