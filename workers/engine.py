@@ -74,6 +74,18 @@ _KEPT_BINDINGS = 8
 _MAX_CHECKED_ROUTES = 64
 """Routes whose check an engine keeps ([Note: routes checked once]); when full, it forgets them all."""
 
+
+def _one_bucket(inputs: Sequence[TensorSpec]) -> int:
+    """The one batch an engine that is not batch-safe runs at: 1 where an input has a symbolic
+    dim 0 (that symbol is the batch, pinned to 1), else the first input's fixed dim 0.
+
+    A fixed dim 0 beside a symbolic one is not the batch: a recurrent state ``h[2,N,4]`` keeps
+    its layers on axis 0 while ``x[N,4]`` carries the batch.
+    """
+    if any(s.shape and s.shape[0] is None for s in inputs):
+        return 1
+    return next((s.shape[0] for s in inputs if s.shape), 1) or 1
+
 class Engine:
     """One segment on ONNX Runtime with pinned settings, IO binding and shared weights.
 
@@ -140,8 +152,7 @@ class Engine:
         if self.batch_safe:
             self.buckets = tuple(cfg.batch_buckets)
         else:
-            first = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
-            self.buckets = (first or 1,)
+            self.buckets = (_one_bucket(self.inputs),)
             # Only a symbolic dim 0 is pinned: an input without a batch dim (a shape tensor) keeps its own.
             self.inputs = tuple(pin_batch(s, self.buckets[0]) for s in self.inputs)
             self.outputs = tuple(pin_batch(s, self.buckets[0]) for s in self.outputs)

@@ -84,10 +84,6 @@ _XFAIL: dict[str, str] = {
     "reshape_int64_batch2": (
         "profile: layers are timed at batch 1 on the samples' first row, but the int64 shape input still says "
         "batch 2, so ONNX Runtime's Reshape fails ({1,12} to {2,6,2})"),
-    "recurrent_state": (
-        "gateway: tail L fails its warm-up check: 'input x has shape [1,4], expected [2,4]'; an engine that is not "
-        "batch-safe takes its one bucket from its first input's dim 0 (the state h[2,N,4], batch on axis 1: 2) "
-        "and pins every symbolic dim 0 to it, x[N,4] included (Engine.__init__, pin_batch)"),
 }
 """Case name -> the cause of a step that fails for it (strict xfail: the case fails the
 suite the day it passes)."""

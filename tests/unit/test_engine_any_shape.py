@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.serving_models import any_hw_model, mask_model, reshape_by_input_model
+from tests.unit._shape_models import recurrent_state
 from workers.coldstart import check_batching, make_batch_feed
 from workers.engine import Engine, EngineConfig
 from workers.errors import EngineLoadError, InputError
@@ -116,3 +117,17 @@ def test_without_samples_a_shape_input_makes_batching_unsafe_without_running(con
     sess = ort.InferenceSession(reshape_by_input_model().SerializeToString(), providers=["CPUExecutionProvider"])
     reason = check_batching(sess, 2, shape_inputs=("shape",))
     assert "integer inputs shape set shapes" in reason and "sample_inputs" in reason
+
+
+def test_a_state_with_a_fixed_dim_0_does_not_set_the_batch_of_an_engine_unsafe_to_batch(config):
+    model = recurrent_state()
+    order = sorted(model.graph.input, key=lambda i: i.name != "h")  # h[2,N,4] first: its dim 0 is layers
+    del model.graph.input[:]
+    model.graph.input.extend(order)
+    engine = Engine(model, config)
+    assert not engine.batch_safe
+    assert engine.buckets == (1,)
+    assert {s.name: s.shape for s in engine.inputs}["x"] == (1, 4)
+    rng = np.random.default_rng(2)
+    feed = {"x": rng.standard_normal((1, 4)).astype(np.float32), "h": rng.standard_normal((2, 1, 4)).astype(np.float32)}
+    np.testing.assert_allclose(engine.run(feed)["y"], _reference(model, feed), rtol=1e-5, atol=1e-6)
