@@ -22,7 +22,7 @@ from partitioner.errors import PartitionError
 from partitioner.graph import BATCH, LayerGraph
 
 __all__ = ["parse_input_shape", "parse_input_shapes", "load_sample_inputs", "shapes_of", "sample_rows",
-           "shape_feeding_inputs"]
+           "samples_batch", "shape_feeding_inputs"]
 
 _DIMS = re.compile(r"^\d+(x\d+)*$")
 
@@ -115,3 +115,14 @@ def sample_rows(inputs: Mapping[str, np.ndarray], graph: LayerGraph, rows: int) 
                 v = np.take(v, np.arange(rows) % v.shape[ax], axis=ax)
         out[k] = v
     return out
+
+
+def samples_batch(inputs: Mapping[str, np.ndarray], graph: LayerGraph) -> int | None:
+    """The rows sample inputs hold along the first axis where an input's per-sample shape
+    has the batch; None where no input has one."""
+    for k, v in inputs.items():
+        t = graph.tensor.get(k)
+        for ax, d in enumerate(t.shape if t is not None and t.shape is not None else ()):
+            if d == BATCH and ax < np.ndim(v):
+                return int(np.shape(v)[ax])
+    return None

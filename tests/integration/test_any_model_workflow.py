@@ -81,9 +81,7 @@ _XFAIL: dict[str, str] = {
     "rank_lost": _NO_SAMPLES_IN_GATEWAY,
     "reshape_int32": _NO_SAMPLES_IN_GATEWAY,
     "reshape_int64": _NO_SAMPLES_IN_GATEWAY,
-    "reshape_int64_batch2": (
-        "profile: layers are timed at batch 1 on the samples' first row, but the int64 shape input still says "
-        "batch 2, so ONNX Runtime's Reshape fails ({1,12} to {2,6,2})"),
+    "reshape_int64_batch2": _NO_SAMPLES_IN_GATEWAY,
 }
 """Case name -> the cause of a step that fails for it (strict xfail: the case fails the
 suite the day it passes)."""

@@ -32,7 +32,7 @@ from partitioner.build import node_names
 from partitioner.cuts import Cut, boundary
 from partitioner.export import Splitter, make_inputs, reference_outputs
 from partitioner.graph import LayerGraph
-from partitioner.shapes import sample_rows, shape_feeding_inputs
+from partitioner.shapes import sample_rows, samples_batch, shape_feeding_inputs
 from planner.profile import LayerTime, Profile
 from workers._ort import PROVIDER_NAMES, make_session_options, select_providers
 from workers.coldstart import check_batching, make_batch_dynamic, strip_initializer_inputs
@@ -250,8 +250,28 @@ def time_segments(model: onnx.ModelProto, graph: LayerGraph, profile: Profile, c
 
 def _feed(model: onnx.ModelProto, graph: LayerGraph, batch: int,
           inputs: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """Sample inputs at ``batch`` rows where given, else random ones at the input shapes."""
-    return sample_rows(inputs, graph, batch) if inputs is not None else make_inputs(model, graph, batch=batch)
+    """Sample inputs at ``batch`` rows where given (at their own rows where an integer input
+    sets shapes: see :func:`_own_batch`), else random ones at the input shapes."""
+    if inputs is None:
+        return make_inputs(model, graph, batch=batch)
+    return dict(inputs) if _own_batch(model, graph, inputs) else sample_rows(inputs, graph, batch)
+
+
+def _own_batch(model: onnx.ModelProto, graph: LayerGraph,
+               inputs: Mapping[str, np.ndarray] | None) -> tuple[int, tuple[str, ...]] | None:
+    """(the samples' batch, the integer inputs that set shapes) where such an input's values
+    hold that batch (a Reshape to (2, 6, 2) for 2 rows): sizes written for the samples'
+    rows, which run only at their own rows; None where the rows can be repeated or cut
+    (no such input, or values such as (-1, 3, 4) that leave the batch to the data).
+    A size equal to the batch by chance counts as the batch: the samples then run as given."""
+    if inputs is None:
+        return None
+    feeding = tuple(k for k in shape_feeding_inputs(model) if k in inputs)
+    rows = samples_batch(inputs, graph) if feeding else None
+    if rows is None:
+        return None
+    holding = tuple(k for k in feeding if np.any(np.asarray(inputs[k]) == rows))
+    return (rows, holding) if holding else None
 
 
 def _batch_ms(model: onnx.ModelProto, graph: LayerGraph, sizes: Sequence[int], *, threads: int, ep: str,
@@ -265,6 +285,10 @@ def _batch_ms(model: onnx.ModelProto, graph: LayerGraph, sizes: Sequence[int], *
         dyn = prepare_model(model, batch=2)
     except BatchingUnsafeError as e:
         return None, f"batch kept at 1: {e}"
+    own = _own_batch(model, graph, inputs)
+    if own is not None:
+        return None, (f"batch kept at the sample inputs' {own[0]}: integer input(s) {', '.join(own[1])} "
+                      "set shapes for it")
     sess = open_session(dyn, threads=threads, ep=ep, name=graph.model)
     reason = check_batching(sess, 2, samples=sample_rows(inputs, graph, 1) if inputs is not None else None,
                             shape_inputs=shape_feeding_inputs(model), graph=graph)
@@ -331,6 +355,19 @@ def measure(
     if (calibrate or cuts) and batch != 1:
         raise ProfilingError("corrections are fitted at batch 1; profile at batch 1 to calibrate",
                              model=graph.model, setting="batch")
+    own = _own_batch(model, graph, inputs)
+    if own is not None and own[0] != batch:
+        rows, feeding = own
+        if batch != 1:
+            raise ProfilingError(
+                f"cannot profile {graph.model} at batch {batch}: its integer input(s) {', '.join(feeding)} set "
+                f"shapes, and the sample inputs' values are for batch {rows}; pass sample inputs at batch {batch}, "
+                f"or profile at batch 1 (it then runs at the samples' batch {rows})", model=graph.model,
+                setting="batch")
+        logger.warning("profile of %s: layers timed at the sample inputs' batch %d, not 1: integer input(s) %s "
+                       "set shapes for that batch; pass sample inputs at batch 1 for batch-1 times",
+                       graph.model, rows, ", ".join(feeding))
+        batch = rows
     cal_jobs: list[SegmentJob] = []
     if calibrate or cuts:
         chosen_cuts = list(cuts) if cuts else calibration_cuts(graph, calibrate)
