@@ -72,6 +72,7 @@ __all__ = [
     "digest_samples",
     "externalise_weights",
     "fuse_transformer",
+    "inline_subgraph_weights",
     "load_or_build_artefact",
     "looks_like_transformer",
     "make_batch_dynamic",
@@ -257,6 +258,7 @@ def externalise_weights(model: onnx.ModelProto, weights_path: str, *, base_dir: 
         g.node.extend(kept_nodes)
         del g.initializer[:]
         g.initializer.extend(final_inits + new_inits)
+        inline_subgraph_weights(out, base_dir)
     finally:
         writer.close()
     return out, folded
@@ -264,6 +266,34 @@ def externalise_weights(model: onnx.ModelProto, weights_path: str, *, base_dir: 
 
 def _itemsize(elem_type: int) -> int:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+
+
+def _subgraphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
+    """Every graph nested in ``graph``'s nodes (If branches, Loop/Scan bodies), at any depth."""
+    for node in graph.node:
+        for a in node.attribute:
+            nested = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for sub in nested:
+                yield sub
+                yield from _subgraphs(sub)
+
+
+def inline_subgraph_weights(model: onnx.ModelProto, base_dir: str | None) -> int:
+    """Make the initializers inside subgraphs inline, in place; returns how many moved.
+
+    Only top-level initializers can be handed to a session as shared buffers
+    (``SessionOptions.add_initializer``), and ONNX Runtime saves a subgraph's weights
+    into its own external file: kept inline, they travel with ``model.onnx`` and the
+    artefact never refers to a file that the build deleted.
+    """
+    moved = 0
+    for sub in _subgraphs(model.graph):
+        for i, t in enumerate(sub.initializer):
+            if uses_external_data(t):
+                arr = np.frombuffer(_tensor_payload(t, base_dir), dtype=helper.tensor_dtype_to_np_dtype(t.data_type))
+                sub.initializer[i].CopyFrom(numpy_helper.from_array(arr.reshape(tuple(t.dims)), t.name))
+                moved += 1
+    return moved
 
 
 def _realign(src_model_path: str, dst_dir: str) -> int:
@@ -277,6 +307,7 @@ def _realign(src_model_path: str, dst_dir: str) -> int:
             if uses_external_data(t) or size >= _EXTERNAL_MIN_BYTES:
                 payload = _tensor_payload(t, base)
                 t.CopyFrom(writer.add(t.name, t.data_type, t.dims, payload))
+        inline_subgraph_weights(model, base)
     finally:
         writer.close()
     onnx.save(model, os.path.join(dst_dir, "model.onnx"))
