@@ -18,7 +18,9 @@ Building one (:func:`load_or_build_artefact`) runs these steps, each a small fun
    input, which tells ORT they may be overridden and so forbids folding them;
 2. ``fuse_transformer`` for graphs that look like transformer blocks, kept only if
    the fused graph computes the same outputs;
-3. ``make_batch_dynamic`` when dynamic batching is asked for;
+3. ``make_batch_dynamic`` when dynamic batching is asked for; when ONNX Runtime
+   rejects the result (a fixed 1 that is not the batch, which the rewrite cannot
+   tell apart), the model is built as given and the artefact records why;
 4. :func:`externalise_weights`: ConstantOfShape weight generators (the zoo models
    build all their weights that way at every load) become real initializers, and all
    large initializers move to a weights file;
@@ -566,11 +568,20 @@ def load_or_build_artefact(
             else:
                 chosen = os.path.join(work, "dynamic")
                 os.mkdir(chosen)
-                folded, nbytes = _build_once(
-                    dyn, chosen, base_dir=base_dir, providers=providers, opt_level=opt_level, intra_op_threads=intra_op_threads
-                )
-                reason = _checked_reason(os.path.join(chosen, "model.onnx"), providers, intra_op_threads,
-                                         batch_check_size, samples, shape_feeding_inputs(base))
+                try:
+                    folded, nbytes = _build_once(
+                        dyn, chosen, base_dir=base_dir, providers=providers, opt_level=opt_level,
+                        intra_op_threads=intra_op_threads,
+                    )
+                    reason = _checked_reason(os.path.join(chosen, "model.onnx"), providers, intra_op_threads,
+                                             batch_check_size, samples, shape_feeding_inputs(base))
+                except (EngineLoadError, ort.capi.onnxruntime_pybind11_state.Fail,
+                        ort.capi.onnxruntime_pybind11_state.InvalidGraph) as e:
+                    # A fixed batch the rewrite cannot free (a leading 1 that is not the
+                    # batch): the model as given still serves, one request a run.
+                    cause = str(getattr(e, "detail", "") or e).splitlines()[0]
+                    cause = cause.split(" failed:", 1)[-1][:300]  # past "Load model from <temp path>"
+                    reason = f"ONNX Runtime rejects the model with a symbolic batch: {cause}"
                 batch_safe = not reason
                 if reason:
                     chosen, rewrites = None, ()

@@ -47,3 +47,45 @@ def test_if_branch_weights_survive_the_artefact_round_trip(tmp_path, monkeypatch
     assert again.artefact.directory == art_dir
     feed = {"x": x, "sr": np.array(8000, np.int64)}
     np.testing.assert_allclose(again.run(feed)["prob"], ref.run(["prob"], feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def _batch_one_by_construction() -> onnx.ModelProto:
+    """Batch 1 that the rewrite cannot free: a Reshape's leading 1 is not the batch
+    (its input's dim 0 is the transposed 4), so 0 ("copy dim 0") makes it 4, and the
+    Add against a [2, 4, 6] initializer no longer broadcasts."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"], name="fold"),
+        helper.make_node("Add", ["r", "bias"], ["y"], name="bias_add"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([1, 4, 6], np.int64), "shape"),
+        numpy_helper.from_array(np.arange(48, dtype=np.float32).reshape(2, 4, 6), "bias"),
+    ]
+    graph = helper.make_graph(
+        nodes, "batch_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 6])], initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_model_that_breaks_when_batch_is_symbolic_is_served_as_given(tmp_path, caplog):
+    model = _batch_one_by_construction()
+    dyn, rewrites = coldstart.make_batch_dynamic(model)
+    assert rewrites  # the rewrite applies, and ORT refuses what it made
+    try:
+        ort.InferenceSession(dyn.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT's error types are not public
+        assert "Incompatible dimensions" in str(e)
+    else:
+        raise AssertionError("the symbolic-batch model was expected not to load")
+
+    with caplog.at_level("INFO", logger="workers.coldstart"):
+        eng = Engine(model, EngineConfig(cache_dir=str(tmp_path), provider="cpu"))
+    art = eng.artefact
+    assert not art.batch_safe and not eng.batch_safe and art.batch_rewrites == ()
+    assert "symbolic batch" in art.batch_reason and "Incompatible dimensions" in art.batch_reason
+    assert any("batching is unsafe" in r.getMessage() and "symbolic batch" in r.getMessage() for r in caplog.records)
+    x = np.random.default_rng(1).standard_normal((1, 4, 6)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(eng.run({"x": x})["y"], ref, rtol=1e-6)
