@@ -491,14 +491,37 @@ class VersionFiles:
                 from partitioner import PartitionError, Splitter
 
                 try:
-                    self._splitter = Splitter(self.model_path)
+                    splitter = Splitter(self.model_path)
                 except (PartitionError, OSError, ValueError) as e:
                     raise RegistryError(path=self.model_path, reason=f"is not a model the partitioner can read ({e})",
                                         fix="export a valid ONNX model") from e
                 except Exception as e:  # onnx raises DecodeError and others for a corrupt file
                     raise RegistryError(path=self.model_path, reason=f"cannot be parsed as ONNX ({type(e).__name__})",
                                         fix="export a valid ONNX model") from e
+                self._splitter = self._with_recorded_ranks(splitter)
             return self._splitter
+
+    def _with_recorded_ranks(self, splitter: Any) -> Any:
+        """``splitter``, or one whose graph takes the ranks that ONNX inference lost from a run
+        on model.yaml's sample_inputs or input_shapes, with every dim but the batch left
+        symbolic: tails still serve any size ([Note: planned at the declared shapes] in
+        cluster/_registry_sizes.py says why tails are not cut at the declared sizes)."""
+        if all(t.shape is not None for t in splitter.graph.tensors):
+            return splitter
+        samples = self.sample_inputs()
+        if samples is None and not self.config.input_shapes:
+            return splitter
+        from cluster._registry_sizes import sized_graph
+        from partitioner import PartitionError, Splitter
+        from partitioner.export import with_recorded_ranks
+
+        try:
+            sized = sized_graph(self.model_path, splitter.graph, input_shapes=self.config.input_shapes,
+                                samples=samples)
+        except PartitionError as e:
+            logger.warning("%s: ranks that ONNX inference lost are not recorded: %s", self.model_path, e)
+            return splitter
+        return splitter if sized is splitter.graph else Splitter(splitter.model, with_recorded_ranks(splitter.graph, sized))
 
     def sized_graph(self) -> Any:
         """The splitter's layer graph with sizes from model.yaml's input_shapes and

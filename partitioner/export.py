@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from partitioner.graph import BATCH, UNKNOWN_DIM, LayerGraph
 __all__ = [
     "Segment",
     "Splitter",
+    "with_recorded_ranks",
     "split",
     "split_tiers",
     "save_segment",
@@ -172,6 +173,27 @@ def make_value_info(graph: LayerGraph, name: str) -> onnx.ValueInfoProto:
         elif d != UNKNOWN_DIM:
             dim.dim_param = d
     return vi
+
+
+def with_recorded_ranks(graph: LayerGraph, sized: LayerGraph) -> LayerGraph:
+    """``graph`` where each tensor whose rank no inference on the symbolic model knows takes
+    the rank that ``sized`` (the same model built with sample inputs or fixed input shapes)
+    recorded: its batch dims (``N``, ``k*N``) as recorded, every other dim unknown (``?``),
+    never the samples' size. A segment typed from it still serves any size; only the rank is
+    the samples' (a Reshape to a shape input's values of another length is refused at the
+    segment's input check). Other tensors are kept as they are."""
+    if len(sized.tensors) != len(graph.tensors):
+        return graph
+    recorded = sized.tensor
+    tensors = []
+    for t in graph.tensors:
+        r = recorded.get(t.name)
+        if t.shape is None and r is not None and r.shape is not None:
+            shape = tuple(d if isinstance(d, str) and d != UNKNOWN_DIM and per_sample_factor(d) is not None
+                          else UNKNOWN_DIM for d in r.shape)
+            t = replace(t, shape=shape, dtype=t.dtype if _elem_type(t.dtype) else r.dtype)
+        tensors.append(t)
+    return replace(graph, tensors=tuple(tensors))
 
 
 def _segment_io(graph: LayerGraph, layers: frozenset[int], later: frozenset[int]) -> tuple[list[str], list[str]]:

@@ -43,17 +43,18 @@ def split_rows(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[d
     return out
 
 
-def warmup_feed(samples: Mapping[str, np.ndarray], specs: Sequence[TensorSpec],
-                max_batch: int) -> tuple[dict[str, np.ndarray], int]:
+def warmup_feed(samples: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], max_batch: int,
+                shape_inputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], int]:
     """(the sample rows one warm-up run takes, its rows): up to ``max_batch`` rows of the
-    inputs with a symbolic batch; an input with a fixed dim 0 takes that many."""
-    rows = max(1, min((v.shape[0] for v in samples.values() if v.ndim), default=1))
+    inputs with a symbolic batch; an input with a fixed dim 0 takes that many; an integer
+    input that sets shapes (``shape_inputs``) is whole: its dim 0 is a length, not rows."""
+    rows = max(1, min((v.shape[0] for k, v in samples.items() if v.ndim and k not in shape_inputs), default=1))
     take = min(rows, max_batch)
     by_name = {spec.name: spec for spec in specs}
 
     def fit(name: str, v: np.ndarray) -> np.ndarray:
         spec = by_name.get(name)
-        if not v.ndim or spec is None or not spec.shape:
+        if not v.ndim or spec is None or not spec.shape or name in shape_inputs:
             return v
         return v[:take] if spec.shape[0] is None else v[:spec.shape[0]]
 

@@ -46,12 +46,14 @@ def check_written(outputs: Mapping[str, tuple[np.ndarray, int]], bucket_outputs:
 
 
 def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequence[tuple[TensorSpec, np.dtype]],
-                 *, name: str, max_batch: int, batch_safe: bool, where: str) -> int:
+                 *, name: str, max_batch: int, batch_safe: bool, where: str,
+                 shape_inputs: frozenset[str] = frozenset()) -> int:
     """Checks names, dtypes and shapes of ``inputs`` for the engine ``name``; returns the
     number of rows (batch) given. Raises :class:`InputError` naming the input, what was
     expected and what came. ``input_checks``: each input's spec and numpy dtype;
     ``batch_safe``: dim 0 is the batch of every input (up to ``max_batch`` rows, the
-    same in all of them)."""
+    same in all of them); ``shape_inputs``: integer inputs that set shapes, whose dim 0 is
+    a shape vector's length, never rows."""
     if not isinstance(inputs, Mapping):
         raise InputError(
             f"{where_prefix(where)}inputs of {name} must be a dict of name -> numpy array, got {type(inputs).__name__}",
@@ -88,7 +90,8 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
         shape = value.shape
         n = shape[0] if shape else 1
         ok_dims = len(shape) == len(spec.shape) and all(d is None or d == g for d, g in zip(spec.shape, shape))
-        ok_batch = not spec.shape or spec.shape[0] is not None or 1 <= n <= max_batch
+        ok_batch = (not spec.shape or spec.shape[0] is not None or spec.name in shape_inputs
+                    or 1 <= n <= max_batch)
         if not (ok_dims and ok_batch):
             want, got = spec.describe(max_batch if batch_safe else None), describe(value)
             fix = (
@@ -99,6 +102,8 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
                 f"{where_prefix(where)}input {spec.name!r} of {name} has shape {got}, expected {want}; {fix}",
                 model=name, input_name=spec.name, expected=want, given=got,
             )
+        if spec.name in shape_inputs:
+            continue
         if rows is None:
             rows = n
         elif n != rows and batch_safe:  # unbatched, each input has its own fixed dim 0

@@ -104,6 +104,7 @@ class Engine:
         self.name = name or label
         samples = None if sample_inputs is None else {k: np.asarray(v) for k, v in sample_inputs.items()}
         self._shape_inputs = shape_feeding_inputs(proto)
+        self._shape_input_set = frozenset(self._shape_inputs)
         cache_dir = cfg.cache_dir or default_cache_dir()
         chosen, providers = select_providers(
             cfg.provider, device_id=cfg.device_id, trt_cache_dir=os.path.join(cache_dir, "tensorrt")
@@ -145,16 +146,19 @@ class Engine:
         self.inputs, self.outputs = self._specs()
         # rows are read from the first input: one that has them, never a shape vector's length
         self.inputs = tuple(sorted(self.inputs, key=lambda s: s.name in self._shape_inputs))
-        self.any_shape = any(d is None for spec in self.inputs + self.outputs for d in spec.shape[1:])
-        """Symbolic dims besides the batch: no fixed buffers, runs at each request's shape ([Note: any shape])."""
+        self.any_shape = (any(d is None for spec in self.inputs + self.outputs for d in spec.shape[1:])
+                          or any(None in s.shape for s in self.inputs if s.name in self._shape_input_set))
+        """Symbolic dims besides the batch (a shape vector's length is one): no fixed buffers, runs at
+        each request's shape ([Note: any shape])."""
         self.batch_safe = self.artefact.batch_safe
         self.batch_reason = self.artefact.batch_reason
         if self.batch_safe:
             self.buckets = tuple(cfg.batch_buckets)
         else:
-            self.buckets = (_one_bucket(self.inputs),)
-            # Only a symbolic dim 0 is pinned: an input without a batch dim (a shape tensor) keeps its own.
-            self.inputs = tuple(pin_batch(s, self.buckets[0]) for s in self.inputs)
+            self.buckets = (_one_bucket([s for s in self.inputs if s.name not in self._shape_inputs]),)
+            # Only a symbolic dim 0 is pinned, never a shape vector's length (its values set sizes, not rows).
+            self.inputs = tuple(s if s.name in self._shape_inputs else pin_batch(s, self.buckets[0])
+                                for s in self.inputs)
             self.outputs = tuple(pin_batch(s, self.buckets[0]) for s in self.outputs)
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
@@ -228,7 +232,7 @@ class Engine:
         if not runs:
             return "skipped: warmup_runs is 0"
         if samples is not None:
-            feed, take = warmup_feed(samples, self.inputs, self.max_batch)
+            feed, take = warmup_feed(samples, self.inputs, self.max_batch, self._shape_inputs)
             try:
                 self.check(feed)
             except InputError as e:
@@ -297,7 +301,7 @@ class Engine:
 
     def _check(self, inputs: Any, where: str) -> int:
         return check_inputs(inputs, self._input_names, self._input_checks, name=self.name, max_batch=self.max_batch,
-                            batch_safe=self.batch_safe, where=where)
+                            batch_safe=self.batch_safe, where=where, shape_inputs=self._shape_input_set)
 
     def _bucket_for(self, rows: int) -> Bucket:
         for size in self.buckets:

@@ -131,3 +131,14 @@ def test_a_state_with_a_fixed_dim_0_does_not_set_the_batch_of_an_engine_unsafe_t
     rng = np.random.default_rng(2)
     feed = {"x": rng.standard_normal((1, 4)).astype(np.float32), "h": rng.standard_normal((2, 1, 4)).astype(np.float32)}
     np.testing.assert_allclose(engine.run(feed)["y"], _reference(model, feed), rtol=1e-5, atol=1e-6)
+
+
+def test_a_shape_vector_longer_than_the_bucket_is_neither_pinned_nor_cut_to_rows(config):
+    from tests.unit._shape_models import reshape_by_input
+
+    model = reshape_by_input()  # shape[k]: a length, not rows
+    samples = {"x": np.ones((1, 12), np.float32), "shape": np.array([1, 3, 4], np.int64)}
+    engine = Engine(model, config, sample_inputs=samples)
+    assert engine.warmed_up == "samples" and engine.max_batch == 1
+    feed = {"x": np.linspace(-1, 1, 12, dtype=np.float32)[None], "shape": np.array([1, 2, 2, 3], np.int64)}
+    np.testing.assert_allclose(engine.run(feed)["y"], _reference(model, feed), rtol=1e-5, atol=1e-6)
