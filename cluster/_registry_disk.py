@@ -521,7 +521,9 @@ class VersionFiles:
         except PartitionError as e:
             logger.warning("%s: ranks that ONNX inference lost are not recorded: %s", self.model_path, e)
             return splitter
-        return splitter if sized is splitter.graph else Splitter(splitter.model, with_recorded_ranks(splitter.graph, sized))
+        if sized is splitter.graph:
+            return splitter
+        return Splitter(splitter.model, with_recorded_ranks(splitter.graph, sized))
 
     def sized_graph(self) -> Any:
         """The splitter's layer graph with sizes from model.yaml's input_shapes and
