@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,7 +35,10 @@ from cluster.errors import Unavailable
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
 
-__all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory"]
+if TYPE_CHECKING:
+    from workers.actors import PoolConfig
+
+__all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory", "pool_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,14 +119,23 @@ def shutdown() -> None:
         ray.shutdown()
 
 
+def pool_config(config: ModelConfig, *, direct: bool = True, tcp_pickle: bool = False) -> PoolConfig:
+    """The ReplicaPool settings of one model version: its model.yaml plus the gateway's
+    transport choices (workers.PoolConfig.direct and .tcp_pickle)."""
+    from workers.actors import PoolConfig
+
+    return PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
+                      tcp_pickle=tcp_pickle, resources=dict(config.ray_resources))
+
+
 class RayPool:
     """One tail on a ReplicaPool of SegmentWorker actors (batching happens inside each actor)."""
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, *, provider: str = "auto",
-                 metrics: GatewayMetrics | None = None, direct: bool = True,
+                 metrics: GatewayMetrics | None = None, direct: bool = True, tcp_pickle: bool = False,
                  start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S,
                  sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
-        from workers.actors import DEFAULT_BATCHER_CONFIG, PoolConfig, ReplicaPool, SegmentSource
+        from workers.actors import DEFAULT_BATCHER_CONFIG, ReplicaPool, SegmentSource
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
 
@@ -137,8 +149,7 @@ class RayPool:
         source = model if sample_inputs is None else SegmentSource(model, dict(sample_inputs))
         self.pool = ReplicaPool(
             {self.segment_key: source},
-            config=PoolConfig(num_replicas=config.replicas, instances=config.instances, direct=direct,
-                              resources=dict(config.ray_resources)),
+            config=pool_config(config, direct=direct, tcp_pickle=tcp_pickle),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
                                        batch_buckets=bucket_sizes(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
@@ -188,7 +199,7 @@ class RayPool:
 class RayPoolFactory:
     """Pools of Ray actors; call `connect(address)` first."""
 
-    def __init__(self, *, provider: str = "auto", direct: bool = True,
+    def __init__(self, *, provider: str = "auto", direct: bool = True, tcp_pickle: bool = False,
                  start_timeout_s: float = DEFAULT_POOL_START_TIMEOUT_S) -> None:
         if not start_timeout_s > 0:
             raise ValueError(f"start_timeout_s={start_timeout_s!r} must be > 0; the default is "
@@ -198,10 +209,14 @@ class RayPoolFactory:
         self.direct = direct
         """Send requests to same-node workers over their direct channel
         (workers.PoolConfig.direct); off, every request is a plain Ray actor call."""
+        self.tcp_pickle = tcp_pickle
+        """Let the direct channel carry pickle frames over TCP (workers.PoolConfig.tcp_pickle);
+        only where nobody else can reach the cluster network."""
 
     def create(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
                *, sample_inputs: Mapping[str, np.ndarray] | None = None) -> RayPool:
         if not ray.is_initialized():
             raise Unavailable(reason="Ray is not connected; call cluster.ray_cluster.connect(address) first")
         return RayPool(key, tail_path, config, provider=self.provider, metrics=metrics, direct=self.direct,
+                       tcp_pickle=self.tcp_pickle,
                        start_timeout_s=self.start_timeout_s, sample_inputs=sample_inputs)

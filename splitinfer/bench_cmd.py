@@ -18,6 +18,8 @@ __all__ = ["BENCHMARKS", "bench_main"]
 # name -> (module, one-line help); each module has main(argv) -> int.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "e2e": ("bench.e2e", "end to end against edge-only, cloud-only, Neurosurgeon, DADS and a measured oracle"),
+    "wild": ("bench.wild", "real-weight models from PyPI wheels through inspect, split, profile, plan, INT8 "
+                           "and serving (pip install -e .[wild])"),
 }
 
 

@@ -55,6 +55,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-start-timeout-s", type=float, default=DEFAULT_POOL_START_TIMEOUT_S,
                    help="seconds a tail's Ray workers may take to be placed and load it before its requests get "
                         "UNAVAILABLE with what they asked for (default %(default)g)")
+    p.add_argument("--direct-tcp-pickle", action="store_true",
+                   help="let the direct channel to Ray workers on other nodes carry pickle frames over TCP "
+                        "(errors, objects, strided arrays go by it rather than by a plain Ray call); pickle runs "
+                        "whatever it reads and the channel's token travels in clear, so anyone who can reach the "
+                        "cluster network could run code in the gateway and workers: only with TLS between nodes "
+                        "or a network nobody else reaches (default off: tensors only)")
     p.add_argument("--version-policy", default="latest:1", help="latest[:N], all, or specific:V1,V2")
     p.add_argument("--policy-dir", default=None,
                    help="directory of <model>.policy.yaml (a mounted ConfigMap), polled and applied live")
@@ -84,6 +90,9 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if not a.pool_start_timeout_s > 0:
         p.error(f"--pool-start-timeout-s {a.pool_start_timeout_s} must be > 0; leave it out for "
                 f"{p.get_default('pool_start_timeout_s'):g} s, time for an autoscaler to add a node")
+    if a.direct_tcp_pickle and a.ray_address == LOCAL_NORAY:
+        p.error(f"--direct-tcp-pickle concerns the Ray workers' channel; --ray-address {LOCAL_NORAY} runs the "
+                "tails in this process: give a Ray address or leave the flag out")
     if not a.policy_poll_s > 0:
         p.error(f"--policy-poll-s {a.policy_poll_s} must be > 0; a few seconds suits a mounted ConfigMap")
 
@@ -93,10 +102,17 @@ def _pool_factory(a: argparse.Namespace):  # noqa: ANN202 - a PoolFactory
         from cluster.gateway import LocalPoolFactory
 
         return LocalPoolFactory(cache_dir=a.cache_dir, provider=a.provider)
-    from cluster.ray_cluster import RayPoolFactory, connect
+    from cluster.ray_cluster import connect
 
     connect(a.ray_address)
-    return RayPoolFactory(start_timeout_s=a.pool_start_timeout_s)
+    return ray_pool_factory(a)
+
+
+def ray_pool_factory(a: argparse.Namespace):  # noqa: ANN201 - a cluster.ray_cluster.RayPoolFactory
+    """The Ray pools the parsed flags `a` ask for (Ray not connected yet)."""
+    from cluster.ray_cluster import RayPoolFactory
+
+    return RayPoolFactory(start_timeout_s=a.pool_start_timeout_s, tcp_pickle=a.direct_tcp_pickle)
 
 
 def check_registry(path: str, *, allow_empty: bool) -> tuple[str | None, tuple[str, ...]]:

@@ -20,7 +20,7 @@ CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 _HEADING = re.compile(r"^(#{2,3}) splitinfer (.*)$")
 _WORD = re.compile(r"[a-z][a-z0-9-]*$")
 # `bench` dispatches to a benchmark module; its parsers are those of the benchmarks it lists.
-_BENCH_ARGV = {"e2e": ["e2e"]}
+_BENCH_ARGV = {"e2e": ["e2e"], "wild": ["wild"]}
 
 
 class _Captured(BaseException):
