@@ -47,8 +47,13 @@ def warmup_feed(samples: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], 
                 shape_inputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], int]:
     """(the sample rows one warm-up run takes, its rows): up to ``max_batch`` rows of the
     inputs with a symbolic batch; an input with a fixed dim 0 takes that many; an integer
-    input that sets shapes (``shape_inputs``) is whole: its dim 0 is a length, not rows."""
+    input that sets shapes (``shape_inputs``) is whole: its dim 0 is a length, not rows.
+
+    Beside such an input every sample is whole: its values hold the other inputs' sizes
+    (a head's outputs carry the batch it ran at), so rows cut from them would no longer fit."""
     rows = max(1, min((v.shape[0] for k, v in samples.items() if v.ndim and k not in shape_inputs), default=1))
+    if any(k in shape_inputs for k in samples):
+        return dict(samples), rows
     take = min(rows, max_batch)
     by_name = {spec.name: spec for spec in specs}
 
