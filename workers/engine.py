@@ -75,14 +75,21 @@ _MAX_CHECKED_ROUTES = 64
 """Routes whose check an engine keeps ([Note: routes checked once]); when full, it forgets them all."""
 
 
-def _one_bucket(inputs: Sequence[TensorSpec]) -> int:
-    """The one batch an engine that is not batch-safe runs at: 1 where an input has a symbolic
-    dim 0 (that symbol is the batch, pinned to 1), else the first input's fixed dim 0.
+def _one_bucket(inputs: Sequence[TensorSpec], samples: Mapping[str, np.ndarray] | None = None,
+                shape_inputs: Sequence[str] = ()) -> int:
+    """The one batch an engine that is not batch-safe runs at: where an input has a symbolic
+    dim 0 (that symbol is the batch), 1, or the samples' rows where an integer input that
+    sets shapes holds them (sizes written for that batch: a Reshape to (2, 6, 2) runs only
+    at 2 rows); else the first input's fixed dim 0.
 
     A fixed dim 0 beside a symbolic one is not the batch: a recurrent state ``h[2,N,4]`` keeps
     its layers on axis 0 while ``x[N,4]`` carries the batch.
     """
-    if any(s.shape and s.shape[0] is None for s in inputs):
+    batched = [s for s in inputs if s.shape and s.shape[0] is None]
+    if batched:
+        rows = {int(np.shape(samples[s.name])[0]) for s in batched if samples and np.ndim(samples.get(s.name, 0))}
+        if len(rows) == 1 and any(np.any(np.asarray(samples[k]) == min(rows)) for k in shape_inputs if k in samples):
+            return rows.pop()
         return 1
     return next((s.shape[0] for s in inputs if s.shape), 1) or 1
 
@@ -155,7 +162,8 @@ class Engine:
         if self.batch_safe:
             self.buckets = tuple(cfg.batch_buckets)
         else:
-            self.buckets = (_one_bucket([s for s in self.inputs if s.name not in self._shape_inputs]),)
+            self.buckets = (_one_bucket([s for s in self.inputs if s.name not in self._shape_inputs], samples,
+                                        self._shape_inputs),)
             # Only a symbolic dim 0 is pinned, never a shape vector's length (its values set sizes, not rows).
             self.inputs = tuple(s if s.name in self._shape_inputs else pin_batch(s, self.buckets[0])
                                 for s in self.inputs)

@@ -73,12 +73,7 @@ CASES = [
     Case("recurrent_state", SM.recurrent_state, lambda r: {"x": _f32(r, 1, 4), "h": _f32(r, 2, 1, 4)}),
     Case("nested", CF.nested_model, lambda r: {"x": _f32(r, 1, CF.D)}),
 ]
-_XFAIL: dict[str, str] = {
-    "reshape_int64_batch2": (
-        "gateway: tail L is not batch-safe, so it runs at one bucket of 1 row (Engine.__init__, _one_bucket); "
-        "the samples' 2 rows beside a shape input written for batch 2 cannot run at 1 row: its warm-up cuts x "
-        "to 1 row and ONNX Runtime's Reshape fails ({1,12} to {2,6,2})"),
-}
+_XFAIL: dict[str, str] = {}
 """Case name -> the cause of a step that fails for it (strict xfail: the case fails the
 suite the day it passes)."""
 

@@ -142,3 +142,13 @@ def test_a_shape_vector_longer_than_the_bucket_is_neither_pinned_nor_cut_to_rows
     assert engine.warmed_up == "samples" and engine.max_batch == 1
     feed = {"x": np.linspace(-1, 1, 12, dtype=np.float32)[None], "shape": np.array([1, 2, 2, 3], np.int64)}
     np.testing.assert_allclose(engine.run(feed)["y"], _reference(model, feed), rtol=1e-5, atol=1e-6)
+
+
+def test_an_engine_unsafe_to_batch_runs_at_the_samples_batch_that_its_shape_input_holds(config):
+    from tests.unit._shape_models import reshape_by_input
+
+    model = reshape_by_input()
+    samples = {"x": np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 12), "shape": np.array([2, 6, 2], np.int64)}
+    engine = Engine(model, config, sample_inputs=samples)
+    assert not engine.batch_safe and engine.buckets == (2,) and engine.warmed_up == "samples"
+    np.testing.assert_allclose(engine.run(samples)["y"], _reference(model, samples), rtol=1e-5, atol=1e-6)
