@@ -89,3 +89,35 @@ def test_model_that_breaks_when_batch_is_symbolic_is_served_as_given(tmp_path, c
     x = np.random.default_rng(1).standard_normal((1, 4, 6)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(eng.run({"x": x})["y"], ref, rtol=1e-6)
+
+
+def _tail_with_shape_vector() -> onnx.ModelProto:
+    """A tail whose boundary holds the batch size as an int32 vector ``n`` (what a head
+    computes with Shape and Slice): ``y = Reshape(h, concat(n, [2, 2]))``."""
+    nodes = [
+        helper.make_node("Cast", ["n"], ["n64"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["n64", "rest"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["h", "shape"], ["r"]),
+        helper.make_node("Relu", ["r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "shape_vector_tail",
+        [helper.make_tensor_value_info("n", TensorProto.INT32, [1]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 2])],
+        initializer=[numpy_helper.from_array(np.array([2, 2], np.int64), "rest")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_tail_with_a_shape_vector_warms_up_on_the_heads_outputs_as_they_are(tmp_path):
+    tail = _tail_with_shape_vector()
+    rng = np.random.default_rng(2)
+    h = rng.standard_normal((3, 4)).astype(np.float32)
+    samples = {"n": np.array([3], np.int32), "h": h}  # the head's outputs on a batch of 3
+    eng = Engine(tail, EngineConfig(cache_dir=str(tmp_path), provider="cpu"), sample_inputs=samples)
+    assert eng.warmed_up == "samples"
+    assert not eng.batch_safe and "n" in eng.batch_reason and "set shapes" in eng.batch_reason
+    x = rng.standard_normal((3, 4)).astype(np.float32)  # a request from the head at the samples' batch
+    out = eng.run({"n": np.array([3], np.int32), "h": x})["y"]
+    np.testing.assert_array_equal(out, np.maximum(x.reshape(3, 2, 2), 0))
