@@ -58,9 +58,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--direct-tcp-pickle", action="store_true",
                    help="let the direct channel to Ray workers on other nodes carry pickle frames over TCP "
                         "(errors, objects, strided arrays go by it rather than by a plain Ray call); pickle runs "
-                        "whatever it reads and the channel's token travels in clear, so anyone who can reach the "
-                        "cluster network could run code in the gateway and workers: only with TLS between nodes "
-                        "or a network nobody else reaches (default off: tensors only)")
+                        "whatever it reads, and the channel's token travels in clear with no TLS of its own (Ray's "
+                        "does not cover it), so anyone who can reach the cluster network could run code in the "
+                        "gateway and workers: only where nobody else reaches the network between nodes, or it is "
+                        "encrypted beneath (a WireGuard or IPsec mesh); default off: tensors only")
     p.add_argument("--version-policy", default="latest:1", help="latest[:N], all, or specific:V1,V2")
     p.add_argument("--policy-dir", default=None,
                    help="directory of <model>.policy.yaml (a mounted ConfigMap), polled and applied live")
