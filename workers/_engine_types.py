@@ -34,8 +34,10 @@ class EngineConfig:
     """Threads inside one operator; 0 lets ORT use one per physical core."""
     inter_op_threads: int = 1
     """Threads running independent operators in parallel; 1 runs them in order."""
-    provider: Literal["auto", "cpu", "cuda", "tensorrt"] = "auto"
-    """Execution provider; ``auto`` takes TensorRT, then CUDA, where ORT has them, else CPU."""
+    provider: Literal["auto", "cpu", "cuda", "tensorrt", "torch-cuda", "torch-cpu"] = "auto"
+    """Execution provider; ``auto`` takes TensorRT, then CUDA, where ORT has them, then
+    ``torch-cuda`` (the segment converted to PyTorch, workers/_torch_engine.py) where torch
+    sees a GPU, else CPU. ``torch-cpu`` is that backend on the CPU, for tests."""
     device_id: int = 0
     """GPU ordinal for the CUDA and TensorRT providers."""
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
@@ -75,8 +77,8 @@ class EngineConfig:
             raise bad("intra_op_threads", self.intra_op_threads, "use 0 (ORT default) or a positive count")
         if self.inter_op_threads < 1:
             raise bad("inter_op_threads", self.inter_op_threads, "use 1 or more")
-        if self.provider not in ("auto", "cpu", "cuda", "tensorrt"):
-            raise bad("provider", self.provider, "use auto, cpu, cuda or tensorrt")
+        if self.provider not in ("auto", "cpu", "cuda", "tensorrt", "torch-cuda", "torch-cpu"):
+            raise bad("provider", self.provider, "use auto, cpu, cuda or tensorrt (onnxruntime), or torch-cuda or torch-cpu (PyTorch)")
         if self.graph_optimization_level not in OPT_LEVELS:
             raise bad("graph_optimization_level", self.graph_optimization_level, f"use one of {', '.join(OPT_LEVELS)}")
         buckets = tuple(self.batch_buckets)

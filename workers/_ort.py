@@ -27,6 +27,7 @@ __all__ = [
     "resident_bytes",
     "select_providers",
     "tensor_np_dtype",
+    "wants_torch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,36 @@ def select_providers(preference: str, *, device_id: int = 0, trt_cache_dir: str 
         providers.append((PROVIDER_NAMES["cuda"], {"device_id": device_id}))
     providers.append(PROVIDER_NAMES["cpu"])
     return chosen, providers
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_cuda_usable() -> bool:
+    """True where torch and onnx2torch import and torch sees a CUDA device (checked once)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("onnx2torch") is None:
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken torch install is no GPU
+        logger.debug("torch does not import; auto stays on onnxruntime", exc_info=True)
+        return False
+
+
+def wants_torch(preference: str) -> bool:
+    """True where a segment runs on the PyTorch backend (workers/_torch_engine.py):
+    ``torch-cuda`` and ``torch-cpu`` always; ``auto`` where onnxruntime has no CUDA or
+    TensorRT provider but torch sees a GPU."""
+    if preference in ("torch-cuda", "torch-cpu"):
+        return True
+    if preference != "auto":
+        return False
+    available = set(ort.get_available_providers())
+    if PROVIDER_NAMES["cuda"] in available or PROVIDER_NAMES["tensorrt"] in available:
+        return False
+    return _torch_cuda_usable()
 
 
 def make_session_options(

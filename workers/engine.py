@@ -42,6 +42,7 @@ default artefact directory are in workers/_model_file.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -59,7 +60,7 @@ from workers._bucket import Bucket, PreparedRun, address_of, pin_batch
 from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, PlacedInputs, TensorSpec
 from workers._input_check import check_inputs, check_written, describe, where_prefix
 from workers._model_file import default_cache_dir, read_model
-from workers._ort import make_session_options, np_dtype_of_ort, select_providers
+from workers._ort import make_session_options, np_dtype_of_ort, select_providers, wants_torch
 from workers._weights import SharedWeights, acquire_weights
 from workers.coldstart import Artefact, compute_artefact_key, digest_samples, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
@@ -102,6 +103,17 @@ class Engine:
     ``sample_inputs``: real inputs of the segment, by name; warm-up and the batch check
     run on them ([Note: any shape]).
     """
+
+    def __new__(cls, model=None, config: EngineConfig | None = None, **kwargs):
+        # provider torch-cuda (or auto on a GPU host without onnxruntime-gpu): the PyTorch
+        # backend, behind this same interface (workers/_torch_engine.py)
+        if cls is Engine and config is not None and wants_torch(config.provider):
+            from workers._torch_engine import TorchEngine
+
+            if config.provider == "auto":
+                config = dataclasses.replace(config, provider="torch-cuda")
+            return TorchEngine(model, config, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, model, config: EngineConfig | None = None, *, name: str | None = None,
                  sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:

@@ -1,0 +1,132 @@
+"""The PyTorch backend (workers/_torch_engine.py) on the CPU: conversion, equality with
+ONNX Runtime, FP16's tolerance, the missing-op error, and the Engine interface through
+the batcher. Skips, with the reason, where torch or onnx2torch is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from tests.unit._engine_models import make_small_cnn, make_transformer_block
+from workers._ort import wants_torch
+from workers.batcher import Batcher, BatcherConfig
+from workers.engine import Engine, EngineConfig
+from workers.errors import EngineLoadError
+
+from workers._torch_engine import torch_available
+
+torch_missing = torch_available()
+
+needs_torch = pytest.mark.skipif(torch_missing is not None, reason=torch_missing or "")
+
+CPU = EngineConfig(provider="torch-cpu", batch_buckets=(1, 2, 4, 8))
+
+
+def _reference(model, feed):
+    """ONNX Runtime's outputs, row by row (the test models have a fixed batch of 1)."""
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rows = next(iter(feed.values())).shape[0]
+    runs = [sess.run(None, {k: v[i:i + 1] for k, v in feed.items()}) for i in range(rows)]
+    return [np.concatenate(outs) for outs in zip(*runs)]
+
+
+def _x(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 3, 8, 8)).astype(np.float32)
+
+
+def test_torch_providers_are_config_values_and_route_to_torch():
+    assert EngineConfig(provider="torch-cuda").provider == "torch-cuda"
+    assert wants_torch("torch-cpu") and wants_torch("torch-cuda")
+    assert not wants_torch("cpu") and not wants_torch("cuda")
+    with pytest.raises(EngineLoadError, match="torch-cuda or torch-cpu"):
+        EngineConfig(provider="torch")
+
+
+@needs_torch
+def test_engine_with_torch_provider_is_the_torch_backend_and_equals_ort():
+    model = make_small_cnn()
+    eng = Engine(model, CPU)
+    assert type(eng).__name__ == "TorchEngine" and eng.provider == "torch-cpu"
+    assert eng.batch_safe and eng.max_batch == 8 and eng.verify_error <= 1e-3
+    x = _x(3, 4)
+    np.testing.assert_allclose(eng.run({"x": x})["y"], _reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    outs = eng.run_batch([{"x": _x(1, i)} for i in range(5)])
+    for i, out in enumerate(outs):
+        np.testing.assert_allclose(out["y"], _reference(model, {"x": _x(1, i)})[0], rtol=1e-4, atol=1e-5)
+    assert eng.stats().run_count >= 1 and eng.stats().provider == "torch-cpu"
+
+
+@needs_torch
+def test_transformer_block_equals_ort():
+    block = make_transformer_block()
+    eng = Engine(block, CPU)
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32),
+            "mask": np.ones((2, 8), np.int64)}
+    np.testing.assert_allclose(eng.run(feed)["y"], _reference(block, feed)[0], rtol=1e-3, atol=1e-4)
+
+
+@needs_torch
+def test_fp16_is_within_its_tolerance():
+    from workers._torch_engine import TOLERANCE, TorchEngine, relative_error
+
+    model = make_small_cnn()
+    eng = TorchEngine(model, CPU, precision="fp16")
+    x = _x(2, 9)
+    got = eng.run({"x": x})["y"]
+    assert got.dtype == np.float32
+    err = relative_error(got, _reference(model, {"x": x})[0])
+    assert 0 < err <= TOLERANCE["fp16"]
+
+
+@needs_torch
+def test_missing_op_names_the_op_and_the_fallback():
+    node = helper.make_node("DFT", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(EngineLoadError, match=r"no converter for op DFT.*provider='cpu'"):
+        Engine(model, CPU)
+
+
+@needs_torch
+def test_weights_are_shared_between_engines_of_one_model():
+    model = make_small_cnn(seed=3)
+    a, b = Engine(model, CPU), Engine(model, CPU)
+    assert a.module is b.module and a.shared_weight_bytes() > 0
+    c = Engine(model, EngineConfig(provider="torch-cpu", share_weights=False))
+    assert c.module is not a.module and c.shared_weight_bytes() == 0
+
+
+@needs_torch
+def test_through_the_batcher():
+    model = make_small_cnn(seed=5)
+    eng = Engine(model, CPU)
+
+    async def main():
+        batcher = Batcher(eng.run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=5))
+        xs = [_x(1, 100 + i) for i in range(12)]
+        outs = await asyncio.gather(*(batcher.submit({"x": x}) for x in xs))
+        await batcher.close()
+        return xs, outs
+
+    xs, outs = asyncio.run(main())
+    for x, out in zip(xs, outs):
+        np.testing.assert_allclose(out["y"], _reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert eng.stats().run_count < 12  # batches formed
+
+
+@needs_torch
+def test_zoo_tail_equals_ort():
+    import partitioner
+
+    model = partitioner.load_zoo("squeezenet", random_weights=True)
+    graph = partitioner.build_graph(model)
+    _, tail = partitioner.split(model, partitioner.prefix_cut(graph, 28), graph=graph)
+    eng = Engine(tail.model, EngineConfig(provider="torch-cpu", batch_buckets=(1, 2)))
+    feed = eng.random_inputs(1, seed=3)
+    for got, want in zip(eng.run(feed).values(), _reference(tail.model, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
