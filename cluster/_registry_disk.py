@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from cluster._registry_frontier import compute_frontier
+from cluster._registry_frontier import FRONTIER_SCHEMA, CutEntry, VersionFrontier, compute_frontier
 from cluster._registry_inputs import make_shaped_inputs, parse_input_shapes, read_sample_inputs
 from cluster.errors import ClusterError
 
@@ -49,7 +49,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FRONTIER_SCHEMA = "splitinfer.registry-frontier/1"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -315,57 +314,6 @@ def set_model_yaml(path: str, **fields: int | float | str) -> ModelConfig:
         os.unlink(tmp)
         raise
     return config
-
-
-@dataclass(frozen=True)
-class CutEntry:
-    """One preloaded cut of a version."""
-
-    cut_id: str
-    """`partitioner.Cut.key`: the cut id on the wire."""
-    edge_layers: tuple[int, ...]
-    """Layers the device runs."""
-    boundary: tuple[str, ...]
-    """Tensors the device sends (the tail's inputs)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cut_id": self.cut_id, "edge_layers": list(self.edge_layers), "boundary": list(self.boundary)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CutEntry:
-        return cls(str(d["cut_id"]), tuple(int(x) for x in d["edge_layers"]), tuple(d["boundary"]))
-
-
-@dataclass(frozen=True)
-class VersionFrontier:
-    """frontier.json: the cuts whose tails are preloaded, and the planner frontier if any."""
-
-    source: str
-    """'planner' (computed from profiles/) or 'default' (chain points)."""
-    cuts: tuple[CutEntry, ...]
-    """The cuts to preload, device-light first."""
-    planner: Mapping[str, Any] | None = None
-    """`planner.Frontier.to_dict()` when source is 'planner', for edge agents."""
-    min_agreement: float | None = None
-    """The accuracy budget the planner frontier keeps to (model.yaml's), for edge agents."""
-
-    def to_json(self) -> str:
-        return json.dumps({"schema": FRONTIER_SCHEMA, "source": self.source,
-                           "cuts": [c.to_dict() for c in self.cuts], "planner": self.planner}
-                          | ({} if self.min_agreement is None else {"min_agreement": self.min_agreement}),
-                          sort_keys=True, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> VersionFrontier:
-        d = json.loads(text)
-        if d.get("schema") != FRONTIER_SCHEMA:
-            raise ValueError(f"schema {d.get('schema')!r} is not {FRONTIER_SCHEMA!r}")
-        return cls(d["source"], tuple(CutEntry.from_dict(c) for c in d["cuts"]), d.get("planner"),
-                   d.get("min_agreement"))
-
-    @property
-    def cut_ids(self) -> tuple[str, ...]:
-        return tuple(c.cut_id for c in self.cuts)
 
 
 class VersionFiles:

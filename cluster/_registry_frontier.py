@@ -1,20 +1,70 @@
 """The registry's frontier of one version: the cuts whose tails are preloaded, and the
-planner frontier edge agents get (`compute_frontier`; frontier.json is `VersionFrontier`
-in cluster/_registry_disk.py)."""
+planner frontier edge agents get (`compute_frontier`; frontier.json is `VersionFrontier`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    from cluster._registry_disk import CutEntry, VersionFrontier
+__all__ = ["FRONTIER_SCHEMA", "CutEntry", "VersionFrontier", "compute_frontier"]
 
-__all__ = ["compute_frontier"]
+FRONTIER_SCHEMA = "splitinfer.registry-frontier/1"
+
+
+@dataclass(frozen=True)
+class CutEntry:
+    """One preloaded cut of a version."""
+
+    cut_id: str
+    """`partitioner.Cut.key`: the cut id on the wire."""
+    edge_layers: tuple[int, ...]
+    """Layers the device runs."""
+    boundary: tuple[str, ...]
+    """Tensors the device sends (the tail's inputs)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cut_id": self.cut_id, "edge_layers": list(self.edge_layers), "boundary": list(self.boundary)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CutEntry:
+        return cls(str(d["cut_id"]), tuple(int(x) for x in d["edge_layers"]), tuple(d["boundary"]))
+
+
+@dataclass(frozen=True)
+class VersionFrontier:
+    """frontier.json: the cuts whose tails are preloaded, and the planner frontier if any."""
+
+    source: str
+    """'planner' (computed from profiles/) or 'default' (chain points)."""
+    cuts: tuple[CutEntry, ...]
+    """The cuts to preload, device-light first."""
+    planner: Mapping[str, Any] | None = None
+    """`planner.Frontier.to_dict()` when source is 'planner', for edge agents."""
+    min_agreement: float | None = None
+    """The accuracy budget the planner frontier keeps to (model.yaml's), for edge agents."""
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": FRONTIER_SCHEMA, "source": self.source,
+                           "cuts": [c.to_dict() for c in self.cuts], "planner": self.planner}
+                          | ({} if self.min_agreement is None else {"min_agreement": self.min_agreement}),
+                          sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> VersionFrontier:
+        d = json.loads(text)
+        if d.get("schema") != FRONTIER_SCHEMA:
+            raise ValueError(f"schema {d.get('schema')!r} is not {FRONTIER_SCHEMA!r}")
+        return cls(d["source"], tuple(CutEntry.from_dict(c) for c in d["cuts"]), d.get("planner"),
+                   d.get("min_agreement"))
+
+    @property
+    def cut_ids(self) -> tuple[str, ...]:
+        return tuple(c.cut_id for c in self.cuts)
 
 
 def _entry(graph: Any, cut: Any) -> Any:
-    from cluster._registry_disk import CutEntry
     from partitioner import boundary
 
     return CutEntry(cut.key, tuple(sorted(cut.device)), tuple(boundary(graph, cut)))
@@ -30,7 +80,6 @@ def compute_frontier(graph: Any, config: Any, profiles: Mapping[str, str], *,
     are placed where their measured agreement meets it, so the tails their plans need
     are preloaded too. Pure: no I/O.
     """
-    from cluster._registry_disk import VersionFrontier  # at call time: that module imports this one
     from partitioner import Cut, chain_points, prefix_cut
 
     if config.device_profile in profiles and config.cloud_profile in profiles:
