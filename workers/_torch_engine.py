@@ -219,9 +219,10 @@ def convert_model(proto: onnx.ModelProto, name: str):
     except NotImplementedError as e:
         op = re.search(r"operation_type='([^']+)'", str(e))
         version = re.search(r"version=(\d+)", str(e))
-        what = f"op {op.group(1)}" + (f" (opset {version.group(1)})" if version else "") if op else str(e)
+        what = (f"has no converter for op {op.group(1)}" + (f" (opset {version.group(1)})" if version else "")
+                if op else f"cannot convert it: {str(e).strip().rstrip('.')}")
         raise EngineLoadError(
-            f"{name}: onnx2torch has no converter for {what}; serve this segment on onnxruntime "
+            f"{name}: onnx2torch {what}; serve this segment on onnxruntime "
             "instead: provider='cpu' (or 'cuda'/'tensorrt' where onnxruntime-gpu loads)",
             model=name, detail=str(e), stage="convert") from e
     except Exception as e:  # noqa: BLE001 - a converter's own failure, whatever its type
@@ -482,8 +483,9 @@ class TorchEngine:
                 if self.cuda_graphs:
                     bucket = next(b for b in self.buckets if b >= rows)
                     graph, static, outs = self._graph_for(bucket)
-                    for s in self.inputs:
-                        static[s.name][:rows].copy_(self._to_device(inputs[s.name]))
+                    with self._torch.inference_mode():
+                        for s in self.inputs:
+                            static[s.name][:rows].copy_(self._to_device(inputs[s.name]))
                     graph.replay()
                     result = {s.name: self._to_host(o[:rows], s) for o, s in zip(outs, self.outputs)}
                 else:
