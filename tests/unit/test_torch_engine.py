@@ -46,6 +46,20 @@ def test_torch_providers_are_config_values_and_route_to_torch():
         EngineConfig(provider="torch")
 
 
+def test_auto_stays_on_onnxruntime_without_a_gpu():
+    import importlib.util
+
+    gpu_ort = {"CUDAExecutionProvider", "TensorrtExecutionProvider"} & set(ort.get_available_providers())
+    torch_gpu = False
+    if torch_missing is None:
+        import torch
+
+        torch_gpu = torch.cuda.is_available()
+    assert wants_torch("auto") == (not gpu_ort and torch_gpu and importlib.util.find_spec("onnx2torch") is not None)
+    if not wants_torch("auto"):
+        assert type(Engine(make_small_cnn(), EngineConfig(provider="auto"))).__name__ == "Engine"
+
+
 @needs_torch
 def test_engine_with_torch_provider_is_the_torch_backend_and_equals_ort():
     model = make_small_cnn()
