@@ -382,6 +382,25 @@ def environment(provider: str) -> dict:
     return env
 
 
+def _step(fn) -> dict:
+    """``fn()``, or its failure as ``{"failed": ...}`` (printed too)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - any failure of one step is a finding to keep
+        print(f"step failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}", file=sys.stderr)
+        return {"failed": f"{type(e).__name__}: {e}"}
+
+
+def _graphs_raw(tail, provider: str, buckets, batches, seconds: float) -> dict:
+    t = time.perf_counter()
+    eng = make_engine(tail, provider, buckets=buckets, cuda_graphs=True, share=False)
+    load_ms = (time.perf_counter() - t) * 1e3
+    out = {"load_ms": load_ms, "warmup_ms": eng.stats().warmup_ms,
+           "points": [time_raw(eng, b, seconds, provider) for b in batches]}
+    eng.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="everything on the CPU with tiny tails; not a result")
@@ -433,37 +452,47 @@ def main(argv: list[str] | None = None) -> int:
                                   "points": [time_raw(eng, b, seconds, provider) for b in batches]}
                 eng.close()
             if provider == "torch-cuda":
-                eng = make_engine(tail, provider, buckets=buckets, cuda_graphs=True, share=False)
-                raw["fp32_cuda_graphs"] = {"warmup_ms": eng.stats().warmup_ms,
-                                           "points": [time_raw(eng, b, seconds, provider) for b in batches]}
-                eng.close()
+                raw["fp32_cuda_graphs"] = _step(lambda: _graphs_raw(tail, provider, buckets, batches, seconds))
             result["raw"][name] = raw
             sub = os.path.join(cache_dir, name)
             os.makedirs(sub, exist_ok=True)
-            srv = served(tail, provider, concurrency, seconds, max_batch, sub)
+            srv = _step(lambda: served(tail, provider, concurrency, seconds, max_batch, sub))
             result["served"][name] = srv
-            result["memory"][name] = memory_and_cold(tail, provider, buckets)
-            result["cost_model"][name] = cost_model(name, models[name], provider, seconds / 2, cuts=3 if dry else 4)
+            # a step that fails is recorded, not fatal: the device time of the others is kept
+            result["memory"][name] = _step(lambda: memory_and_cold(tail, provider, buckets))
+            result["cost_model"][name] = _step(lambda: cost_model(name, models[name], provider, seconds / 2,
+                                                                  cuts=3 if dry else 4))
             c_mid = concurrency[1]
-            srv["ours_c32_over_raw_cuda_batched"] = srv["ours"][c_mid]["items_per_s"] / srv["raw_batched"]["items_per_s"]
-            srv["added_p50_ms"] = srv["ours"][1]["p50_ms"] - srv["raw_batch1"]["p50_ms"]
-            srv["ours_over_serve_gpu"] = srv["ours"][c_mid]["items_per_s"] / srv["serve_batch_peer"][c_mid]["items_per_s"]
-            print(f"{name}: c{c_mid} ours/raw {srv['ours_c32_over_raw_cuda_batched']:.2f}, added p50 "
-                  f"{srv['added_p50_ms']:.3f} ms, ours/peer {srv['ours_over_serve_gpu']:.2f}, cost model median error "
-                  f"{result['cost_model'][name]['median_abs_error']}, {time.perf_counter() - t_model:.0f} s", flush=True)
+            if "failed" not in srv:
+                srv["ours_c32_over_raw_cuda_batched"] = (srv["ours"][c_mid]["items_per_s"]
+                                                         / srv["raw_batched"]["items_per_s"])
+                srv["added_p50_ms"] = srv["ours"][1]["p50_ms"] - srv["raw_batch1"]["p50_ms"]
+                srv["ours_over_serve_gpu"] = (srv["ours"][c_mid]["items_per_s"]
+                                              / srv["serve_batch_peer"][c_mid]["items_per_s"])
+                print(f"{name}: c{c_mid} ours/raw {srv['ours_c32_over_raw_cuda_batched']:.2f}, added p50 "
+                      f"{srv['added_p50_ms']:.3f} ms, ours/peer {srv['ours_over_serve_gpu']:.2f}, cost model median "
+                      f"error {result['cost_model'][name].get('median_abs_error')}, "
+                      f"{time.perf_counter() - t_model:.0f} s", flush=True)
+            _write(result, out, t_all, final=False)  # what a run stopped at its limit still leaves
+    _write(result, out, t_all, final=True)
+    print(f"wrote {out} in {result['wall_s']:.0f} s")
+    return 0
+
+
+def _write(result: dict, out: str, t_all: float, *, final: bool) -> None:
     keys = ("ours_c32_over_raw_cuda_batched", "added_p50_ms", "ours_over_serve_gpu")
-    result["keys"] = {k: {n: result["served"][n][k] for n in result["served"]} for k in keys}
-    errors = [c["median_abs_error"] for c in result["cost_model"].values() if c["median_abs_error"] is not None]
+    result["keys"] = {k: {n: s[k] for n, s in result["served"].items() if k in s} for k in keys}
+    errors = [c["median_abs_error"] for c in result["cost_model"].values() if c.get("median_abs_error") is not None]
     result["cost_model_median_abs_error"] = statistics.median(errors) if errors else None
     result["not_measured"] = ["Ray Serve itself (no Ray on the GPU host: the peer is ServeBatchPeer)",
                               "onnxruntime-gpu (its CUDA 12 wheel does not match the host's CUDA 13)"]
+    result["complete"] = final
     result["wall_s"] = time.perf_counter() - t_all
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1, sort_keys=True, default=str)
-    _plot(result, os.path.splitext(out)[0] + ".png")
-    print(f"wrote {out} in {result['wall_s']:.0f} s")
-    return 0
+    if final:
+        _plot(result, os.path.splitext(out)[0] + ".png")
 
 
 def _plot(result: dict, path: str) -> None:
@@ -478,8 +507,10 @@ def _plot(result: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, raw in result["raw"].items():
         pts = raw.get("fp32", {}).get("points", [])
+        srv = result["served"].get(name, {})
+        if "ours" not in srv:
+            continue
         axes[0].plot([p["batch"] for p in pts], [p["items_per_s"] for p in pts], marker="o", label=f"{name} raw fp32")
-        srv = result["served"][name]
         cs = sorted(srv["ours"], key=int)
         axes[1].plot(cs, [srv["ours"][c]["items_per_s"] for c in cs], marker="o", label=f"{name} ours")
         axes[1].plot(cs, [srv["serve_batch_peer"][c]["items_per_s"] for c in cs], marker="x", ls="--",

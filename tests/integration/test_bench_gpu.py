@@ -17,7 +17,7 @@ def test_dry_run_writes_every_key(tmp_path):
     out = tmp_path / "gpu.json"
     assert gpu.main(["--dry-run", "--models", "transformer", "--seconds", "0.05", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["dry_run"] is True and result["environment"]["backend"] in ("torch-cpu", "cpu")
+    assert result["complete"] is True and result["dry_run"] is True and result["environment"]["backend"] in ("torch-cpu", "cpu")
     for key in ("ours_c32_over_raw_cuda_batched", "added_p50_ms", "ours_over_serve_gpu"):
         assert np.isfinite(result["keys"][key]["transformer"])
     served = result["served"]["transformer"]
