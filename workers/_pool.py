@@ -55,12 +55,12 @@ def make_segment_key(model: str, version: str | int, cut: str | int) -> str:
 
 
 def num_gpus_for(config: EngineConfig) -> float:
-    """GPUs to ask Ray for: one for the CUDA and TensorRT providers, none for CPU.
+    """GPUs to ask Ray for: one for the CUDA, TensorRT and torch-cuda providers, none for CPU.
 
     ``auto`` asks for none: it takes a GPU only when the actor happens to land on one,
     and asking would make the actor unschedulable on CPU-only clusters.
     """
-    return 1.0 if config.provider in ("cuda", "tensorrt") else 0.0
+    return 1.0 if config.provider in ("cuda", "tensorrt", "torch-cuda") else 0.0
 
 
 def to_monotonic_deadline(

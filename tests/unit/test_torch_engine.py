@@ -46,6 +46,13 @@ def test_torch_providers_are_config_values_and_route_to_torch():
         EngineConfig(provider="torch")
 
 
+def test_a_torch_cuda_worker_asks_ray_for_a_gpu():
+    from workers._pool import num_gpus_for
+
+    assert num_gpus_for(EngineConfig(provider="torch-cuda")) == 1.0
+    assert num_gpus_for(EngineConfig(provider="torch-cpu")) == 0.0
+
+
 def test_auto_stays_on_onnxruntime_without_a_gpu():
     import importlib.util
 
