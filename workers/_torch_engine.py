@@ -52,7 +52,7 @@ import onnx
 import onnxruntime as ort
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-from workers._engine_types import EngineConfig, EngineStats, TensorSpec
+from workers._engine_types import EngineConfig, EngineStats, Place, TensorSpec
 from workers._input_check import check_inputs
 from workers._model_file import read_model
 from workers._ort import tensor_np_dtype
@@ -472,11 +472,15 @@ class TorchEngine:
         self._latency_ms[self._run_count % _LATENCY_WINDOW] = (time.perf_counter() - t) * 1e3
         self._run_count += 1
 
-    def run(self, inputs: Mapping[str, np.ndarray], *, copy: bool = False, where: str = "") -> dict[str, np.ndarray]:
-        """One run; returns fresh host arrays by output name (``copy`` is accepted for the interface)."""
+    def run(self, inputs: Mapping[str, np.ndarray], *, copy: bool = False, place: Place | None = None,
+            rows: int | None = None, where: str = "") -> dict[str, np.ndarray]:
+        """One run; returns fresh host arrays by output name (so ``copy`` changes nothing).
+        ``place`` and ``rows`` as for :meth:`workers.engine.Engine.run`: each output is
+        copied where ``place`` puts it, and ``rows`` is the count an earlier check gave."""
         if self.module is None:
             raise EngineRunError(f"engine {self.name} is closed; create a new Engine", model=self.name)
-        rows = self.check(inputs, where)
+        if rows is None:
+            rows = self.check(inputs, where)
         with self._lock:
             t = time.perf_counter()
             try:
@@ -494,6 +498,12 @@ class TorchEngine:
                 raise EngineRunError(f"{self.name}: torch run failed: {str(e).splitlines()[0][:300]}",
                                      model=self.name, detail=str(e)) from e
             self._record(t)
+        if place is not None:
+            for k, v in result.items():
+                spot = place(v)
+                if spot is not None:
+                    np.copyto(spot[0], v)
+                    result[k] = spot[0]
         return result
 
     def prepare(self, inputs: Mapping[str, np.ndarray]) -> None:

@@ -82,6 +82,15 @@ def test_engine_with_torch_provider_is_the_torch_backend_and_equals_ort():
 
 
 @needs_torch
+def test_outputs_are_written_where_place_puts_them():
+    eng = Engine(make_small_cnn(seed=8), CPU)
+    x = _x(2, 1)
+    target = np.zeros((2, eng.outputs[0].shape[1]), np.float32)
+    out = eng.run({"x": x}, place=lambda buf: (target, target.ctypes.data), rows=2)
+    assert out["y"] is target and np.array_equal(target, eng.run({"x": x})["y"])
+
+
+@needs_torch
 def test_transformer_block_equals_ort():
     block = make_transformer_block()
     eng = Engine(block, CPU)
