@@ -284,7 +284,10 @@ def memory_and_cold(tail, provider: str, buckets) -> dict:
         return out
     import torch
 
+    from workers._torch_engine import forget_shared_modules
+
     for share in (True, False):
+        forget_shared_modules()  # the pool's engine shared its module: count one copy here
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()
         engines = [make_engine(tail, provider, buckets=buckets, share=share) for _ in range(4)]
@@ -367,6 +370,9 @@ def environment(provider: str) -> dict:
         env["torch"] = torch.__version__
         env["cuda"] = torch.version.cuda
         if provider == "torch-cuda":
+            t = time.perf_counter()
+            torch.ones(1, device="cuda").sum().item()
+            env["cuda_init_ms"] = (time.perf_counter() - t) * 1e3
             env["device"] = torch.cuda.get_device_name(0)
             props = torch.cuda.get_device_properties(0)
             env["gpu_memory_bytes"] = props.total_memory

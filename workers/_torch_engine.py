@@ -58,7 +58,7 @@ from workers._model_file import read_model
 from workers._ort import tensor_np_dtype
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError
 
-__all__ = ["TOLERANCE", "TorchEngine", "convert_model", "relative_error", "torch_available"]
+__all__ = ["TOLERANCE", "TorchEngine", "convert_model", "forget_shared_modules", "relative_error", "torch_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,13 @@ def torch_available() -> str | None:
     except ImportError as e:
         return f"{e.name or e} is not installed; pip install 'splitinfer[gpu]' (torch and onnx2torch)"
     return None
+
+
+def forget_shared_modules() -> None:
+    """Drop this process's shared modules ([Note: weights shared on the device]); engines
+    holding one keep it, later engines convert afresh."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
