@@ -73,8 +73,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default=None, help="PEM server certificate")
     p.add_argument("--tls-key", default=None, help="PEM server private key")
     p.add_argument("--tls-client-ca", default=None, help="PEM CA of client certificates (turns on mutual TLS)")
-    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda", "tensorrt"),
-                   help="ONNX Runtime provider of the in-process pools")
+    p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda", "tensorrt", "torch-cuda"),
+                   help="engine provider of the in-process pools: ONNX Runtime's, or torch-cuda (tails converted "
+                        "to PyTorch on CUDA; needs splitinfer[gpu])")
     p.add_argument("--log-level", default=os.environ.get("SPLITINFER_LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", default="json", choices=("json", "text"))
     return p
