@@ -21,7 +21,7 @@ frame rate (an option loading it past 0.9 is out).
 [Note: fleet fixed point]
 A device adds the cloud's wait to every remote option and picks as the policy does:
 an option that meets the SLO beats one that misses it, then the fastest. The cloud's
-wait in turn depends on who offloads ([Note: batch queue] in planner/_queueing.py). The
+wait in turn depends on who offloads ([Note: batch queue] in planner/queueing.py). The
 plan is the fixed point W = F(W), where W is the cloud's delay beyond a plan's idle,
 batch-1 figure (the wait for a worker, the batch's fill, and the longer run of a larger
 batch, averaged over requests), and F(W) is that delay when every group chooses at W.
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from partitioner import Cut, LayerGraph
-from planner._queueing import QueueState, batch_queue, run_ms_table
+from planner.queueing import QueueState, batch_queue, run_ms_table
 from planner.costmodel import evaluate
 from planner.errors import PlannerError
 from planner.fleet_result import ClassPlan, CloudPlan, FixedPoint, FleetPlan, ModelPlan, OptionShare, PoolPlan

@@ -18,7 +18,7 @@ planner's frontier and cost model, as on a device. What is modelled:
   starts once the head is done plus max(SLO - head - tail, 0.3 SLO) if nothing came back;
   the first result wins, the other is dropped. The hedge is not modelled.
 * the cloud: c workers shared by every model@cut pool, each running one batch at a time
-  for T_pool(b) ms (`planner._queueing.run_ms_table`'s curve, as the planner uses;
+  for T_pool(b) ms (`planner.queueing.run_ms_table`'s curve, as the planner uses;
   ``service='exponential'`` draws it exponential with that mean instead). The batcher
   waits ``batch_timeout_ms`` for company while a worker is free, takes up to
   ``max_batch`` when one frees, oldest pool first, and leaves out a request that cannot

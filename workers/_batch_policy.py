@@ -32,7 +32,7 @@ is 0 most of the time, and a device that sends one frame every few seconds reads
 cloud as idle. What such a device can plan with is the mean: :meth:`BatcherLoad.expected_wait_at`
 gives the mean time a request spends in the pool beyond a lone batch's run, at the
 measured arrival rate, from the batch queue the fleet planner uses ([Note: batch queue]
-in planner/_queueing.py, one pool): batches of b = clip(1 + rate (timeout + Wq), 1,
+in planner/queueing.py, one pool): batches of b = clip(1 + rate (timeout + Wq), 1,
 max_batch) (a fixed point), waiting Wq = ErlangC(c, a) T(b) / (c - a) (1/b) / 2 for one
 of c instances (Allen-Cunneen with deterministic runs and Erlang-b spacing), plus the
 batch's fill, timeout (b + 1) / (2 b), plus its longer run, T(b) - T(1). At or past
@@ -50,6 +50,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from planner.queueing import erlang_c
 from workers._batcher_config import BatcherConfig
 from workers.errors import BatcherConfigError
 
@@ -199,23 +200,10 @@ class BatcherLoad:
             if erlangs >= instances:  # batches too small for the rate: they grow to full (rate < capacity)
                 b = float(max_batch_size)
                 erlangs = rate / b * at(b)
-            wq_s = _erlang_c(instances, erlangs) * at(b) / (instances - erlangs) * (1.0 / b) / 2.0
+            wq_s = erlang_c(instances, erlangs) * at(b) / (instances - erlangs) * (1.0 / b) / 2.0
         fill_s = timeout_s * (b + 1.0) / (2.0 * b)
         expected_s = wq_s + fill_s + max(0.0, at(b) - one_s)
         return max(expected_s, predicted_wait_s) if arrival_rps >= capacity_rps else expected_s
-
-
-def _erlang_c(instances: int, erlangs: float) -> float:
-    """Probability that an arrival waits in M/M/c (planner/_queueing.py's ``erlang_c``)."""
-    if erlangs <= 0.0:
-        return 0.0
-    if erlangs >= instances:
-        return 1.0
-    b = 1.0  # Erlang B by its stable recursion
-    for k in range(1, instances + 1):
-        b = erlangs * b / (k + erlangs * b)
-    rho = erlangs / instances
-    return b / (1.0 - rho + rho * b)
 
 
 @dataclass(eq=False)

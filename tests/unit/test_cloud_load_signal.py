@@ -11,7 +11,7 @@ import pytest
 from cluster.protocol.messages import InferResponse
 from edge_agent.cloud_load import CloudLoad
 from edge_agent.policy import LOCAL, Health, PolicyConfig, PolicyState, policy
-from planner._queueing import batch_queue, run_ms_table
+from planner.queueing import batch_queue, run_ms_table
 from tests.unit.test_edge_cloud_load import A, A_CUT, B, B_CUT, EST, FRONT
 from workers.batcher import BatcherLoad
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from planner._queueing import batch_queue, erlang_c, run_ms_table
+from planner.queueing import batch_queue, erlang_c, run_ms_table
 from planner.fleet import FleetPlan, plan_fleet, plan_resolved, resolve
 from planner.fleet_spec import FleetSpec
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from planner._queueing import erlang_c
+from planner.queueing import erlang_c
 from planner.fleet import resolve
 from planner.fleet_spec import FleetSpec
 from splitinfer.fleetsim import SimConfig, simulate
