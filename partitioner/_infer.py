@@ -298,6 +298,8 @@ def _symbolic_types(model: onnx.ModelProto, name: str) -> dict[str, tuple[int, S
     stops early, so its loop is run here; a version without these methods adds nothing.
     """
     try:
+        # Lazy on purpose, inside this function: the partitioner imports only onnx and numpy
+        # at import time (docs/architecture.md); a grep for onnxruntime finds this line.
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # noqa: PLC0415 - the door
 
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -319,6 +321,8 @@ def _recorded_types(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], nam
     """Dtypes and shapes of ``names`` from one run of the model on ``feeds``."""
     if not names or model.ByteSize() >= _TWO_GB:
         return {}
+    # Lazy on purpose, inside this function: the partitioner imports only onnx and numpy
+    # at import time (docs/architecture.md); a grep for onnxruntime finds this line.
     import onnxruntime as ort  # noqa: PLC0415 - the door
 
     run = onnx.ModelProto()
