@@ -58,6 +58,8 @@ BATCHES = (1, 8, 32, 128)
 CONCURRENCY = (1, 32, 128)
 DRY_BATCHES = (1, 4)
 DRY_CONCURRENCY = (1, 8)
+BIG_BATCH = 32
+"""The cost model's second batch: compute-bound where batch 1 is launch-bound."""
 REFERENCE_DEVICE = "h100"
 """The planner's reference GPU (planner/devices.py has h100, no h200: an H200 is checked against it)."""
 
@@ -228,8 +230,9 @@ async def _closed_loop(submit, feeds: list, concurrency: int, seconds: float) ->
 
 
 def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, max_batch: int,
-           cache_dir: str) -> dict:
-    """Ours (the in-process LocalPool, provider through Engine unchanged) and the peer on its engine."""
+           cache_dir: str, *, cuda_graphs: bool = False) -> dict:
+    """Ours (the in-process LocalPool, provider through Engine unchanged; model.yaml's
+    ``cuda_graphs`` as given) and the peer on the same engine."""
     from cluster._pools import LocalPool
     from cluster._registry_disk import ModelConfig
     from cluster.metrics import GatewayMetrics
@@ -238,7 +241,8 @@ def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, ma
     with open(path, "wb") as f:
         f.write(tail.SerializeToString())
     pool_provider = "cpu" if provider == "cpu" else provider
-    config = ModelConfig(name="tail", max_batch_size=max_batch, max_queue_delay_ms=0.0, replicas=1)
+    config = ModelConfig(name="tail", max_batch_size=max_batch, max_queue_delay_ms=0.0, replicas=1,
+                         cuda_graphs=cuda_graphs)
 
     async def run() -> dict:
         pool = LocalPool("tail", path, config, GatewayMetrics(), cache_dir=cache_dir, provider=pool_provider)
@@ -255,8 +259,13 @@ def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, ma
         raw1 = time_raw(engine, 1, seconds, provider)
         rawb = time_raw(engine, max_batch, seconds, provider)
         await pool.close()
-        return {"engine": type(engine).__name__, "provider": engine.provider, "ours": ours, "serve_batch_peer": theirs,
-                "raw_batch1": raw1, "raw_batched": rawb}
+        out = {"engine": type(engine).__name__, "provider": engine.provider, "cuda_graphs": cuda_graphs,
+               "ours": ours, "serve_batch_peer": theirs, "raw_batch1": raw1, "raw_batched": rawb}
+        c_mid = concurrency[1]
+        out["ours_c32_over_raw_cuda_batched"] = ours[c_mid]["items_per_s"] / rawb["items_per_s"]
+        out["added_p50_ms"] = ours[1]["p50_ms"] - raw1["p50_ms"]
+        out["ours_over_serve_gpu"] = ours[c_mid]["items_per_s"] / theirs[c_mid]["items_per_s"]
+        return out
 
     return asyncio.run(run())
 
@@ -315,27 +324,36 @@ def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -
     ref = reference_profile(REFERENCE_DEVICE, graph)
     chain = list(partitioner.chain_points(graph))
     picks = sorted({chain[round(i * (len(chain) - 1) / max(cuts - 1, 1))] for i in range(cuts)}) if chain else []
+    ref_big = reference_profile(REFERENCE_DEVICE, graph, batch=BIG_BATCH)
     segments = []
     measured_by_cut: list[tuple[frozenset, float]] = []
-    whole = make_engine(model, provider, buckets=(1,), share=False)
-    whole_ms = time_raw(whole, 1, seconds, provider)["p50_ms"]
-    whole.close()
     all_layers = frozenset(ly.id for ly in graph.layers)
-    measured_by_cut.append((all_layers, whole_ms))
+    parts = [(all_layers, model)]
     for layer in picks:
         cut = partitioner.prefix_cut(graph, layer)
         tail_layers = all_layers - cut.device
-        if not tail_layers:
-            continue
-        _, tail = partitioner.split(model, cut, graph=graph)
-        eng = make_engine(tail.model, provider, buckets=(1,), share=False)
+        if tail_layers:
+            parts.append((tail_layers, partitioner.split(model, cut, graph=graph)[1].model))
+    for layers, segment in parts:
+        eng = make_engine(segment, provider, buckets=(1, BIG_BATCH), share=False)
         ms = time_raw(eng, 1, seconds, provider)["p50_ms"]
+        big_ms = time_raw(eng, BIG_BATCH, seconds, provider)["p50_ms"]
         eng.close()
-        measured_by_cut.append((tail_layers, ms))
-    for layers, ms in measured_by_cut:
+        graphs_ms = None
+        if provider == "torch-cuda":  # launch overhead out: what the roofline's compute terms should explain
+            g = _step(lambda: make_engine(segment, provider, buckets=(1,), share=False, cuda_graphs=True))
+            if "failed" not in g:
+                graphs_ms = time_raw(g, 1, seconds, provider)["p50_ms"]
+                g.close()
+        measured_by_cut.append((layers, ms))
         predicted = sum(ref.layers[i].ms for i in layers) + ref.fixed_ms
-        segments.append({"layers": len(layers), "measured_ms": ms, "predicted_ms": predicted,
-                         "abs_error": abs(predicted - ms) / ms if ms else None})
+        predicted_big = sum(ref_big.layers[i].ms for i in layers) + ref_big.fixed_ms
+        segments.append({"layers": len(layers), "first_layer": min(layers), "flops": sum(
+                            float(graph.layers[i].flops or 0.0) for i in layers),
+                         "measured_ms": ms, "predicted_ms": predicted,
+                         "abs_error": abs(predicted - ms) / ms if ms else None,
+                         "measured_cuda_graphs_ms": graphs_ms, f"measured_b{BIG_BATCH}_ms": big_ms,
+                         f"predicted_b{BIG_BATCH}_ms": predicted_big})
     # a measured profile: nested tails, differences spread by FLOPs
     layer_ms: dict[int, float] = {}
     ordered = sorted(measured_by_cut, key=lambda p: -len(p[0]))
@@ -352,7 +370,8 @@ def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -
     errors = [s["abs_error"] for s in segments if s["abs_error"] is not None]
     return {"reference_device": REFERENCE_DEVICE, "segments": segments,
             "median_abs_error": statistics.median(errors) if errors else None,
-            "measured_profile_total_ms": sum(layer_ms.values()), "measured_profile_layers": len(profile.layers)}
+            "measured_profile_total_ms": sum(layer_ms.values()), "measured_profile_layers": len(profile.layers),
+            "measured_profile": profile.to_dict()}
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -445,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--models {name}: unknown; use {', '.join(models)}", file=sys.stderr)
                 return 2
             t_model = time.perf_counter()
-            tail = served_tail(name, models[name], dry)
+            try:
+                tail = served_tail(name, models[name], dry)
+            except Exception as e:  # noqa: BLE001 - the other models' device time is kept
+                result["raw"][name] = {"failed": f"cutting the tail: {type(e).__name__}: {e}"}
+                continue
             buckets = tuple(sorted({1, 2, 4, 8, *batches}))
             raw: dict = {}
             for precision in ("fp32", "fp16") if provider.startswith("torch") else ("fp32",):
@@ -455,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                     raw[precision] = {"refused": str(e)}
                     continue
                 raw[precision] = {"verify_error": getattr(eng, "verify_error", None),
-                                  "points": [time_raw(eng, b, seconds, provider) for b in batches]}
+                                  **_step(lambda: {"points": [time_raw(eng, b, seconds, provider) for b in batches]})}
                 eng.close()
             if provider == "torch-cuda":
                 raw["fp32_cuda_graphs"] = _step(lambda: _graphs_raw(tail, provider, buckets, batches, seconds))
@@ -464,17 +487,17 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(sub, exist_ok=True)
             srv = _step(lambda: served(tail, provider, concurrency, seconds, max_batch, sub))
             result["served"][name] = srv
+            if provider == "torch-cuda":
+                sub_g = os.path.join(cache_dir, name + "-graphs")
+                os.makedirs(sub_g, exist_ok=True)
+                result.setdefault("served_cuda_graphs", {})[name] = _step(
+                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_g, cuda_graphs=True))
             # a step that fails is recorded, not fatal: the device time of the others is kept
             result["memory"][name] = _step(lambda: memory_and_cold(tail, provider, buckets))
             result["cost_model"][name] = _step(lambda: cost_model(name, models[name], provider, seconds / 2,
                                                                   cuts=3 if dry else 4))
             c_mid = concurrency[1]
             if "failed" not in srv:
-                srv["ours_c32_over_raw_cuda_batched"] = (srv["ours"][c_mid]["items_per_s"]
-                                                         / srv["raw_batched"]["items_per_s"])
-                srv["added_p50_ms"] = srv["ours"][1]["p50_ms"] - srv["raw_batch1"]["p50_ms"]
-                srv["ours_over_serve_gpu"] = (srv["ours"][c_mid]["items_per_s"]
-                                              / srv["serve_batch_peer"][c_mid]["items_per_s"])
                 print(f"{name}: c{c_mid} ours/raw {srv['ours_c32_over_raw_cuda_batched']:.2f}, added p50 "
                       f"{srv['added_p50_ms']:.3f} ms, ours/peer {srv['ours_over_serve_gpu']:.2f}, cost model median "
                       f"error {result['cost_model'][name].get('median_abs_error')}, "
@@ -488,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
 def _write(result: dict, out: str, t_all: float, *, final: bool) -> None:
     keys = ("ours_c32_over_raw_cuda_batched", "added_p50_ms", "ours_over_serve_gpu")
     result["keys"] = {k: {n: s[k] for n, s in result["served"].items() if k in s} for k in keys}
+    result["keys_cuda_graphs"] = {k: {n: s[k] for n, s in result.get("served_cuda_graphs", {}).items() if k in s}
+                                  for k in keys}
     errors = [c["median_abs_error"] for c in result["cost_model"].values() if c.get("median_abs_error") is not None]
     result["cost_model_median_abs_error"] = statistics.median(errors) if errors else None
     result["not_measured"] = ["Ray Serve itself (no Ray on the GPU host: the peer is ServeBatchPeer)",

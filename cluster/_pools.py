@@ -104,6 +104,7 @@ class LocalPool:
         engine_config = EngineConfig(
             intra_op_threads=config.intra_op_threads, batch_buckets=bucket_sizes(config.max_batch_size),
             loop_fallback=True, cache_dir=cache_dir, provider=provider,  # type: ignore[arg-type]
+            cuda_graphs=config.cuda_graphs,
         )
         self.engines: list = []
         try:

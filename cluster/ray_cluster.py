@@ -151,7 +151,8 @@ class RayPool:
             {self.segment_key: source},
             config=pool_config(config, direct=direct, tcp_pickle=tcp_pickle),
             engine_config=EngineConfig(intra_op_threads=config.intra_op_threads, loop_fallback=True,
-                                       batch_buckets=bucket_sizes(config.max_batch_size), provider=provider),  # type: ignore[arg-type]
+                                       batch_buckets=bucket_sizes(config.max_batch_size), provider=provider,  # type: ignore[arg-type]
+                                       cuda_graphs=config.cuda_graphs),
             batcher_config=BatcherConfig(max_batch_size=config.max_batch_size,
                                          max_queue_delay_ms=config.max_queue_delay_ms,
                                          max_queue_size=config.max_queue_size, num_priority_levels=PRIORITY_LEVELS,

@@ -69,6 +69,11 @@ class EngineConfig:
     serving overhead at concurrency 1. Turn it off where other processes need the cores
     between runs (an app beside the edge agent, say)."""
 
+    cuda_graphs: bool = False
+    """Provider ``torch-cuda`` only: capture each batch bucket's run as a CUDA graph at
+    load, so a run is one replay instead of a launch per kernel (segments with fixed
+    sizes besides the batch). ONNX Runtime's providers do not read it."""
+
     def __post_init__(self) -> None:
         def bad(field: str, value, fix: str) -> EngineLoadError:
             return EngineLoadError(f"EngineConfig.{field}={value!r} is invalid; {fix}", stage="config")

@@ -273,11 +273,12 @@ class TorchEngine:
     """One segment converted to PyTorch, on ``cuda`` (provider ``torch-cuda``) or ``cpu``
     (``torch-cpu``, for tests). ``precision``: ``fp32`` or ``fp16`` (weights and float
     inputs in half, outputs given back in their declared dtype). ``cuda_graphs``: capture
-    each bucket's run as a CUDA graph ([Note: IO on the device]); CUDA only."""
+    each bucket's run as a CUDA graph ([Note: IO on the device]); CUDA only. None takes
+    ``config.cuda_graphs``, which the pools set from model.yaml's ``cuda_graphs``."""
 
     def __init__(self, model, config: EngineConfig | None = None, *, name: str | None = None,
                  sample_inputs: Mapping[str, np.ndarray] | None = None, precision: str = "fp32",
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool | None = None) -> None:
         t0 = time.perf_counter()
         why = torch_available()
         if why:
@@ -288,6 +289,8 @@ class TorchEngine:
         self.config = cfg = config or EngineConfig(provider="torch-cuda")
         if precision not in TOLERANCE:
             raise EngineLoadError(f"precision={precision!r} is invalid; use fp32 or fp16", stage="config")
+        if cuda_graphs is None:
+            cuda_graphs = cfg.cuda_graphs
         proto, identity, base_dir, label = read_model(model)
         self.name = name or label
         if base_dir and any(uses_external_data(t) for t in proto.graph.initializer):
