@@ -18,7 +18,10 @@ ONNX Runtime's CPU provider run the same random (or sample) inputs, ``batch_chec
 rows, and every output must agree within the precision's tolerance, measured as the
 largest absolute error over the largest magnitude of the reference output:
 :data:`TOLERANCE` (fp32 1e-3; fp16 2e-2, FP16's 11-bit mantissa over a deep tail). A
-segment that fails is refused at load with the error found, never served.
+segment that fails is refused at load with the error found, never served. On CUDA,
+``fp32`` is IEEE fp32: the engine turns off TF32 (cuDNN's convolutions use it by
+default), process-wide, since TF32's 10-bit mantissa errs about as FP16 does; ``fp16``
+is the fast precision, under its own tolerance.
 
 [Note: IO on the device]
 ``run``/``run_batch`` take and give numpy arrays (the interface of the pools).
@@ -317,6 +320,9 @@ class TorchEngine:
         self.module, self.shared = self._module(prepared, identity)
         self.convert_ms = (time.perf_counter() - tc) * 1e3
         self._half = torch.float16 if precision == "fp16" else None
+        if device.startswith("cuda"):  # fp32 means fp32 ([Note: verified before serving])
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
         self._output_names = [s.name for s in self.outputs]
