@@ -25,6 +25,7 @@ import hmac
 import logging
 import math
 import os
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ __all__ = [
     "Authorizer",
     "ANONYMOUS",
     "load_server_credentials",
+    "load_http_tls_context",
     "load_channel_credentials",
 ]
 
@@ -82,6 +84,29 @@ def load_server_credentials(cert_file: str, key_file: str, client_ca_file: str |
     ca = _read(client_ca_file, "client CA") if client_ca_file else None
     logger.info("TLS on (%s); client certificates %s", cert_file, "required" if ca else "not asked")
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def load_http_tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
+    """TLS for the HTTP port (/metrics, /healthz, /readyz, /v2), from the gRPC port's PEM files.
+
+    With `client_ca_file` a client certificate is asked for and, when sent, must be signed by that
+    CA (CERT_OPTIONAL): kubelet's probes send none, so the HTTP server itself refuses a request
+    without one on every path but /healthz and /readyz (cluster.metrics.MetricsServer).
+    """
+    for path, what in ((cert_file, "certificate"), (key_file, "private key")) + (
+            ((client_ca_file, "client CA"),) if client_ca_file else ()):
+        _read(path, what)  # the same errors as the gRPC port's, naming the file
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert_file, key_file)
+        if client_ca_file:
+            ctx.load_verify_locations(cafile=client_ca_file)
+            ctx.verify_mode = ssl.CERT_OPTIONAL
+    except ssl.SSLError as e:
+        raise AuthConfigError(path=cert_file, reason=f"the certificate, its key or the client CA do not load ({e})",
+                              fix="give the PEM certificate and the private key that belongs to it") from e
+    return ctx
 
 
 def load_channel_credentials(ca_file: str | None = None, cert_file: str | None = None,

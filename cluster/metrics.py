@@ -28,13 +28,17 @@ serves /metrics, /healthz (the process answers) and /readyz (200 only when the
 readiness callable is true: the frontier tails are loaded). `/readyz?load=1` adds the
 load per pool and answers 503 while the gateway is overloaded (it refused a request for
 load within the last few seconds); plain /readyz and /healthz do not look at load, so an
-overload never fails liveness or readiness.
+overload never fails liveness or readiness. Given an SSL context (the gateway's --tls-cert
+and --tls-key, `cluster.auth.load_http_tls_context`) it serves HTTPS on the same port; see
+[Note: HTTPS] for client certificates.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -211,10 +215,41 @@ class GatewayMetrics:
         return self.registry.get_sample_value(name, labels or {})
 
 
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+"""A client that has not finished its TLS handshake by then is dropped, freeing its thread."""
+PROBE_PATHS = ("/healthz", "/readyz")
+"""Paths that answer without a client certificate under mutual TLS: kubelet's probes send none."""
+
+# [Note: HTTPS] With --tls-client-ca the gRPC port refuses a client without a certificate
+# signed by that CA in the handshake. The HTTP port cannot: kubelet's HTTPS probes send no
+# certificate. So its handshake asks for one (CERT_OPTIONAL: one that is sent must verify)
+# and the handler refuses, with 403, a request that came without one to any path but
+# PROBE_PATHS, which show readiness and nothing of a model's inputs or outputs.
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
+    def _refused_without_client_cert(self) -> bool:
+        """True (and answered 403) when mutual TLS is on and this connection sent no certificate."""
+        tls = self.server.tls
+        if tls is None or tls.verify_mode is ssl.CERT_NONE:
+            return False
+        path = self.path.split("?", 1)[0]
+        if path in PROBE_PATHS or self.connection.getpeercert():
+            return False
+        self.close_connection = True  # a POST's body is left unread
+        why = ("a client certificate signed by the gateway's --tls-client-ca is required on this port "
+               f"(all but {', '.join(PROBE_PATHS)})")
+        if path == "/v2" or path.startswith("/v2/"):
+            self._send(403, json.dumps({"error": why}).encode(), "application/json")
+        else:
+            self._send(403, why.encode() + b"\n", "text/plain")
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self._refused_without_client_cert():
+            return
         if self.server.routes is not None and self.server.routes(self):  # e.g. OIP REST (cluster.oip_rest)
             return
         path = self.path.split("?", 1)[0]
@@ -237,6 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        if self._refused_without_client_cert():
+            return
         if self.server.routes is None or not self.server.routes(self):
             self.close_connection = True  # the body is left unread
             self._send(404, b"not found: POST serves only the routes given to MetricsServer\n", "text/plain")
@@ -257,6 +294,29 @@ class _Server(ThreadingHTTPServer):
     metrics: GatewayMetrics
     ready: Callable[[], tuple[bool, dict[str, Any]]]
     routes: Callable[[BaseHTTPRequestHandler], bool] | None
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Handles one connection on its own thread; the TLS handshake happens here rather than
+        in accept(), where a client that never finished its handshake would stall every other."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)  # takes over the socket
+        except (ssl.SSLError, OSError) as e:
+            logger.debug("metrics https: TLS handshake with %s failed: %s", client_address[0], e)
+            return
+        try:
+            conn.settimeout(None)
+            super().finish_request(conn, client_address)
+        finally:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            conn.close()
 
 
 class MetricsServer:
@@ -264,12 +324,14 @@ class MetricsServer:
 
     `ready()` returns (ready, detail); detail is shown as JSON on /readyz. `routes(handler)`,
     when given, sees each GET and POST first and returns True when it answered (the OIP
-    REST door, `cluster.oip_rest.OipRest.serve`).
+    REST door, `cluster.oip_rest.OipRest.serve`). With `tls` the port serves HTTPS only
+    (`cluster.auth.load_http_tls_context`; [Note: HTTPS]).
     """
 
     def __init__(self, metrics: GatewayMetrics, ready: Callable[[], tuple[bool, dict[str, Any]]],
                  *, host: str = "127.0.0.1", port: int = 0,
-                 routes: Callable[[BaseHTTPRequestHandler], bool] | None = None) -> None:
+                 routes: Callable[[BaseHTTPRequestHandler], bool] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         try:
             self._httpd = _Server((host, port), _Handler)
         except OSError as e:
@@ -278,15 +340,17 @@ class MetricsServer:
         self._httpd.metrics = metrics
         self._httpd.ready = ready
         self._httpd.routes = routes
+        self._httpd.tls = tls
+        self.scheme = "https" if tls is not None else "http"
         self.host = host
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
-        logger.info("metrics on http://%s:%d/metrics", host, self.port)
+        logger.info("metrics on %s://%s:%d/metrics", self.scheme, host, self.port)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def stop(self) -> None:
         self._httpd.shutdown()

@@ -43,7 +43,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod); default 127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     p.add_argument("--metrics-port", type=int, default=9090,
-                   help="HTTP port of /metrics, /healthz, /readyz and the OIP REST API under /v2 (-1: off)")
+                   help="HTTP port of /metrics, /healthz, /readyz and the OIP REST API under /v2 (-1: off); "
+                        "HTTPS with --tls-cert")
     p.add_argument("--registry", required=True,
                    help="model repository: <name>/<version>/model.onnx + model.yaml ('splitinfer registry add' "
                         "writes it)")
@@ -70,9 +71,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-file", default=None, help="YAML 'tokens: [{name, token, models, rate_limit_rps}]'")
     p.add_argument("--rate-limit-rps", type=float, default=None, help="per-device request rate for tokens without one")
     p.add_argument("--max-message-bytes", type=int, default=64 << 20, help="largest gRPC message either way")
-    p.add_argument("--tls-cert", default=None, help="PEM server certificate")
+    p.add_argument("--tls-cert", default=None,
+                   help="PEM server certificate: TLS on the gRPC port, and HTTPS on the --metrics-port")
     p.add_argument("--tls-key", default=None, help="PEM server private key")
-    p.add_argument("--tls-client-ca", default=None, help="PEM CA of client certificates (turns on mutual TLS)")
+    p.add_argument("--tls-client-ca", default=None,
+                   help="PEM CA of client certificates (turns on mutual TLS; on the HTTP port /healthz and "
+                        "/readyz answer without one, for kubelet's probes)")
     p.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda", "tensorrt", "torch-cuda"),
                    help="engine provider of the in-process pools: ONNX Runtime's, or torch-cuda (tails converted "
                         "to PyTorch on CUDA; needs splitinfer[gpu])")
@@ -134,7 +138,7 @@ def check_registry(path: str, *, allow_empty: bool) -> tuple[str | None, tuple[s
 
 
 async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
-    from cluster.auth import Authorizer, TokenTable, load_server_credentials
+    from cluster.auth import Authorizer, TokenTable, load_http_tls_context, load_server_credentials
     from cluster.gateway import Gateway
     from cluster.metrics import GatewayMetrics, MetricsServer
     from cluster.registry import Registry, VersionPolicy
@@ -144,6 +148,8 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
                         policy_dir=a.policy_dir)
     tokens = TokenTable.from_file(a.tokens_file) if a.tokens_file else None
     creds = load_server_credentials(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
+    # The same files make the HTTP port HTTPS ([Note: HTTPS] in cluster/metrics.py).
+    http_tls = load_http_tls_context(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     metrics = GatewayMetrics()
     uses_ray = a.ray_address != LOCAL_NORAY
     gateway = Gateway(registry, _pool_factory(a), metrics=metrics, policy_poll_s=a.policy_poll_s,
@@ -164,8 +170,8 @@ async def _run(a: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
         from cluster.oip_rest import OipRest
 
         oip = OipRest(gateway, loop)  # the Open Inference Protocol's REST routes, under /v2
-        http = (MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port, routes=oip.serve)
-                if a.metrics_port >= 0 else None)
+        http = (MetricsServer(metrics, gateway.readiness, host=a.host, port=a.metrics_port, routes=oip.serve,
+                              tls=http_tls) if a.metrics_port >= 0 else None)
         # The OIP gRPC service on the gRPC port, sharing the REST door's models and statistics.
         server = await serve(gateway, host=a.host, port=a.port, credentials=creds, ready=False,
                              max_message_bytes=a.max_message_bytes, services=[oip_service(oip.models)])

@@ -266,9 +266,9 @@ def test_gateway_runs_the_documented_command_with_grpc_readiness() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": 50051, "metrics": 9090}
     assert container["readinessProbe"]["grpc"] == {"port": 50051}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}
     startup = container["startupProbe"]
-    assert startup["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert startup["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTP"}
     # The startup budget covers the configured model-load time.
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert startup["periodSeconds"] * (startup["failureThreshold"] - 1) < 600
@@ -320,9 +320,12 @@ def test_tls_gateway_gets_cert_flags_mtls_ca_tokens_and_http_readiness() -> None
     assert args[args.index("--tls-cert") + 1] == "/etc/splitinfer/tls/tls.crt"
     assert args[args.index("--tls-key") + 1] == "/etc/splitinfer/tls/tls.key"
     assert args[args.index("--tls-client-ca") + 1] == "/etc/splitinfer/tls/ca.crt"
-    # kubelet's gRPC probe cannot speak TLS, so readiness falls back to HTTP.
+    # kubelet's gRPC probe cannot speak TLS, so readiness falls back to HTTP(S); the metrics
+    # port is HTTPS with the gateway's certificate, so every probe says so.
     assert "grpc" not in container["readinessProbe"]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
     pod = _one("tls-mtls", "Deployment", f"{FULLNAME}-gateway")["spec"]["template"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     sources = volumes["tls"]["projected"]["sources"]
@@ -335,6 +338,8 @@ def test_tls_gateway_gets_cert_flags_mtls_ca_tokens_and_http_readiness() -> None
     assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/splitinfer/tls", "readOnly": True}
     service = _one("tls-mtls", "Service", f"{FULLNAME}-gateway")
     assert service["spec"]["type"] == "LoadBalancer"
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["metrics"]["appProtocol"] == "https" and "appProtocol" not in ports["grpc"]
 
 
 def test_token_secret_is_created_from_values() -> None:
@@ -626,9 +631,19 @@ def test_service_monitor_is_gated_and_scrapes_the_gateway_metrics_port() -> None
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (endpoint,) = sm["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    assert "scheme" not in endpoint and "tlsConfig" not in endpoint
     service = _one("gpu", "Service", f"{FULLNAME}-gateway")
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_service_monitor_scrapes_https_with_its_tls_config_when_the_gateway_has_tls() -> None:
+    tls_config = {"ca": {"secret": {"name": "splitinfer-gateway-tls", "key": "ca.crt"}},
+                  "serverName": f"{FULLNAME}-gateway"}
+    docs = _render_with({"tls": {"enabled": True, "existingSecret": "splitinfer-gateway-tls"},
+                         "metrics": {"serviceMonitor": {"enabled": True, "tlsConfig": tls_config}}})
+    (endpoint,) = docs[("ServiceMonitor", f"{FULLNAME}-gateway")]["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == tls_config
 
 
 def test_grafana_dashboard_has_panels_on_every_metric() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @dataclass
 class Door:
     url: str
-    """http://127.0.0.1:<port>"""
+    """http://127.0.0.1:<port> (https:// with TLS)"""
     host: str
     """127.0.0.1:<port>, as tritonclient takes it."""
     gateway: Gateway
@@ -36,9 +37,9 @@ class Door:
 
 
 @contextmanager
-def oip_door(root: str, versions: tuple[str, ...] = ("1",)) -> Iterator[Door]:
+def oip_door(root: str, versions: tuple[str, ...] = ("1",), tls: ssl.SSLContext | None = None) -> Iterator[Door]:
     """Registry m@versions (conv chains, each with its own weights; all loaded), a gateway that
-    wants TOKEN, and its HTTP port with the OIP routes."""
+    wants TOKEN, and its HTTP port (HTTPS with `tls`) with the OIP routes."""
     for i, v in enumerate(versions):
         d = os.path.join(root, "repo", "m", v)
         os.makedirs(d)
@@ -55,7 +56,7 @@ def oip_door(root: str, versions: tuple[str, ...] = ("1",)) -> Iterator[Door]:
     try:
         asyncio.run_coroutine_threadsafe(gateway.start(), loop).result(60)
         oip = OipRest(gateway, loop)
-        http = MetricsServer(metrics, gateway.readiness, routes=oip.serve)
+        http = MetricsServer(metrics, gateway.readiness, routes=oip.serve, tls=tls)
         yield Door(http.url, f"127.0.0.1:{http.port}", gateway, oip, model_path)
     finally:
         if http is not None:
