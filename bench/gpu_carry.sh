@@ -19,6 +19,8 @@ pip=(python3 -m pip download --no-deps --only-binary=:all: --python-version "$py
      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dest")
 # onnx2torch: the converter (pure Python); the rest: the project's base needs that the host lacks
-"${pip[@]}" onnx2torch "zstandard>=0.22" "lz4>=4.3" "grpcio>=1.60,<1.79" "grpcio-health-checking>=1.60,<1.79" \
-    "grpcio-reflection>=1.60,<1.79" "protobuf>=6.33.5,<7"
+# (grpcio-health-checking and -reflection 1.82 and newer need protobuf 7: --no-deps takes the
+# newest of each, which fit together)
+"${pip[@]}" onnx2torch "zstandard>=0.22" "lz4>=4.3" "grpcio>=1.60" "grpcio-health-checking>=1.60" \
+    "grpcio-reflection>=1.60" "protobuf>=6.33.5"
 du -sh "$dest"
