@@ -7,7 +7,7 @@ specification/protocol/open_inference_rest.yaml), plus Triton's binary tensor da
 configuration and statistics extensions (docs/protocol.md, "Open Inference Protocol (REST)").
 
     GET  /v2                                          server metadata
-    GET  /v2/health/live | /v2/health/ready           200, or 400 with {"error"} when not ready
+    GET  /v2/health/live | /v2/health/ready           200 {"live"|"ready": true}, or 400 {"error"} when not ready
     GET  /v2/models/{m}[/versions/{v}]                model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready          200, or 4xx with {"error"}
     GET  /v2/models/{m}[/versions/{v}]/config         Triton model configuration (max_batch_size)
@@ -216,11 +216,13 @@ class OipRest:
         get = method == "GET"
         if not parts and get:
             return _json(200, self.models.server_metadata)
+        # The status is the answer (tritonclient reads only it); the body is KServe's, whose
+        # client reads "live" and "ready" from it.
         if parts == ["health", "live"] and get:
-            return HttpAnswer(200, b"")
+            return _json(200, {"live": True})
         if parts == ["health", "ready"] and get:
             ready, detail = self.gateway.readiness()
-            return HttpAnswer(200, b"") if ready else _json(400, {"error": f"not ready: {detail.get('reason')}"})
+            return _json(200, {"ready": True}) if ready else _json(400, {"error": f"not ready: {detail.get('reason')}"})
         if parts == ["models", "stats"] and get:
             self.gateway.auth.authorize(headers, model=None, action="read statistics")
             return _json(200, self.stats.to_json(None, None))
