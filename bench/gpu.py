@@ -170,6 +170,7 @@ class ServeBatchPeer:
         self.max_batch_size = max_batch_size
         self.timeout_s = batch_wait_timeout_s
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.batches = 0
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
     async def submit(self, inputs):
@@ -190,6 +191,7 @@ class ServeBatchPeer:
                     batch.append(await asyncio.wait_for(self.queue.get(), left))
                 except asyncio.TimeoutError:
                     break
+            self.batches += 1
             try:
                 outs = await loop.run_in_executor(None, self.engine.run_batch, [b[0] for b in batch])
             except Exception as e:  # noqa: BLE001 - every waiter gets the failure
@@ -206,7 +208,7 @@ class ServeBatchPeer:
 # -- served --------------------------------------------------------------------------------
 
 
-async def _closed_loop(submit, feeds: list, concurrency: int, seconds: float) -> dict:
+async def _closed_loop(submit, feeds: list, concurrency: int, seconds: float, batches=lambda: 0) -> dict:
     lat: list[float] = []
     done = 0
     stop = time.perf_counter() + seconds
@@ -223,14 +225,17 @@ async def _closed_loop(submit, feeds: list, concurrency: int, seconds: float) ->
     for _ in range(2):  # warm the path
         await submit(feeds[0])
     start = time.perf_counter()
+    first_batch = batches()
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - start
+    ran = batches() - first_batch
     return {"concurrency": concurrency, "items_per_s": done / elapsed, "p50_ms": statistics.median(lat),
-            "p90_ms": _percentile(lat, 90), "requests": done}
+            "p90_ms": _percentile(lat, 90), "requests": done, "mean_batch": done / ran if ran else None}
 
 
 def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, max_batch: int,
-           cache_dir: str, *, cuda_graphs: bool = False) -> dict:
+           cache_dir: str, *, cuda_graphs: bool = False, replicas: int = 1, peer: bool = True,
+           delay_ms: float = 0.0) -> dict:
     """Ours (the in-process LocalPool, provider through Engine unchanged; model.yaml's
     ``cuda_graphs`` as given) and the peer on the same engine."""
     from cluster._pools import LocalPool
@@ -241,7 +246,7 @@ def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, ma
     with open(path, "wb") as f:
         f.write(tail.SerializeToString())
     pool_provider = "cpu" if provider == "cpu" else provider
-    config = ModelConfig(name="tail", max_batch_size=max_batch, max_queue_delay_ms=0.0, replicas=1,
+    config = ModelConfig(name="tail", max_batch_size=max_batch, max_queue_delay_ms=delay_ms, replicas=replicas,
                          cuda_graphs=cuda_graphs)
 
     async def run() -> dict:
@@ -250,21 +255,26 @@ def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, ma
         feeds = [engine.random_inputs(1, seed=i) for i in range(8)]
         ours = {}
         for c in concurrency:
-            ours[c] = await _closed_loop(lambda x: pool.run(x, deadline_s=None, priority=0), feeds, c, seconds)
-        peer = ServeBatchPeer(engine, max_batch_size=max_batch)
+            ours[c] = await _closed_loop(lambda x: pool.run(x, deadline_s=None, priority=0), feeds, c, seconds,
+                                         lambda: pool.batches)
         theirs = {}
-        for c in concurrency:
-            theirs[c] = await _closed_loop(peer.submit, feeds, c, seconds)
-        await peer.close()
+        if peer:
+            them = ServeBatchPeer(engine, max_batch_size=max_batch)
+            for c in concurrency:
+                theirs[c] = await _closed_loop(them.submit, feeds, c, seconds, lambda: them.batches)
+            await them.close()
         raw1 = time_raw(engine, 1, seconds, provider)
         rawb = time_raw(engine, max_batch, seconds, provider)
         await pool.close()
         out = {"engine": type(engine).__name__, "provider": engine.provider, "cuda_graphs": cuda_graphs,
+               "graphs_refused": getattr(engine, "graphs_refused", ""), "replicas": replicas, "delay_ms": delay_ms,
+               "batch_safe": engine.batch_safe, "batch_reason": getattr(engine, "batch_reason", ""),
                "ours": ours, "serve_batch_peer": theirs, "raw_batch1": raw1, "raw_batched": rawb}
         c_mid = concurrency[1]
         out["ours_c32_over_raw_cuda_batched"] = ours[c_mid]["items_per_s"] / rawb["items_per_s"]
         out["added_p50_ms"] = ours[1]["p50_ms"] - raw1["p50_ms"]
-        out["ours_over_serve_gpu"] = ours[c_mid]["items_per_s"] / theirs[c_mid]["items_per_s"]
+        if theirs:
+            out["ours_over_serve_gpu"] = ours[c_mid]["items_per_s"] / theirs[c_mid]["items_per_s"]
         return out
 
     return asyncio.run(run())
@@ -342,8 +352,8 @@ def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -
         graphs_ms = None
         if provider == "torch-cuda":  # launch overhead out: what the roofline's compute terms should explain
             g = _step(lambda: make_engine(segment, provider, buckets=(1,), share=False, cuda_graphs=True))
-            if "failed" not in g:
-                graphs_ms = time_raw(g, 1, seconds, provider)["p50_ms"]
+            if not isinstance(g, dict):
+                graphs_ms = time_raw(g, 1, seconds, provider)["p50_ms"] if g.cuda_graphs else None
                 g.close()
         measured_by_cut.append((layers, ms))
         predicted = sum(ref.layers[i].ms for i in layers) + ref.fixed_ms
@@ -420,7 +430,7 @@ def _graphs_raw(tail, provider: str, buckets, batches, seconds: float) -> dict:
     t = time.perf_counter()
     eng = make_engine(tail, provider, buckets=buckets, cuda_graphs=True, share=False)
     load_ms = (time.perf_counter() - t) * 1e3
-    out = {"load_ms": load_ms, "warmup_ms": eng.stats().warmup_ms,
+    out = {"load_ms": load_ms, "warmup_ms": eng.stats().warmup_ms, "graphs_refused": eng.graphs_refused,
            "points": [time_raw(eng, b, seconds, provider) for b in batches]}
     eng.close()
     return out
@@ -492,6 +502,14 @@ def main(argv: list[str] | None = None) -> int:
                 os.makedirs(sub_g, exist_ok=True)
                 result.setdefault("served_cuda_graphs", {})[name] = _step(
                     lambda: served(tail, provider, concurrency, seconds, max_batch, sub_g, cuda_graphs=True))
+                sub_2 = os.path.join(cache_dir, name + "-two")
+                os.makedirs(sub_2, exist_ok=True)
+                result.setdefault("served_two_replicas", {})[name] = _step(
+                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_2, replicas=2, peer=False))
+                sub_d = os.path.join(cache_dir, name + "-delay")
+                os.makedirs(sub_d, exist_ok=True)
+                result.setdefault("served_delay_2ms", {})[name] = _step(
+                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_d, peer=False, delay_ms=2.0))
             # a step that fails is recorded, not fatal: the device time of the others is kept
             result["memory"][name] = _step(lambda: memory_and_cold(tail, provider, buckets))
             result["cost_model"][name] = _step(lambda: cost_model(name, models[name], provider, seconds / 2,

@@ -61,7 +61,8 @@ from workers._model_file import read_model
 from workers._ort import tensor_np_dtype
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError
 
-__all__ = ["TOLERANCE", "TorchEngine", "convert_model", "forget_shared_modules", "relative_error", "torch_available"]
+__all__ = ["TOLERANCE", "TorchEngine", "convert_model", "forget_shared_modules", "relative_error", "shape_constants",
+           "shapes_on_host", "torch_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +243,46 @@ def convert_model(proto: onnx.ModelProto, name: str):
             model=name, detail=str(e), stage="convert") from e
 
 
+_SHAPE_ARGS = {"OnnxReshape": (1,), "OnnxExpand": (1,), "OnnxTile": (1,)}
+"""onnx2torch modules that turn an argument into a ``torch.Size``, by argument position."""
+
+
+def shape_constants(module) -> list[str]:
+    """The integer constants of a converted module that only Reshape, Expand and Tile read,
+    as shapes (:data:`_SHAPE_ARGS`), by attribute path."""
+    graph = getattr(module, "graph", None)
+    found = []
+    for node in graph.nodes if graph is not None else ():
+        if node.op != "get_attr":
+            continue
+        uses = [(u, i) for u in node.users for i, a in enumerate(u.args) if a is node]
+        if uses and all(u.op == "call_module" and i in _SHAPE_ARGS.get(type(module.get_submodule(u.target)).__name__, ())
+                        for u, i in uses):
+            t = module.get_parameter(node.target) if node.target in dict(module.named_parameters()) else \
+                module.get_buffer(node.target)
+            if not t.is_floating_point():
+                found.append(node.target)
+    return found
+
+
+def shapes_on_host(module) -> list[str]:
+    """Moves :func:`shape_constants` back to the CPU; returns the ones moved.
+
+    onnx2torch's modules read them into a ``torch.Size``; a vector on the GPU makes each run
+    wait for a device-to-host copy, which also makes the segment impossible to capture as a
+    CUDA graph.
+    """
+    moved = []
+    for target in shape_constants(module):
+        owner_path, _, attr = target.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        t = getattr(owner, attr)
+        if t.device.type != "cpu" and attr in owner._buffers:
+            owner._buffers[attr] = t.cpu()
+            moved.append(target)
+    return moved
+
+
 def _specs(proto: onnx.ModelProto) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     init = {t.name for t in proto.graph.initializer}
 
@@ -330,6 +371,8 @@ class TorchEngine:
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
         self._graphs: dict[int, tuple[Any, dict, list]] = {}
+        self.graphs_refused = ""
+        """Why ``cuda_graphs`` was turned off at capture (an op that waits on the device), or empty."""
         samples = None if sample_inputs is None else {k: np.asarray(v) for k, v in sample_inputs.items()}
         tv = time.perf_counter()
         self.batch_safe, self.batch_reason, self.verify_error = self._verify(proto, samples)
@@ -357,6 +400,7 @@ class TorchEngine:
         module = convert_model(proto, self.name).eval().to(self.device)
         if self.precision == "fp16":
             module = module.half()
+        shapes_on_host(module)
         if self.config.share_weights:
             with _SHARED_LOCK:
                 module = _SHARED.setdefault(key, module)
@@ -424,9 +468,9 @@ class TorchEngine:
             return
         for _ in range(self.config.warmup_runs):
             self.run(feed)
-        if self.cuda_graphs:
-            for b in self.buckets:
-                self._graph_for(b)
+        for b in self.buckets:
+            if self._graph_for(b) is None:
+                break
 
     # -- running ------------------------------------------------------------------------
 
@@ -456,9 +500,10 @@ class TorchEngine:
         return t.detach().to("cpu").numpy().astype(spec.dtype, copy=False)
 
     def _graph_for(self, rows: int):
-        """The bucket's CUDA graph, captured on first use ([Note: IO on the device])."""
+        """The bucket's CUDA graph, captured on first use ([Note: IO on the device]); None,
+        and eager runs from then on, where the module cannot be captured."""
         g = self._graphs.get(rows)
-        if g is not None:
+        if g is not None or not self.cuda_graphs:
             return g
         torch = self._torch
         static = {s.name: self._to_device(np.zeros((rows, *s.shape[1:]), s.dtype)) for s in self.inputs}
@@ -469,8 +514,16 @@ class TorchEngine:
                 self._forward([static[s.name] for s in self.inputs])
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = self._forward([static[s.name] for s in self.inputs])
+        try:
+            with torch.cuda.graph(graph):
+                outs = self._forward([static[s.name] for s in self.inputs])
+        except Exception as e:  # noqa: BLE001 - an op that waits on the device cannot be captured
+            self.cuda_graphs = False
+            self.graphs_refused = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            logger.warning("engine %s: CUDA graph capture failed (%s); it runs eagerly", self.name,
+                           self.graphs_refused)
+            torch.cuda.synchronize(self.device)
+            return None
         self._graphs[rows] = g = (graph, static, outs)
         return g
 
@@ -500,9 +553,9 @@ class TorchEngine:
         with self._lock:
             t = time.perf_counter()
             try:
-                if self.cuda_graphs:
-                    bucket = next(b for b in self.buckets if b >= rows)
-                    graph, static, outs = self._graph_for(bucket)
+                captured = self._graph_for(next(b for b in self.buckets if b >= rows)) if self.cuda_graphs else None
+                if captured is not None:
+                    graph, static, outs = captured
                     with self._torch.inference_mode():
                         for s in self.inputs:
                             static[s.name][:rows].copy_(self._to_device(inputs[s.name]))

@@ -160,3 +160,32 @@ def test_zoo_tail_equals_ort():
     feed = eng.random_inputs(1, seed=3)
     for got, want in zip(eng.run(feed).values(), _reference(tail.model, feed)):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+def _reshape_model(shape_also_added: bool):
+    """x [N, 4, 2] -> Reshape to [-1, 8] -> + c; the shape constant is also added to the
+    output when ``shape_also_added`` (then something besides Reshape reads it)."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 8])
+    c = helper.make_tensor("c", TensorProto.FLOAT, [8], [0.5] * 8)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Add", ["r", "c"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])]
+    if shape_also_added:
+        nodes.append(helper.make_node("Identity", ["shape"], ["s"]))
+        outputs.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 2])],
+                              outputs, initializer=[shape, c])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_torch
+@pytest.mark.parametrize("also_read", [False, True])
+def test_shape_constants_are_the_integer_vectors_reshape_reads(also_read) -> None:
+    from workers._torch_engine import convert_model, shape_constants
+
+    module = convert_model(_reshape_model(also_read), "m")
+    found = shape_constants(module)
+    # the float constant is never listed; the copy Identity reads (onnx2torch gives each
+    # use its own attribute) is not either
+    assert len(found) == 1 and module.get_buffer(found[0]).tolist() == [-1, 8]
+    readers = [n for n in module.graph.nodes if n.op == "get_attr" and n.target == found[0]]
+    assert [type(module.get_submodule(u.target)).__name__ for u in readers[0].users] == ["OnnxReshape"]
