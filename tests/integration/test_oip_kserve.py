@@ -4,27 +4,32 @@ unchanged, against a real gateway.
 KServe's clients cover health, model readiness and inference (they have no metadata or
 configuration calls; tritonclient's tests cover those). Every answer is compared with ONNX
 Runtime on the same model: the whole model as `m`, and each preloaded tail as `m.tail.<cut>` fed
-the boundary tensors the head (run by ONNX Runtime) computes. `pip install splitinfer[test]`
-installs kserve; without it the module skips.
+the boundary tensors the head (run by ONNX Runtime) computes. The client runs in a process of
+its own (tests/integration/_kserve_client.py says why); the gateway runs in this one.
+`pip install splitinfer[test]` installs kserve; without it the module skips.
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from typing import Any
 
-import grpc
-import httpx
 import numpy as np
 import pytest
 
 from tests.integration import _oip_grpc_support, _oip_support
+from tests.integration._kserve_client import to_array, to_tensor
 
-kserve = pytest.importorskip("kserve", reason="the test extra installs kserve (pip install splitinfer[test])")
+if importlib.util.find_spec("kserve") is None:
+    pytest.skip("the test extra installs kserve (pip install splitinfer[test])", allow_module_level=True)
 
 pytestmark = pytest.mark.grpc
 
-REST_AUTH = dict(_oip_support.AUTH)
-GRPC_AUTH = tuple(_oip_grpc_support.AUTH.items())
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -46,83 +51,61 @@ def ort_run(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
-def tail_cases(door, models, x: np.ndarray) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """(OIP model name, its inputs) of each preloaded tail, fed the head's boundary tensors for `x`."""
+def cases(door, models, x: np.ndarray) -> list[dict[str, Any]]:
+    """The whole model fed `x`, and each preloaded tail fed the head's boundary tensors for `x`."""
+    out = [{"name": "m", "inputs": {"x": to_tensor(x)}}]
     lv = door.gateway.registry.resolve("m", "")
-    out = []
     for cut in [c for c in lv.frontier.cut_ids if c != "L"]:
         head, _ = lv.files.splitter().split(lv.files.resolve_cut(cut))
         boundary = ort_run(head.model.SerializeToString(), {"x": x})
         name = f"m.tail.{cut}"
         tail_lv, cut_id = models.resolve(name, "")
         meta = models.metadata(name, tail_lv, models.signature(tail_lv, cut_id))
-        out.append((name, {i["name"]: boundary[i["name"]] for i in meta["inputs"]}))
-    assert out, "the default frontier preloads chain cuts besides the empty one"
+        out.append({"name": name, "inputs": {i["name"]: to_tensor(boundary[i["name"]]) for i in meta["inputs"]}})
+    assert len(out) > 1, "the default frontier preloads chain cuts besides the empty one"
     return out
 
 
-def request(model: str, arrays: dict[str, np.ndarray], *, binary: bool = True):
-    inputs = []
-    for name, a in arrays.items():
-        i = kserve.InferInput(name, list(a.shape), "FP32")
-        i.set_data_from_numpy(a, binary_data=binary)
-        inputs.append(i)
-    return kserve.InferRequest(model_name=model, infer_inputs=inputs)
+def errors(x: np.ndarray) -> list[dict[str, Any]]:
+    """An unknown model, and the whole model given a tensor of the wrong shape."""
+    return [{"name": "nope", "inputs": {"x": to_tensor(x)}}, {"name": "m", "inputs": {"x": to_tensor(x[:, :3])}}]
+
+
+def run_client(job: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "tests.integration._kserve_client"], input=json.dumps(job),
+                          capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def check_answers(report: dict[str, Any], jobs: list[dict[str, Any]], model_path: str, x: np.ndarray) -> None:
+    assert report["live"] is True and report["ready"] is True
+    want = ort_run(model_path, {"x": x})["y"]
+    assert report["model_ready"] == {c["name"]: True for c in jobs}
+    assert set(report["outputs"]) == {c["name"] for c in jobs}
+    for name, y in report["outputs"].items():
+        np.testing.assert_allclose(to_array(y), want, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_rest_client_health_readiness_and_infer_on_the_whole_model_and_each_tail(rest_door, binary):
     x = np.random.default_rng(7).random((1, 4, 5, 5), dtype=np.float32)
-    want = ort_run(rest_door.model_path, {"x": x})["y"]
-    cases = [("m", {"x": x})] + tail_cases(rest_door, rest_door.oip.models, x)
-
-    async def run() -> None:
-        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", retries=0))
-        try:
-            assert await client.is_server_live(rest_door.url)
-            assert await client.is_server_ready(rest_door.url)
-            for name, feeds in cases:
-                assert await client.is_model_ready(rest_door.url, name, headers=REST_AUTH)
-                r = await client.infer(rest_door.url, request(name, feeds, binary=binary), model_name=name,
-                                       headers=dict(REST_AUTH))
-                np.testing.assert_allclose(r.get_output_by_name("y").as_numpy(), want, rtol=1e-5, atol=1e-5,
-                                           err_msg=name)
-            with pytest.raises(httpx.HTTPStatusError) as e:
-                await client.infer(rest_door.url, request("nope", {"x": x}), model_name="nope",
-                                   headers=dict(REST_AUTH))
-            assert e.value.response.status_code == 404 and "nope" in e.value.response.json()["error"]
-            with pytest.raises(httpx.HTTPStatusError) as e:
-                await client.infer(rest_door.url, request("m", {"x": x[:, :3]}), model_name="m",
-                                   headers=dict(REST_AUTH))
-            assert e.value.response.status_code == 400
-        finally:
-            await client.close()
-
-    asyncio.run(run())
+    jobs = cases(rest_door, rest_door.oip.models, x)
+    report = run_client({"door": "rest", "target": rest_door.url, "auth": dict(_oip_support.AUTH),
+                         "binary": binary, "cases": jobs, "errors": errors(x)})
+    check_answers(report, jobs, rest_door.model_path, x)
+    (unknown, unknown_msg), (bad_shape, bad_shape_msg) = report["errors"]
+    assert unknown == 404 and "nope" in unknown_msg
+    assert bad_shape == 400 and "shape" in bad_shape_msg
 
 
 def test_grpc_client_health_readiness_and_infer_on_the_whole_model_and_each_tail(grpc_door):
     x = np.random.default_rng(8).random((1, 4, 5, 5), dtype=np.float32)
-    want = ort_run(grpc_door.model_path, {"x": x})["y"]
-    cases = [("m", {"x": x})] + tail_cases(grpc_door, grpc_door.models, x)
-
-    async def run() -> None:
-        client = kserve.InferenceGRPCClient(grpc_door.host, retries=0)
-        try:
-            assert await client.is_server_live(headers=GRPC_AUTH)
-            assert await client.is_server_ready(headers=GRPC_AUTH)
-            for name, feeds in cases:
-                assert await client.is_model_ready(name, headers=GRPC_AUTH)
-                r = await client.infer(request(name, feeds), headers=GRPC_AUTH)
-                np.testing.assert_allclose(r.get_output_by_name("y").as_numpy(), want, rtol=1e-5, atol=1e-5,
-                                           err_msg=name)
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await client.infer(request("nope", {"x": x}), headers=GRPC_AUTH)
-            assert e.value.code() is grpc.StatusCode.NOT_FOUND
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await client.infer(request("m", {"x": x[:, :3]}), headers=GRPC_AUTH)
-            assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        finally:
-            await client.close()
-
-    asyncio.run(run())
+    jobs = cases(grpc_door, grpc_door.models, x)
+    report = run_client({"door": "grpc", "target": grpc_door.host, "auth": dict(_oip_grpc_support.AUTH),
+                         "binary": True, "cases": jobs, "errors": errors(x)})
+    check_answers(report, jobs, grpc_door.model_path, x)
+    (unknown, unknown_msg), (bad_shape, bad_shape_msg) = report["errors"]
+    assert unknown == "NOT_FOUND" and "nope" in unknown_msg
+    assert bad_shape == "INVALID_ARGUMENT" and "shape" in bad_shape_msg
