@@ -21,6 +21,9 @@ the machine and its load.
 4. encodings: size, codec time and accuracy impact of fp16/int8/+zstd/+lz4 on
    real boundary tensors: ResNet50 (zoo architecture, synthetic weights) and a
    digits MLP trained here (real weights, real accuracy).
+5. OIP: the Open Inference Protocol doors of a deployed `splitinfer gateway` (its
+   own process) against its native Infer on the same model, 4 KiB and 1 MiB:
+   gRPC ModelInfer, REST binary and REST JSON (bench/_transport_oip.py).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import grpc
 import msgpack
 import numpy as np
 
+from bench._transport_oip import bench_oip
 from cluster.errors import EncodingError
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.protocol.encoding import decode, encode, measure_codec
@@ -596,7 +600,7 @@ def _plot(res: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     labels = [f"{r['size_bytes'] >> 10} KiB" for r in res["codec"]]
     idx = np.arange(len(labels))
     ax = axes[0]
@@ -630,6 +634,18 @@ def _plot(res: dict[str, Any], path: str) -> None:
     ax.set_xlabel("compression ratio vs fp32")
     ax.set_ylabel("max abs error (o resnet50, s digits)")
     ax.set_title("boundary encodings")
+    ax = axes[3]
+    doors = [k for k in ("native", "oip_grpc", "oip_grpc_triton", "rest_binary", "rest_json")
+             if all(k in r["median_ms"] for r in res["oip"])]
+    w = 0.8 / len(doors)
+    oip_idx = np.arange(len(res["oip"]))
+    for i, k in enumerate(doors):
+        ax.bar(oip_idx + (i - (len(doors) - 1) / 2) * w, [r["median_ms"][k] for r in res["oip"]], w, label=k)
+    ax.set_xticks(oip_idx, [f"{r['size_bytes'] >> 10} KiB" for r in res["oip"]])
+    ax.set_yscale("log")
+    ax.set_ylabel("median round trip (ms)")
+    ax.set_title("gateway doors: OIP vs native Infer")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -652,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip),
                     ("round_trip_in_process", lambda quick: bench_round_trip(quick, separate=False)),
-                    ("stream", bench_stream), ("encodings", bench_encodings)):
+                    ("stream", bench_stream), ("encodings", bench_encodings),
+                    ("oip", lambda quick: bench_oip(quick, _interleaved))):
         t0 = time.perf_counter()
         res[key] = fn(args.quick)
         print(f"{key}: done in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -676,6 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in res["stream"]:
         print(f"stream {r['size_bytes']:>8} B: {r['stream_per_s']:.0f}/s vs unary {r['unary_per_s']:.0f}/s "
               f"({r['stream_vs_unary']:.2f}x)")
+    for r in res["oip"]:
+        print(f"oip {r['size_bytes']:>8} B: native {r['median_ms']['native']:.3f} ms; / native: "
+              + ", ".join(f"{k[:-10]} {v:.2f}" for k, v in r.items() if k.endswith("_vs_native")))
     return 0
 
 

@@ -3,8 +3,8 @@ ndarrays to `ModelInferResponse` outputs.
 
 Pure converters; no I/O. Every refusal is a `ProtocolError` (INVALID_ARGUMENT) naming the
 tensor, the value and the fix. Inputs come either all as `raw_input_contents` (one entry per
-input, in the order of `inputs`: flat, row-major, little-endian; decoded without a copy) or
-each as the typed `contents` field that its datatype names. Outputs always leave as
+input, in the order of `inputs`: flat, row-major, little-endian; read out of the message once
+and used in place) or each as the typed `contents` field that its datatype names. Outputs always leave as
 `raw_output_contents`: the spec allows either, every OIP client reads both, and raw bytes
 skip a per-element conversion on both ends.
 """
@@ -100,10 +100,11 @@ def decode_inputs(request: Any) -> list[WireInput]:
             raise _fail(f"input {t.name!r} has contents and the request has raw_input_contents; use one or "
                         "the other for all inputs")
         want = math.prod(shape) * dtype.itemsize
-        if len(raw[i]) != want:
-            raise _fail(f"input {t.name!r} has {len(raw[i])} raw bytes but shape {list(shape)} of "
+        data = raw[i]  # each read of a bytes field copies it out of the message (upb): read it once
+        if len(data) != want:
+            raise _fail(f"input {t.name!r} has {len(data)} raw bytes but shape {list(shape)} of "
                         f"{DATATYPE_OF[dtype.name]} is {want} bytes")
-        out.append(WireInput(t.name, np.frombuffer(raw[i], dtype=dtype).reshape(shape)))
+        out.append(WireInput(t.name, np.frombuffer(data, dtype=dtype).reshape(shape)))
     return out
 
 
