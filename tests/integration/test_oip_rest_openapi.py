@@ -73,16 +73,17 @@ def fuzz(spec: dict[str, Any], url: str, modes: tuple[GenerationMode, ...], exam
 
 
 def narrowed(spec: dict[str, Any], models: list[str]) -> dict[str, Any]:
-    """The document with path parameters and tensors narrowed to what the test gateway serves."""
+    """The document with path parameters and tensors narrowed to what the test gateway serves, so
+    one request in four or so is served (the broad pass covers the refusals)."""
     spec = copy.deepcopy(spec)
     params = spec["components"]["parameters"]
-    params["model"]["schema"] = {"type": "string", "enum": [*models, "nope"]}
-    params["version"]["schema"] = {"type": "string", "enum": ["1", "9"]}
+    params["model"]["schema"] = {"type": "string", "enum": models}
+    params["version"]["schema"] = {"type": "string", "enum": ["1"]}
     schemas = spec["components"]["schemas"]
     schemas["RequestInput"]["properties"] = {
         "name": {"type": "string", "enum": ["x"]},
-        "shape": {"type": "array", "items": {"type": "integer"}, "enum": [[1, 4, 5, 5], [2, 4, 5, 5]]},
-        "datatype": {"type": "string", "enum": ["FP32", "FP64", "INT8"]},
+        "shape": {"type": "array", "items": {"type": "integer"}, "enum": [[1, 4, 5, 5]]},
+        "datatype": {"type": "string", "enum": ["FP32"]},
         "data": {"type": "array", "items": {"type": "number", "minimum": -2, "maximum": 2},
                  "minItems": 100, "maxItems": 100}}
     schemas["InferenceRequest"]["properties"]["inputs"]["maxItems"] = 1
