@@ -49,7 +49,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = ["GatewayMetrics", "MetricsServer", "JsonLogFormatter", "LOAD_FAILURE_REASONS", "PoolLoadSample",
-           "REFUSAL_REASONS", "REFUSAL_LOG_INTERVAL_S", "STAGES", "configure_logging"]
+           "PROBE_PATHS", "REFUSAL_REASONS", "REFUSAL_LOG_INTERVAL_S", "STAGES", "TLS_HANDSHAKE_TIMEOUT_S",
+           "configure_logging"]
 
 logger = logging.getLogger(__name__)
 
