@@ -115,7 +115,7 @@ def make_engine(model, provider: str, *, buckets, share: bool = True, precision:
 
     config = EngineConfig(provider=provider, batch_buckets=tuple(buckets), share_weights=share,  # type: ignore[arg-type]
                           loop_fallback=True, cache_dir=cache_dir, intra_op_threads=0 if provider == "cpu" else 0)
-    if provider.startswith("torch") and (precision != "fp32" or cuda_graphs):
+    if provider.startswith("torch"):  # graphs as asked (Engine's default would capture where it can)
         from workers._torch_engine import TorchEngine
 
         return TorchEngine(model, config, precision=precision, cuda_graphs=cuda_graphs)
@@ -234,7 +234,7 @@ async def _closed_loop(submit, feeds: list, concurrency: int, seconds: float, ba
 
 
 def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, max_batch: int,
-           cache_dir: str, *, cuda_graphs: bool = False, replicas: int = 1, peer: bool = True,
+           cache_dir: str, *, cuda_graphs: bool | None = None, replicas: int = 1, peer: bool = True,
            delay_ms: float = 0.0) -> dict:
     """Ours (the in-process LocalPool, provider through Engine unchanged; model.yaml's
     ``cuda_graphs`` as given) and the peer on the same engine."""
@@ -267,6 +267,7 @@ def served(tail, provider: str, concurrency: tuple[int, ...], seconds: float, ma
         rawb = time_raw(engine, max_batch, seconds, provider)
         await pool.close()
         out = {"engine": type(engine).__name__, "provider": engine.provider, "cuda_graphs": cuda_graphs,
+               "cuda_graphs_used": getattr(engine, "cuda_graphs", False),
                "graphs_refused": getattr(engine, "graphs_refused", ""), "replicas": replicas, "delay_ms": delay_ms,
                "batch_safe": engine.batch_safe, "batch_reason": getattr(engine, "batch_reason", ""),
                "ours": ours, "serve_batch_peer": theirs, "raw_batch1": raw1, "raw_batched": rawb}
@@ -451,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--out {out}: a dry run never writes the results file; name another path", file=sys.stderr)
         return 2
     provider = backend(dry)
+    from workers import keep_freed_memory
+
+    kept = keep_freed_memory()  # as the gateway's process does (cluster.server.serve): ours as deployed
     if not dry and torch_available() is not None:
         print(f"bench/gpu.py: {torch_available()}", file=sys.stderr)
         return 2
@@ -464,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = DRY_CONCURRENCY if dry else CONCURRENCY
     max_batch = batches[-1] if dry else 32
     t_all = time.perf_counter()
-    result: dict = {"dry_run": dry, "environment": environment(provider), "seconds_per_point": seconds,
+    result: dict = {"dry_run": dry, "environment": {**environment(provider), "freed_memory_kept": kept},
+                    "seconds_per_point": seconds,
                     "raw": {}, "served": {}, "memory": {}, "cost_model": {}}
     models = full_models(dry)
     names = [m for m in args.models.split(",") if m]
@@ -497,19 +502,11 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(sub, exist_ok=True)
             srv = _step(lambda: served(tail, provider, concurrency, seconds, max_batch, sub))
             result["served"][name] = srv
-            if provider == "torch-cuda":
-                sub_g = os.path.join(cache_dir, name + "-graphs")
-                os.makedirs(sub_g, exist_ok=True)
-                result.setdefault("served_cuda_graphs", {})[name] = _step(
-                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_g, cuda_graphs=True))
-                sub_2 = os.path.join(cache_dir, name + "-two")
-                os.makedirs(sub_2, exist_ok=True)
-                result.setdefault("served_two_replicas", {})[name] = _step(
-                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_2, replicas=2, peer=False))
-                sub_d = os.path.join(cache_dir, name + "-delay")
-                os.makedirs(sub_d, exist_ok=True)
-                result.setdefault("served_delay_2ms", {})[name] = _step(
-                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_d, peer=False, delay_ms=2.0))
+            if provider == "torch-cuda":  # ours again with eager runs: what the graphs are worth served
+                sub_e = os.path.join(cache_dir, name + "-eager")
+                os.makedirs(sub_e, exist_ok=True)
+                result.setdefault("served_eager", {})[name] = _step(
+                    lambda: served(tail, provider, concurrency, seconds, max_batch, sub_e, cuda_graphs=False))
             # a step that fails is recorded, not fatal: the device time of the others is kept
             result["memory"][name] = _step(lambda: memory_and_cold(tail, provider, buckets))
             result["cost_model"][name] = _step(lambda: cost_model(name, models[name], provider, seconds / 2,
@@ -529,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
 def _write(result: dict, out: str, t_all: float, *, final: bool) -> None:
     keys = ("ours_c32_over_raw_cuda_batched", "added_p50_ms", "ours_over_serve_gpu")
     result["keys"] = {k: {n: s[k] for n, s in result["served"].items() if k in s} for k in keys}
-    result["keys_cuda_graphs"] = {k: {n: s[k] for n, s in result.get("served_cuda_graphs", {}).items() if k in s}
-                                  for k in keys}
+    result["keys_eager"] = {k: {n: s[k] for n, s in result.get("served_eager", {}).items() if k in s}
+                            for k in keys}
     errors = [c["median_abs_error"] for c in result["cost_model"].values() if c.get("median_abs_error") is not None]
     result["cost_model_median_abs_error"] = statistics.median(errors) if errors else None
     result["not_measured"] = ["Ray Serve itself (no Ray on the GPU host: the peer is ServeBatchPeer)",

@@ -210,9 +210,10 @@ class ModelConfig:
     are then placed where they meet it (planner [Note: accuracy budget]). None: lossless
     fp32 plans only."""
 
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None
     """With the ``torch-cuda`` provider, run each batch bucket as a captured CUDA graph
-    (``EngineConfig.cuda_graphs``; docs/engine.md). Other providers ignore it."""
+    (``EngineConfig.cuda_graphs``; docs/engine.md). None: where the tail's sizes besides
+    the batch are fixed. Other providers ignore it."""
 
     _FIELDS = ("name", "description", "max_batch_size", "max_queue_delay_ms", "max_queue_size", "replicas",
                "intra_op_threads", "instances", "max_request_bytes", "ray_resources", "frontier", "input_shapes",
@@ -225,7 +226,7 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {lo}")
         if not self.max_queue_delay_ms >= 0:
             raise ValueError(f"max_queue_delay_ms={self.max_queue_delay_ms} must be >= 0")
-        if not isinstance(self.cuda_graphs, bool):
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs={self.cuda_graphs!r} must be true or false")
         m = self.min_agreement
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 1):

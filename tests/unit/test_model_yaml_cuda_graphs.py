@@ -14,7 +14,7 @@ def test_cuda_graphs_is_read_from_model_yaml(tmp_path) -> None:
     path = tmp_path / "model.yaml"
     path.write_text("cuda_graphs: true\n")
     assert ModelConfig.from_yaml_file(str(path)).cuda_graphs is True
-    assert ModelConfig().cuda_graphs is False
+    assert ModelConfig().cuda_graphs is None
     assert ModelConfig.from_json(ModelConfig(cuda_graphs=True).to_json()).cuda_graphs is True
 
 
@@ -22,7 +22,7 @@ def test_cuda_graphs_is_read_from_model_yaml(tmp_path) -> None:
 def test_a_cuda_graphs_that_is_not_a_boolean_is_a_clear_error(tmp_path, value) -> None:
     path = tmp_path / "model.yaml"
     path.write_text(f"cuda_graphs: {value}\n")
-    with pytest.raises(RegistryError, match="cuda_graphs must be true or false"):
+    with pytest.raises(RegistryError, match="cuda_graphs=.* must be true or false"):
         ModelConfig.from_yaml_file(str(path))
 
 
