@@ -125,12 +125,15 @@ def _timed_quota(timer: Any, quota: Any, target_ms: float, one_thread_ms: float,
     return ms
 
 
-def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, say: Callable[[str], None]) -> Any:
+def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, edge_cpus: float | None = None,
+                 say: Callable[[str], None]) -> Any:
     """The registry entry, profiles and throttled edge of the real-weight model `key`, as a
-    `splitinfer.demo.setup.DemoModel` (no frontier), plus its samples' path as `samples_path`."""
+    `splitinfer.demo.setup.DemoModel` (no frontier), plus its samples' path as `samples_path`.
+    The quota is `edge_cpus`, or (None) the one that makes the device the reference ratio
+    slower than the cloud side."""
     from bench._wild_models import locate
     from partitioner import build_graph, load_model
-    from splitinfer.demo.edge import ThrottledTimer
+    from splitinfer.demo.edge import ThrottledTimer, set_quota
     from splitinfer.demo.setup import DemoModel, measure_profiles, reference_ratio, slow_down
 
     wm = _wild()[key]
@@ -152,8 +155,11 @@ def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, say: Callabl
     if quota is not None and quota.active:
         timer = ThrottledTimer(model_path, quota, runs=max(3, runs // 2))
         try:
-            target = ref["ratio"] * cloud_ms
-            edge_ms = _timed_quota(timer, quota, target, dev_ms, say)
+            if edge_cpus is None:
+                edge_ms = _timed_quota(timer, quota, ref["ratio"] * cloud_ms, dev_ms, say)
+            else:
+                set_quota(quota, edge_cpus)
+                edge_ms = timer.time()
         finally:
             timer.close()
         total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
@@ -171,7 +177,8 @@ def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, say: Callabl
     say(f"[3/3] whole model: edge {dev_ms:.0f} ms, cloud {cloud_ms:.1f} ms ({dev_ms / max(cloud_ms, 1e-6):.1f}x; "
         f"reference {ref['edge_device']}/{ref['cloud_device']} {ref['ratio']:.3g}x)")
     dm = DemoModel(key, model, graph, os.path.join(work_dir, "registry"), model_path, dev_path, dev, cloud, source,
-                   dev_ms, cloud_ms, None, {"reference": ref, "one_thread_ms": round(one_thread_ms, 2)})
+                   dev_ms, cloud_ms, None, {"reference": ref, "one_thread_ms": round(one_thread_ms, 2),
+                                     "quota_from": "reference ratio" if edge_cpus is None else "--edge-cpus"})
     dm.samples_path = samples_path  # type: ignore[attr-defined]
     return dm
 

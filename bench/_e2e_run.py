@@ -249,20 +249,88 @@ def _warm(edge: _Edge, cands: list[dict[str, Any]], notes: list[str]) -> set[str
     return ok
 
 
-def _call_overhead_ms(edge: _Edge, graph: Any, cands: list[dict[str, Any]], known: set[str]) -> float:
-    """Median time of a call beyond the gateway's own work, the fast link's RTT and its bytes."""
-    from partitioner import boundary_bytes, make_cut
+def _probe_choice(cands: list[dict[str, Any]], known: set[str], empty_id: str, table: Any) -> tuple[str, str] | None:
+    """The candidate and encoding a device's RTT probe is like ([Note: probed RTT]): the cut
+    where the device runs no layer, so no head runs before the call, in the encoding with
+    the fewest measured bytes there (the accuracy table's; ``int8`` where it measured none).
+    None when that cut is not served."""
+    cand = next((c for c in cands if c["id"] == empty_id and not c["local"] and c["id"] in known), None)
+    if cand is None:
+        return None
+    sized = [e for e in (table.entries if table is not None else ()) if e.cut_id == empty_id and e.wire_bytes > 0
+             and e.agreement is not None]
+    return cand["id"], (min(sized, key=lambda e: e.wire_bytes).encoding if sized else "int8")
 
-    remote = [c for c in cands if not c["local"] and c["id"] in known]
-    if not remote:
-        return 0.0
-    small = min(remote, key=lambda c: boundary_bytes(graph, make_cut(graph, _layers(c["id"]))))
-    r = edge.job(small["id"], "fp32", 5)
-    if "error" in r:
-        return 0.0
-    extra = [x["remote_ms"] - sum(x["server"].get(k, 0.0) for k in _SERVER_STAGES) - _FAST_LINK["rtt_ms"]
-             - x["wire_bytes"] * 8 / _FAST_LINK["up_bps"] * 1e3 for x in r["rows"]]
-    return max(0.0, median(extra))
+
+def _call_extra_ms(row: dict[str, Any], link: dict[str, float], out_bytes: float) -> float:
+    """One request's call time beyond the gateway's own work, the link's RTT and the time of
+    its bytes both ways on the link (``up_bps``, ``down_bps``, ``rtt_ms``)."""
+    return (row["remote_ms"] - sum(row["server"].get(k, 0.0) for k in _SERVER_STAGES) - link["rtt_ms"]
+            - row["wire_bytes"] * 8 / link["up_bps"] * 1e3 - out_bytes * 8 / link["down_bps"] * 1e3)
+
+
+# A link is probed only where the probe's bytes take at most this long on its uplink.
+_PROBE_MAX_UP_MS = 500.0
+
+
+def _call_overhead_ms(edge: _Edge, emu: Any, graph: Any, cands: list[dict[str, Any]], known: set[str], table: Any,
+                      links: list[tuple[float, float]], reps: int = 3) -> tuple[float, int]:
+    """Median time of a call beyond the gateway's own work, the RTT and the bytes, over
+    `reps` requests of `_probe_choice` on each link of the grid (those where its bytes take
+    at most `_PROBE_MAX_UP_MS`, else the fastest), one request per job as every measured
+    request is sent; and how many requests that median is over. The emulator is left on
+    the fast link."""
+    from partitioner import make_cut
+    from splitinfer.netem import LinkSetting
+
+    pick = _probe_choice(cands, known, make_cut(graph, []).key, table)
+    if pick is None:
+        return 0.0, 0
+    entry = table.entry(pick[0], pick[1]) if table is not None else None
+    probe_bytes = entry.wire_bytes if entry is not None else 0.0
+    out_bytes = float(sum(graph.tensor[o].bytes_per_sample or 0 for o in graph.outputs))
+    grid = [{"up_bps": u, "down_bps": u * _DOWN_RATIO, "rtt_ms": rtt} for u, rtt in links]
+    probed = [lk for lk in grid if probe_bytes * 8 / lk["up_bps"] * 1e3 <= _PROBE_MAX_UP_MS]
+    probed = probed or [max(grid, key=lambda lk: lk["up_bps"])]
+    extra = []
+    try:
+        for lk in probed:
+            emu.set(LinkSetting(**lk))
+            for _ in range(reps):
+                r = edge.job(pick[0], pick[1], 1)
+                if "error" not in r:
+                    extra += [_call_extra_ms(x, lk, out_bytes) for x in r["rows"]]
+    finally:
+        emu.set(LinkSetting(**_FAST_LINK))
+    return (max(0.0, median(extra)) if extra else 0.0), len(extra)
+
+
+def _device_as_requested(edge: _Edge, cands: list[dict[str, Any]], device: Any, reps: int = 7) -> tuple[Any, float | None]:
+    """The device profile brought to the whole model's median time over `reps` edge-only
+    requests of the edge child, one request per job as every measured request is sent,
+    and that median (None, and the profile unchanged, where no edge-only cut is served).
+
+    [Note: device speed as requested]
+    The quota's timer (`splitinfer.demo.setup.prepare`) times the model in its own process
+    with idle periods before each run. At the reference ratio a small model's quota is
+    below 0.1 CPU, so the kernel's 1 ms smallest quota makes its period 1 / CPUs ms (33 ms
+    at 0.03 CPU): a run is a few lumps of 1 ms at full speed between waits, and how many
+    waits depends on the phase. SqueezeNet (3.4 ms of CPU) timed 4 ms there in one run and
+    55 and 65 ms in others, while its edge-only requests in the grid took 36-100 ms. A
+    device learns its speed from its own runs (the agent's corrections do); here the
+    planner gets it from the same requests the grid measures."""
+    from splitinfer.demo.setup import slow_down
+
+    local = next((c for c in cands if c["local"]), None)
+    ms: list[float] = []
+    for _ in range(reps if local is not None else 0):
+        r = edge.job(local["id"], "fp32", 1)  # type: ignore[index]
+        if "error" not in r:
+            ms += [x["edge_ms"] for x in r["rows"]]
+    if not ms:
+        return device, None
+    total = sum(t.ms for t in device.layers.values()) + device.fixed_ms
+    return slow_down(device, median(ms) / max(total, 1e-6), f"{device.device}-as-requested"), median(ms)
 
 
 def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: Any) -> tuple[Any, dict[str, Any]]:
@@ -368,7 +436,7 @@ def _strategies(graph: Any, profiles: list[Any], link: Any, table: Any,
 
 
 def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], reps: int, max_chain: int,
-              edge_cpus: float, profile_runs: int, prune_ratio: float = 1.5, load_mbps: tuple[float, ...] = (),
+              edge_cpus: float | None, profile_runs: int, prune_ratio: float = 1.5, load_mbps: tuple[float, ...] = (),
               load_n: int = 0, min_agreement: float = 0.99, calibrate_chain: int = 6,
               say: Callable[[str], None] = print) -> ModelRun:
     """Profiles `name` (a zoo or a real-weight model), measures its accuracy table
@@ -382,18 +450,21 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     from splitinfer.netem import LinkSetting, ThreadedLinkEmulator
 
     out = ModelRun(name)
-    quota = CpuQuota(edge_cpus, f"splitinfer-e2e-{os.getpid()}")
+    quota = CpuQuota(edge_cpus or 0.2, f"splitinfer-e2e-{os.getpid()}")
     if not quota.active:
         out.notes.append(f"edge not throttled: {quota.why_not}; it runs with one thread")
     t0 = time.monotonic()
     real = is_real(name)
-    dm = (prepare_real if real else prepare)(name, work_dir, runs=profile_runs, quota=quota, say=say)
+    dm = (prepare_real if real else prepare)(name, work_dir, runs=profile_runs, quota=quota, edge_cpus=edge_cpus,
+                                             say=say)
     graph, profiles = dm.graph, [dm.device, dm.cloud]
     samples_path = dm.samples_path if real else zoo_samples_path(dm, work_dir)
     table = calibrate(dm, samples_path, max_chain_points=calibrate_chain, say=say)
     model_scale = dm.edge_model_ms / max(float(dm.emulation.get("one_thread_ms") or dm.edge_model_ms), 1e-6)
-    out.setup = {"edge": f"1 ORT thread, {quota.kind} quota {edge_cpus:g} CPU" if quota.active else "1 ORT thread",
-                 "cloud": "gateway in-process pool, every core", "edge_model_ms": dm.edge_model_ms,
+    quota_from = (getattr(dm, "emulation", None) or {}).get("quota_from", "reference ratio")
+    out.setup = {"edge": f"1 ORT thread, {quota.kind} quota {quota.cpus:.3g} CPU (from the {quota_from})"
+                 if quota.active else "1 ORT thread",
+                 "cloud": "gateway in-process pool, every core", "edge_model_ms_quota_timer": dm.edge_model_ms,
                  "cloud_model_ms": dm.cloud_model_ms, "profile_source": dm.profile_source,
                  "layers": len(graph), "gflops": graph.total_flops / 1e9, "reps": reps,
                  "prune_ratio": prune_ratio, "real_weights": real,
@@ -423,7 +494,11 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         edge = _Edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands, "seed": 0,
                                                       "inputs_path": samples_path}, quota)
         known = _warm(edge, cands, out.notes)
-        overhead_ms = _call_overhead_ms(edge, graph, cands, known)
+        profiles[0], out.setup["edge_model_ms"] = _device_as_requested(edge, cands, profiles[0])
+        if out.setup["edge_model_ms"] is None:
+            out.setup["edge_model_ms"] = dm.edge_model_ms
+        overhead_ms, out.setup["call_overhead_requests"] = _call_overhead_ms(edge, emu, graph, cands, known, table,
+                                                                             links)
         out.setup["call_overhead_ms"] = overhead_ms
         # the planner prices the input's codecs at the edge's speed ([Note: codec time on the device])
         plan_table, out.setup["codec_ms_on_edge"] = _codec_on_edge(edge, graph, cands, table)
@@ -431,8 +506,15 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
             f"a call's fixed cost beyond RTT and bytes: {overhead_ms:.1f} ms")
         # [Note: probed RTT] The planner gets the link as a device would estimate it: the
         # rate, and the RTT its probes see (the emulated RTT plus this stack's fixed cost
-        # per call: gRPC, the proxy, the gateway's decode and queue), measured once here
-        # over the fast link before any link of the grid is measured.
+        # per call: gRPC, the proxy, the gateway's decode and queue, and the edge's own CPU
+        # work of a call inside its quota), measured before any link of the grid is
+        # measured. A probe is a small call with no head before it, sent on the links of
+        # the grid: the cut where the device runs nothing, in the fewest bytes measured
+        # there (`_probe_choice`), a few requests per link, their median over all links.
+        # A call after a head also waits out the quota the head spent (one to four periods),
+        # a cost of the head, not of the link. Single requests vary from 2 to 160 ms, and
+        # over the 1 Gbit/s fast link their medians read about twice those on the grid's
+        # links (18-38 against 6-21 ms for SqueezeNet's JPEG), hence probes on the grid.
         plan_links = [Link(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt + overhead_ms) for u, rtt in links]
         picks = [_strategies(graph, profiles, lk, plan_table, min_agreement) for lk in plan_links]
         fresh = {c.key: c for p in picks for c, _ in (v for v in p.values() if v is not None) if c.key not in cuts}

@@ -82,7 +82,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-mbps", default=None,
                    help="uplinks (Mbit/s, among the grid's) with a Poisson-load throughput run; 'none' for none")
     p.add_argument("--load-n", type=int, default=None, help="requests per strategy in a load run")
-    p.add_argument("--edge-cpus", type=float, default=0.2, help="the edge's cgroup CPU quota (default 0.2)")
+    p.add_argument("--edge-cpus", type=float, default=None,
+                   help="the edge's cgroup CPU quota in CPUs (default: the quota that makes the device as many "
+                        "times slower than the cloud side as an rpi4 is than a t4, found by timing inside it)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e.json, or e2e_quick.json with --quick)")
     p.add_argument("--resume", action="store_true", help="keep the models already in --out, run the rest")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
@@ -134,6 +136,9 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
         "load_mbps": [] if a.load_mbps == "none" else _floats(a.load_mbps, base["load_mbps"], "load-mbps"),
         "load_n": a.load_n or base["load_n"], "load_max_s": 30.0,
     }
+    if a.edge_cpus is not None and not 0 < a.edge_cpus <= 64:
+        raise SystemExit(f"--edge-cpus is {a.edge_cpus:g}; give CPUs in (0, 64], e.g. 0.2, or leave it out for the "
+                         "reference ratio")
     if cfg["reps"] < 1 or cfg["max_chain"] < 1 or cfg["profile_runs"] < 2:
         raise SystemExit("--reps and --max-chain must be >= 1 and --profile-runs >= 2")
     return cfg

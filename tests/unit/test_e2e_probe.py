@@ -1,0 +1,53 @@
+"""The e2e benchmark's RTT probe ([Note: probed RTT] in bench._e2e_run): timed where no
+head runs before the call, in the fewest bytes measured there."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench._e2e_run import _FAST_LINK, _call_extra_ms, _probe_choice
+from planner.accuracy import AccuracyEntry, AccuracyTable
+
+
+def _cand(cid: str, *, head: bool, local: bool = False) -> dict:
+    return {"id": cid, "cut_key": cid, "local": local, "head_path": f"{cid}.onnx" if head else None, "boundary": []}
+
+
+# SqueezeNet's shape: the smallest boundary (4,000 bytes) sits after a head of 38 layers,
+# the model input (602,112 bytes in fp32) has no head before it.
+_CANDS = [_cand("L0-38", head=False, local=True), _cand("L", head=False), _cand("L0-37", head=True),
+          _cand("L0-10", head=True)]
+_ALL = {c["id"] for c in _CANDS}
+
+
+def _table(*entries: AccuracyEntry) -> AccuracyTable:
+    return AccuracyTable("m", "f", 8, entries)
+
+
+def test_the_probe_runs_no_head_even_where_a_headed_cut_sends_fewer_bytes() -> None:
+    table = _table(AccuracyEntry("L0-37", "int8", 1.0, wire_bytes=1000.0),
+                   AccuracyEntry("L", "jpeg@90", 0.999, wire_bytes=9000.0),
+                   AccuracyEntry("L", "jpeg@10", 0.97, wire_bytes=1741.0),
+                   AccuracyEntry("L", "webp@90", None, wire_bytes=500.0, reason="not applicable"),
+                   AccuracyEntry("L", "int8", 1.0, wire_bytes=150528.0))
+    assert _probe_choice(_CANDS, _ALL, "L", table) == ("L", "jpeg@10")
+
+
+def test_the_probe_sends_int8_where_the_table_measured_no_bytes_at_the_input() -> None:
+    assert _probe_choice(_CANDS, _ALL, "L", None) == ("L", "int8")
+    assert _probe_choice(_CANDS, _ALL, "L", _table(AccuracyEntry("L0-10", "fp16", 1.0, wire_bytes=9.0))) == ("L", "int8")
+
+
+def test_no_probe_where_the_input_cut_is_not_served() -> None:
+    assert _probe_choice(_CANDS, _ALL - {"L"}, "L", None) is None
+    assert _probe_choice([c for c in _CANDS if c["id"] != "L"], _ALL, "L", None) is None
+
+
+def test_the_call_extra_subtracts_server_work_rtt_and_bytes_both_ways() -> None:
+    row = {"remote_ms": 90.0, "wire_bytes": 125_000, "server": {"decode": 1.0, "compute": 4.0, "queue": 0.5,
+                                                                "utilisation": 0.9}}
+    link = {"up_bps": 10e6, "down_bps": 40e6, "rtt_ms": 20.0}
+    # 125 kB up at 10 Mbit/s: 100 ms; 4 kB down at 40 Mbit/s: 0.8 ms
+    assert _call_extra_ms(row, link, 4000.0) == pytest.approx(90.0 - 5.5 - 20.0 - 100.0 - 0.8)
+    fast = {"up_bps": _FAST_LINK["up_bps"], "down_bps": _FAST_LINK["down_bps"], "rtt_ms": _FAST_LINK["rtt_ms"]}
+    assert _call_extra_ms(row, fast, 0.0) == pytest.approx(90.0 - 5.5 - 1.0 - 1.0)
