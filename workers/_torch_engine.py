@@ -31,15 +31,6 @@ bucket's run is captured once as a CUDA graph over static input and output tenso
 request is copied into the bucket's inputs, the graph replayed and the outputs read, as
 the ORT engine's IO binding does ([Note: IO binding] in workers/engine.py).
 
-[Note: staged inputs]
-Each input of fixed sizes has a host buffer of the largest bucket's rows, pinned on CUDA.
-A batch's requests are written straight into it (no concatenated array) and it goes to
-the GPU in one asynchronous copy; a lone request is copied in as well. A fresh
-concatenated array of a large batch is new memory: its pages fault in on first write,
-and CUDA copies pageable memory through a pinned bounce buffer of its own, so the
-rows were written three times where they are now written once. The buffer is reused
-by the next run only after this run's outputs are back on the host, under the engine's lock.
-
 [Note: weights shared on the device]
 With ``EngineConfig.share_weights`` (the default) engines of one model, device and
 precision in a process share one converted module, so a second replica costs its
@@ -379,8 +370,7 @@ class TorchEngine:
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
         self._output_names = [s.name for s in self.outputs]
-        self._lock = threading.RLock()  # run_batch holds it across staging and run
-        self._staging: dict[str, tuple[Any, np.ndarray]] = {}
+        self._lock = threading.Lock()
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
         self._graphs: dict[int, tuple[Any, dict, list]] = {}
@@ -496,49 +486,9 @@ class TorchEngine:
         return check_inputs(inputs, self._input_names, self._input_checks, name=self.name, max_batch=self.max_batch,
                             batch_safe=self.batch_safe, where=where, shape_inputs=frozenset())
 
-    def _staging_view(self, spec: TensorSpec, rows: int) -> np.ndarray | None:
-        """The first ``rows`` rows of the input's host staging buffer ([Note: staged inputs]);
-        None where the input's sizes are not fixed or ``rows`` exceeds the largest bucket."""
-        if self.any_shape or not spec.shape or not hasattr(self, "buckets") or rows > self.max_batch:
-            return None  # (the load-time check runs before the buckets are known)
-        st = self._staging.get(spec.name)
-        if st is None:
-            torch = self._torch
-            dtype = torch.from_numpy(np.empty(0, spec.dtype)).dtype
-            buf = torch.empty((self.max_batch, *spec.shape[1:]), dtype=dtype,
-                              pin_memory=self.device.type == "cuda")
-            self._staging[spec.name] = st = (buf, buf.numpy())
-        return st[1][:rows]
-
-    def _to_device(self, a: np.ndarray, spec: TensorSpec | None = None):
-        a = np.asarray(a)
-        view = self._staging_view(spec, a.shape[0]) if spec is not None and a.ndim == len(spec.shape) else None
-        if view is not None and view.shape == a.shape and view.dtype == a.dtype:
-            if a.__array_interface__["data"][0] != view.__array_interface__["data"][0]:
-                np.copyto(view, a)
-            host = self._staging[spec.name][0][:a.shape[0]]
-            # the buffer is reused by the next run: the CPU gets a copy; CUDA's copy from
-            # pinned memory is asynchronous and done before the run's outputs come back
-            t = host.to(self.device, non_blocking=True) if self.device.type == "cuda" else host.clone()
-        else:
-            t = self._torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True)
+    def _to_device(self, a: np.ndarray):
+        t = self._torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True)
         return t.to(self._half) if self._half is not None and t.is_floating_point() else t
-
-    def _join(self, chunk: Sequence[Mapping[str, np.ndarray]], total: int) -> dict[str, np.ndarray]:
-        """The chunk's inputs as one batch, written into the staging buffers where they can be."""
-        joined = {}
-        for s in self.inputs:
-            parts = [np.asarray(r[s.name]) for r in chunk]
-            view = self._staging_view(s, total)
-            if view is None or any(p.shape[1:] != view.shape[1:] or p.dtype != view.dtype for p in parts):
-                joined[s.name] = np.concatenate(parts)
-                continue
-            at = 0
-            for p in parts:
-                view[at:at + p.shape[0]] = p
-                at += p.shape[0]
-            joined[s.name] = view
-        return joined
 
     def _forward(self, tensors: Sequence[Any]) -> list:
         with self._torch.inference_mode():
@@ -546,7 +496,7 @@ class TorchEngine:
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
     def _forward_np(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        outs = self._forward([self._to_device(feed[s.name], s) for s in self.inputs])
+        outs = self._forward([self._to_device(feed[s.name]) for s in self.inputs])
         return [self._to_host(o, s) for o, s in zip(outs, self.outputs)]
 
     def _to_host(self, t, spec: TensorSpec) -> np.ndarray:
@@ -611,7 +561,7 @@ class TorchEngine:
                     graph, static, outs = captured
                     with self._torch.inference_mode():
                         for s in self.inputs:
-                            static[s.name][:rows].copy_(self._to_device(inputs[s.name], s))
+                            static[s.name][:rows].copy_(self._to_device(inputs[s.name]))
                     graph.replay()
                     result = {s.name: self._to_host(o[:rows], s) for o, s in zip(outs, self.outputs)}
                 else:
@@ -653,8 +603,8 @@ class TorchEngine:
                 end += 1
             end = max(end, start + 1)
             chunk = requests[start:end]
-            with self._lock:  # the staging buffers hold this chunk until its run is done
-                res = self.run(self._join(chunk, total), rows=total)
+            joined = {s.name: np.concatenate([np.asarray(r[s.name]) for r in chunk]) for s in self.inputs}
+            res = self.run(joined, rows=total)
             offset = 0
             for r in rows[start:end]:
                 out.append({k: v[offset:offset + r] for k, v in res.items()})
