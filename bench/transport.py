@@ -660,10 +660,11 @@ def main(argv: list[str] | None = None) -> int:
         _child_server(args.child_server)
         return 0
     os.makedirs(args.out, exist_ok=True)
+    keep_freed_memory()  # the client process too, as `splitinfer edge run` keeps it ([Note: fresh pages])
     res: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
                     "grpcio": grpc.__version__, "loadavg_start": os.getloadavg(),
-                    "servers_keep_freed_memory": freed_memory_kept_by_default()},
+                    "client_and_servers_keep_freed_memory": freed_memory_kept_by_default()},
         "quick": args.quick,
     }
     for key, fn in (("codec", bench_codec), ("round_trip", bench_round_trip),

@@ -21,8 +21,12 @@ together: setting either one turns off glibc's own adaptive threshold, and
 either one alone made round trips slower than glibc's defaults (1 MiB: about
 10 ms for every server, with client and servers all set that way). The cost is
 resident memory: a process keeps up to 256 MiB of freed memory per malloc arena.
-`cluster.server.serve` (the gateway, and every test and bench server) and
-`SegmentHost` (Ray workers) call it; SPLITINFER_KEEP_FREED_MEMORY=0 turns it off.
+`cluster.server.serve` (the gateway, and every test and bench server),
+`SegmentHost` (Ray workers) and `splitinfer edge run` (the agent, a gRPC client) call
+it; SPLITINFER_KEEP_FREED_MEMORY=0 turns it off. The client side: with grpcio 1.85.3
+in the client and the bench's servers on 1.78.2, runs alternating, our 1 MiB Infer
+took 1.61 / 1.71 ms from a client that keeps freed memory and 3.05 / 2.66 ms from one
+at glibc's defaults (on grpcio 1.78.2 the client's setting made no difference).
 """
 
 from __future__ import annotations
