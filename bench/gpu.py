@@ -324,6 +324,66 @@ def memory_and_cold(tail, provider: str, buckets) -> dict:
 # -- the cost model ------------------------------------------------------------------------
 
 
+def segment_io_mb(graph, layers) -> float:
+    """MB per sample a segment copies in (the tensors it reads from outside it) and out
+    (the model outputs it computes)."""
+    made = {t for ly in graph.layers if ly.id in layers for t in ly.outputs}
+    ins = {t for ly in graph.layers if ly.id in layers for t in ly.inputs if t not in made and t in graph.tensor}
+    outs = {t for t in graph.outputs if t in made}
+    return sum(float(graph.tensor[t].bytes_per_sample or 0) for t in ins | outs) / 1e6
+
+
+def predict_segment(graph, layers, ref, batch: int) -> float:
+    """The reference profile's time for ``layers`` run as one segment at ``batch``: the layers'
+    rooflines, the run's fixed cost and the host copies ([Note: cost model] in planner.costmodel)."""
+    return (sum(ref.layers[i].ms for i in layers) + ref.fixed_ms
+            + batch * segment_io_mb(graph, layers) * ref.codec.host_copy_ms_per_mb)
+
+
+def segment_parts(graph, cuts: int) -> list[frozenset]:
+    """The layers of the whole model and of the tails after ``cuts`` evenly spread chain points."""
+    chain = list(partitioner.chain_points(graph))
+    picks = sorted({chain[round(i * (len(chain) - 1) / max(cuts - 1, 1))] for i in range(cuts)}) if chain else []
+    all_layers = frozenset(ly.id for ly in graph.layers)
+    tails = [all_layers - partitioner.prefix_cut(graph, layer).device for layer in picks]
+    return [all_layers] + [t for t in tails if t]
+
+
+def check_reference(result: dict, dry: bool = False) -> dict:
+    """The reference profile now in planner/devices.py against the segment times a run
+    measured (``result`` a gpu.json): batch 1 as served (CUDA graphs), and batch 32."""
+    from planner.devices import reference_profile
+
+    out: dict = {"reference_device": REFERENCE_DEVICE, "models": {}}
+    every: dict[str, list[float]] = {"b1_cuda_graphs": [], f"b{BIG_BATCH}": []}
+    models = full_models(dry)
+    for name, cm in result.get("cost_model", {}).items():
+        if "segments" not in cm or name not in models:
+            continue
+        graph = partitioner.build_graph(models[name])
+        refs = {1: reference_profile(REFERENCE_DEVICE, graph), BIG_BATCH: reference_profile(
+            REFERENCE_DEVICE, graph, batch=BIG_BATCH)}
+        rows = []
+        parts = segment_parts(graph, cm.get("cuts", 3 if dry else 4))
+        if [len(p) for p in parts] != [seg["layers"] for seg in cm["segments"]]:
+            out["models"][name] = {"failed": "the run's segments are not this graph's: another model or cut count"}
+            continue
+        for layers, seg in zip(parts, cm["segments"]):
+            row = {"layers": len(layers), "first_layer": min(layers)}
+            for key, batch, measured in (("b1_cuda_graphs", 1, seg.get("measured_cuda_graphs_ms")),
+                                         (f"b{BIG_BATCH}", BIG_BATCH, seg.get(f"measured_b{BIG_BATCH}_ms"))):
+                if measured:
+                    pred = predict_segment(graph, layers, refs[batch], batch)
+                    row[key] = {"measured_ms": measured, "predicted_ms": pred, "error": (pred - measured) / measured}
+                    every[key].append(abs(pred - measured) / measured)
+            rows.append(row)
+        out["models"][name] = rows
+    out["median_abs_error"] = {k: statistics.median(v) if v else None for k, v in every.items()}
+    both = every["b1_cuda_graphs"] + every[f"b{BIG_BATCH}"]
+    out["median_abs_error"]["all"] = statistics.median(both) if both else None
+    return out
+
+
 def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -> dict:
     """Tails at ``cuts`` chain points timed at batch 1 against the reference profile, and a
     measured Profile from them: the time between two cuts is spread over the layers between
@@ -333,18 +393,12 @@ def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -
 
     graph = partitioner.build_graph(model)
     ref = reference_profile(REFERENCE_DEVICE, graph)
-    chain = list(partitioner.chain_points(graph))
-    picks = sorted({chain[round(i * (len(chain) - 1) / max(cuts - 1, 1))] for i in range(cuts)}) if chain else []
     ref_big = reference_profile(REFERENCE_DEVICE, graph, batch=BIG_BATCH)
     segments = []
     measured_by_cut: list[tuple[frozenset, float]] = []
     all_layers = frozenset(ly.id for ly in graph.layers)
-    parts = [(all_layers, model)]
-    for layer in picks:
-        cut = partitioner.prefix_cut(graph, layer)
-        tail_layers = all_layers - cut.device
-        if tail_layers:
-            parts.append((tail_layers, partitioner.split(model, cut, graph=graph)[1].model))
+    parts = [(layers, model if layers == all_layers else partitioner.split(
+        model, partitioner.Cut(all_layers - layers), graph=graph)[1].model) for layers in segment_parts(graph, cuts)]
     for layers, segment in parts:
         eng = make_engine(segment, provider, buckets=(1, BIG_BATCH), share=False)
         ms = time_raw(eng, 1, seconds, provider)["p50_ms"]
@@ -357,8 +411,8 @@ def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -
                 graphs_ms = time_raw(g, 1, seconds, provider)["p50_ms"] if g.cuda_graphs else None
                 g.close()
         measured_by_cut.append((layers, ms))
-        predicted = sum(ref.layers[i].ms for i in layers) + ref.fixed_ms
-        predicted_big = sum(ref_big.layers[i].ms for i in layers) + ref_big.fixed_ms
+        predicted = predict_segment(graph, layers, ref, 1)
+        predicted_big = predict_segment(graph, layers, ref_big, BIG_BATCH)
         segments.append({"layers": len(layers), "first_layer": min(layers), "flops": sum(
                             float(graph.layers[i].flops or 0.0) for i in layers),
                          "measured_ms": ms, "predicted_ms": predicted,
@@ -379,7 +433,7 @@ def cost_model(name: str, model, provider: str, seconds: float, cuts: int = 4) -
     profile = Profile(device=f"measured-{provider}", layers={i: LayerTime(ms=v) for i, v in layer_ms.items()},
                       ep=provider, ort_version="torch", model=graph.model)
     errors = [s["abs_error"] for s in segments if s["abs_error"] is not None]
-    return {"reference_device": REFERENCE_DEVICE, "segments": segments,
+    return {"reference_device": REFERENCE_DEVICE, "segments": segments, "cuts": cuts,
             "median_abs_error": statistics.median(errors) if errors else None,
             "measured_profile_total_ms": sum(layer_ms.values()), "measured_profile_layers": len(profile.layers),
             "measured_profile": profile.to_dict()}
@@ -443,8 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="JSON path (default bench/results/gpu.json; a dry run: a temporary file)")
     ap.add_argument("--seconds", type=float, default=None, help="length of each measured point (default 2; dry 0.2)")
     ap.add_argument("--models", default="resnet50,densenet121,transformer", help="comma-separated")
+    ap.add_argument("--check-reference", metavar="GPU_JSON",
+                    help="no GPU: the reference profile now in planner/devices.py against the segment times "
+                         "GPU_JSON measured; writes bench/results/gpu_cost_model.json (or --out)")
     args = ap.parse_args(argv)
     dry = args.dry_run
+    if args.check_reference:
+        with open(args.check_reference, encoding="utf-8") as f:
+            measured = json.load(f)
+        check = {"measured_in": os.path.basename(args.check_reference),
+                 "device": measured.get("environment", {}).get("device"),
+                 **check_reference(measured, dry=bool(measured.get("dry_run")))}
+        path = args.out or os.path.join(RESULTS, "gpu_cost_model.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(check, f, indent=1, sort_keys=True)
+        print(f"median |error| of the {REFERENCE_DEVICE} reference: {check['median_abs_error']}; wrote {path}")
+        return 0
     seconds = args.seconds if args.seconds is not None else (0.2 if dry else 2.0)
     out = args.out or (os.path.join(tempfile.gettempdir(), "splitinfer-gpu-dry-run.json") if dry
                        else os.path.join(RESULTS, "gpu.json"))

@@ -18,7 +18,10 @@ scale) and ``const_i`` = fixed_ms + corrections.offset_ms:
     up_ms_h     = sum(wire_bytes(t) for t crossing h) * 8 / (up_bps_h * (1 - loss_h)) * 1000
     down_ms_h   = sum(bytes(o) for o crossing h) * 8 / (down_bps_h * (1 - loss_h)) * 1000
     codec_ms_i  = encode on the hop it sends + decode on the hop it receives (CodecModel);
-                  a lossy codec's measured encode + decode, all on the sender
+                  a lossy codec's measured encode + decode, all on the sender; plus, on an
+                  accelerator, the copy of what it receives (as decoded) to the device,
+                  times its CodecModel.host_copy_ms_per_mb (a model output's copy back
+                  counts in the time of the layer that computes it)
     wire_bytes  = a float32 tensor's bytes cast and compressed (Encoding), or times the
                   lossy codec's measured ratio
     rtt_ms      = sum(rtt_h for hops h with a layer beyond them)
@@ -206,6 +209,12 @@ def _build_tables(graph: LayerGraph, profiles: Sequence[Profile], links: Sequenc
             for v in range(n):
                 p.layer_ms(v)  # raises, naming the layer and the profile
         unary[i] *= p.scale
+        # a model output's copy back to the host counts in the layer that computes it
+        for o in graph.outputs:
+            t = graph.tensor[o]
+            if t.producer is not None and p.codec.host_copy_ms_per_mb:
+                size = _UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample)
+                unary[i][t.producer] += size / 1e6 * p.codec.host_copy_ms_per_mb
     const = np.array([p.segment_const_ms for p in profiles])
     tens = [t for t in graph.tensors if t.consumers]
     t_prod = np.array([-1 if t.producer is None else t.producer for t in tens], dtype=np.int64)
@@ -219,12 +228,13 @@ def _build_tables(graph: LayerGraph, profiles: Sequence[Profile], links: Sequenc
     o_bytes = np.array([_UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample) for t in outs])
     down = np.zeros((k - 1, len(outs)))
     wire_all = np.zeros((k - 1, len(tens)))
+    raw_mb = np.array([_UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample) for t in tens]) / 1e6
     for h, lk in enumerate(links):
         wire, e_ms, d_ms = _wire_and_codec(graph, tens, encoding, profiles[h], profiles[h + 1])
         wire_all[h] = wire
         up[h] = wire * 8.0 / lk.up_goodput_bps * 1000.0
         enc[h] = e_ms
-        dec[h] = d_ms
+        dec[h] = d_ms + raw_mb * profiles[h + 1].codec.host_copy_ms_per_mb
         down[h] = o_bytes * 8.0 / lk.down_goodput_bps * 1000.0
     dev = profiles[0]
     return _Tables(

@@ -163,21 +163,29 @@ class CodecModel:
     )
     """Estimated compressed/raw size for each lossless compression (post-ReLU
     activations compress; the sender's figure is used)."""
+    host_copy_ms_per_mb: float = 0.0
+    """An accelerator tier's copy of its inputs (as decoded) to the device and of the
+    model outputs it computes back, per MB; 0 on a CPU."""
 
     def __post_init__(self) -> None:
         for name in ("encode_ms_per_mb", "decode_ms_per_mb", "ratio"):
             object.__setattr__(self, name, _frozen_map(getattr(self, name)))
+        v = self.host_copy_ms_per_mb
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ProfileError(f"profile field codec.host_copy_ms_per_mb is {v!r}; give ms per MB >= 0 "
+                               "(0 on a CPU)", field="codec.host_copy_ms_per_mb")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "encode_ms_per_mb": dict(self.encode_ms_per_mb),
             "decode_ms_per_mb": dict(self.decode_ms_per_mb),
             "ratio": dict(self.ratio),
+            "host_copy_ms_per_mb": self.host_copy_ms_per_mb,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> CodecModel:
-        d = _check_keys(d, ("encode_ms_per_mb", "decode_ms_per_mb", "ratio"), "codec")
+        d = _check_keys(d, ("encode_ms_per_mb", "decode_ms_per_mb", "ratio", "host_copy_ms_per_mb"), "codec")
         base = cls()
         out = {}
         for name, keys in (
@@ -197,6 +205,8 @@ class CodecModel:
                     f"compressed/raw size, in (0, 1]",
                     field=f"codec.ratio.{k}",
                 )
+        if "host_copy_ms_per_mb" in d:
+            out["host_copy_ms_per_mb"] = float(_num(d, "host_copy_ms_per_mb", "codec"))
         return cls(**out)
 
 

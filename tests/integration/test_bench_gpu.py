@@ -27,6 +27,22 @@ def test_dry_run_writes_every_key(tmp_path):
     assert cost["reference_device"] == "h100" and cost["segments"] and cost["median_abs_error"] is not None
     assert result["memory"]["transformer"]["cold_load_to_first_answer_ms"] > 0
     assert os.path.exists(tmp_path / "gpu.png") or "matplotlib" not in str(result)
+    # the reference checked against what the run measured, without a GPU
+    check_out = tmp_path / "check.json"
+    assert gpu.main(["--check-reference", str(out), "--out", str(check_out)]) == 0
+    check = json.loads(check_out.read_text())
+    rows = check["models"]["transformer"]
+    assert [r["layers"] for r in rows] == [s["layers"] for s in cost["segments"]]
+    assert all(np.isfinite(r["b32"]["error"]) for r in rows) and check["median_abs_error"]["b32"] is not None
+
+
+def test_the_committed_gpu_run_checks_against_the_reference():
+    """bench/results/gpu.json (measured on a GPU) against planner/devices.py's h100, as
+    docs/benchmarks.md quotes it: each segment lines up with this graph and is predicted."""
+    check = gpu.check_reference(json.loads(open(os.path.join(gpu.RESULTS, "gpu.json")).read()))
+    assert set(check["models"]) == {"resnet50", "densenet121", "transformer"}
+    assert all(np.isfinite(r["b32"]["predicted_ms"]) for rows in check["models"].values() for r in rows)
+    assert check["median_abs_error"]["b32"] <= 0.15  # the issue's target, at batch 32
 
 
 def test_dry_run_refuses_the_results_file(capsys):

@@ -158,3 +158,28 @@ def test_evaluate_raises() -> None:
     with pytest.raises(ProfileError, match="no time for layer 1") as e:
         evaluate(g, _cut(0), [short, CLOUD], LINK)
     assert e.value.device == "short" and e.value.layer == 1
+
+
+def test_an_accelerator_tier_pays_its_host_copies() -> None:
+    """CodecModel.host_copy_ms_per_mb: the cloud copies t1 (200 bytes) in and `out` (40) back."""
+    from planner.profile import CodecModel
+
+    gpu = _profile("gpu", [0.1, 0.2, 0.3, 0.4], 0.25, codec=CodecModel(host_copy_ms_per_mb=1000.0))  # 1 ms per kB
+    plain = evaluate(_graph(), _cut(0, 1), [DEV, CLOUD], LINK)
+    b = evaluate(_graph(), _cut(0, 1), [DEV, gpu], LINK)
+    assert b.encode_ms == pytest.approx(plain.encode_ms + 0.2)  # with the receiver's decode
+    assert b.cloud_ms == pytest.approx(plain.cloud_ms + 0.04)
+    assert b.total_ms == pytest.approx(plain.total_ms + 0.24)
+    # edge-only: the device (no host copy) computes everything, nothing changes
+    assert evaluate(_graph(), _cut(0, 1, 2, 3), [DEV, gpu], LINK).total_ms == pytest.approx(
+        evaluate(_graph(), _cut(0, 1, 2, 3), [DEV, CLOUD], LINK).total_ms)
+
+
+def test_a_host_copy_below_zero_is_refused() -> None:
+    from planner.profile import CodecModel
+
+    with pytest.raises(ProfileError, match="host_copy_ms_per_mb is -1"):
+        CodecModel(host_copy_ms_per_mb=-1)
+    c = CodecModel(host_copy_ms_per_mb=0.064)
+    assert CodecModel.from_dict(c.to_dict()) == c
+    assert CodecModel.from_dict({}).host_copy_ms_per_mb == 0.0  # profiles written before it read as a CPU
