@@ -59,7 +59,7 @@ def format_plan(d: dict[str, Any]) -> str:
                  f"{c['capacity_rps']:.0f} req/s, offered {c['offered_rps']:.0f} req/s, admitted "
                  f"{100 * c['admitted_share']:.0f}%, wait for a worker {_ms(c['worker_wait_ms'])} ms")
     for p in c["pools"]:
-        lines.append(f"  pool {p['pool']}: {p['rate_rps']:.0f} req/s, batch {p['batch']:.1f}, run "
+        lines.append(f"  pool {p['pool']}: {p['rate_rps']:.0f} req/s, batch {p['batch']:.1f} in "
                      f"{p['run_ms']:.1f} ms, wait {p['wait_ms']:.1f} ms")
     fp = d["fixed_point"]
     lines.append(f"fixed point: cloud delay {fp['delay_ms']:.1f} ms after {fp['iterations']} steps "

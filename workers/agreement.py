@@ -186,7 +186,7 @@ def compare_runs(
     for k, run in enumerate(candidate):
         if set(run) != set(names):
             raise QuantizeConfigError(
-                f"candidate run {k} has outputs {sorted(run)} but the reference has "
+                f"candidate #{k} has outputs {sorted(run)} but the reference has "
                 f"{sorted(names)}; compare the same outputs",
                 field_name="candidate", value=sorted(run),
             )

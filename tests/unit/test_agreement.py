@@ -188,7 +188,7 @@ def test_compare_runs_measures_every_output_of_every_run():
     assert stats.output("probs").metric == "top1" and stats.output("probs").value == 7 / 8
     assert stats.output("label").metric == "exact" and stats.output("label").value == 6 / 8
     assert stats.worst_output == "label" and stats.agreement == 0.75
-    with pytest.raises(QuantizeConfigError, match=r"candidate run 0 has outputs \['probs'\]"):
+    with pytest.raises(QuantizeConfigError, match=r"candidate #0 has outputs \['probs'\]"):
         compare_runs(ref, [{"probs": probs}, {"probs": probs}])
     with pytest.raises(QuantizeConfigError, match="1 candidate runs against 2 reference runs"):
         compare_runs(ref, cand[:1])
