@@ -36,7 +36,7 @@ on all of them alike):
    with one engine per segment (the default) at concurrency 1 and 32. Ours runs
    ``PoolConfig(instances=2)``: a batch runs on one of two engines of one intra-op
    thread each, side by side, and a lone request on the engine with both threads
-   ([Note: engine instances] in workers/_worker.py). At concurrency 1 the pool reports each
+   ([Note: engine instances] in workers/segment.py). At concurrency 1 the pool reports each
    request's engine run time in the worker, so ``overhead_p50_ms`` (latency minus that
    run, paired per request) is the serving overhead alone, free of the noise in the
    run itself;

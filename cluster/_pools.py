@@ -9,8 +9,6 @@ requests to them.
 
 from __future__ import annotations
 
-import queue
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -85,19 +83,25 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
 
 
 class LocalPool:
-    """Engines and a dynamic Batcher in the gateway process.
+    """One tail hosted in the gateway process: a :class:`workers.segment.HostedSegment`,
+    the segment host the Ray workers use too.
 
     ``replicas`` engines of the tail (model instances, as Triton's instance groups;
     they share one set of weights, [Note: weight sharing] in workers/_weights.py) run
     up to ``replicas`` batches at once, each on an engine of its own: an engine's runs
-    are serialised by its lock, so a second batch on one engine would only wait.
+    are serialised by its lock, so a second batch on one engine would only wait. Each
+    has model.yaml's ``intra_op_threads`` (no engine with all the threads for lone
+    requests, as a Ray worker's ``instances`` have). Requests are not checked before
+    batching (``HostedSegment.run_unchecked``): one of another shape or dtype batches
+    apart and fails alone.
     """
 
     def __init__(self, key: PoolKey, tail_path: str, config: ModelConfig, metrics: GatewayMetrics,
                  *, cache_dir: str | None = None, provider: str = "auto",
                  sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
-        from workers.batcher import Batcher, BatcherConfig
-        from workers.engine import Engine, EngineConfig
+        from workers.batcher import BatcherConfig
+        from workers.engine import EngineConfig
+        from workers.segment import load_segment
 
         self.key = key
         self._metrics = metrics
@@ -106,41 +110,24 @@ class LocalPool:
             loop_fallback=True, cache_dir=cache_dir, provider=provider,  # type: ignore[arg-type]
             cuda_graphs=config.cuda_graphs,
         )
-        self.engines: list = []
-        try:
-            for _ in range(config.replicas):
-                self.engines.append(Engine(tail_path, engine_config, name=str(key), sample_inputs=sample_inputs))
-        except BaseException:
-            for engine in self.engines:
-                engine.close()
-            raise
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for engine in self.engines:
-            self._free.put(engine)
-        self.batcher = Batcher(self._run_batch, BatcherConfig(
+        # inline_max_ms stays 0: the gateway's event loop must keep serving gRPC while a batch runs.
+        batcher_config = BatcherConfig(
             max_batch_size=config.max_batch_size, max_queue_delay_ms=config.max_queue_delay_ms,
-            max_queue_size=config.max_queue_size, num_priority_levels=PRIORITY_LEVELS,
-            max_concurrent_batches=config.replicas))
+            max_queue_size=config.max_queue_size, num_priority_levels=PRIORITY_LEVELS)
+        self.segment = load_segment(str(key), tail_path, engine_config, batcher_config, sample_inputs=sample_inputs,
+                                    instances=config.replicas, lone_engine=False, on_batch=self._counted)
+        self.batcher = self.segment.batcher
+        self.engines = list(self.segment.engines)
         self.batches = 0
-        self._expected_rps, self._expected_at_s, self._expected_s = -1.0, -float("inf"), 0.0
 
-    def _run_batch(self, payloads: list[tuple[Mapping[str, np.ndarray], float]]) -> list[PoolResult]:
-        engine = self._free.get()  # never waits: the batcher runs at most `replicas` batches at once
-        try:
-            start = time.monotonic()
-            outs = engine.run_batch([p[0] for p in payloads])
-            compute_s = time.monotonic() - start
-        finally:
-            self._free.put(engine)
+    def _counted(self, size: int) -> None:
         self.batches += 1
-        self._metrics.observe_batch(len(payloads))
-        return [PoolResult(o, start - submitted, compute_s, len(payloads)) for o, (_, submitted) in zip(outs, payloads)]
+        self._metrics.observe_batch(size)
 
     async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
-        # Requests of different per-sample shapes never share a batch ([Note: any shape] in workers/engine.py).
-        shape_key = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
-        return await self.batcher.submit((inputs, time.monotonic()), deadline_s=deadline_s,
-                                         priority=min(max(priority, 0), PRIORITY_LEVELS - 1), shape_key=shape_key)
+        outputs, timing = await self.segment.run_unchecked(inputs, deadline_s=deadline_s,
+                                                           priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
+        return PoolResult(outputs, timing.queue_s, timing.compute_s, timing.batch_size)
 
     def load(self) -> tuple[int, float | None, float | None, int, float | None]:
         """(queue depth, predicted wait s, capacity req/s, discarded results, arrivals req/s) now."""
@@ -152,28 +139,11 @@ class LocalPool:
         return self.batcher.predicted_wait_s()
 
     def expected_load(self) -> tuple[float, float] | None:
-        """(utilisation, expected wait s) now, from the batcher's arrival rate and batch times
-        ([Note: expected wait] in workers/_batch_policy.py); None before any batch was timed."""
-        load = self.batcher.load()
-        if load.utilisation is None:
-            return None
-        now_s = time.monotonic()
-        # The formula iterates (about 40 us); the arrival rate it reads changes once a second.
-        if load.arrival_rps != self._expected_rps or now_s - self._expected_at_s >= 1.0:
-            cfg = self.batcher.config
-            wait_s = load.expected_wait_at(load.arrival_rps, self.batcher.run_times.estimate_s,
-                                           max_batch_size=cfg.max_batch_size, instances=cfg.max_concurrent_batches,
-                                           timeout_s=cfg.max_queue_delay_ms / 1e3)
-            self._expected_rps, self._expected_at_s, self._expected_s = load.arrival_rps, now_s, wait_s or 0.0
-        wait_s = self._expected_s
-        if load.utilisation >= 1.0:
-            wait_s = max(wait_s, load.predicted_wait_s or 0.0)
-        return load.utilisation, wait_s
+        """(utilisation, expected wait s) now (workers.segment.HostedSegment.expected_load)."""
+        return self.segment.expected_load()
 
     async def close(self) -> None:
-        await self.batcher.close(drain=True)
-        for engine in self.engines:
-            engine.close()
+        await self.segment.close()
 
 
 class LocalPoolFactory:

@@ -233,7 +233,7 @@ class PoolConfig:
     instances: int = 1
     """Engines per segment in each replica, running its batches side by side, each on
     its share of the engine's intra-op threads (see [Note: engine instances] in
-    workers/_worker.py); the pool keeps ``sends_per_replica`` sends in flight per instance."""
+    workers/segment.py); the pool keeps ``sends_per_replica`` sends in flight per instance."""
     resources: Mapping[str, float] = field(default_factory=dict)
     """Ray custom resources each replica asks for, which places replicas on the nodes
     that declare them (``ray start --resources='{"tail-tier": 4}'``, or a KubeRay worker
@@ -331,7 +331,7 @@ class SegmentStats:
     batch_size_histogram: Mapping[int, int] = field(default_factory=dict)
     """Batch size -> number of batches."""
     instances: int = 1
-    """Engines that run its batches side by side (see [Note: engine instances] in workers/_worker.py)."""
+    """Engines that run its batches side by side (see [Note: engine instances] in workers/segment.py)."""
     prepared: int = 0
     """Requests served as prepared: bound requests whose frames the worker did not need
     to decode (see [Note: prepared requests] in workers/_transport/framing.py); counted in

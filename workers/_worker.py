@@ -1,4 +1,5 @@
-"""The segment worker itself, without Ray: engines, batchers and counters per segment.
+"""The segment worker itself, without Ray: the segments it hosts (a
+:class:`workers.segment.HostedSegment` each) and the ways a request reaches them.
 
 :mod:`workers.actors` turns :class:`SegmentHost` into the Ray actor ``SegmentWorker``
 (only that module imports Ray). Kept apart so the serving logic stays small and
@@ -12,8 +13,6 @@ import copyreg
 import dataclasses
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from workers._malloc import keep_freed_memory
-from workers._pool import SegmentStats, WorkerStats, check_inputs, to_monotonic_deadline
-from workers.batcher import NOT_NOW, Batcher, BatcherConfig
-from workers.engine import Engine, EngineConfig, Place
+from workers._pool import WorkerStats, check_inputs, to_monotonic_deadline
+from workers.batcher import NOT_NOW, BatcherConfig
+from workers.engine import EngineConfig, Place
 from workers.errors import ActorConfigError, InputError, SegmentNotLoadedError, WorkerError
 from workers.pipeline import StageSpan
+from workers.segment import HostedSegment, load_segment
 
 __all__ = ["DEFAULT_BATCHER_CONFIG", "ModelSource", "SegmentHost", "SegmentSource", "register_error_pickling"]
 
@@ -83,99 +83,6 @@ def register_error_pickling() -> None:
 register_error_pickling()
 
 
-
-def _shape_key(hosted: "_Hosted", inputs: Mapping[str, np.ndarray]) -> tuple | None:
-    """The batcher's shape_key: requests of different per-sample shapes never share a batch
-    of a segment with symbolic dims ([Note: any shape] in workers/engine.py); None otherwise."""
-    if not hosted.engine.any_shape:
-        return None
-    return tuple(sorted((k, v.shape[1:]) for k, v in inputs.items()))
-
-class _Hosted:
-    """One segment in a worker: its engines, its batcher and its counters.
-
-    [Note: engine instances]
-    With ``instances`` = N > 1 (SegmentHost's, PoolConfig's) a segment has N engines
-    (as Triton's instance groups), each with N-th of the segment's intra-op threads,
-    sharing one set of weights where ``share_weights`` is on ([Note: weight sharing] in
-    workers/_weights.py); up to N batches run at once, one on each (the batcher's
-    ``max_concurrent_batches`` is N). Beside them stays the engine with all the
-    threads, which runs a batch of one whenever it is free: a lone request is as fast
-    as with one instance, and a busy worker runs its batches on narrow instances side
-    by side. An engine runs one batch at a time (its lock), so N batches on one engine
-    would only wait for each other.
-
-    It pays where operators are too small to keep several threads busy: on 2 cores,
-    two one-thread sessions ran the DenseNet121 tail's batch 8 at 1.3-1.5x the rate of
-    one two-thread session, the transformer block's at 1.0x (bench/workers.py). So N
-    is the operator's choice, not timed at load: timing both ways for a fraction of a
-    second reads anywhere from 0.6x to 1.3x for the DenseNet121 tail on this shared
-    machine, against 1.3-1.5x over seconds.
-    """
-
-    def __init__(self, key: str, engine: Engine, batcher_config: BatcherConfig,
-                 instances: Sequence[Engine] = ()) -> None:
-        self.key = key
-        self.engine = engine
-        """The engine with all the segment's threads: lone requests, specs and loading facts."""
-        self.instances = tuple(instances)
-        self._free: queue.SimpleQueue[Engine] = queue.SimpleQueue()
-        for instance in self.instances:
-            self._free.put(instance)
-        self._engine_idle = threading.Lock()
-        size = min(batcher_config.max_batch_size, engine.max_batch) if engine.batch_safe else 1
-        self.batcher = Batcher(self._run_batch, _with_batch(batcher_config, size, max(1, len(self.instances))))
-        self.requests = 0
-        self.completed = 0
-        self.input_errors = 0
-        self.failed = 0
-        self.prepared = 0
-
-    def _run_batch(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        if not self.instances:
-            return self.engine.run_batch(payloads, loop_fallback=True)
-        if len(payloads) == 1 and self._engine_idle.acquire(blocking=False):
-            try:
-                return self.engine.run_batch(payloads, loop_fallback=True)
-            finally:
-                self._engine_idle.release()
-        instance = self._free.get()  # never waits: the batcher runs at most len(instances) batches at once
-        try:
-            return instance.run_batch(payloads, loop_fallback=True)
-        finally:
-            self._free.put(instance)
-
-    def stats(self) -> SegmentStats:
-        b = self.batcher.stats()
-        engines = [self.engine.stats(), *(i.stats() for i in self.instances)]
-        busiest = max(engines, key=lambda e: e.run_count)
-        return SegmentStats(
-            key=self.key, provider=engines[0].provider, batch_safe=engines[0].batch_safe,
-            max_batch=self.engine.max_batch, instances=max(1, len(self.instances)),
-            requests=self.requests, completed=self.completed, input_errors=self.input_errors,
-            failed=self.failed, prepared=self.prepared, engine_median_ms=busiest.median_ms,
-            batches_formed=b.batches_formed, batch_size_histogram=dict(sorted(b.batch_size_histogram.items())),
-        )
-
-    def close(self) -> None:
-        for engine in (self.engine, *self.instances):
-            engine.close()
-
-
-def _with_batch(config: BatcherConfig, size: int, instances: int) -> BatcherConfig:
-    """``config`` for a segment whose engine runs up to ``size`` and that has ``instances``
-    engines to run batches on at once."""
-    sizes = tuple(s for s in config.preferred_batch_sizes if s <= size)
-    return dataclasses.replace(config, max_batch_size=size, preferred_batch_sizes=sizes,
-                               max_concurrent_batches=instances)
-
-
-def _instance_threads(config: EngineConfig, instances: int) -> int:
-    """Intra-op threads of each of ``instances`` engines sharing ``config``'s budget."""
-    budget = config.intra_op_threads or len(os.sched_getaffinity(0))
-    return max(1, budget // instances)
-
-
 class SegmentHost:
     """Hosts segments and serves them; Ray runs it as the actor ``workers.actors.SegmentWorker``.
 
@@ -184,7 +91,7 @@ class SegmentHost:
     ``engine_config`` and ``batcher_config`` are the defaults for every segment.
     ``instances`` engines run each segment's batches side by side, splitting its
     intra-op threads; the batcher's ``max_concurrent_batches`` follows it (see
-    [Note: engine instances]).
+    [Note: engine instances] in workers/segment.py).
     """
 
     def __init__(
@@ -205,7 +112,7 @@ class SegmentHost:
         self._engine_config = engine_config or EngineConfig()
         self._batcher_config = batcher_config or DEFAULT_BATCHER_CONFIG
         self._registry_dir = registry_dir
-        self._hosted: dict[str, _Hosted] = {}
+        self._hosted: dict[str, HostedSegment] = {}
         self._started_unix_s = time.time()
         self._spans: list[StageSpan] = []
         for key, source in (segments or {}).items():
@@ -235,23 +142,12 @@ class SegmentHost:
             )
         return path
 
-    _hosted_type: type[_Hosted] = _Hosted
-
-    def _make(self, key: str, source: ModelSource, config: EngineConfig) -> _Hosted:
+    def _make(self, key: str, source: ModelSource, config: EngineConfig) -> HostedSegment:
         samples = None
         if isinstance(source, SegmentSource):
             source, samples = source.model, source.sample_inputs
-        source = self._resolve(source)
-        engines = [Engine(source, config, name=key, sample_inputs=samples)]
-        try:
-            if self._instances > 1:  # [Note: engine instances]
-                narrow = dataclasses.replace(config, intra_op_threads=_instance_threads(config, self._instances))
-                engines += [Engine(source, narrow, name=key, sample_inputs=samples) for _ in range(self._instances)]
-        except BaseException:
-            for engine in engines:
-                engine.close()
-            raise
-        return self._hosted_type(key, engines[0], self._batcher_config, engines[1:])
+        return load_segment(key, self._resolve(source), config, self._batcher_config, sample_inputs=samples,
+                            instances=self._instances)
 
     async def load(self, key: str, model: ModelSource, engine_config: EngineConfig | None = None) -> dict:
         """Loads (or replaces) segment ``key``; returns its input and output specs.
@@ -264,8 +160,7 @@ class SegmentHost:
         old = self._hosted.pop(key, None)
         self._hosted[key] = hosted
         if old is not None:
-            await old.batcher.close(drain=True)
-            old.close()
+            await old.close()
         logger.info("worker pid %d loaded %s (batch_safe=%s)", os.getpid(), key, hosted.engine.batch_safe)
         return self._describe(hosted)
 
@@ -274,12 +169,11 @@ class SegmentHost:
         hosted = self._hosted.pop(key, None)
         if hosted is None:
             return False
-        await hosted.batcher.close(drain=True)
-        hosted.close()
+        await hosted.close()
         return True
 
     @staticmethod
-    def _describe(h: _Hosted) -> dict:
+    def _describe(h: HostedSegment) -> dict:
         return {
             "inputs": [s.to_json() for s in h.engine.inputs],
             "outputs": [s.to_json() for s in h.engine.outputs],
@@ -287,7 +181,7 @@ class SegmentHost:
             "max_batch": h.engine.max_batch,
         }
 
-    def _get(self, key: str) -> _Hosted:
+    def _get(self, key: str) -> HostedSegment:
         hosted = self._hosted.get(key)
         if hosted is None:
             raise SegmentNotLoadedError(
@@ -299,7 +193,7 @@ class SegmentHost:
 
     # -- serving --------------------------------------------------------------------
 
-    def _admit(self, hosted: _Hosted, inputs: Mapping[str, np.ndarray], deadline_unix_ms: float | None,
+    def _admit(self, hosted: HostedSegment, inputs: Mapping[str, np.ndarray], deadline_unix_ms: float | None,
                budget_ms: float | None, check: Callable[[Mapping[str, np.ndarray]], int] | None = None,
                ) -> tuple[int, float | None]:
         """Counts and checks one request for ``hosted``; returns its rows and monotonic
@@ -339,7 +233,7 @@ class SegmentHost:
         _, deadline_s = self._admit(hosted, inputs, deadline_unix_ms, budget_ms)
         try:
             out = await hosted.batcher.submit(inputs, deadline_s=deadline_s, priority=priority,
-                                              shape_key=_shape_key(hosted, inputs))
+                                              shape_key=hosted.shape_key(inputs))
         except Exception:
             hosted.failed += 1
             raise
@@ -472,7 +366,7 @@ class SegmentHost:
                 continue
             try:
                 queued.append((i, hosted.batcher.enqueue(inputs, deadline_s=deadline_s, priority=p,
-                                                         shape_key=_shape_key(hosted, inputs))))
+                                                         shape_key=hosted.shape_key(inputs))))
             except Exception as e:  # noqa: BLE001
                 hosted.failed += 1
                 results[i] = e

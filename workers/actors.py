@@ -5,7 +5,7 @@ parts (routing, deadlines, input checks, stage cuts) are in :mod:`workers._pool`
 :mod:`workers.pipeline`.
 
 * :class:`SegmentWorker` (the actor form of :class:`workers._worker.SegmentHost`) hosts an :class:`~workers.engine.Engine`
-  (and its instances: [Note: engine instances] in workers/_worker.py) and a
+  (and its instances: [Note: engine instances] in workers/segment.py) and a
   :class:`~workers.batcher.Batcher` per segment (``model@version@cut``).
 * :class:`ReplicaPool` spreads requests over replicas of it, least-loaded first, and
   retries a request once when its replica dies (see [Note: fault tolerance]).
@@ -68,13 +68,13 @@ from workers._worker import (
     ModelSource,
     SegmentHost,
     SegmentSource,
-    _Hosted,
     register_error_pickling,
 )
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
 from workers.engine import EngineConfig, Place
 from workers.errors import ActorConfigError, InputError, ReplicaUnavailableError, SegmentNotLoadedError
 from workers.pipeline import StageSpan
+from workers.segment import TimedInputs
 
 # PoolConfig and the stats values live in workers/_pool.py (no Ray); this is their public door.
 __all__ = ["DEFAULT_BATCHER_CONFIG", "BoundRequest", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool",
@@ -85,47 +85,15 @@ logger = logging.getLogger(__name__)
 register_error_pickling()
 
 
-class _TimedInputs(dict):
-    """One request's inputs, carrying when it reached the worker and, once its batch ran,
-    its RequestTiming (see [Note: request timing])."""
-
-    __slots__ = ("arrival_s", "timing")
-
-
-class _TimedHosted(_Hosted):
-    def _run_batch(self, payloads: list) -> list:
-        return self._stamped(super()._run_batch, payloads)
-
-    @staticmethod
-    def _stamped(run, payloads: list) -> list:
-        start = time.monotonic()
-        outs = run(payloads)
-        compute_s = time.monotonic() - start
-        for i, p in enumerate(payloads):
-            if isinstance(p, _TimedInputs):
-                p.timing = RequestTiming(start - p.arrival_s, compute_s, len(payloads), i == 0)
-        return outs
-
-
 class _TimingHost(SegmentHost):
-    """SegmentHost whose ``infer_batch_timed`` also returns each request's RequestTiming.
-
-    [Note: request timing]
-    The batcher knows when a batch starts and how big it is, but hands each request only
-    its outputs. Each request's inputs are wrapped in a dict that the batch run stamps
-    with that request's queue time, its batch's run time and size, and whether it came
-    first in the batch; the gateway's Prometheus metrics record them for Ray pools just
-    as the in-process pool records its own (cluster.ray_cluster).
-    """
-
-    _hosted_type = _TimedHosted
+    """SegmentHost whose ``infer_batch_timed`` also returns each request's RequestTiming
+    ([Note: request timing] in workers/segment.py): the gateway's Prometheus metrics
+    record them for Ray pools just as the in-process pool records its own
+    (cluster.ray_cluster)."""
 
     @staticmethod
     def _timed(inputs: Any) -> Any:
-        if isinstance(inputs, Mapping):
-            inputs = _TimedInputs(inputs)
-            inputs.arrival_s, inputs.timing = time.monotonic(), None
-        return inputs
+        return TimedInputs(inputs, time.monotonic()) if isinstance(inputs, Mapping) else inputs
 
     async def infer_timed(
         self, key: str, inputs: Any, deadline_unix_ms: float | None, priority: int
@@ -380,7 +348,8 @@ class ReplicaPool:
         outputs: Mapping[str, np.ndarray] | None = None,
         _bound: BoundRequest | None = None,
     ) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
-        """``infer`` and where the request's time went in the worker (see [Note: request timing]).
+        """``infer`` and where the request's time went in the worker
+        (see [Note: request timing] in workers/segment.py).
 
         ``outputs``: writable arrays, one per output of the segment with its dtype and
         shape, that the answer is written into and returned as (numpy's ``out=``);

@@ -2,7 +2,7 @@
 
 [Note: choosing instances]
 A worker can run a segment's batches on N engines of 1/N of its intra-op threads each,
-side by side ([Note: engine instances] in workers/_worker.py). Whether that pays depends
+side by side ([Note: engine instances] in workers/segment.py). Whether that pays depends
 on the model and the machine: on 2 cores, two one-thread sessions ran the DenseNet121
 tail's batch 8 at 1.3-1.5x the rate of one two-thread session, the transformer block's
 at 1.0x. Triton leaves the count to its model analyzer, which measures each setting
