@@ -93,7 +93,7 @@ class _TimingHost(SegmentHost):
 
     @staticmethod
     def _timed(inputs: Any) -> Any:
-        return TimedInputs(inputs, time.monotonic()) if isinstance(inputs, Mapping) else inputs
+        return TimedInputs.now(inputs) if isinstance(inputs, Mapping) else inputs
 
     async def infer_timed(
         self, key: str, inputs: Any, deadline_unix_ms: float | None, priority: int
