@@ -1,7 +1,8 @@
 """The gateway's pools: the interface a tail's workers sit behind, and pools in this process.
 
-Pools sit behind one small interface (`Pool`, `PoolFactory`): `LocalPoolFactory` runs
-Engines and a Batcher in this process (no Ray: unit tests, the edge-less demo,
+Pools sit behind one small interface (`Pool`, `PoolFactory`): `LocalPoolFactory` hosts
+each tail in this process on the segment host the Ray workers use,
+`workers.segment.HostedSegment` (no Ray: unit tests, the edge-less demo,
 `--ray-address local-noray`); cluster.ray_cluster builds pools of Ray actors. The
 gateway (cluster/gateway.py, where these names are public) creates them and routes
 requests to them.
@@ -92,7 +93,7 @@ class LocalPool:
     are serialised by its lock, so a second batch on one engine would only wait. Each
     has model.yaml's ``intra_op_threads`` (no engine with all the threads for lone
     requests, as a Ray worker's ``instances`` have). Requests are not checked before
-    batching (``HostedSegment.run_unchecked``): one of another shape or dtype batches
+    batching (``HostedSegment.shape_key``): one of another shape or dtype batches
     apart and fails alone.
     """
 
@@ -101,7 +102,7 @@ class LocalPool:
                  sample_inputs: Mapping[str, np.ndarray] | None = None) -> None:
         from workers.batcher import BatcherConfig
         from workers.engine import EngineConfig
-        from workers.segment import load_segment
+        from workers.segment import TimedInputs, load_segment
 
         self.key = key
         self._metrics = metrics
@@ -117,6 +118,7 @@ class LocalPool:
         self.segment = load_segment(str(key), tail_path, engine_config, batcher_config, sample_inputs=sample_inputs,
                                     instances=config.replicas, lone_engine=False, on_batch=self._counted)
         self.batcher = self.segment.batcher
+        self._timed, self._shape_key = TimedInputs.now, self.segment.shape_key
         self.engines = list(self.segment.engines)
         self.batches = 0
 
@@ -125,8 +127,11 @@ class LocalPool:
         self._metrics.observe_batch(size)
 
     async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
-        outputs, timing = await self.segment.run_unchecked(inputs, deadline_s=deadline_s,
-                                                           priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
+        timed = self._timed(inputs)  # [Note: request timing] in workers/segment.py
+        priority = min(max(priority, 0), PRIORITY_LEVELS - 1)
+        outputs = await self.batcher.submit(timed, deadline_s=deadline_s, priority=priority,
+                                            shape_key=self._shape_key(inputs, checked=False))
+        timing = timed.timing
         return PoolResult(outputs, timing.queue_s, timing.compute_s, timing.batch_size)
 
     def load(self) -> tuple[int, float | None, float | None, int, float | None]:

@@ -141,21 +141,13 @@ class HostedSegment:
                 p.timing = new_timing((start - p.arrival_s, compute_s, len(payloads), i == 0))
         return outs
 
-    def shape_key(self, inputs: Mapping[str, np.ndarray]) -> tuple | None:
-        """The ``shape_key`` of inputs already checked against the specs: None (one key)
-        unless the engine has symbolic dims besides the batch."""
-        return _shape_key(inputs) if self.engine.any_shape else None
-
-    async def run_unchecked(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None,
-                            priority: int) -> tuple[dict[str, np.ndarray], RequestTiming]:
-        """Runs one request that was not checked against the specs through the batcher;
-        returns its outputs and timing. Keyed by its names, per-sample shapes and dtypes,
-        a request that does not fit batches apart and fails alone (InputError from its
-        engine run), with no check of its own on the way."""
-        timed = TimedInputs.now(inputs)
-        outputs = await self.batcher.submit(timed, deadline_s=deadline_s, priority=priority,
-                                            shape_key=_shape_key(inputs))
-        return outputs, timed.timing  # type: ignore[return-value] - stamped by the batch that ran it
+    def shape_key(self, inputs: Mapping[str, np.ndarray], *, checked: bool = True) -> tuple | None:
+        """The batcher's ``shape_key`` for ``inputs``. Inputs ``checked`` against the specs
+        share one key (None) unless the engine has symbolic dims besides the batch.
+        Unchecked ones (the in-process pool's) are keyed by names, per-sample shapes and
+        dtypes, so that one that does not fit batches apart and fails alone (InputError
+        from its engine run), with no check of its own on the way."""
+        return _shape_key(inputs) if not checked or self.engine.any_shape else None
 
     def expected_load(self) -> tuple[float, float] | None:
         """(utilisation, expected wait s) now, from the batcher's arrival rate and batch times
