@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -38,9 +38,11 @@ class PoolKey:
         return f"{self.model}@{self.version}@{self.cut_id}"
 
 
-@dataclass(frozen=True)
-class PoolResult:
-    """One request's outputs and where its time went."""
+class PoolResult(NamedTuple):
+    """One request's outputs and where its time went.
+
+    A named tuple, not a frozen dataclass: one is made per answer on the gateway's event
+    loop, 0.16 us against 0.40 us (as workers' RequestTiming)."""
 
     outputs: Mapping[str, np.ndarray]
     queue_s: float
@@ -93,7 +95,7 @@ class LocalPool:
     are serialised by its lock, so a second batch on one engine would only wait. Each
     has model.yaml's ``intra_op_threads`` (no engine with all the threads for lone
     requests, as a Ray worker's ``instances`` have). Requests are not checked before
-    batching (``HostedSegment.shape_key``): one of another shape or dtype batches
+    batching (``HostedSegment.shape_key_unchecked``): one of another shape or dtype batches
     apart and fails alone.
     """
 
@@ -118,7 +120,7 @@ class LocalPool:
         self.segment = load_segment(str(key), tail_path, engine_config, batcher_config, sample_inputs=sample_inputs,
                                     instances=config.replicas, lone_engine=False, on_batch=self._counted)
         self.batcher = self.segment.batcher
-        self._timed, self._shape_key = TimedInputs.now, self.segment.shape_key
+        self._timed, self._shape_key = TimedInputs.now, self.segment.shape_key_unchecked
         self.engines = list(self.segment.engines)
         self.batches = 0
 
@@ -130,7 +132,7 @@ class LocalPool:
         timed = self._timed(inputs)  # [Note: request timing] in workers/segment.py
         priority = min(max(priority, 0), PRIORITY_LEVELS - 1)
         outputs = await self.batcher.submit(timed, deadline_s=deadline_s, priority=priority,
-                                            shape_key=self._shape_key(inputs, checked=False))
+                                            shape_key=self._shape_key(inputs))
         timing = timed.timing
         return PoolResult(outputs, timing.queue_s, timing.compute_s, timing.batch_size)
 

@@ -45,7 +45,7 @@ class TimedInputs(dict):
     @classmethod
     def now(cls, inputs: Mapping[str, np.ndarray]) -> TimedInputs:
         """``inputs`` arriving now. (Made without an ``__init__`` of its own: one per
-        request, 0.14 us against 0.28 us with one.)"""
+        request, 0.17 us against 0.28 us with one.)"""
         timed = cls(inputs)
         timed.arrival_s, timed.timing = time.monotonic(), None
         return timed
@@ -141,13 +141,15 @@ class HostedSegment:
                 p.timing = new_timing((start - p.arrival_s, compute_s, len(payloads), i == 0))
         return outs
 
-    def shape_key(self, inputs: Mapping[str, np.ndarray], *, checked: bool = True) -> tuple | None:
-        """The batcher's ``shape_key`` for ``inputs``. Inputs ``checked`` against the specs
-        share one key (None) unless the engine has symbolic dims besides the batch.
-        Unchecked ones (the in-process pool's) are keyed by names, per-sample shapes and
-        dtypes, so that one that does not fit batches apart and fails alone (InputError
-        from its engine run), with no check of its own on the way."""
-        return _shape_key(inputs) if not checked or self.engine.any_shape else None
+    def shape_key(self, inputs: Mapping[str, np.ndarray]) -> tuple | None:
+        """The batcher's ``shape_key`` for inputs checked against the specs: one key (None)
+        unless the engine has symbolic dims besides the batch."""
+        return _shape_key(inputs) if self.engine.any_shape else None
+
+    shape_key_unchecked = staticmethod(_shape_key)
+    """The ``shape_key`` for inputs not checked (the in-process pool's): by names,
+    per-sample shapes and dtypes, so that one that does not fit batches apart and fails
+    alone (InputError from its engine run), with no check of its own on the way."""
 
     def expected_load(self) -> tuple[float, float] | None:
         """(utilisation, expected wait s) now, from the batcher's arrival rate and batch times
