@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from workers._worker import _instance_threads
 from workers.engine import Engine, EngineConfig
 from workers.errors import ActorConfigError
+from workers.segment import _instance_threads
 
 __all__ = ["InstanceChoice", "InstanceTiming", "choose_instances", "time_instances"]
 
