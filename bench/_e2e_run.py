@@ -319,18 +319,24 @@ def _device_as_requested(edge: _Edge, cands: list[dict[str, Any]], device: Any, 
     55 and 65 ms in others, while its edge-only requests in the grid took 36-100 ms. A
     device learns its speed from its own runs (the agent's corrections do); here the
     planner gets it from the same requests the grid measures."""
-    from splitinfer.demo.setup import slow_down
-
     local = next((c for c in cands if c["local"]), None)
     ms: list[float] = []
     for _ in range(reps if local is not None else 0):
         r = edge.job(local["id"], "fp32", 1)  # type: ignore[index]
         if "error" not in r:
             ms += [x["edge_ms"] for x in r["rows"]]
-    if not ms:
+    return _scaled_to(device, ms)
+
+
+def _scaled_to(device: Any, whole_ms: list[float]) -> tuple[Any, float | None]:
+    """`device` with every time stretched so the whole model takes the median of
+    `whole_ms`, and that median; the profile unchanged and None where `whole_ms` is empty."""
+    from splitinfer.demo.setup import slow_down
+
+    if not whole_ms:
         return device, None
     total = sum(t.ms for t in device.layers.values()) + device.fixed_ms
-    return slow_down(device, median(ms) / max(total, 1e-6), f"{device.device}-as-requested"), median(ms)
+    return slow_down(device, median(whole_ms) / max(total, 1e-6), f"{device.device}-as-requested"), median(whole_ms)
 
 
 def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: Any) -> tuple[Any, dict[str, Any]]:

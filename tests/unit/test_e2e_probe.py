@@ -51,3 +51,16 @@ def test_the_call_extra_subtracts_server_work_rtt_and_bytes_both_ways() -> None:
     assert _call_extra_ms(row, link, 4000.0) == pytest.approx(90.0 - 5.5 - 20.0 - 100.0 - 0.8)
     fast = {"up_bps": _FAST_LINK["up_bps"], "down_bps": _FAST_LINK["down_bps"], "rtt_ms": _FAST_LINK["rtt_ms"]}
     assert _call_extra_ms(row, fast, 0.0) == pytest.approx(90.0 - 5.5 - 1.0 - 1.0)
+
+
+def test_the_device_profile_takes_the_median_of_its_edge_only_requests() -> None:
+    from bench._e2e_run import _scaled_to
+    from planner.profile import LayerTime, Profile
+
+    # the quota's timer read 40 ms (3 layers + 4 ms fixed); edge-only requests took 36-100 ms
+    dev = Profile("edge", {0: LayerTime(10.0), 1: LayerTime(20.0), 2: LayerTime(6.0)}, fixed_ms=4.0)
+    scaled, ms = _scaled_to(dev, [36.0, 100.0, 96.0, 70.0, 40.0, 99.0, 100.0])
+    assert ms == 96.0
+    assert sum(t.ms for t in scaled.layers.values()) + scaled.fixed_ms == pytest.approx(96.0)
+    assert scaled.layers[1].ms == pytest.approx(20.0 * 96.0 / 40.0)  # every layer by one factor
+    assert _scaled_to(dev, []) == (dev, None)
