@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import yaml
 
 __all__ = ["CALIBRATION_SAMPLES", "FULL_REAL", "QUICK_REAL", "accuracy_cache_dir", "calibrate",
            "describe_real", "installed_real", "is_real", "make_static", "prepare_real", "write_samples"]
@@ -134,7 +133,7 @@ def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, edge_cpus: f
     from bench._wild_models import locate
     from partitioner import build_graph, load_model
     from splitinfer.demo.edge import ThrottledTimer, set_quota
-    from splitinfer.demo.setup import DemoModel, measure_profiles, reference_ratio, slow_down
+    from splitinfer.demo.setup import DemoModel, measure_profiles, reference_ratio, slow_down, write_version
 
     wm = _wild()[key]
     samples = real_samples(key)
@@ -165,15 +164,9 @@ def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, edge_cpus: f
         total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
         dev = slow_down(dev, edge_ms / max(total, 1e-6), f"edge-1-thread-{quota.cpus:.3g}-cpu")
         dev_ms = edge_ms
-    cfg = {"name": key, "description": f"{wm.description} ({wm.distribution} {wm.version}, real weights)",
-           "max_batch_size": 1, "replicas": 1}
-    with open(os.path.join(vdir, "model.yaml"), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(cfg, fh, sort_keys=False)
-    dev_path = os.path.join(vdir, "profiles", "device.json")
-    with open(dev_path, "w", encoding="utf-8") as fh:
-        fh.write(dev.to_json())
-    with open(os.path.join(vdir, "profiles", "cloud.json"), "w", encoding="utf-8") as fh:
-        fh.write(cloud.to_json())
+    dev_path = write_version(vdir, {"name": key, "description": f"{wm.description} ({wm.distribution} {wm.version}, "
+                                                                "real weights)", "max_batch_size": 1, "replicas": 1},
+                             dev, cloud)
     say(f"[3/3] whole model: edge {dev_ms:.0f} ms, cloud {cloud_ms:.1f} ms ({dev_ms / max(cloud_ms, 1e-6):.1f}x; "
         f"reference {ref['edge_device']}/{ref['cloud_device']} {ref['ratio']:.3g}x)")
     dm = DemoModel(key, model, graph, os.path.join(work_dir, "registry"), model_path, dev_path, dev, cloud, source,

@@ -15,7 +15,7 @@ import numpy as np
 from workers._engine_types import TensorSpec
 from workers.errors import InputError
 
-__all__ = ["check_inputs", "check_written", "describe", "where_prefix"]
+__all__ = ["batch_chunks", "check_inputs", "check_written", "describe", "where_prefix"]
 
 
 def where_prefix(where: str) -> str:
@@ -113,3 +113,20 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
                 model=name, input_name=spec.name, expected=f"{rows} rows", given=f"{n} rows",
             )
     return rows or 1
+
+
+def batch_chunks(rows: Sequence[int], max_batch: int) -> list[tuple[int, int, int]]:
+    """Consecutive requests of ``rows`` rows each grouped into runs of at most ``max_batch``
+    rows: ``(start, stop, rows)`` per run, every request in exactly one."""
+    chunks = []
+    start = 0
+    while start < len(rows):
+        stop, total = start, 0
+        while stop < len(rows) and total + rows[stop] <= max_batch:
+            total += rows[stop]
+            stop += 1
+        if stop == start:  # one request over max_batch runs alone (checks refuse it first)
+            stop, total = start + 1, rows[start]
+        chunks.append((start, stop, total))
+        start = stop
+    return chunks

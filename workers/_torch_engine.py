@@ -56,7 +56,7 @@ import onnxruntime as ort
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
 from workers._engine_types import EngineConfig, EngineStats, Place, TensorSpec
-from workers._input_check import check_inputs
+from workers._input_check import batch_chunks, check_inputs
 from workers._model_file import read_model
 from workers._ort import tensor_np_dtype
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError
@@ -594,14 +594,7 @@ class TorchEngine:
             return [self.run(r) for r in requests]
         rows = [self.check(r, f"request {i}: ") for i, r in enumerate(requests)]
         out: list[dict[str, np.ndarray]] = []
-        start = 0
-        while start < len(requests):
-            # chunks of at most max_batch rows
-            end, total = start, 0
-            while end < len(requests) and total + rows[end] <= self.max_batch:
-                total += rows[end]
-                end += 1
-            end = max(end, start + 1)
+        for start, end, total in batch_chunks(rows, self.max_batch):
             chunk = requests[start:end]
             joined = {s.name: np.concatenate([np.asarray(r[s.name]) for r in chunk]) for s in self.inputs}
             res = self.run(joined, rows=total)
@@ -609,7 +602,6 @@ class TorchEngine:
             for r in rows[start:end]:
                 out.append({k: v[offset:offset + r] for k, v in res.items()})
                 offset += r
-            start = end
         return out
 
     def random_inputs(self, rows: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -58,7 +58,7 @@ from partitioner.shapes import shape_feeding_inputs
 from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
 from workers._bucket import Bucket, PreparedRun, address_of, pin_batch
 from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, PlacedInputs, TensorSpec
-from workers._input_check import check_inputs, check_written, describe, where_prefix
+from workers._input_check import batch_chunks, check_inputs, check_written, describe, where_prefix
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers, wants_torch
 from workers._weights import SharedWeights, acquire_weights
@@ -545,12 +545,7 @@ class Engine:
         if self.any_shape:
             return self._run_batch_as_given(requests, rows)
         results: list[dict[str, np.ndarray]] = []
-        start = 0
-        while start < len(requests):
-            stop, total = start, 0
-            while stop < len(requests) and total + rows[stop] <= self.max_batch:
-                total += rows[stop]
-                stop += 1
+        for start, stop, total in batch_chunks(rows, self.max_batch):
             bucket = self._bucket_for(total)
             with self._lock:
                 offset = 0
@@ -563,7 +558,6 @@ class Engine:
                 for i in range(start, stop):
                     results.append({k: v[offset : offset + rows[i]].copy() for k, v in bucket.outputs.items()})
                     offset += rows[i]
-            start = stop
         return results
 
     def _run_as_given(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ from partitioner.zoo import load_zoo
 from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
 from splitinfer.demo.edge import ENCODINGS, CpuQuota, ThrottledTimer, set_quota
 
-__all__ = ["CLOUD_DEVICE", "DEFAULT_MODEL", "DemoModel", "EDGE_DEVICE", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles",
+__all__ = ["CLOUD_DEVICE", "DEFAULT_MODEL", "DemoModel", "EDGE_DEVICE", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles", "write_version",
            "predicted_ms", "prepare", "reference_ratio", "slow_down"]
 
 logger = logging.getLogger(__name__)
@@ -91,17 +91,9 @@ def _save_model(root: str, name: str, model: onnx.ModelProto) -> str:
     return model_path
 
 
-def _write_profiles(root: str, name: str, device: Profile, cloud: Profile) -> str:
-    """model.yaml and profiles/ next to the saved model.onnx; returns the device profile's path."""
-    vdir = os.path.join(root, name, VERSION)
-    cfg = {
-        "name": name,
-        "description": f"{name} from the onnx package's zoo with seeded random weights (splitinfer demo)",
-        "max_batch_size": 4,
-        "replicas": 1,
-        "frontier": {"up_lo_bps": LINK_RANGE.up_lo_bps, "up_hi_bps": LINK_RANGE.up_hi_bps,
-                     "down_ratio": LINK_RANGE.down_ratio, "rtt_ms": LINK_RANGE.rtt_ms, "objective": "latency"},
-    }
+def write_version(vdir: str, cfg: dict[str, Any], device: Profile, cloud: Profile) -> str:
+    """model.yaml (``cfg``) and profiles/ next to a saved model.onnx; returns the device profile's path."""
+    os.makedirs(os.path.join(vdir, "profiles"), exist_ok=True)
     with open(os.path.join(vdir, "model.yaml"), "w", encoding="utf-8") as fh:
         yaml.safe_dump(cfg, fh, sort_keys=False)
     dev_path = os.path.join(vdir, "profiles", "device.json")
@@ -112,6 +104,19 @@ def _write_profiles(root: str, name: str, device: Profile, cloud: Profile) -> st
     # The registry reuses frontier.json only while it is newer than model.onnx.
     os.utime(os.path.join(vdir, "model.onnx"))
     return dev_path
+
+
+def _write_profiles(root: str, name: str, device: Profile, cloud: Profile) -> str:
+    """The demo model's version: its model.yaml and profiles; returns the device profile's path."""
+    cfg = {
+        "name": name,
+        "description": f"{name} from the onnx package's zoo with seeded random weights (splitinfer demo)",
+        "max_batch_size": 4,
+        "replicas": 1,
+        "frontier": {"up_lo_bps": LINK_RANGE.up_lo_bps, "up_hi_bps": LINK_RANGE.up_hi_bps,
+                     "down_ratio": LINK_RANGE.down_ratio, "rtt_ms": LINK_RANGE.rtt_ms, "objective": "latency"},
+    }
+    return write_version(os.path.join(root, name, VERSION), cfg, device, cloud)
 
 
 def _measure(model: onnx.ModelProto, graph: LayerGraph, *, threads: int, device: str, runs: int,
