@@ -10,10 +10,6 @@ project's own messages (cluster._oip_pb), so it needs no tritonclient.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import os
-import platform
 
 import grpc
 import numpy as np
@@ -23,6 +19,7 @@ from hypothesis import strategies as st
 
 from cluster._oip_pb import oip_pb2 as pb
 from tests.integration._oip_grpc_support import AUTH, oip_grpc_door
+from tests.integration._rss import rss_bytes
 
 pytestmark = [pytest.mark.grpc, pytest.mark.slow]
 
@@ -39,8 +36,6 @@ parameter the door ignores), so a server that kept each one would grow by PAD_BY
 RSS_BOUND_BYTES = 8 << 20
 """Growth of the process's RSS (_rss_bytes) allowed from the end of the first round to the end of
 the last: the gateway, the client and hypothesis grow 1.3 MiB without a leak."""
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_LIBC = ctypes.CDLL("libc.so.6") if platform.libc_ver()[0] == "glibc" else None
 _PAD = "p" * PAD_BYTES
 _METHODS = ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
             "ModelConfig", "ModelStatistics", "RepositoryIndex"]
@@ -128,16 +123,6 @@ def mutated(draw) -> bytes:
     return raw
 
 
-def _rss_bytes() -> int:
-    """The process's RSS after a collection and glibc's malloc_trim: what it holds, without the free
-    heap pages glibc keeps (they made RSS wander by 13 MiB over twelve rounds; trimmed, 1.6 MiB)."""
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
 def test_malformed_requests_get_a_clear_status_and_the_server_stays_up(door):
     channel = door[1]
     seen: dict[grpc.StatusCode, int] = {}
@@ -170,7 +155,7 @@ def test_malformed_requests_get_a_clear_status_and_the_server_stays_up(door):
     assert_alive(channel)
     for r in range(ROUNDS):
         fuzz_round(31 + 2 * r)
-        rss.append(_rss_bytes())
+        rss.append(rss_bytes())
     assert sum(seen.values()) == 2 * ROUNDS * PER_ROUND, seen
     assert {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND} <= set(seen), seen
     assert_alive(channel)

@@ -12,12 +12,8 @@ example; the five are independent, so each is still one malformed request.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import http.client
 import json
-import os
-import platform
 
 import numpy as np
 import pytest
@@ -25,6 +21,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.integration._oip_support import AUTH, oip_door
+from tests.integration._rss import rss_bytes
 
 pytestmark = [pytest.mark.grpc, pytest.mark.slow]
 
@@ -40,21 +37,9 @@ rounds (65 MiB measured with the door's bodies kept in a list)."""
 RSS_BOUND_BYTES = 8 << 20
 """Growth of the process's RSS (_rss_bytes) allowed from the end of the first round to the end of
 the last: twice what the gateway, the client and hypothesis grow without a leak (3.8 MiB)."""
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_LIBC = ctypes.CDLL("libc.so.6") if platform.libc_ver()[0] == "glibc" else None
 _GOOD_INPUT = {"name": "x", "shape": [1, 4, 5, 5], "datatype": "FP32"}
 _PAD = "p" * PAD_BYTES
 _DATATYPES = ["BOOL", "UINT8", "INT8", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "fp32", "", "FLOAT"]
-
-
-def _rss_bytes() -> int:
-    """The process's RSS after a collection and glibc's malloc_trim: what it holds, without the free
-    heap pages glibc keeps (they made RSS wander by 13 MiB over twelve rounds; trimmed, 1.6 MiB)."""
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +167,7 @@ def test_malformed_requests_get_a_4xx_with_an_error_body_and_the_server_stays_up
         assert _send(conn, "POST", "/v2/models/m/infer", dict(AUTH), good)[0] == 200
         for r in range(ROUNDS):
             fuzz_round(r + 1)
-            rss.append(_rss_bytes())
+            rss.append(rss_bytes())
         status, out = _send(conn, "POST", "/v2/models/m/infer", dict(AUTH), good)
     finally:
         conn.close()
