@@ -27,10 +27,7 @@ on all of them alike):
    32 KiB and more, memory shared with the worker: the default),
    called by closed-loop clients at concurrency 1, 8 and 32 (at 1 also with
    its input kept in memory shared with the worker, ``ReplicaPool.shared_array``:
-   [Note: inputs kept in the arena] in workers/_transport/arena.py, and as a bound request,
-   ``ReplicaPool.bind``, its input and outputs both kept there: [Note: bound
-   requests] and, the worker's half, [Note: prepared requests] in
-   workers/_transport/framing.py); and "ours plain",
+   [Note: inputs kept in the arena] in workers/_transport/arena.py); and "ours plain",
    the same pool with ``PoolConfig(direct=False)`` (plain Ray actor calls, batched on
    the caller's side) at concurrency 1 and 32, and "ours, one instance", the same pool
    with one engine per segment (the default) at concurrency 1 and 32. Ours runs
@@ -351,14 +348,7 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
                     shared[...] = x1
                     await _closed_loop(lambda: pool.infer_timed(key, {in_name: shared}), c, slice_s,
                                        point("ours_shared_c1"))
-                    # [Note: bound requests]: its outputs kept there too, written by the
-                    # worker, the request's frame made once.
-                    # (Outputs under 32 KiB, a CNN's logits, are private arrays: copied into.)
-                    outs = {out_name: await pool.shared_array(shape, dtype) for out_name, dtype, shape in outputs}
-                    bound = pool.bind(key, {in_name: shared}, outs)
-                    await _closed_loop(bound.run, c, slice_s, point("ours_bound_c1"))
-                    for a in (shared, *outs.values()):
-                        pool.free_shared_array(a)
+                    pool.free_shared_array(shared)
                     await _closed_loop(floors["blocking"].call_blocking_async, c, slice_s, point("floor_blocking_c1"))
                     await _closed_loop(floors["asyncio"].call, c, slice_s, point("floor_asyncio_c1"))
                 await _closed_loop(lambda: handle.remote(x1), c, slice_s, point(f"serve_c{c}"))
@@ -400,8 +390,6 @@ def bench_model(name: str, tail, config: EngineConfig, rounds: int, slice_s: flo
         "ours_c1_overhead_p50_ms": entry["ours_c1"]["overhead_p50_ms"],
         "ours_shared_c1_overhead_p50_ms": entry["ours_shared_c1"]["overhead_p50_ms"],
         "ours_shared_c1_added_p50_ms": entry["ours_shared_c1"]["p50_ms"] - raw1,
-        "ours_bound_c1_overhead_p50_ms": entry["ours_bound_c1"]["overhead_p50_ms"],
-        "ours_bound_c1_added_p50_ms": entry["ours_bound_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_added_p50_ms": entry["ours_plain_c1"]["p50_ms"] - raw1,
         "ours_plain_c1_overhead_p50_ms": entry["ours_plain_c1"]["overhead_p50_ms"],
         "ours_one_instance_c32_over_raw_batched_throughput": entry["ours_one_instance_c32"]["throughput_per_s"] / limit,
@@ -599,7 +587,6 @@ def _plot(results: dict, path: str) -> None:
     # [Note: serving floor] in bench/_floor.py.
     bars(axes[2], [("ours", "ours_c1"), ("ours, one instance", "ours_one_instance_c1"),
                    ("ours, input kept in shared memory", "ours_shared_c1"),
-                   ("ours, bound: input and outputs kept there", "ours_bound_c1"),
                    ("floor: event loop both ends", "floor_asyncio_c1"),
                    ("floor: blocking both ends", "floor_blocking_c1")],
          lambda m, key: m[key]["overhead_p50_ms"] if key in m else None)
@@ -618,7 +605,6 @@ def _plot(results: dict, path: str) -> None:
 _ROWS = [("raw_b1", "raw ORT b1 (limit)"), ("raw_b8", "raw ORT b8 (limit)"),
          ("raw_b8_two_sessions", f"raw ORT b8, {THREADS} sessions of 1 thread side by side"), ("ours_c1", "ours c1"),
          ("ours_shared_c1", "ours c1, input kept in shared memory"),
-         ("ours_bound_c1", "ours c1, bound request: input and outputs kept in shared memory"),
          ("ours_c8", "ours c8"), ("ours_c32", "ours c32"), ("ours_one_instance_c1", "ours c1, one instance"),
          ("ours_one_instance_c32", "ours c32, one instance"), ("ours_plain_c1", "ours c1, plain calls"),
          ("ours_plain_c32", "ours c32, plain calls"), ("serve_c1", "Ray Serve c1"), ("serve_c8", "Ray Serve c8"),
@@ -669,12 +655,8 @@ def markdown(results: dict) -> str:
 def _shared_words(r: dict) -> str:
     if "ours_shared_c1_overhead_p50_ms" not in r:  # a results file without the kept-input point
         return ""
-    words = (f", input kept in shared memory {r['ours_shared_c1_overhead_p50_ms']:.2f} ms, p50 over raw b1 "
-             f"+{r['ours_shared_c1_added_p50_ms']:.2f} ms")
-    if "ours_bound_c1_overhead_p50_ms" in r:  # a results file with the bound-request point
-        words += (f", bound request **{r['ours_bound_c1_overhead_p50_ms']:.2f} ms**, p50 over raw b1 "
-                  f"+{r['ours_bound_c1_added_p50_ms']:.2f} ms")
-    return words
+    return (f", input kept in shared memory {r['ours_shared_c1_overhead_p50_ms']:.2f} ms, p50 over raw b1 "
+            f"+{r['ours_shared_c1_added_p50_ms']:.2f} ms")
 
 
 def _floor_words(r: dict, loop: str) -> str:

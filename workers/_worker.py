@@ -293,51 +293,6 @@ class SegmentHost:
         hosted.completed += 1
         return out
 
-    def prepare(self, key: str, inputs: Mapping[str, np.ndarray],
-                answer: Callable[[Any, float, float], None]) -> Callable[[Any, float, int], bool | None] | None:
-        """A lone request of segment ``key`` on exactly these ``inputs`` (made by the
-        direct channel, with outputs to write in place), served again and again without
-        the steps that :meth:`infer_now` takes each time ([Note: prepared requests] in
-        workers/_transport/framing.py); None where its engine cannot prepare them.
-
-        ``serve(tag, deadline_unix_ms, priority)`` (NaN for no deadline) runs the request
-        when :meth:`infer_now` would run it at once, calls ``answer(tag, queue_s,
-        compute_s)`` right after the run, counts it, and returns True. It returns False,
-        having done nothing, where the request must go the usual way instead (the
-        batcher busy, a deadline already passed, a priority out of range), so that it
-        is counted and rejected there; and None once the segment was unloaded or
-        reloaded. It raises what the run raised, counted.
-        """
-        hosted = self._get(key)
-        run = hosted.engine.prepare(inputs)
-        if run is None:
-            return None
-        batcher, loaded, clock, wall = hosted.batcher, self._hosted, time.monotonic, time.time
-
-        def serve(tag: Any, deadline_unix_ms: float, priority: int) -> bool | None:
-            arrival_s = clock()
-            if loaded.get(key) is not hosted:
-                return None
-            if (not batcher.can_run_now() or not batcher.takes_priority(priority)
-                    or deadline_unix_ms <= wall() * 1e3):  # NaN, no deadline: never <=
-                return False
-            hosted.requests += 1
-            hosted.prepared += 1
-            start_s = clock()
-            try:
-                run()
-            except Exception:
-                hosted.failed += 1
-                batcher.ran_alone(clock() - start_s, False)
-                raise
-            end_s = clock()
-            answer(tag, start_s - arrival_s, end_s - start_s)
-            hosted.completed += 1
-            batcher.ran_alone(end_s - start_s, True)
-            return True
-
-        return serve
-
     async def infer_batch(
         self,
         key: str,

@@ -60,7 +60,6 @@ from ray.exceptions import RayActorError
 
 from workers._address import address
 from workers._transport import ChannelClient, ChannelClosedError, ChannelRefusedError, open_channel_server
-from workers._transport.bound import BoundRequest, check_outputs, fill_outputs
 from workers._transport.client import DirectLink
 from workers._pool import PoolConfig, PoolStats, RequestTiming, WorkerStats, new_timing, num_gpus_for, pick_replica
 from workers._worker import (
@@ -72,12 +71,12 @@ from workers._worker import (
 )
 from workers.batcher import NOT_NOW, Batcher, BatcherConfig
 from workers.engine import EngineConfig, Place
-from workers.errors import ActorConfigError, InputError, ReplicaUnavailableError, SegmentNotLoadedError
+from workers.errors import ActorConfigError, ReplicaUnavailableError, SegmentNotLoadedError
 from workers.pipeline import StageSpan
 from workers.segment import TimedInputs
 
 # PoolConfig and the stats values live in workers/_pool.py (no Ray); this is their public door.
-__all__ = ["DEFAULT_BATCHER_CONFIG", "BoundRequest", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool",
+__all__ = ["DEFAULT_BATCHER_CONFIG", "Pipeline", "PoolConfig", "PoolStats", "ReplicaPool",
            "RequestTiming", "SegmentSource", "SegmentWorker", "WorkerStats", "make_worker"]
 
 logger = logging.getLogger(__name__)
@@ -150,8 +149,7 @@ class _TimingHost(SegmentHost):
         carry pickle frames ([Note: no pickle over TCP] in workers/_transport/framing.py)."""
         if getattr(self, "_channel", None) is None:
             self._channel = await open_channel_server(self.infer_batch_timed, now=self.infer_batch_now,
-                                                      prepare=self.prepare, tcp_host=ray.util.get_node_ip_address(),
-                                                      tcp_pickle=tcp_pickle)
+                                                      tcp_host=ray.util.get_node_ip_address(), tcp_pickle=tcp_pickle)
         self._channel.tcp_pickle = self._channel.tcp_pickle or tcp_pickle
         return {"path": self._channel.path, "tcp": self._channel.tcp_address, "token": self._channel.token,
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -259,7 +257,7 @@ class ReplicaPool:
         """A writable array in memory shared with one replica, for a caller's inputs.
 
         [Note: inputs kept in the arena] in workers/_transport/arena.py: a request whose input is
-        this array (whole, not a slice) goes to its replica when that one is no busier
+        this array goes to its replica when that one is no busier
         than the others, and the replica reads it where it lies, without the copy into
         the channel that every other array takes. Write it only while no request that
         reads it is in flight; hand it back with :meth:`free_shared_array`. Without a
@@ -288,9 +286,8 @@ class ReplicaPool:
             entry[1].unpin(entry[2])
 
     def _shared_entry(self, value: Any) -> tuple[int, ChannelClient, np.ndarray, int] | None:
-        """The :meth:`shared_array` entry of ``value``: found by identity, without asking
-        where it lies ([Note: arrays made once] in workers/_transport/arena.py), or, for a view that
-        starts where one does, by address."""
+        """The :meth:`shared_array` entry of ``value``: found by identity, or, for a view
+        that starts where one does, by address."""
         entry = self._shared.get(id(value))
         if entry is not None and entry[2] is value:
             return entry
@@ -325,16 +322,14 @@ class ReplicaPool:
         deadline_unix_ms: float | None = None,
         budget_ms: float | None = None,
         priority: int = 0,
-        outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs one request on the least-loaded replica (see the class docs).
 
         Raises what the worker raised (InputError, DeadlineExceededError, ...), or
         ReplicaUnavailableError (retry-able) when replicas died ``max_retries + 1`` times.
-        ``outputs``: see :meth:`infer_timed`.
         """
         out, _ = await self.infer_timed(key, inputs, deadline_unix_ms=deadline_unix_ms, budget_ms=budget_ms,
-                                        priority=priority, outputs=outputs)
+                                        priority=priority)
         return out
 
     async def infer_timed(
@@ -345,19 +340,9 @@ class ReplicaPool:
         deadline_unix_ms: float | None = None,
         budget_ms: float | None = None,
         priority: int = 0,
-        outputs: Mapping[str, np.ndarray] | None = None,
-        _bound: BoundRequest | None = None,
     ) -> tuple[dict[str, np.ndarray], RequestTiming | None]:
         """``infer`` and where the request's time went in the worker
-        (see [Note: request timing] in workers/segment.py).
-
-        ``outputs``: writable arrays, one per output of the segment with its dtype and
-        shape, that the answer is written into and returned as (numpy's ``out=``);
-        arrays of :meth:`shared_array` on the request's replica are written by the
-        worker itself ([Note: outputs written in place] in workers/_transport/framing.py).
-        """
-        if outputs is not None and _bound is None:  # a BoundRequest's were checked when it was bound
-            outputs = check_outputs(key, inputs, outputs)
+        (see [Note: request timing] in workers/segment.py)."""
         self._requests += 1
         if budget_ms is not None:
             # A budget must not restart with each retry: fix it as a deadline now.
@@ -370,7 +355,7 @@ class ReplicaPool:
             else:
                 # Nothing in flight: there is nothing to batch with, so skip the
                 # caller-side batcher's event-loop hops (see [Note: caller-side batching]).
-                [result] = await self._send(key, [request], outputs, _bound)
+                [result] = await self._send(key, [request])
         except ReplicaUnavailableError:
             self._failed += 1
             raise
@@ -380,21 +365,8 @@ class ReplicaPool:
         if isinstance(result, BaseException):
             self._errors += 1
             raise result
-        if outputs is not None:
-            try:
-                result = (fill_outputs(key, outputs, result[0]), result[1])
-            except InputError:
-                self._errors += 1
-                raise
         self._completed += 1
         return result
-
-    def bind(self, key: str, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> BoundRequest:
-        """A request of ``key`` whose inputs and outputs stay where they are from run to
-        run ([Note: bound requests] in workers/_transport/framing.py): give arrays of
-        :meth:`shared_array` on one replica, write the inputs, ``await bound.run()``, read
-        the outputs. See :class:`BoundRequest`."""
-        return BoundRequest(self, key, dict(inputs), check_outputs(key, inputs, outputs))
 
     def _batcher(self, key: str) -> Batcher:
         """The caller-side batcher of ``key`` on the running event loop.
@@ -424,13 +396,11 @@ class ReplicaPool:
             entry = self._batchers[key] = (loop, batcher)
         return entry[1]
 
-    async def _send(self, key: str, requests: list[tuple], outputs: Mapping[str, np.ndarray] | None = None,
-                    bound: BoundRequest | None = None) -> list:
+    async def _send(self, key: str, requests: list[tuple]) -> list:
         """Sends requests in one call to the least-loaded replica, retrying on replica loss.
 
         Returns one (outputs, RequestTiming) or exception per request (the worker's
-        ``infer_batch_timed``); ``(WRITTEN, timing)`` for a lone request whose
-        ``outputs`` the worker wrote in place.
+        ``infer_batch_timed``).
         """
         exclude: int | None = None
         attempts = 0
@@ -447,11 +417,7 @@ class ReplicaPool:
             args = ([inputs], [deadline], [priority])
         else:
             args = ([r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
-        home = None
-        if self._shared:
-            home = self._shared_replica(r[0] for r in requests)
-            if home is None and outputs is not None:
-                home = self._shared_replica((outputs,))
+        home = self._shared_replica(r[0] for r in requests) if self._shared else None
         while True:
             start = self._next if home is None else home
             i = pick_replica(self._in_flight, self._down_until_s, time.monotonic(), start=start, exclude=exclude)
@@ -464,13 +430,7 @@ class ReplicaPool:
             try:
                 if client is not None:
                     try:
-                        if outputs is None or n != 1:
-                            results = await client.call(key, *args)
-                        else:
-                            frame = bound.frame_for(client) if bound is not None else None
-                            results = await client.call(key, *args, outputs=outputs, bound=frame)
-                            if bound is not None and frame is None:
-                                bound.remember(client, client.bound_frame(key, requests[0][0], outputs))
+                        results = await client.call(key, *args)
                         self._direct_calls += n
                     except ChannelRefusedError as e:
                         # Pickle over TCP, refused: Ray carries it ([Note: no pickle over TCP]).

@@ -650,15 +650,13 @@ def test_requests_and_answers_of_plain_arrays_go_as_tensor_frames_and_the_rest_p
 
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     timing = RequestTiming(0.001, 0.01, 2, True)
-    described = Outputs({"y": x * 2, "ids": np.arange(3, dtype=np.int64)})
-    described.described = (("y", "ids"), ("<f4", "<i8"), ((3, 4), (3,)))
+    engine_outputs = Outputs({"y": x * 2, "ids": np.arange(3, dtype=np.int64)})
     frames = {
         "request": ((1, ("m@1@c", [{"x": x, "ids": np.arange(3)}, {"x": x[:1]}], [None, 12.5], [0, 1])), 1),
         "answer": ((2, True, [({"y": x * 2}, timing), ({"y": np.zeros((0, 4), np.float16)}, None)]), 2),
-        # [Note: answers described in advance]
-        "an engine's outputs, described": ((2, True, [(described, RequestTiming(0.5, 0.25, 1, True))]), 3),
-        "the same description again": ((3, True, [(described, RequestTiming(0.0, 0.125, 1, True))]), 3),
-        "a described answer without timing": ((3, True, [(described, None)]), 2),
+        "an engine's outputs (a dict's subclass)": ((2, True, [(engine_outputs, RequestTiming(0.5, 0.25, 1, True))]),
+                                                    2),
+        "an answer without timing": ((3, True, [(engine_outputs, None)]), 2),
         "an error in the answer": ((3, True, [({"y": x}, None), InputError("bad", model="m")]), 0),
         "a failed call": ((4, False, InputError("bad", model="m")), 0),
         "a numpy integer priority": ((5, ("m@1@c", [{"x": x}], [None], [np.int64(1)])), 0),
@@ -693,27 +691,29 @@ def test_requests_and_answers_of_plain_arrays_go_as_tensor_frames_and_the_rest_p
         _assert_same(got, obj, name)
 
 
-def test_a_described_answer_that_does_not_match_its_buffers_is_refused():
-    # [Note: answers described in advance]: a garbled frame closes the connection (the
-    # reader's on_lost), never builds arrays from the wrong bytes.
-    from workers._transport.codec import _decode_described_answer, _DESCRIBED_HEAD
+def test_a_tensor_frame_whose_metadata_does_not_match_its_buffers_is_refused():
+    # [Note: tensor frames]: a garbled frame closes the connection (the reader's
+    # on_lost), never builds arrays from the wrong bytes.
+    from workers._transport.codec import decode_answer, decode_request
 
-    head = _DESCRIBED_HEAD.pack(7, 0.0, 0.01, 1, True)
-    known: dict = {}
-    two = head + marshal.dumps((("y", "z"), ("<f4", "<f4"), ((2,), (2,))))
-    got = _decode_described_answer(memoryview(two), [bytearray(8), bytearray(8)], known)
-    assert got[0] == 7 and list(got[2][0][0]) == ["y", "z"] and len(known) == 1
-    with pytest.raises(ValueError, match="1 buffers for 2 arrays"):
-        _decode_described_answer(memoryview(two), [bytearray(8)], known)
-    uneven = head + marshal.dumps((("y", "z"), ("<f4",), ((2,), (2,))))
+    two = marshal.dumps((7, [(("y", "z"), ("<f4", "<f4"), ((2,), (2,)), None)]))
+    got = decode_answer(memoryview(two), [bytearray(8), bytearray(8)])
+    assert got[0] == 7 and list(got[2][0][0]) == ["y", "z"]
+    with pytest.raises(ValueError, match="names more arrays than it carries"):
+        decode_answer(memoryview(two), [bytearray(8)])
+    with pytest.raises(ValueError, match="more buffers than it names"):
+        decode_answer(memoryview(two), [bytearray(8)] * 3)
+    uneven = marshal.dumps((7, [(("y", "z"), ("<f4",), ((2,), (2,)), None)]))
     with pytest.raises(ValueError, match="differ in number"):
-        _decode_described_answer(memoryview(uneven), [bytearray(8), bytearray(8)], known)
+        decode_answer(memoryview(uneven), [bytearray(8), bytearray(8)])
     with pytest.raises(TypeError):
-        _decode_described_answer(memoryview(head + marshal.dumps((("y",), ("nonsense",), ((2,),)))),
-                                 [bytearray(8)], known)
+        decode_answer(memoryview(marshal.dumps((7, [(("y",), ("nonsense",), ((2,),), None)]))), [bytearray(8)])
     with pytest.raises(ValueError):  # 8 bytes are not 3 float32s
-        _decode_described_answer(memoryview(head + marshal.dumps((("y",), ("<f4",), ((3,),)))),
-                                 [bytearray(8)], known)
+        decode_answer(memoryview(marshal.dumps((7, [(("y",), ("<f4",), ((3,),), None)]))), [bytearray(8)])
+    request = marshal.dumps((1, "m@1@c", [(("x",), ("<f4",), ((2,),))], [None], [0]))
+    assert decode_request(memoryview(request), [bytearray(8)])[1][1][0]["x"].shape == (2,)
+    with pytest.raises(ValueError, match="more buffers than it names"):
+        decode_request(memoryview(request), [bytearray(8), bytearray(8)])
 
 
 def _assert_same(got, want, where: str) -> None:

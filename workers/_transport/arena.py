@@ -56,21 +56,6 @@ ARENA_KEEP_BYTES = 32 << 20
 back to the system (a burst of large requests does not stay resident for the
 connection's life)."""
 _ALIGN = 64
-_MAX_MADE = 64
-"""Arrays an arena keeps made over its regions ([Note: arrays made once]); when full, it forgets them all."""
-
-
-def _made_once(made: dict[tuple, np.ndarray], buffer: mmap.mmap, offset: int, dtype: np.dtype,
-               shape: tuple) -> np.ndarray:
-    """The array of ``dtype`` and ``shape`` at ``offset`` of ``buffer``, kept in ``made``
-    by the three ([Note: arrays made once]); a full ``made`` forgets them all."""
-    key = (offset, dtype, shape)
-    array = made.get(key)
-    if array is None:
-        if len(made) >= _MAX_MADE:
-            made.clear()
-        array = made[key] = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
-    return array
 
 
 def arenas_supported() -> bool:
@@ -102,14 +87,7 @@ class Arena:
         """Regions given by :meth:`place` and not yet in a frame: address -> offset."""
         self._pinned: dict[int, int] = {}
         """Regions given by :meth:`pin_array`: offset -> bytes; lent until unpinned."""
-        self.unpins = 0
-        """How many regions :meth:`unpin` has freed: what was pinned before is pinned
-        still while this has not moved (workers/_transport/framing.py, [Note: bound requests])."""
         self._base = address(self._view)
-        self._made: dict[tuple, np.ndarray] = {}
-        """Arrays made over regions, by (offset, dtype, shape) ([Note: arrays made once])."""
-        self._made_at: dict[int, tuple[np.ndarray, int]] = {}
-        """Arrays made over regions by id, each with its offset (held, so ids stay theirs)."""
 
     @property
     def lent_bytes(self) -> int:
@@ -152,43 +130,14 @@ class Arena:
         return offset
 
     def _array(self, offset: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
-        """The array of ``dtype`` and ``shape`` at ``offset``, made once ([Note: arrays made once]).
-
-        [Note: arrays made once]
-        Making an array over a region takes numpy a few calls (``frombuffer``, ``view``,
-        ``reshape``), and finding where an array lies takes ctypes two; right after an
-        engine run each costs 25-35 us here, against 1.4 us warm (timed one at a time
-        after a transformer run, median of 40). Regions recur (first-fit hands a steady
-        stream of lone requests the same few offsets), so an arena keeps the arrays it
-        made, by offset, dtype and shape, and knows each one's offset by its identity:
-        :meth:`place` gives an engine's output its array and address with no numpy or
-        ctypes call once its region has been placed before, and :meth:`take` finds a
-        placed or pinned array's offset by a dict lookup. The arrays hold no memory of
-        their own (the arena's mapping does), and the arena holds each of them, so their
-        ids are not reused while they are known. The worker's end of a channel makes a
-        request's arrays over the caller's arena once per region in the same way, and
-        hands the engine their addresses with them (workers.engine.PlacedInputs), which
-        also lets the engine check a route once ([Note: routes checked once]).
-        With these and [Note: lone frames], the transformer tail's c1 serving overhead
-        with its input kept in shared memory (median per 3 s round, alternating
-        processes, three pairs of four rounds) went from 0.67-0.82 ms to 0.48-0.59 ms
-        in two processes without Ray, and from 0.71-0.92 ms to 0.53-0.71 ms through Ray
-        and the replica pool, the caller on uvloop.
-        """
-        array = _made_once(self._made, self._map, offset, dtype, shape)
-        entry = self._made_at.get(id(array))
-        if entry is None or entry[0] is not array:
-            if len(self._made_at) >= _MAX_MADE:
-                self._made_at.clear()
-            self._made_at[id(array)] = (array, offset)
-        return array
+        return np.ndarray(shape, dtype, buffer=self._map, offset=offset)
 
     def place(self, like: np.ndarray) -> tuple[np.ndarray, int] | None:
         """A region for an array of ``like``'s dtype and shape, to write before sending
         (an engine's output: [Note: outputs placed] in workers/engine.py): the array
         there and its address, or None when it is too small to go through the arena or
-        no region is free. :meth:`take` and :meth:`put` find it in place; :meth:`unreserve`
-        frees what no frame carried."""
+        no region is free. :meth:`put` finds it in place; :meth:`unreserve` frees what no
+        frame carried."""
         nbytes = like.nbytes
         if nbytes < ARENA_MIN_BYTES:
             return None
@@ -199,31 +148,10 @@ class Arena:
         self._reserved[at] = offset
         return self._array(offset, like.dtype, like.shape), at
 
-    def take(self, array: np.ndarray) -> int | None:
-        """The offset of an array that :meth:`place` or :meth:`pin_array` made, when it
-        may go as it lies (placed and not yet sent, or still pinned); None for any other
-        array, which :meth:`put` copies."""
-        entry = self._made_at.get(id(array))
-        if entry is None or entry[0] is not array:
-            return None
-        offset = entry[1]
-        if self._reserved.pop(self._base + offset, None) is not None or offset in self._pinned:
-            return offset
-        return None
-
-    def pinned_at(self, array: np.ndarray) -> int | None:
-        """The offset of an array that :meth:`pin_array` made and that is still pinned;
-        None for any other array."""
-        entry = self._made_at.get(id(array))
-        if entry is None or entry[0] is not array or entry[1] not in self._pinned:
-            return None
-        return entry[1]
-
     def pin_array(self, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
         """A writable array of ``shape`` and ``dtype`` in a region that the caller keeps
         until :meth:`unpin`: it, and arrays that start where it does, go in place however
-        often they are sent ([Note: inputs kept in the arena]), and :meth:`take` finds it
-        without asking where it lies ([Note: arrays made once]). None when it is too small
+        often they are sent ([Note: inputs kept in the arena]). None when it is too small
         to go through the arena or no region is free."""
         dtype = np.dtype(dtype)
         shape = tuple(int(d) for d in shape)
@@ -242,7 +170,6 @@ class Arena:
         offset = address(region) - self._base
         if self._pinned.pop(offset, None) is None:
             raise ValueError("unpin: not a region that this arena's pin_array() gave")
-        self.unpins += 1
         self.release(offset)
 
     @property
@@ -286,8 +213,6 @@ class Arena:
 
     def close(self) -> None:
         """Closes the fd; the mapping goes when the last view of it does."""
-        self._made.clear()
-        self._made_at.clear()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -307,8 +232,6 @@ class PeerArena:
         """The mapping, for arrays built on it (``np.ndarray(..., buffer=, offset=)``)."""
         self.base = address(self._view)
         """Where the mapping starts in this process's memory."""
-        self._made: dict[tuple, np.ndarray] = {}
-        """Arrays made over the peer's regions ([Note: arrays made once])."""
 
     def check(self, offset: int, nbytes: int) -> None:
         """Raises ValueError when ``nbytes`` at ``offset`` is not a place in the arena."""
@@ -321,12 +244,5 @@ class PeerArena:
         self.check(offset, nbytes)
         return self._view[offset:offset + nbytes]
 
-    def array(self, offset: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
-        """The array at ``offset`` (checked by the caller), made once per offset, dtype and
-        shape ([Note: arrays made once]): for a receiver that reads regions only until it
-        hands them back, never one whose arrays live on in its callers."""
-        return _made_once(self._made, self._map, offset, dtype, shape)
-
     def close(self) -> None:
-        """Forgets the arrays it made; the mapping goes when the last view of it does."""
-        self._made.clear()
+        """Nothing to free: the mapping goes when the last view of it does."""

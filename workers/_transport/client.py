@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from workers._transport.connection import _Connection
-from workers._transport.framing import BoundFrame, ChannelClosedError, ChannelRefusedError
+from workers._transport.framing import ChannelClosedError, ChannelRefusedError
 
 __all__ = ["ChannelClient", "DirectLink"]
 
@@ -77,8 +77,7 @@ class ChannelClient:
 
     def pin_array(self, shape: tuple, dtype: Any) -> np.ndarray | None:
         """An array of ``shape`` and ``dtype`` in this end's arena that the caller keeps
-        for its inputs ([Note: inputs kept in the arena] in workers/_transport/arena.py), which a
-        request then carries without asking where it lies ([Note: arrays made once]);
+        for its inputs ([Note: inputs kept in the arena] in workers/_transport/arena.py);
         None over TCP, with shared memory off, or when the arena has no room."""
         arena = self._conn.arena
         return None if arena is None or self.closed else arena.pin_array(shape, dtype)
@@ -88,11 +87,6 @@ class ChannelClient:
         flight."""
         if self._conn.arena is not None:
             self._conn.arena.unpin(region)
-
-    @property
-    def unpins(self) -> int:
-        """How many regions :meth:`unpin` has freed ([Note: bound requests])."""
-        return self._conn.arena.unpins if self._conn.arena is not None else -1
 
     @property
     def arena_fallbacks(self) -> int:
@@ -128,20 +122,11 @@ class ChannelClient:
                     "restarted); retry-able: the pool sends it again by a plain call",
                     path=self.path, detail=repr(exc) if exc else None))
 
-    def bound_frame(self, key: str, inputs: dict, outputs: dict) -> BoundFrame | None:
-        """See :meth:`_Connection.bound_frame` ([Note: bound requests])."""
-        return None if self.closed else self._conn.bound_frame(key, inputs, outputs)
-
-    async def call(self, *args: Any, outputs: dict | None = None, bound: BoundFrame | None = None) -> Any:
+    async def call(self, *args: Any) -> Any:
         """The worker's ``handler(*args)``; raises the worker's error, ChannelClosedError
         when the connection is lost meanwhile, or ChannelRefusedError when the request or
         its answer needs pickle over TCP ([Note: no pickle over TCP] in
-        workers/_transport/framing.py). ``outputs``: for a
-        request of one, arrays of :meth:`pin_array` where the worker may write its
-        outputs; its answer is then ``[(WRITTEN, timing)]`` ([Note: outputs written in
-        place]), or the outputs as usual where the worker did not. ``bound``: the
-        request's frame as :meth:`bound_frame` gave it, sent as it stands where it can be
-        ([Note: bound requests])."""
+        workers/_transport/framing.py)."""
         if self.closed:
             raise ChannelClosedError(f"the direct channel {self.path} is closed; reconnect or send by a plain call",
                                      path=self.path)
@@ -150,8 +135,7 @@ class ChannelClient:
         self._pending[request_id] = fut
         try:
             try:
-                if bound is None or not self._conn.send_bound(bound, request_id, args[2][0], args[3][0]):
-                    self._conn.send((request_id, args), outputs)
+                self._conn.send((request_id, args))
             except OSError as e:
                 del self._pending[request_id]  # failed below, by the raise, not by _lost
                 self._lost(e)

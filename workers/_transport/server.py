@@ -1,6 +1,5 @@
 """A worker's end of its direct channels: the listeners, the token check, and each
-request answered at once or by the handler ([Note: answered at once], [Note: prepared
-requests]).
+request answered at once or by the handler ([Note: answered at once]).
 """
 
 from __future__ import annotations
@@ -17,12 +16,9 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-
 from workers._transport.connection import _Connection
-from workers._transport.framing import _MAX_PREPARED, _TOKEN_BYTES, _TOKEN_WAIT_S, WRITTEN, ChannelRefusedError
+from workers._transport.framing import _TOKEN_BYTES, _TOKEN_WAIT_S, ChannelRefusedError
 from workers.batcher import NOT_NOW
-from workers._engine_types import PlacedInputs
 from workers.errors import WorkerError
 
 __all__ = ["ChannelServer", "open_channel_server"]
@@ -37,33 +33,17 @@ result goes back at once, or it returns ``NOT_NOW`` (workers.batcher) for ``Hand
 Called with the request's arguments and ``place``: None, or ``Arena.place`` of the
 connection's arena, where the handler may write the answer's large arrays so that they
 go back without a copy ([Note: outputs placed] in workers/engine.py)."""
-PrepareHandler = Callable[[str, Any, Callable[[int, float, float], None]], Callable[[int, float, int], Any] | None]
-"""``prepare(key, inputs, answer)``: see :meth:`workers._worker.SegmentHost.prepare`."""
-
-
-
-def _in_place(value: list, written: dict[str, tuple[np.ndarray, int]]) -> list:
-    """``[(WRITTEN, timing)]`` for the answer to a request whose outputs ran where it
-    asked; ``value`` unchanged otherwise (batched, say: the caller copies them)."""
-    result = value[0]
-    if type(result) is tuple and len(result) == 2 and isinstance(result[0], dict):
-        outputs = result[0]
-        if len(outputs) == len(written) and all(outputs.get(name) is a for name, (a, _) in written.items()):
-            return [(WRITTEN, result[1])]
-    return value
-
 
 class ChannelServer:
     """A worker's end: answers each request on its connections with ``handler``."""
 
-    def __init__(self, handler: Handler, directory: str, now: NowHandler | None = None,
-                 prepare: PrepareHandler | None = None, *, tcp_pickle: bool = False) -> None:
+    def __init__(self, handler: Handler, directory: str, now: NowHandler | None = None, *,
+                 tcp_pickle: bool = False) -> None:
         self._handler = handler
         self.tcp_pickle = tcp_pickle
         """Whether TCP connections accepted from now on carry pickle frames ([Note: no
         pickle over TCP] in workers/_transport/framing.py); Unix-domain ones always do."""
         self._now = now
-        self._prepare = prepare
         self._directory = directory
         self.path = os.path.join(directory, "channel.sock")
         self.tcp_address: tuple[str, int] | None = None
@@ -116,8 +96,6 @@ class ChannelServer:
             if conn.sock.family == socket.AF_UNIX:
                 await asyncio.wait_for(conn.share_arenas(offer=False), _TOKEN_WAIT_S)
             lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-            if self._prepare is not None and self._now is not None:
-                conn.prepared = {}
             conn.read_frames(lambda request, held: self._handle(conn, request, held),
                              lambda e: lost.done() or lost.set_result(e))
             why = await lost
@@ -149,11 +127,9 @@ class ChannelServer:
             except Exception as e:  # noqa: BLE001 - as in _answer
                 ok, value = False, e
             if value is not NOT_NOW:  # NOT_NOW: nothing ran, nothing was reserved
-                written = self._reply(conn, request_id, args, ok, value, held)
+                self._reply(conn, request_id, args, ok, value, held)
                 if arena is not None:
                     arena.unreserve()  # what the answer did not carry (an error, say)
-                if written and conn.prepared is not None and args[1][0].frame_key not in conn.prepared:
-                    self._keep_prepared(conn, args[0], args[1][0], held)
                 return
         self._spawn(self._answer(conn, request_id, args, held))
 
@@ -164,56 +140,25 @@ class ChannelServer:
             ok, value = False, e
         self._reply(conn, request_id, args, ok, value, held)
 
-    def _keep_prepared(self, conn: _Connection, key: str, inputs: PlacedInputs, held: list[int]) -> None:
-        """Prepares the next requests of the lone frame that ``inputs`` came in, just
-        answered at once with its outputs written in place ([Note: prepared requests])."""
-        prepared = conn.prepared
-        assert prepared is not None and self._prepare is not None
-        if len(prepared) >= _MAX_PREPARED:
-            prepared.clear()
-        answer = conn.written_answer(held)
-        serve = None
-        if answer is not None:
-            try:
-                serve = self._prepare(key, inputs, answer)
-            except Exception as e:  # noqa: BLE001 - then its requests go the usual way
-                logger.debug("direct channel %s: requests of %s not prepared (%r)", self.path, key, e)
-
-        def fail(request_id: int, e: Exception) -> None:
-            self._reply(conn, request_id, (key,), False, e, held)
-
-        prepared[inputs.frame_key] = None if serve is None else (serve, fail)
-
     @staticmethod
-    def _reply(conn: _Connection, request_id: Any, args: tuple, ok: bool, value: Any, held: list[int]) -> bool:
-        """Sends the handler's result (``ok``) or error to the caller of ``request_id``;
-        returns whether the answer says its outputs were written in place."""
-        written = False
+    def _reply(conn: _Connection, request_id: Any, args: tuple, ok: bool, value: Any, held: list[int]) -> None:
+        """Sends the handler's result (``ok``) or error to the caller of ``request_id``."""
         if not ok:
             value.__traceback__ = value.__context__ = value.__cause__ = None
-        if ok and type(value) is list and len(value) == 1 and type(args[1]) is list and len(args[1]) == 1:
-            inputs = args[1][0]
-            if type(inputs) is PlacedInputs and inputs.outputs is not None:
-                answer = _in_place(value, inputs.outputs)
-                written, value = answer is not value, answer
-        reply = (request_id, ok, value)
         # The request's arrays are done with once it is answered (see [Note: channel arena]).
         conn.hand_back(held)
         try:
             try:
-                conn.send(reply)
+                conn.send((request_id, ok, value))
             except ChannelRefusedError as e:  # the pool sends it again by a plain call
                 conn.send_refusal(request_id, str(e))
-                written = False
             except (pickle.PicklingError, TypeError, AttributeError) as e:
                 key = str(args[0]) if args else None
                 conn.send((request_id, False, WorkerError(
                     f"the answer to request {request_id} for {key} could not be sent ({e!r}); "
                     "report this: worker results must be picklable", model=key, detail=repr(e))))
-                written = False
         except OSError:
             pass  # the pool went away; it has counted this request already
-        return written
 
     def close(self) -> None:
         for listener in self._listeners:
@@ -224,17 +169,14 @@ class ChannelServer:
 
 
 async def open_channel_server(
-    handler: Handler, *, now: NowHandler | None = None, prepare: PrepareHandler | None = None,
-    tcp_host: str | None = None, tcp_pickle: bool = False,
+    handler: Handler, *, now: NowHandler | None = None, tcp_host: str | None = None, tcp_pickle: bool = False,
 ) -> ChannelServer:
     """Listens on a new socket in a private directory (``server.path``) and, given
     ``tcp_host``, on a TCP port of that address too (``server.tcp_address``). ``now``, if
-    given, is tried first for requests with nothing behind them (see [Note: answered at once]);
-    ``prepare``, if given with it, prepares lone requests that it answered with their
-    outputs written in place (see [Note: prepared requests]). TCP connections carry
-    pickle frames only with ``tcp_pickle`` ([Note: no pickle over TCP])."""
+    given, is tried first for requests with nothing behind them (see [Note: answered at once]).
+    TCP connections carry pickle frames only with ``tcp_pickle`` ([Note: no pickle over TCP])."""
     directory = tempfile.mkdtemp(prefix="splitinfer-ch-")  # mode 0700: see [Note: direct channel]
-    server = ChannelServer(handler, directory, now, prepare, tcp_pickle=tcp_pickle)
+    server = ChannelServer(handler, directory, now, tcp_pickle=tcp_pickle)
     try:
         await server._start(tcp_host)
     except BaseException:
