@@ -1,16 +1,18 @@
 """Real links: the edge agent on recorded cellular traces, against static plans and a bound.
 
-    python -m bench.traces [--trace-dir DIR] [--out FILE] [--model M] [--slo-ms S] [--seconds N]
+    python -m bench.traces [--trace-dir DIR] [--out FILE] [--model M] [--slo-ms S] [--seconds N] [--rounds R]
 
 Every `NAME.up`/`NAME.down` pair in `--trace-dir` (default the recorded traces in
 `../shared/traces` next to the checkout, GPL-3.0 data that stays there) is replayed by
 the link emulator (Mahimahi delivery opportunities, `--rtt-ms` added) between an edge
-agent and the real gateway on 127.0.0.1, with the device emulated as in
-`bench.adaptation` (one thread, each local run followed by `--slowdown - 1` times its
-CPU time of sleep). An open-loop app sends one frame every 1/fps s, fps being 80 % of
-what the emulated device sustains locally (`--fps` sets it). Strategies take turns on the
-same trace window (the traces restart at time 0 for each, and each turn begins as the daemon
-does, with one link probe, on a fresh runner), so they see the same link:
+agent and the real gateway on 127.0.0.1, with an emulated device (a reference device's
+time per run, see [Note: emulated device]). An open-loop app sends one frame every
+1/fps s, fps being 80 % of what the emulated device sustains locally (`--fps` sets it).
+Strategies take turns on the same trace window (the traces restart at time 0 for each,
+and each turn begins as the daemon does, with one link probe, on a fresh runner), so they
+see the same link; `--rounds R` repeats the turns R times, the order rotating by one
+strategy each round, so that a slow spell of the shared host falls on a different
+strategy each time:
 
 * `ours`: the adaptive agent, on its default policy and monitor;
 * `edge_only`: every request on the whole local model (offloading off);
@@ -22,13 +24,34 @@ does, with one link probe, on a fresh runner), so they see the same link:
   each strategy's figure the median of its own requests within 0.5 s, so that the host's
   noise does not pass for a better cut): a bound computed offline, not a strategy.
 
-Per trace and strategy: `p50_ms`, `p95_ms`, `p99_ms`, `slo_miss_rate` (answers later
-than `--slo-ms`, which defaults to twice the device's local time), `lost`, `doubled`,
-`switches_per_min` (a pinned plan has none), `bytes_up` (what crossed the emulated
-uplink) and `served_by`. The JSON is `{"traces": {NAME: {"strategies": {STRATEGY: {...}}}}}`; one timeline PNG per
-trace (`traces_NAME.png` next to the JSON): the trace's 1-second uplink rate, the plan
-`ours` used, and each request's latency per strategy. `--seconds N` cuts each trace to
-its first N seconds (default 180; 0: whole traces).
+Per trace and strategy, over the requests of every round pooled: `p50_ms`, `p95_ms`,
+`p99_ms`, `slo_miss_rate` (answers later than `--slo-ms`, which defaults to twice the
+device's local time), `lost`, `doubled`, `switches_per_min` (a pinned plan has none),
+`bytes_up` (what crossed the emulated uplink) and `served_by`; `rounds` holds the same
+figures per round, and `spread` each figure's least and greatest round. The JSON is
+`{"traces": {NAME: {"strategies": {STRATEGY: {...}}}}}`; one timeline PNG per trace
+(`traces_NAME.png` next to the JSON): the trace's 1-second uplink rate, the plan `ours`
+used in each round, and each request's latency per strategy. `--seconds N` cuts each
+trace to its first N seconds (default 60, times 3 rounds: a default run over the three
+shared traces takes about 45 minutes; 0: whole traces).
+
+[Note: emulated device]
+The device is a reference device of `planner.devices` (`--device`, default `rpi4`): its
+whole-model time is that device's roofline time for the model (ResNet50 on an rpi4: 493 ms,
+14x the 36 ms CPU time that one core of this host takes; real phones and Raspberry Pis are
+10-30x slower than a server core at ResNet50), and the device profile the agent plans with
+says so. At that speed offloading beats local on good stretches of an LTE trace (a 150 kB
+int8 input at 8 Mbit/s is 150 ms on the link) and not on a 1 Mbit/s UMTS one. Each run of a
+local engine (the whole model, a cut's head or its tail) takes its share of that time, by its
+CPU time here, as wall time: the run, then a sleep for the rest. The host is shared (2 cores,
+other jobs), so a run stretched by its load would otherwise pass for the device's own
+slowness; only a run slower than its share on a very busy host takes longer. `--slowdown S`
+sets the device's time to S times one single-thread run's CPU time here instead. The frame
+rate and the SLO derive from the device's time, not from a timing on the shared host: fps is
+80 % of 1 / device time, the SLO twice the device time (local meets it; the question is
+whether the link beats it). The cloud profile is the least of seven timings of the cloud's
+engine: its speed, not the load of the moment (the agent corrects its predictions by the
+answers it measures).
 """
 
 from __future__ import annotations
@@ -52,6 +75,7 @@ import numpy as np
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 STRATEGIES = ("ours", "edge_only", "cloud_only", "static")
+_SPREAD_KEYS = ("p50_ms", "p95_ms", "p99_ms", "slo_miss_rate", "switches_per_min")
 _FAST_MBPS = 1000.0
 """The link between turns and while the agent installs the model: a turn's leftovers drain fast."""
 
@@ -113,11 +137,90 @@ def hindsight(runs: dict[str, list[dict[str, Any]]], sent: int, slo_ms: float, *
             "p99_ms": float(np.percentile(lat, 99)), "slo_miss_rate": sum(x > slo_ms for x in best) / sent,
             "lost": 0, "doubled": 0, "switches_per_min": None, "bytes_up": None,
             "what": "per request, the least of the strategies' latencies at that send time (each the median of "
-                    "its own within +-0.5 s): a bound"}
+                    "its own within +-0.5 s): a bound", "latencies_ms": best}
+
+
+def pooled(rounds: list[dict[str, Any]], slo_ms: float, seconds: float) -> dict[str, Any]:
+    """One strategy's figures over every round's requests together, each round's figures
+    (`rounds`), and each figure's least and greatest round (`spread`)."""
+    per = [summarise(r["records"], r["sent"], r["answers"], slo_ms, r["switches"], seconds, r["bytes_up"])
+           for r in rounds]
+    answers: collections.Counter[str] = collections.Counter()
+    for r in rounds:
+        answers.update(r["answers"])
+    out = summarise([x for r in rounds for x in r["records"]], sum(r["sent"] for r in rounds), answers, slo_ms,
+                    sum(r["switches"] for r in rounds), seconds * len(rounds), sum(r["bytes_up"] for r in rounds))
+    counters: dict[str, Any] = {}
+    for r in rounds:
+        for k, v in r["counters"].items():
+            if isinstance(v, dict):
+                d = counters.setdefault(k, {})
+                for kk, vv in v.items():
+                    d[kk] = d.get(kk, 0) + vv
+            else:
+                counters[k] = counters.get(k, 0) + v
+    out["counters"] = counters
+    out["rounds"] = [{k: v[k] for k in _SPREAD_KEYS} for v in per]
+    out["spread"] = {k: [min(v[k] for v in per), max(v[k] for v in per)] for k in _SPREAD_KEYS
+                     if all(v[k] is not None for v in per)}
+    return out
+
+
+def pooled_hindsight(rounds: list[dict[str, list[dict[str, Any]]]], sent: list[int], slo_ms: float,
+                     half_width: int) -> dict[str, Any]:
+    """The hindsight bound of each round (its strategies on the same link moments), pooled over
+    the rounds' requests; `spread` as in `pooled`."""
+    per = [hindsight(runs, n, slo_ms, half_width=half_width) for runs, n in zip(rounds, sent)]
+    best = [x for h in per for x in h.pop("latencies_ms")]
+    lat = [x for x in best if math.isfinite(x)]
+    out = {"requests": len(best), "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+           "p99_ms": float(np.percentile(lat, 99)), "slo_miss_rate": sum(x > slo_ms for x in best) / len(best),
+           "lost": 0, "doubled": 0, "switches_per_min": None, "bytes_up": None, "what": per[0]["what"],
+           "rounds": [{k: h[k] for k in _SPREAD_KEYS} for h in per]}
+    out["spread"] = {k: [min(h[k] for h in per), max(h[k] for h in per)] for k in _SPREAD_KEYS[:4]}
+    return out
+
+
+def cpu_ms(engine: Any, runs: int = 3) -> float:
+    """Median CPU ms of one run of `engine` on zeros, on this thread (a busy host stretches its
+    wall time, much less its CPU time)."""
+    x = {t.name: np.zeros(t.shape, np.float32) for t in engine.inputs}
+    engine.run(x)
+    times = []
+    for _ in range(runs):
+        c = time.thread_time()
+        engine.run(x)
+        times.append((time.thread_time() - c) * 1e3)
+    return statistics.median(times)
+
+
+def as_device(engine: Any, target_ms: float) -> None:
+    """Each run of `engine` takes `target_ms` of wall time (the run, then a sleep for the rest; a
+    run slower than that, on a busy host, takes its own time), and its stats report those times
+    (the runner times a hedged local run by `stats().median_ms`). See [Note: emulated device]."""
+    import dataclasses
+
+    run, stats = engine.run, engine.stats
+    times: collections.deque[float] = collections.deque(maxlen=64)
+
+    def timed(inputs: Any, *, copy: bool = False) -> Any:
+        t = time.perf_counter()
+        out = run(inputs, copy=copy)
+        time.sleep(max(0.0, target_ms / 1e3 - (time.perf_counter() - t)))
+        times.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def device_stats() -> Any:
+        st = stats()
+        return dataclasses.replace(st, median_ms=statistics.median(times), p90_ms=float(np.percentile(times, 90))) \
+            if times else st
+
+    engine.run, engine.stats = timed, device_stats
 
 
 async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: float, pin: str | None,
-                local_ms: float, executor: concurrent.futures.Executor, grace_s: float) -> dict[str, Any]:
+                local_ms: float, executor: concurrent.futures.Executor, grace_s: float,
+                tag: str = "") -> dict[str, Any]:
     """One strategy on the trace from time 0: a fresh runner (its estimate, policy state, corrections)."""
     from edge_agent.runner import Runner
     from splitinfer.netem import LinkSetting
@@ -142,7 +245,7 @@ async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: flo
     t0 = time.monotonic()
 
     async def one(i: int) -> None:
-        rid = f"{strategy}-{i}"
+        rid = f"{strategy}{tag}-{i}"
         try:
             a = await agent.infer({name: x}, rid)
         except Exception as e:  # noqa: BLE001 - an error is an answer (counted), not a lost request
@@ -173,11 +276,19 @@ async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: flo
     await asyncio.sleep(grace_s)  # late remote answers arrive, are dropped and counted, before the next turn
     counters_after = runner.counters.to_dict()
     # A pinned plan never switches; the runner's count there is the breaker's moves to local and back.
-    switches = counters["switches"] if strategy == "ours" else 0
+    # The policy's own count leaves out the first plan, which is no switch.
+    switches = runner.state.switches if strategy == "ours" else 0
     return {"records": records, "sent": n, "answers": answers, "switches": switches,
             "bytes_up": emu.stats().bytes_up - bytes_before, "plans": plans,
             "counters": {k: counters_after[k] for k in ("late_dropped", "local_dropped", "hedges", "trials",
                                                         "remote_errors", "switches")}}
+
+
+def turn_order(rounds: int) -> list[tuple[int, str]]:
+    """(round, strategy) in the order they run: every strategy once per round, the first one
+    rotating, so that no strategy always follows the same one or runs at the same point of a round."""
+    k = len(STRATEGIES)
+    return [(r, STRATEGIES[(r + i) % k]) for r in range(rounds) for i in range(k)]
 
 
 async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], name: str, up: Path,
@@ -188,7 +299,6 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
     from edge_agent.config import config_from_dict
     from edge_agent.daemon import EdgeAgent
     from edge_agent.engines import time_engine_ms
-    from bench.adaptation import _slow_down
     from splitinfer.netem import LinkEmulator, LinkSetting, load_mahimahi_trace
 
     trace_up, trace_down = load_mahimahi_trace(up), load_mahimahi_trace(down)
@@ -207,17 +317,20 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
            "remoteTimeoutMs": args.remote_timeout_ms}
     agent = EdgeAgent(config_from_dict(cfg))
     executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="edge-engine")
+    device_ms = setup["device_ms"]
     try:
         await agent.start()
         assert agent.models is not None and agent.runner is not None
         policy_local_ms = agent.runner.local_ms  # the device profile's whole-model time, as the policy sees it
         agent.runner.close()  # each turn gets a fresh runner on the shared executor
-        for e in [agent.models.full] + [e for c in agent.models.cuts.values() for e in (c.head, c.tail) if e]:
-            _slow_down(e, args.slowdown)
-        local_ms = time_engine_ms(agent.models.full, 6)
+        engines = [agent.models.full] + [e for c in agent.models.cuts.values() for e in (c.head, c.tail) if e]
+        full_cpu_ms = cpu_ms(agent.models.full)
+        for e in engines:  # each part of the model takes its share of the device's time, by its CPU time here
+            as_device(e, device_ms * min(1.0, cpu_ms(e) / full_cpu_ms) if e is not agent.models.full else device_ms)
+        local_ms = time_engine_ms(agent.models.full, 3)
         agent.models.local_ms = local_ms
-        fps = args.fps or math.floor(0.8 * 1e3 / local_ms * 10) / 10
-        slo_ms = args.slo_ms or 2.0 * local_ms
+        fps = args.fps or math.floor(0.8 * 1e3 / device_ms * 10) / 10
+        slo_ms = args.slo_ms or 2.0 * device_ms
         if agent.config.policy.slo_ms != slo_ms:
             import dataclasses
 
@@ -228,35 +341,34 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
         static = front.plan_at(trace_up.mean_bps) if front else None
         pins = {"cloud_only": cloud_only.cut.key if cloud_only and cloud_only.boundary else None,
                 "static": static.cut.key if static and static.boundary else None}
-        runs: dict[str, dict[str, Any]] = {}
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
         grace_s = 2 * args.remote_timeout_ms / 1e3 + 1.0
-        for strategy in STRATEGIES:
+        for rnd, strategy in turn_order(args.rounds):
             pin = pins.get(strategy)
-            if strategy in pins and pin is None:  # that plan is the whole model here
-                strategy_kind = "edge_only"
-            else:
-                strategy_kind = strategy
-            logger.info("%s: %s for %.0f s at %.2g fps", name, strategy, seconds, fps)
-            runs[strategy] = await _turn(agent, emu, strategy_kind, fps=fps, seconds=seconds, pin=pin,
-                                         local_ms=policy_local_ms, executor=executor, grace_s=grace_s)
+            strategy_kind = "edge_only" if strategy in pins and pin is None else strategy  # that plan is local here
+            logger.info("%s round %d: %s for %.0f s at %.2g fps", name, rnd + 1, strategy, seconds, fps)
+            runs[strategy].append(await _turn(agent, emu, strategy_kind, fps=fps, seconds=seconds, pin=pin,
+                                              local_ms=policy_local_ms, executor=executor, grace_s=grace_s,
+                                              tag=f"-r{rnd}"))
     finally:
         await agent.stop()
         executor.shutdown(wait=True)
         await emu.stop()
         await server.stop(None)
         await gateway.close()
-    out = {s: summarise(r["records"], r["sent"], r["answers"], slo_ms, r["switches"], seconds, r["bytes_up"])
-           | {"counters": r["counters"]} for s, r in runs.items()}
-    out["hindsight"] = hindsight({s: r["records"] for s, r in runs.items()}, runs["ours"]["sent"], slo_ms,
-                                 half_width=max(0, round(fps / 2)))
+    out = {s: pooled(r, slo_ms, seconds) for s, r in runs.items()}
+    out["hindsight"] = pooled_hindsight([{s: runs[s][i]["records"] for s in runs} for i in range(args.rounds)],
+                                        [runs["ours"][i]["sent"] for i in range(args.rounds)], slo_ms,
+                                        half_width=max(0, round(fps / 2)))
     return {
         "strategies": out,
         "trace": {"up": up.name, "down": down.name, "seconds": seconds, "mean_up_bps": trace_up.mean_bps,
                   "mean_down_bps": trace_down.mean_bps, "rtt_ms": args.rtt_ms},
-        "fps": fps, "slo_ms": slo_ms, "local_engine_ms": local_ms,
+        "fps": fps, "slo_ms": slo_ms, "rounds": args.rounds, "local_engine_ms": local_ms,
         "plans": {"cloud_only": cloud_only.key if cloud_only else None, "static": static.key if static else None},
-        "timeline": {"rate_mbps": rate_per_second(trace_up, seconds), "ours_plans": runs["ours"]["plans"],
-                     "latency_ms": {s: [(r["sent_s"], r["latency_ms"]) for r in runs[s]["records"]]
+        "timeline": {"rate_mbps": rate_per_second(trace_up, seconds),
+                     "ours_plans": [r["plans"] for r in runs["ours"]],
+                     "latency_ms": {s: [(x["sent_s"], x["latency_ms"], x["served_by"]) for r in runs[s] for x in r["records"]]
                                     for s in runs}},
     }
 
@@ -272,29 +384,74 @@ def plot(name: str, result: dict[str, Any], path: str) -> None:
     rate = tl["rate_mbps"]
     ax1.step(range(len(rate)), rate, where="post", color="k")
     ax1.set_ylabel("uplink, 1 s (Mbit/s)")
-    plans = [p for _, p in tl["ours_plans"] if p]
-    names = sorted(set(plans), key=lambda k: (k != "local", k))
+    names = sorted({p for rnd in tl["ours_plans"] for _, p in rnd if p}, key=lambda k: (k != "local", k))
+    for i, rnd in enumerate(tl["ours_plans"]):
+        pts = [(t, names.index(p) + 0.08 * i) for t, p in rnd if p]
+        if pts:
+            ax2.step(*zip(*pts), where="post", lw=1, label=f"round {i + 1}")
     if names:
-        pts = [(t, names.index(p)) for t, p in tl["ours_plans"] if p]
-        ax2.step(*zip(*pts), where="post", color="tab:purple")
         ax2.set_yticks(range(len(names)), names, fontsize=7)
+        ax2.legend(fontsize=7, loc="upper right")
     ax2.set_ylabel("ours: plan")
     colors = {"ours": "tab:blue", "edge_only": "tab:green", "cloud_only": "tab:red", "static": "tab:orange"}
     for s, pts in tl["latency_ms"].items():
         if pts:
-            ax3.scatter(*zip(*pts), s=5, c=colors.get(s, "grey"), label=s, alpha=0.7)
+            ax3.scatter([p[0] for p in pts], [p[1] for p in pts], s=5, c=colors.get(s, "grey"), label=s, alpha=0.7)
     ax3.axhline(result["slo_ms"], color="grey", ls="--", lw=0.7, label="SLO")
     ax3.set_yscale("log")
     ax3.set_ylabel("latency per request (ms)")
     ax3.set_xlabel("time in the trace (s)")
     ax3.legend(fontsize=8, loc="upper right")
     st = result["strategies"]
-    fig.suptitle(f"{name}: p95 ours {st['ours']['p95_ms']:.0f} ms, edge {st['edge_only']['p95_ms']:.0f}, "
+    fig.suptitle(f"{name} ({result.get('rounds', 1)} rounds pooled): p95 ours {st['ours']['p95_ms']:.0f} ms, edge {st['edge_only']['p95_ms']:.0f}, "
                  f"cloud {st['cloud_only']['p95_ms']:.0f}, static {st['static']['p95_ms']:.0f}, "
                  f"hindsight {st['hindsight']['p95_ms']:.0f}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def emulated_device(model_path: str, profile_path: str, cloud_path: str, device: str, slowdown: float,
+                    cache_dir: str) -> dict[str, float]:
+    """The emulated device's whole-model time (the reference `device`'s roofline time, or
+    `slowdown` > 0 times the CPU time of one single-thread run here), the device profile at
+    `profile_path` rewritten to it, and the cloud profile at `cloud_path` rewritten to the least
+    of seven timings of the cloud's engine (its speed, not the shared host's load of the moment);
+    see [Note: emulated device]."""
+    from edge_agent.engines import estimate_profile
+    from partitioner import Splitter
+    from planner.devices import reference_profile
+    from workers.engine import Engine, EngineConfig
+
+    graph = Splitter(model_path).graph
+    one = Engine(model_path, EngineConfig(intra_op_threads=1, batch_buckets=(1,), dynamic_batch=False,
+                                          cache_dir=cache_dir))
+    try:
+        one_cpu_ms = cpu_ms(one, 5)
+    finally:
+        one.close()
+    if slowdown:
+        device_ms = one_cpu_ms * slowdown
+    else:
+        ref = reference_profile(device, graph)
+        device_ms = sum(t.ms for t in ref.layers.values()) + ref.fixed_ms
+    cloud = Engine(model_path, EngineConfig(batch_buckets=(1,), dynamic_batch=False, cache_dir=cache_dir))
+    try:
+        x = {t.name: np.zeros(t.shape, np.float32) for t in cloud.inputs}
+        cloud.run(x)
+        times = []
+        for _ in range(7):
+            t = time.perf_counter()
+            cloud.run(x)
+            times.append((time.perf_counter() - t) * 1e3)
+    finally:
+        cloud.close()
+    cloud_ms = min(times)
+    with open(profile_path, "w") as fh:
+        fh.write(estimate_profile(graph, device_ms).to_json())
+    with open(cloud_path, "w") as fh:
+        fh.write(estimate_profile(graph, cloud_ms).to_json())
+    return {"device_ms": device_ms, "cpu_ms": one_cpu_ms, "slowdown": device_ms / one_cpu_ms, "cloud_ms": cloud_ms}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,18 +461,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.path.join(RESULTS, "traces.json"), help="the JSON (PNGs go beside it)")
     p.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")
     p.add_argument("--slo-ms", type=float, default=0.0, help="latency target; 0: twice the device's local time")
-    p.add_argument("--seconds", type=float, default=180.0, help="first N seconds of each trace; 0: whole traces")
+    p.add_argument("--seconds", type=float, default=60.0, help="first N seconds of each trace; 0: whole traces")
+    p.add_argument("--rounds", type=int, default=3, help="turns of every strategy on each trace window (default 3)")
     p.add_argument("--fps", type=float, default=0.0, help="0: 80%% of what the emulated device sustains locally")
-    p.add_argument("--slowdown", type=float, default=4.0, help="the emulated device is this much slower than one core")
+    p.add_argument("--device", default="rpi4", help="reference device (planner.devices) the device emulates")
+    p.add_argument("--slowdown", type=float, default=0.0,
+                   help="the emulated device is this much slower than one core here; 0: as --device")
     p.add_argument("--rtt-ms", type=float, default=40.0, help="RTT added on the traces (default 40)")
     p.add_argument("--remote-timeout-ms", type=float, default=1500.0)
     p.add_argument("--encodings", default="fp32,fp16,int8", help="boundary encodings the agent may plan with")
     p.add_argument("--only", action="append", help="run only this trace NAME (repeatable)")
     args = p.parse_args(argv)
     for flag, v, ok in (("--seconds", args.seconds, args.seconds >= 0), ("--slo-ms", args.slo_ms, args.slo_ms >= 0),
-                        ("--fps", args.fps, args.fps >= 0), ("--slowdown", args.slowdown, args.slowdown >= 1)):
+                        ("--fps", args.fps, args.fps >= 0),
+                        ("--slowdown", args.slowdown, args.slowdown == 0 or args.slowdown >= 1)):
         if not (math.isfinite(v) and ok):
-            p.error(f"{flag} is {v!r}; it must be a number >= {1 if flag == '--slowdown' else 0}")
+            p.error(f"{flag} is {v!r}; it must be a number >= {'1, or 0' if flag == '--slowdown' else 0}")
+    if args.rounds < 1:
+        p.error(f"--rounds is {args.rounds!r}; it must be an integer >= 1")
+    from planner.devices import DEVICES
+
+    if args.device not in DEVICES:
+        p.error(f"--device is {args.device!r}; it must be one of {sorted(DEVICES)}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
     pairs = [pr for pr in find_pairs(args.trace_dir) if not args.only or pr[0] in args.only]
@@ -323,10 +490,14 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {"traces": {}}
     with tempfile.TemporaryDirectory(prefix="splitinfer-traces-") as root:
-        _, dev_path, cloud_ms, one_ms = _setup_registry(root, args.model, args.slowdown)
-        setup = {"device_profile": dev_path}
-        results["setup"] = {"model": args.model, "cloud_model_ms": cloud_ms, "single_thread_model_ms": one_ms,
-                            "slowdown": args.slowdown, "rtt_ms": args.rtt_ms, "seconds": args.seconds,
+        model_path, dev_path, _, one_ms = _setup_registry(root, args.model, 1.0)
+        setup = {"device_profile": dev_path} | emulated_device(
+            model_path, dev_path, os.path.join(os.path.dirname(model_path), "profiles", "cloud.json"), args.device,
+            args.slowdown, os.path.join(root, "ort"))
+        results["setup"] = {"model": args.model, "cloud_model_ms": setup["cloud_ms"], "single_thread_model_ms": one_ms,
+                            "device": args.device if not args.slowdown else None, "device_ms": setup["device_ms"],
+                            "single_thread_cpu_ms": setup["cpu_ms"], "slowdown": setup["slowdown"],
+                            "rounds": args.rounds, "rtt_ms": args.rtt_ms, "seconds": args.seconds,
                             "encodings": args.encodings, "remote_timeout_ms": args.remote_timeout_ms,
                             "trace_dir": args.trace_dir.name}
         for name, up, down in pairs:

@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from bench.traces import find_pairs, hindsight, rate_per_second, summarise
+from bench.traces import STRATEGIES, find_pairs, hindsight, pooled, pooled_hindsight, rate_per_second, summarise, turn_order
 from splitinfer.netem import load_mahimahi_trace
 
 
@@ -50,3 +50,37 @@ def test_hindsight_takes_the_best_measured_latency_of_each_request():
              "b": [{"index": i, "latency_ms": 150.0} for i in range(4)]}
     assert hindsight(noisy, 4, slo_ms=100.0)["slo_miss_rate"] == 0.75  # the lucky 50 ms counts
     assert hindsight(noisy, 4, slo_ms=100.0, half_width=1)["slo_miss_rate"] == 1.0  # b's 150 ms is the bound
+
+
+def test_every_strategy_runs_once_a_round_and_the_first_rotates():
+    order = turn_order(3)
+    assert len(order) == 3 * len(STRATEGIES)
+    for r in range(3):
+        assert sorted(s for rr, s in order if rr == r) == sorted(STRATEGIES)
+    firsts = [s for i, (_, s) in enumerate(order) if i % len(STRATEGIES) == 0]
+    assert len(set(firsts)) == 3
+
+
+def _round(latencies, tag, switches=0):
+    recs = [{"index": i, "latency_ms": ms, "served_by": "local"} for i, ms in enumerate(latencies)]
+    return {"records": recs, "sent": len(latencies), "answers": collections.Counter(f"{tag}-{i}" for i in
+                                                                                    range(len(latencies))),
+            "switches": switches, "bytes_up": 10, "counters": {"hedges": 1, "remote_errors": {"timeout": 1}}}
+
+
+def test_rounds_pool_their_requests_and_keep_their_spread():
+    rounds = [_round([100.0] * 10, "r0", switches=1), _round([300.0] * 10, "r1", switches=3)]
+    s = pooled(rounds, slo_ms=200.0, seconds=60.0)
+    assert s["requests"] == 20 and s["lost"] == 0 and s["doubled"] == 0  # the same index in two rounds is no double
+    assert s["slo_miss_rate"] == 0.5 and s["switches_per_min"] == 2.0  # 4 switches over two minutes
+    assert s["spread"]["p95_ms"] == [100.0, 300.0] and s["spread"]["switches_per_min"] == [1.0, 3.0]
+    assert s["counters"] == {"hedges": 2, "remote_errors": {"timeout": 2}} and s["bytes_up"] == 20
+
+
+def test_the_hindsight_bound_is_taken_within_each_round_then_pooled():
+    # Round 0: a is fast; round 1: b is. Each round's bound is its own best, not the other round's.
+    r0 = {"a": _round([100.0] * 4, "a0")["records"], "b": _round([300.0] * 4, "b0")["records"]}
+    r1 = {"a": _round([500.0] * 4, "a1")["records"], "b": _round([200.0] * 4, "b1")["records"]}
+    h = pooled_hindsight([r0, r1], [4, 4], slo_ms=150.0, half_width=0)
+    assert h["requests"] == 8 and h["slo_miss_rate"] == 0.5
+    assert [r["p50_ms"] for r in h["rounds"]] == [100.0, 200.0]
