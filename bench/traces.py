@@ -79,6 +79,14 @@ _SPREAD_KEYS = ("p50_ms", "p95_ms", "p99_ms", "slo_miss_rate", "switches_per_min
 _FAST_MBPS = 1000.0
 """The link between turns and while the agent installs the model: a turn's leftovers drain fast."""
 
+
+def _fast_link(rtt_ms: float) -> Any:
+    """The fast link between turns, at the traces' RTT: `LinkEmulator.replay()` keeps the RTT of the
+    setting in force, so the trace replays at `--rtt-ms` only if this one has it too."""
+    from splitinfer.netem import LinkSetting
+
+    return LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, rtt_ms)
+
 logger = logging.getLogger("bench.traces")
 
 
@@ -219,11 +227,10 @@ def as_device(engine: Any, target_ms: float) -> None:
 
 
 async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: float, pin: str | None,
-                local_ms: float, executor: concurrent.futures.Executor, grace_s: float,
+                local_ms: float, executor: concurrent.futures.Executor, grace_s: float, rtt_ms: float,
                 tag: str = "") -> dict[str, Any]:
     """One strategy on the trace from time 0: a fresh runner (its estimate, policy state, corrections)."""
     from edge_agent.runner import Runner
-    from splitinfer.netem import LinkSetting
 
     runner = Runner(agent.models, agent.frontier, agent.remote, agent.config, executor=executor, local_ms=local_ms)
     if strategy == "edge_only":
@@ -272,7 +279,7 @@ async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: flo
     await asyncio.gather(*tasks)
     sampler.cancel()
     counters = runner.counters.to_dict()
-    emu.set(LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, 1.0))
+    emu.set(_fast_link(rtt_ms))
     await asyncio.sleep(grace_s)  # late remote answers arrive, are dropped and counted, before the next turn
     counters_after = runner.counters.to_dict()
     # A pinned plan never switches; the runner's count there is the breaker's moves to local and back.
@@ -299,7 +306,7 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
     from edge_agent.config import config_from_dict
     from edge_agent.daemon import EdgeAgent
     from edge_agent.engines import time_engine_ms
-    from splitinfer.netem import LinkEmulator, LinkSetting, load_mahimahi_trace
+    from splitinfer.netem import LinkEmulator, load_mahimahi_trace
 
     trace_up, trace_down = load_mahimahi_trace(up), load_mahimahi_trace(down)
     seconds = args.seconds or trace_up.period_ms / 1e3
@@ -310,7 +317,7 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
     emu = LinkEmulator(upstream=("127.0.0.1", server.port), trace_up=trace_up, trace_down=trace_down,
                        rtt_ms=args.rtt_ms)
     await emu.start()
-    emu.set(LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, 1.0))  # the model installs over a fast link
+    emu.set(_fast_link(args.rtt_ms))  # the model installs over a fast link
     cfg = {"gateway": f"127.0.0.1:{emu.port}", "model": f"{args.model}@1", "apiPort": 0,
            "deviceProfile": setup["device_profile"], "cacheDir": os.path.join(root, "edge-cache"),
            "intraOpThreads": 1, "startupTimeoutS": 120, "encodings": args.encodings.split(","),
@@ -349,7 +356,7 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
             logger.info("%s round %d: %s for %.0f s at %.2g fps", name, rnd + 1, strategy, seconds, fps)
             runs[strategy].append(await _turn(agent, emu, strategy_kind, fps=fps, seconds=seconds, pin=pin,
                                               local_ms=policy_local_ms, executor=executor, grace_s=grace_s,
-                                              tag=f"-r{rnd}"))
+                                              rtt_ms=args.rtt_ms, tag=f"-r{rnd}"))
     finally:
         await agent.stop()
         executor.shutdown(wait=True)

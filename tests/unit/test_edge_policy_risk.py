@@ -177,6 +177,10 @@ def test_a_switch_must_pay_for_itself_over_one_dwell_and_recent_switches_make_it
     assert st.recent_s == (0.0,) and PolicyState.from_json(st.to_json()) == st
     _, first = policy(est, FRONT, health, PolicyState(), 0.0, config=long)
     assert first.recent_s == () and first.switches == 0  # the first plan is no switch
+    # Switches are remembered for `switch_window_s` (a minute): four 30 s ago still count, 61 s ago not.
+    older = dataclasses.replace(in_b, recent_s=(-30.0,) * 4)
+    assert not policy(est, FRONT, health, older, 0.0, config=long)[0].switched
+    assert policy(est, FRONT, health, dataclasses.replace(in_b, recent_s=(-61.0,) * 4), 0.0, config=long)[0].switched
 
 
 def test_hedge_starts_at_once_when_the_remote_time_nears_the_deadline_else_at_the_last_safe_moment():
