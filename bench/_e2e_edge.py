@@ -2,9 +2,9 @@
 
 Run as ``python -m bench._e2e_edge ADDRESS MODEL VERSION``. It reads one JSON line, the
 set-up (the full model's path and, per candidate, the head segment's path, the boundary
-names and the wire cut id), loads every ONNX Runtime session with one thread while it is
-still unthrottled, prints ``ready`` and waits for ``go`` (the parent moves it into the
-cgroup in between, see [Note: edge throttle] in `splitinfer.emulate`). Each later line
+names, the wire cut id and the device's ``slowdown``), loads every ONNX Runtime session
+with one thread, prints ``ready`` and waits for ``go``. Its heads and encodes take the
+slowdown times their CPU time (edge_agent.device, [Note: time-scaled device]). Each later line
 is a job ``{"id", "precision", "reps", "check"}`` (``precision``: an encoding key, ``int8+pc``
 or ``jpeg@90`` too; with ``check`` the first answer's agreement with the whole model is
 returned as ``check_agreement``) or ``{"op": "add", "candidate"}`` (one more head) or
@@ -54,32 +54,33 @@ def _wire_tensor(arr: Any, key: str) -> Any:
 
 
 def _request(c: dict[str, Any], precision: str, sessions: dict[str, Any], feed: dict[str, Any], model: str,
-             version: str) -> tuple[Any, float, float, int]:
-    """Runs the head and builds the request: (request or None for edge-only, edge_ms, encode_ms, wire bytes).
-    `precision` is the encoding's key (`_wire_tensor`)."""
+             version: str, device: Any) -> tuple[Any, float, float, int]:
+    """Runs the head and builds the request on `device` (an edge_agent.device.SlowDevice):
+    (request or None for edge-only, edge_ms, encode_ms, wire bytes). `precision` is the
+    encoding's key (`_wire_tensor`)."""
     import numpy as np
 
     from cluster.protocol.client import make_request
 
-    t0 = time.perf_counter()
     if c["local"]:
-        sessions["__full__"].run(None, feed)
-        return None, (time.perf_counter() - t0) * 1e3, 0.0, 0
+        _, edge_ms = device.run(lambda: sessions["__full__"].run(None, feed))
+        return None, edge_ms, 0.0, 0
     values = dict(feed)
     sess = sessions.get(c["id"])
+    edge_ms = 0.0
     if sess is not None:
         names = [o.name for o in sess.get_outputs()]
         ins = {i.name for i in sess.get_inputs()}
-        values.update(zip(names, sess.run(names, {k: v for k, v in feed.items() if k in ins})))
-    t1 = time.perf_counter()
-    tensors: dict[str, Any] = {}
-    wire = 0
-    for name in c["boundary"]:
-        t = _wire_tensor(values[name], precision)
-        tensors[name] = t
-        wire += t.nbytes if isinstance(t, np.ndarray) else len(t.payload)
-    req = make_request(model, version, c["cut_key"], tensors, timeout_s=120.0)
-    return req, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, wire
+        outs, edge_ms = device.run(lambda: sess.run(names, {k: v for k, v in feed.items() if k in ins}))
+        values.update(zip(names, outs))
+
+    def encoded() -> tuple[Any, int]:
+        tensors = {name: _wire_tensor(values[name], precision) for name in c["boundary"]}
+        wire = sum(t.nbytes if isinstance(t, np.ndarray) else len(t.payload) for t in tensors.values())
+        return make_request(model, version, c["cut_key"], tensors, timeout_s=120.0), wire
+
+    (req, wire), encode_ms = device.run(encoded)
+    return req, edge_ms, encode_ms, wire
 
 
 def _check(outputs: Any, reference: dict[str, Any]) -> float | None:
@@ -98,13 +99,13 @@ def _check(outputs: Any, reference: dict[str, Any]) -> float | None:
 
 
 def _job(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed: dict[str, Any],
-         client: Any, model: str, version: str, reference: dict[str, Any]) -> dict[str, Any]:
+         client: Any, model: str, version: str, reference: dict[str, Any], device: Any) -> dict[str, Any]:
     precision = job.get("precision", "fp32")
     rows = []
     check = 1.0 if c["local"] else None
     for i in range(int(job["reps"])):
         t0 = time.perf_counter()
-        req, edge_ms, encode_ms, wire = _request(c, precision, sessions, feed, model, version)
+        req, edge_ms, encode_ms, wire = _request(c, precision, sessions, feed, model, version, device)
         t2 = time.perf_counter()
         server: dict[str, float] = {}
         answer = None
@@ -120,7 +121,7 @@ def _job(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed:
 
 
 def _load(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed: dict[str, Any],
-          client: Any, model: str, version: str, reference: dict[str, Any]) -> dict[str, Any]:
+          client: Any, model: str, version: str, reference: dict[str, Any], device: Any) -> dict[str, Any]:
     """Poisson arrivals at `rate_hz`: heads run in arrival order on the one edge thread (a
     request waits while the device is busy), calls overlap in flight."""
     import threading
@@ -155,7 +156,7 @@ def _load(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed
             delay = a - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            req, *_ = _request(c, job.get("precision", "fp32"), sessions, feed, model, version)
+            req, *_ = _request(c, job.get("precision", "fp32"), sessions, feed, model, version, device)
             if req is None:
                 finished.append((a, time.perf_counter()))
             else:
@@ -167,8 +168,8 @@ def _load(c: dict[str, Any], job: dict[str, Any], sessions: dict[str, Any], feed
 
 
 def _warm_codecs() -> None:
-    """Every encoding once on a small image while unthrottled: the first lossy encode imports
-    Pillow and zstandard, which inside the edge's CPU quota would take seconds of one request."""
+    """Every encoding once on a small image, outside the device's time: the first lossy encode
+    imports Pillow and zstandard, which no request should pay for."""
     import numpy as np
 
     x = np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)
@@ -183,9 +184,11 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from cluster.protocol.client import SyncInferenceClient
+    from edge_agent.device import SlowDevice
 
     address, model, version = argv[0], argv[1], argv[2]
     setup = json.loads(sys.stdin.readline())
+    device = SlowDevice(float(setup.get("slowdown", 1.0)))
     cands = {c["id"]: c for c in setup["candidates"]}
     sessions = {"__full__": _session(setup["model_path"])}
     for c in cands.values():
@@ -222,7 +225,7 @@ def main(argv: list[str]) -> int:
                 continue
             try:
                 run = _load if job.get("op") == "load" else _job
-                out = run(cands[job["id"]], job, sessions, feed, client, model, version, reference)
+                out = run(cands[job["id"]], job, sessions, feed, client, model, version, reference, device)
             except Exception as e:  # noqa: BLE001 - the parent records the failure with its reason
                 out = {"id": job.get("id"), "error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(json.dumps(out), flush=True)

@@ -35,8 +35,6 @@ FULL_REAL = ("ppocr_cls", "ppocr_rec", "ppocr_det", "ddddocr_det")
 #: Sample inputs per model: the accuracy table's samples; the edge sends the first.
 CALIBRATION_SAMPLES = 8
 _VERSION = "1"
-_CALIBRATION_STEPS, _CALIBRATION_TOL = 4, 0.15
-_MIN_EDGE_CPUS, _MAX_EDGE_CPUS = 0.01, 1.0
 
 
 def _wild() -> dict[str, Any]:
@@ -106,34 +104,15 @@ def write_samples(path: str, samples: dict[str, np.ndarray]) -> str:
     return path
 
 
-def _timed_quota(timer: Any, quota: Any, target_ms: float, one_thread_ms: float,
-                 say: Callable[[str], None]) -> float:
-    """Sets the quota so one ORT thread inside it takes about `target_ms` (a CFS quota
-    stretches CPU time about in inverse proportion); returns the last timing."""
-    from splitinfer.demo.edge import set_quota
-
-    cpus = min(_MAX_EDGE_CPUS, max(_MIN_EDGE_CPUS, one_thread_ms / target_ms))
-    ms = float("nan")
-    for _ in range(_CALIBRATION_STEPS):
-        set_quota(quota, cpus)
-        ms = timer.time()
-        say(f"      quota {cpus:.3g} CPU: {ms:.0f} ms (target {target_ms:.0f} ms)")
-        if abs(ms / target_ms - 1.0) <= _CALIBRATION_TOL:
-            break
-        cpus = min(_MAX_EDGE_CPUS, max(_MIN_EDGE_CPUS, cpus * ms / target_ms))
-    return ms
-
-
-def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, edge_cpus: float | None = None,
+def prepare_real(key: str, work_dir: str, *, runs: int, slowdown: float | None = None,
                  say: Callable[[str], None]) -> Any:
-    """The registry entry, profiles and throttled edge of the real-weight model `key`, as a
+    """The registry entry, profiles and emulated edge of the real-weight model `key`, as a
     `splitinfer.demo.setup.DemoModel` (no frontier), plus its samples' path as `samples_path`.
-    The quota is `edge_cpus`, or (None) the one that makes the device the reference ratio
-    slower than the cloud side."""
+    The device is one thread here stretched by `slowdown`, or (None) by the factor that makes
+    it the reference ratio slower than the cloud side (`splitinfer.demo.setup.emulate_device`)."""
     from bench._wild_models import locate
     from partitioner import build_graph, load_model
-    from splitinfer.demo.edge import ThrottledTimer, set_quota
-    from splitinfer.demo.setup import DemoModel, measure_profiles, reference_ratio, slow_down, write_version
+    from splitinfer.demo.setup import DemoModel, emulate_device, measure_profiles, reference_ratio, write_version
 
     wm = _wild()[key]
     samples = real_samples(key)
@@ -150,28 +129,14 @@ def prepare_real(key: str, work_dir: str, *, runs: int, quota: Any, edge_cpus: f
     ref = reference_ratio(graph)
     say("[2/3] profiling the device and the cloud side")
     dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, runs, say, lambda: None)
-    one_thread_ms = dev_ms
-    if quota is not None and quota.active:
-        timer = ThrottledTimer(model_path, quota, runs=max(3, runs // 2))
-        try:
-            if edge_cpus is None:
-                edge_ms = _timed_quota(timer, quota, ref["ratio"] * cloud_ms, dev_ms, say)
-            else:
-                set_quota(quota, edge_cpus)
-                edge_ms = timer.time()
-        finally:
-            timer.close()
-        total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
-        dev = slow_down(dev, edge_ms / max(total, 1e-6), f"edge-1-thread-{quota.cpus:.3g}-cpu")
-        dev_ms = edge_ms
+    dev, dev_ms, emulation = emulate_device(dev, dev_ms, cloud_ms, ref, slowdown, say)
     dev_path = write_version(vdir, {"name": key, "description": f"{wm.description} ({wm.distribution} {wm.version}, "
                                                                 "real weights)", "max_batch_size": 1, "replicas": 1},
                              dev, cloud)
     say(f"[3/3] whole model: edge {dev_ms:.0f} ms, cloud {cloud_ms:.1f} ms ({dev_ms / max(cloud_ms, 1e-6):.1f}x; "
         f"reference {ref['edge_device']}/{ref['cloud_device']} {ref['ratio']:.3g}x)")
     dm = DemoModel(key, model, graph, os.path.join(work_dir, "registry"), model_path, dev_path, dev, cloud, source,
-                   dev_ms, cloud_ms, None, {"reference": ref, "one_thread_ms": round(one_thread_ms, 2),
-                                     "quota_from": "reference ratio" if edge_cpus is None else "--edge-cpus"})
+                   dev_ms, cloud_ms, None, {"reference": ref, **emulation}, emulation["slowdown"])
     dm.samples_path = samples_path  # type: ignore[attr-defined]
     return dm
 

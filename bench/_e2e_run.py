@@ -1,8 +1,9 @@
 """One model of the e2e benchmark: profiles, strategies, the real stack and the measurements.
 
 [Note: e2e measurement]
-The edge is a child process (`bench._e2e_edge`) with one ONNX Runtime thread inside a
-cgroup CPU quota; the cloud is the gateway in this process (tails in-process, every
+The edge is a child process (`bench._e2e_edge`) with one ONNX Runtime thread whose
+work (heads, encodes) takes the device's slowdown times its CPU time (edge_agent.device,
+[Note: time-scaled device]); the cloud is the gateway in this process (tails in-process, every
 core); between them the user-space link emulator. For every link the seven strategies
 pick a cut and an encoding ([Note: e2e strategies]), and the oracle's candidates are the
 chain points (capped, evenly spaced, fp32) plus those picks; the oracle is the fastest
@@ -121,10 +122,9 @@ def _child_env() -> dict[str, str]:
 class _Edge:
     """The edge child process: JSON lines in, JSON lines out."""
 
-    def __init__(self, address: str, model: str, setup: dict[str, Any], quota: Any) -> None:
+    def __init__(self, address: str, model: str, setup: dict[str, Any]) -> None:
         from splitinfer.emulate import die_with_parent
 
-        self.quota = quota
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench._e2e_edge", address, model, "1"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, start_new_session=True, text=True,
@@ -135,8 +135,6 @@ class _Edge:
         line = self.proc.stdout.readline().strip()
         if line != "ready":
             raise RuntimeError(f"the edge child did not start (said {line!r}, exit code {self.proc.poll()})")
-        if quota is not None and quota.active:
-            quota.add(self.proc.pid)
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
 
@@ -164,7 +162,7 @@ class _Edge:
         return json.loads(line)
 
     def add(self, cand: dict[str, Any]) -> None:
-        """Loads one more candidate's head in the (throttled) child."""
+        """Loads one more candidate's head in the child."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"op": "add", "candidate": cand}) + "\n")
         self.proc.stdin.flush()
@@ -311,14 +309,11 @@ def _device_as_requested(edge: _Edge, cands: list[dict[str, Any]], device: Any, 
     and that median (None, and the profile unchanged, where no edge-only cut is served).
 
     [Note: device speed as requested]
-    The quota's timer (`splitinfer.demo.setup.prepare`) times the model in its own process
-    with idle periods before each run. At the reference ratio a small model's quota is
-    below 0.1 CPU, so the kernel's 1 ms smallest quota makes its period 1 / CPUs ms (33 ms
-    at 0.03 CPU): a run is a few lumps of 1 ms at full speed between waits, and how many
-    waits depends on the phase. SqueezeNet (3.4 ms of CPU) timed 4 ms there in one run and
-    55 and 65 ms in others, while its edge-only requests in the grid took 36-100 ms. A
-    device learns its speed from its own runs (the agent's corrections do); here the
-    planner gets it from the same requests the grid measures."""
+    The device profile is the per-layer profile of one thread stretched by the slowdown, and
+    a layer's time under ONNX Runtime's profiler is not its share of a whole run (the
+    session's own work between nodes is in neither). A device learns its speed from its own
+    runs (the agent's corrections do); here the planner gets it from the same requests the
+    grid measures."""
     local = next((c for c in cands if c["local"]), None)
     ms: list[float] = []
     for _ in range(reps if local is not None else 0):
@@ -346,11 +341,9 @@ def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: 
     both figures.
 
     [Note: codec time on the device]
-    ``splitinfer calibrate`` times each codec on the host that calibrates (one unthrottled
-    thread), and the cost model counts that time on the sender. The sender is the
-    throttled edge, and a CPU quota stretches work unevenly: a 1 ms JPEG encode fits in the
-    quota's period and runs at full speed, a 5 ms WebP q90 encode of a 256x384 frame does
-    not and takes about 40 ms. No one factor fits both, so each input codec is timed on the
+    ``splitinfer calibrate`` times each codec on the host that calibrates (one thread at
+    full speed), and the cost model counts that time on the sender. The sender is the
+    emulated device, its work stretched by the slowdown, so each input codec is timed on the
     edge itself. The feature-map codecs keep the table's time."""
     from dataclasses import replace
 
@@ -442,7 +435,7 @@ def _strategies(graph: Any, profiles: list[Any], link: Any, table: Any,
 
 
 def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], reps: int, max_chain: int,
-              edge_cpus: float | None, profile_runs: int, prune_ratio: float = 1.5, load_mbps: tuple[float, ...] = (),
+              slowdown: float | None, profile_runs: int, prune_ratio: float = 1.5, load_mbps: tuple[float, ...] = (),
               load_n: int = 0, min_agreement: float = 0.99, calibrate_chain: int = 6,
               say: Callable[[str], None] = print) -> ModelRun:
     """Profiles `name` (a zoo or a real-weight model), measures its accuracy table
@@ -451,26 +444,22 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     from bench._e2e_real import calibrate, is_real, prepare_real, zoo_samples_path
     from partitioner import Splitter, chain_points, make_cut, prefix_cut
     from planner import Link
-    from splitinfer.demo.edge import CpuQuota
     from splitinfer.demo.setup import prepare
     from splitinfer.netem import LinkSetting, ThreadedLinkEmulator
 
     out = ModelRun(name)
-    quota = CpuQuota(edge_cpus or 0.2, f"splitinfer-e2e-{os.getpid()}")
-    if not quota.active:
-        out.notes.append(f"edge not throttled: {quota.why_not}; it runs with one thread")
     t0 = time.monotonic()
     real = is_real(name)
-    dm = (prepare_real if real else prepare)(name, work_dir, runs=profile_runs, quota=quota, edge_cpus=edge_cpus,
+    dm = (prepare_real if real else prepare)(name, work_dir, runs=profile_runs, slowdown=slowdown,
                                              say=say)
     graph, profiles = dm.graph, [dm.device, dm.cloud]
     samples_path = dm.samples_path if real else zoo_samples_path(dm, work_dir)
     table = calibrate(dm, samples_path, max_chain_points=calibrate_chain, say=say)
     model_scale = dm.edge_model_ms / max(float(dm.emulation.get("one_thread_ms") or dm.edge_model_ms), 1e-6)
-    quota_from = (getattr(dm, "emulation", None) or {}).get("quota_from", "reference ratio")
-    out.setup = {"edge": f"1 ORT thread, {quota.kind} quota {quota.cpus:.3g} CPU (from the {quota_from})"
-                 if quota.active else "1 ORT thread",
-                 "cloud": "gateway in-process pool, every core", "edge_model_ms_quota_timer": dm.edge_model_ms,
+    out.setup = {"edge": f"1 ORT thread, its work stretched {dm.device_slowdown:.3g}x in time "
+                         f"(from the {dm.emulation.get('slowdown_from', 'reference ratio')})",
+                 "device_slowdown": dm.device_slowdown,
+                 "cloud": "gateway in-process pool, every core", "edge_model_ms_profile": dm.edge_model_ms,
                  "cloud_model_ms": dm.cloud_model_ms, "profile_source": dm.profile_source,
                  "layers": len(graph), "gflops": graph.total_flops / 1e9, "reps": reps,
                  "prune_ratio": prune_ratio, "real_weights": real,
@@ -498,7 +487,7 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         port = gw.start()
         emu = ThreadedLinkEmulator(upstream=("127.0.0.1", port), setting=LinkSetting(**_FAST_LINK)).start()
         edge = _Edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands, "seed": 0,
-                                                      "inputs_path": samples_path}, quota)
+                                                      "inputs_path": samples_path, "slowdown": dm.device_slowdown})
         known = _warm(edge, cands, out.notes)
         profiles[0], out.setup["edge_model_ms"] = _device_as_requested(edge, cands, profiles[0])
         if out.setup["edge_model_ms"] is None:
@@ -513,14 +502,11 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         # [Note: probed RTT] The planner gets the link as a device would estimate it: the
         # rate, and the RTT its probes see (the emulated RTT plus this stack's fixed cost
         # per call: gRPC, the proxy, the gateway's decode and queue, and the edge's own CPU
-        # work of a call inside its quota), measured before any link of the grid is
+        # work of a call), measured before any link of the grid is
         # measured. A probe is a small call with no head before it, sent on the links of
         # the grid: the cut where the device runs nothing, in the fewest bytes measured
         # there (`_probe_choice`), a few requests per link, their median over all links.
-        # A call after a head also waits out the quota the head spent (one to four periods),
-        # a cost of the head, not of the link. Single requests vary from 2 to 160 ms, and
-        # over the 1 Gbit/s fast link their medians read about twice those on the grid's
-        # links (18-38 against 6-21 ms for SqueezeNet's JPEG), hence probes on the grid.
+        # The probes go over the grid's own links, as the measured requests do.
         plan_links = [Link(up_bps=u, down_bps=u * _DOWN_RATIO, rtt_ms=rtt + overhead_ms) for u, rtt in links]
         picks = [_strategies(graph, profiles, lk, plan_table, min_agreement) for lk in plan_links]
         fresh = {c.key: c for p in picks for c, _ in (v for v in p.values() if v is not None) if c.key not in cuts}
@@ -546,7 +532,6 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         if emu is not None:
             emu.stop()
         gw.stop()
-        quota.remove()
     out.setup["wall_s"] = time.monotonic() - t0
     return out
 

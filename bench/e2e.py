@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -82,9 +83,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-mbps", default=None,
                    help="uplinks (Mbit/s, among the grid's) with a Poisson-load throughput run; 'none' for none")
     p.add_argument("--load-n", type=int, default=None, help="requests per strategy in a load run")
-    p.add_argument("--edge-cpus", type=float, default=None,
-                   help="the edge's cgroup CPU quota in CPUs (default: the quota that makes the device as many "
-                        "times slower than the cloud side as an rpi4 is than a t4, found by timing inside it)")
+    p.add_argument("--slowdown", type=float, default=None,
+                   help="the edge's work takes this many times its CPU time on one thread here (>= 1; default: the "
+                        "factor that makes the device as many times slower than the cloud side as an rpi4 is than a t4)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e.json, or e2e_quick.json with --quick)")
     p.add_argument("--resume", action="store_true", help="keep the models already in --out, run the rest")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
@@ -132,12 +133,12 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
         "uplinks_mbps": _floats(a.uplinks_mbps, base["uplinks_mbps"], "uplinks-mbps"),
         "rtts_ms": _floats(a.rtts_ms, base["rtts_ms"], "rtts-ms"),
         "reps": a.reps or base["reps"], "max_chain": a.max_chain or base["max_chain"],
-        "profile_runs": a.profile_runs or base["profile_runs"], "edge_cpus": a.edge_cpus, "down_ratio": 4.0,
+        "profile_runs": a.profile_runs or base["profile_runs"], "slowdown": a.slowdown, "down_ratio": 4.0,
         "load_mbps": [] if a.load_mbps == "none" else _floats(a.load_mbps, base["load_mbps"], "load-mbps"),
         "load_n": a.load_n or base["load_n"], "load_max_s": 30.0,
     }
-    if a.edge_cpus is not None and not 0 < a.edge_cpus <= 64:
-        raise SystemExit(f"--edge-cpus is {a.edge_cpus:g}; give CPUs in (0, 64], e.g. 0.2, or leave it out for the "
+    if a.slowdown is not None and not (math.isfinite(a.slowdown) and a.slowdown >= 1):
+        raise SystemExit(f"--slowdown is {a.slowdown:g}; give a number >= 1, e.g. 12, or leave it out for the "
                          "reference ratio")
     if cfg["reps"] < 1 or cfg["max_chain"] < 1 or cfg["profile_runs"] < 2:
         raise SystemExit("--reps and --max-chain must be >= 1 and --profile-runs >= 2")
@@ -234,7 +235,7 @@ def _run(a: argparse.Namespace) -> int:
     done: list[dict[str, Any]] = []
     if a.resume and path.exists():
         old = json.loads(path.read_text())
-        same = {k: old.get("config", {}).get(k) for k in ("uplinks_mbps", "rtts_ms", "reps", "edge_cpus",
+        same = {k: old.get("config", {}).get(k) for k in ("uplinks_mbps", "rtts_ms", "reps", "slowdown",
                                                            "min_agreement")}
         if same == {k: cfg[k] for k in same}:
             done = [m for m in old.get("models", []) if m["model"] in cfg["models"]]
@@ -251,7 +252,7 @@ def _run(a: argparse.Namespace) -> int:
         work = tempfile.mkdtemp(prefix=f"splitinfer-e2e-{name}-")
         try:
             r = run_model(name, work, links=links, reps=cfg["reps"], max_chain=cfg["max_chain"],
-                          edge_cpus=cfg["edge_cpus"], profile_runs=cfg["profile_runs"],
+                          slowdown=cfg["slowdown"], profile_runs=cfg["profile_runs"],
                           load_mbps=tuple(cfg["load_mbps"]), load_n=cfg["load_n"],
                           min_agreement=cfg["min_agreement"], say=lambda s: print(s, flush=True))
         finally:

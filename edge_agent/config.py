@@ -102,7 +102,10 @@ class EdgeConfig:
     """Requests the local API runs at once; more wait."""
     emulate_device: str | None = None
     """Reference device (planner.devices: rpi4, rpi5, ...) this host plays: the agent plans with its
-    roofline profile of the model, and `splitinfer edge run` throttles it to match (edge-agent.md)."""
+    roofline profile of the model, and its work is stretched in time to match (edge-agent.md)."""
+    emulate_slowdown: float | None = None
+    """Emulation: every engine run and encode on the device takes this many times its CPU time here
+    (>= 1; [Note: time-scaled device] in edge_agent.device); None: this host's speed, or emulate_device's."""
     emulate_uplink: str | None = None
     """Uplink of a link emulated between the agent and the gateway by `splitinfer edge run`, e.g. '10mbit'."""
     emulate_downlink: str | None = None
@@ -222,6 +225,13 @@ def _check(c: EdgeConfig) -> None:
 
 def _check_emulated_device(c: EdgeConfig) -> None:
     """The device must be a reference device; its rates and durations are parsed by `splitinfer edge`."""
+    if c.emulate_slowdown is not None:
+        if not (_num(c.emulate_slowdown) and c.emulate_slowdown >= 1):
+            raise _bad("emulate.slowdown", c.emulate_slowdown, "a number >= 1 (1: this host's speed)",
+                       "e.g. emulate: {slowdown: 12}, or remove it")
+        if c.emulate_device is not None:
+            raise ConfigError(key="emulate.slowdown", reason="is set together with emulate.device",
+                              fix="keep one: the emulated device's slowdown follows from its profile")
     if c.emulate_device is None:
         return
     from planner.devices import DEVICES  # here: planner loads onnx, which only this check needs

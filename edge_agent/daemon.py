@@ -33,7 +33,8 @@ from cluster.protocol.lossy import ImageNorm
 from edge_agent.api import LocalApi
 from edge_agent.cache import ArtifactCache
 from edge_agent.config import EdgeConfig
-from edge_agent.engines import ModelSet, load_or_estimate_profile, make_frontier, profile_model_ms
+from edge_agent.device import SlowDevice
+from edge_agent.engines import ModelSet, load_or_estimate_profile, make_frontier, profile_model_ms, time_engine_ms
 from edge_agent.errors import ArtifactError, ConfigError, NotReadyError, StartupError
 from edge_agent.model_inputs import image_norm, planning_graph
 from edge_agent.runner import Runner
@@ -80,6 +81,8 @@ class EdgeAgent:
         self.profile_source = ""
         self.startup_warning = ""
         self._local_ms = 0.0
+        self.host_model_ms = 0.0
+        """The whole model's time with one thread at this host's speed (the device's without its slowdown)."""
         self._ready = False
         self._stopping = False
         self._probe_task: asyncio.Task[None] | None = None
@@ -177,15 +180,30 @@ class EdgeAgent:
     def _load(self, files: dict[str, bytes]) -> None:
         cfg = self.config
         path = os.path.join(self.cache.version_dir(cfg.model_name, self.version), "model.onnx")
+        # An emulated device has one core: one ORT thread, whose CPU time the slowdown stretches.
+        emulated = cfg.emulate_device is not None or cfg.emulate_slowdown is not None
         self.models = models = ModelSet(path, cache=self.cache, model=cfg.model_name, version=self.version,
-                                        intra_op_threads=cfg.intra_op_threads)
+                                        intra_op_threads=1 if emulated else cfg.intra_op_threads,
+                                        device=SlowDevice(cfg.emulate_slowdown or 1.0))
+        self.host_model_ms = models.local_ms / models.device.factor
         self.image_norm = image_norm(files)
         graph = planning_graph(path, models.graph, files)  # [Note: agent graph sizes]
         if cfg.emulate_device is not None:
-            # This host plays the reference device: plans use its roofline profile of the model
-            # (`splitinfer edge run` throttles the process to match; see splitinfer.emulate).
+            # This host plays the reference device: plans use its roofline profile of the model,
+            # and the device's work is stretched to match ([Note: time-scaled device]).
             profile = reference_profile(cfg.emulate_device, graph)
             self.profile_source = f"emulated {cfg.emulate_device} (roofline estimate)"
+            device_ms = profile_model_ms(profile, graph)
+            if device_ms > models.local_ms:
+                models.device.set_factor(device_ms / models.local_ms)
+                models.local_ms = time_engine_ms(models.full)
+                logger.info("emulating %s: the model takes %.1f ms with one thread here and %.1f ms on %s (roofline "
+                            "estimate); every run on the device is stretched %.1fx", cfg.emulate_device,
+                            self.host_model_ms, device_ms, cfg.emulate_device, models.device.factor)
+            else:
+                logger.warning("emulating %s: one thread here takes %.1f ms for the model and the %s estimate is "
+                               "%.1f ms; this host is not faster, so the device runs at this host's speed",
+                               cfg.emulate_device, models.local_ms, cfg.emulate_device, device_ms)
         else:
             prof_path = cfg.device_profile or self.cache.profile_path(cfg.model_name, self.version)
             profile, self.profile_source = load_or_estimate_profile(prof_path, graph, models.full)
@@ -226,7 +244,9 @@ class EdgeAgent:
 
     def status(self) -> dict[str, Any]:
         base = {"ready": self.is_ready(), "artifacts": self.artifacts_source, "profile": self.profile_source,
-                "warning": self.startup_warning, "uptime_s": time.monotonic() - self.started_s}
+                "warning": self.startup_warning, "uptime_s": time.monotonic() - self.started_s,
+                "host_model_ms": self.host_model_ms,
+                "device_slowdown": self.models.device.factor if self.models is not None else None}
         return base | (self.runner.status() if self.runner else {})
 
     def model_info(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_agent.cache import ArtifactCache
+from edge_agent.device import SlowDevice, SlowedEngine
 from edge_agent.errors import ArtifactError
 from partitioner import Cut, LayerGraph, PartitionError, Splitter, save_segment
 from planner import Encoding, Frontier, LinkRange, PlannerError, Profile, frontier, make_flops_profile
@@ -163,8 +164,10 @@ class ModelSet:
     """The whole model and the per-cut engines of one model version on this device."""
 
     def __init__(self, model_path: str, *, cache: ArtifactCache, model: str, version: str,
-                 intra_op_threads: int = 0) -> None:
+                 intra_op_threads: int = 0, device: SlowDevice | None = None) -> None:
         self.model, self.version, self.cache = model, version, cache
+        self.device = device or SlowDevice()
+        """Every engine's runs take this device's time ([Note: time-scaled device])."""
         self.engine_config = EngineConfig(intra_op_threads=intra_op_threads, batch_buckets=(1,), dynamic_batch=False,
                                           cache_dir=cache.engines_dir, provider="auto")
         try:
@@ -182,7 +185,7 @@ class ModelSet:
 
     def _engine(self, path: str, name: str) -> Engine:
         try:
-            return Engine(path, self.engine_config, name=name)
+            return SlowedEngine(Engine(path, self.engine_config, name=name), self.device)  # type: ignore[return-value]
         except WorkerError as e:
             raise ArtifactError(path=path, reason=f"cannot be loaded by ONNX Runtime ({e})",
                                 fix="delete the cache so the model is downloaded and cut again") from e

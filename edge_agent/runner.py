@@ -49,7 +49,7 @@ import concurrent.futures
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +80,7 @@ from edge_agent.policy import (
     policy,
 )
 from edge_agent.probing import LinkProbing
-from planner import Frontier
+from planner import Encoding, Frontier
 from workers.errors import InputError, WorkerError
 
 __all__ = ["Answer", "Counters", "Runner"]
@@ -148,6 +148,23 @@ class Counters:
 
 def _error_kind(e: BaseException) -> str:
     return type(e).__name__
+
+
+def encode_boundary(enc: Encoding, names: Sequence[str], boundary: Mapping[str, np.ndarray],
+                    image_norm: ImageNorm | None) -> dict[str, Any]:
+    """What crosses the link for `boundary` under `enc` (EncodingError where it cannot)."""
+    tensors: dict[str, Any] = {}
+    for name in names:
+        arr = boundary[name]
+        if arr.dtype == np.float32 and enc.codec != "none":  # a lossy codec: quality or bit depth as level
+            norm = image_norm if enc.codec in IMAGE_FORMATS else None
+            tensors[name] = encode(arr, precision=enc.codec, level=enc.level, norm=norm)  # type: ignore[arg-type]
+        elif arr.dtype == np.float32 and (enc.precision != "fp32" or enc.compression != "none"):
+            tensors[name] = encode(arr, precision=enc.precision, compression=enc.compression,  # type: ignore[arg-type]
+                                   per_channel=enc.per_channel)
+        else:
+            tensors[name] = np.ascontiguousarray(arr)
+    return tensors
 
 
 class Runner(LinkProbing):
@@ -367,20 +384,22 @@ class Runner(LinkProbing):
         ordered = {k: out[k] for k in self.models.output_names if k in out}
         return Answer(rid, ordered, by, cut_id, ms, why, encoding)
 
-    def _make_request(self, action: Action, ce: CutEngines, boundary: Mapping[str, np.ndarray], rid: str,
-                      timeout_s: float) -> InferRequest:
+    async def _encoded(self, action: Action, ce: CutEngines, boundary: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """`_encode` on the device: on the engines' threads, in the device's time, where anything is encoded
+        (an encode of a large boundary would hold the event loop); in place where fp32 crosses as it is."""
         enc = action.encoding
-        tensors: dict[str, Any] = {}
-        for name in ce.boundary:
-            arr = boundary[name]
-            if arr.dtype == np.float32 and enc.codec != "none":  # a lossy codec: quality or bit depth as level
-                norm = self.image_norm if enc.codec in IMAGE_FORMATS else None
-                tensors[name] = encode(arr, precision=enc.codec, level=enc.level, norm=norm)  # type: ignore[arg-type]
-            elif arr.dtype == np.float32 and (enc.precision != "fp32" or enc.compression != "none"):
-                tensors[name] = encode(arr, precision=enc.precision, compression=enc.compression,  # type: ignore[arg-type]
-                                       per_channel=enc.per_channel)
-            else:
-                tensors[name] = np.ascontiguousarray(arr)
+        if enc.codec == "none" and enc.precision == "fp32" and enc.compression == "none":
+            return encode_boundary(enc, ce.boundary, boundary, self.image_norm)
+        loop = asyncio.get_running_loop()
+        work = lambda: encode_boundary(enc, ce.boundary, boundary, self.image_norm)  # noqa: E731
+        tensors, _ = await loop.run_in_executor(self._executor, lambda: self.models.device.run(work))
+        return tensors
+
+    def _make_request(self, action: Action, ce: CutEngines, boundary: Mapping[str, np.ndarray], rid: str,
+                      timeout_s: float, *, tensors: dict[str, Any] | None = None) -> InferRequest:
+        """The request for `boundary`, encoded here unless `tensors` holds it encoded (`_encoded`)."""
+        if tensors is None:
+            tensors = encode_boundary(action.encoding, ce.boundary, boundary, self.image_norm)
         return InferRequest(request_id=rid, model=self.models.model, version=self.models.version, cut_id=ce.cut_id,
                             deadline_unix_ms=int((time.time() + timeout_s) * 1000), tensors=tensors,
                             device_id=self._device_id)
@@ -433,7 +452,8 @@ class Runner(LinkProbing):
             t.add_done_callback(self._local_tasks.discard)
 
         try:
-            request = self._make_request(action, ce, boundary, rid, call_s)
+            tensors = await self._encoded(action, ce, boundary)
+            request = self._make_request(action, ce, boundary, rid, call_s, tensors=tensors)
         except EncodingError as e:
             flow.fire("encode_error")
             start_local_tail(f"encoding failed: {e}")

@@ -1,12 +1,12 @@
 """`splitinfer edge ...`: run the edge agent daemon, check its config, or send it one input.
 
-    splitinfer edge run --config edge.yaml [--emulate-device rpi4] [--emulate-link 10mbit[,rtt=5ms]]
+    splitinfer edge run --config edge.yaml [--emulate-device rpi4 | --emulate-slowdown X] [--emulate-link 10mbit[,rtt=5ms]]
     splitinfer edge run --gateway HOST:PORT --model NAME[@V] [--api-port N] [...]
     splitinfer edge check --config edge.yaml
     splitinfer edge infer [--url URL | --socket PATH] (--input FILE.npy|.npz | --random [--seed N])
 
-With `--emulate-device` (or `emulate:` in edge.yaml) this host plays a slower reference
-device: see splitinfer.emulate and docs/edge-agent.md, "Emulating a device".
+With `--emulate-device` or `--emulate-slowdown` (or `emulate:` in edge.yaml) this host plays a
+slower device: see splitinfer.emulate and docs/edge-agent.md, "Emulating a device".
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ def _config_flags(s: argparse.ArgumentParser, *, run: bool) -> None:
     s.add_argument("--api-port", type=int, metavar="PORT", help="local API port (overrides the config's; default 8500)")
     s.add_argument("--api-socket", metavar="PATH", help="serve the local API on this unix socket instead")
     s.add_argument("--emulate-device", metavar="DEVICE",
-                   help="play a slower reference device (rpi4, rpi5, ...): plan with its profile, run throttled")
+                   help="play a slower reference device (rpi4, rpi5, ...): plan with its profile, its work stretched "
+                        "in time to match")
+    s.add_argument("--emulate-slowdown", type=float, metavar="X",
+                   help="every engine run and encode takes X times its CPU time here (X >= 1)")
     s.add_argument("--emulate-link", type=_link_spec, metavar="RATE[,rtt=D][,down=RATE]",
                    help="put an emulated link between the agent and the gateway, e.g. 10mbit or 10mbit,rtt=5ms "
                         "(downlink 4x the uplink unless given)")
@@ -79,7 +82,8 @@ def _load(args: argparse.Namespace) -> EdgeConfig:
 
     flags: dict[str, Any] = {k: v for k, v in (("gateway", args.gateway), ("model", args.model),
                                                 ("api_port", args.api_port), ("api_socket", args.api_socket),
-                                                ("emulate_device", args.emulate_device)) if v is not None}
+                                                ("emulate_device", args.emulate_device),
+                                                ("emulate_slowdown", args.emulate_slowdown)) if v is not None}
     if args.emulate_link is not None:
         flags.update(args.emulate_link, emulate_downlink=args.emulate_link.get("emulate_downlink"),
                      emulate_rtt=args.emulate_link.get("emulate_rtt"))
@@ -103,8 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "check":
         print(config.redacted().to_json())
         return 0
-    emulated = config.emulate_device is not None or config.emulate_uplink is not None
-    if emulated and not args.emulated_child:
+    if config.emulate_uplink is not None and not args.emulated_child:  # the device is emulated by the agent itself
         from splitinfer.emulate import run_emulated
 
         return run_emulated(config, log_level=args.log_level)

@@ -170,28 +170,26 @@ def _explanations(data: Mapping[str, Any]) -> str:
     ref = emu.get("reference")
     env = data["setup"]
     if ref:
-        how = (f"the CPU quota ({emu.get('edge_cpus', '?')} CPU) was set by timing the model inside it"
-               if emu.get("quota_from") == "reference ratio" else f"the quota came from {emu.get('quota_from', 'the flags')}")
+        how = (f"its work stretched {emu.get('slowdown', '?')}x in time, the factor that makes it that many times slower"
+               if emu.get("slowdown_from") == "reference ratio"
+               else f"its work stretched {emu.get('slowdown', '?')}x in time (from {emu.get('slowdown_from', 'the flags')})")
         out.append(f"""<h2>The device and the cloud</h2><p>The device is emulated as an <b>{html.escape(ref['edge_device'])}</b>
 against a <b>{html.escape(ref['cloud_device'])}</b> cloud: the planner's reference roofline profiles of {html.escape(data['model'])}
 take {ref['edge_ms']:.3g} ms and {ref['cloud_ms']:.3g} ms, <b>{ref['ratio']:.3g}x</b>. Here the cloud is this host's cores
-({env.get('cloud_model_ms')} ms for the model, measured) and the device one ONNX Runtime thread in a CPU quota that makes it
-that many times slower: {how}, and measured {env.get('edge_model_ms')} ms, <b>{env.get('edge_over_cloud')}x</b> the cloud.
-Link rates are the trace's, unscaled.</p>""")
+({env.get('cloud_model_ms')} ms for the model, measured) and the device one ONNX Runtime thread, {how}: every engine run and
+encode on the device takes that many times the CPU time it spent. The model takes {env.get('edge_model_ms')} ms there,
+<b>{env.get('edge_over_cloud')}x</b> the cloud. Link rates are the trace's, unscaled.</p>""")
     gap = data.get("local_gap")
     if gap and gap.get("local_answers"):
         out.append(f"""<h2>Why local answers take longer than predicted</h2>
-<p>The prediction for a local answer is the model's time inside the quota, each run after an idle wait as requests
-arrive: <b>{_ms(gap['predicted_ms'])}</b>. The {gap['local_answers']} local answers took a median
-<b>{_ms(gap['measured_app_p50_ms'])}</b> as the app measured them ({_ms(gap['measured_agent_p50_ms'])} inside the agent).
-The parts (the first two timed in the same quota before the stream, the others from the stream's answers):</p><ul>
-<li><b>the throttle</b>: back to back, without the idle wait that lets a CFS quota hand out a whole slice at once, the
-model takes {_ms(gap.get('quota_back_to_back_ms'))};</li>
-<li><b>the Python hand-offs</b> of one local answer besides the model (decoding the app's msgpack request, the hop to the
-engine's thread and back, encoding the answer), throttled like the rest of the agent: {_ms(gap.get('agent_handoff_ms'))};
-the app's HTTP call over the unix socket adds the difference between the two medians above;</li>
-<li><b>sharing the device</b>: the agent answers up to --window requests at once, and a device that runs two of them
-shares its quota: {gap['local_answers_sharing_the_device']} of the local answers overlapped another one on the device
+<p>The prediction for a local answer is the model's time on the emulated device: <b>{_ms(gap['predicted_ms'])}</b>.
+The {gap['local_answers']} local answers took a median <b>{_ms(gap['measured_app_p50_ms'])}</b> as the app measured them
+({_ms(gap['measured_agent_p50_ms'])} inside the agent). The parts:</p><ul>
+<li><b>the agent's own Python</b> (decoding the app's msgpack request, the hop to the engine's thread and back, encoding
+the answer) and the app's HTTP call over the unix socket: the difference between the two medians above and the
+prediction;</li>
+<li><b>sharing the device</b>: the agent answers up to --window requests at once, and the device's one core runs them
+one after the other: {gap['local_answers_sharing_the_device']} of the local answers overlapped another one on the device
 (median {_ms(gap['measured_shared_p50_ms'])}, against {_ms(gap['measured_alone_p50_ms'])} for those that ran alone).
 The agent does not batch local runs.</li></ul>
 <p>What these parts leave is other work on this host delaying the agent's threads.</p>

@@ -1,6 +1,6 @@
 """`splitinfer demo`: the whole system on one machine, on embedded defaults, in one command.
 
-The command itself is `cli`; the parts it composes are the throttled edge process
+The command itself is `cli`; the parts it composes are the emulated edge device
 (`edge`), the models, profiles and plans (`setup`), the local Ray, gateway and link
 emulator (`stack`), the request stream (`stream`) and the report (`summary`).
 """

@@ -24,10 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from splitinfer.demo.edge import CpuQuota
+from typing import Any
 
 __all__ = ["main", "make_parser"]
 
@@ -47,9 +44,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="most requests in flight; later frames are skipped (default 2)")
     p.add_argument("--trace-scale", type=float, default=None,
                    help="multiply the trace's times (default 1, or 0.5 with --quick)")
-    p.add_argument("--edge-cpus", type=float, default=None,
-                   help="CPU quota of the edge agent's cgroup, where one can be made (0: no quota; default: the quota "
-                        "that makes the device as many times slower than the cloud as an rpi4 against a t4)")
+    p.add_argument("--slowdown", type=float, default=None,
+                   help="the emulated device's work takes this many times its CPU time on one thread here (>= 1; "
+                        "default: the factor that makes the device as many times slower than the cloud as an rpi4 "
+                        "against a t4)")
     p.add_argument("--log-level", default="WARNING", help="log level of the parts (default WARNING)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show Ray's and gRPC's own log lines (hidden by default)")
@@ -96,7 +94,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
+async def _run(a: argparse.Namespace, work: str) -> int:
     from splitinfer.demo import stack as demo_stack
     from splitinfer.demo.setup import prepare
     from partitioner import Cut
@@ -119,15 +117,13 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
             # loads and the device is profiled, and the cloud side is profiled once it is up.
             _say("[0/6] starting a local Ray in the background (use --no-ray to serve tails in-process)")
             ray_job = ray_pool.submit(demo_stack.start_ray, quiet=not a.verbose)
-        if not quota.active:
-            _say(f"      the edge runs unthrottled with one thread: {quota.why_not}")
         job = ray_job
         def wait_ray() -> None:
             if job is not None:
                 _say(f"      (local Ray up after {job.result():.0f} s)")
 
-        dm = await asyncio.to_thread(prepare, a.model, work, runs=4 if a.quick else 8, quota=quota,
-                                     edge_cpus=a.edge_cpus, say=_say, before_cloud=wait_ray)
+        dm = await asyncio.to_thread(prepare, a.model, work, runs=4 if a.quick else 8,
+                                     slowdown=a.slowdown, say=_say, before_cloud=wait_ray)
         label = make_cut_labeler(dm)
         _say(f"[4/6] plan frontier ({dm.front.objective.value}, uplink {dm.front.link_range.up_lo_bps / 1e6:g}-"
              f"{dm.front.link_range.up_hi_bps / 1e6:g} Mbit/s, downlink 4x, RTT {dm.front.link_range.rtt_ms:g} ms); "
@@ -143,7 +139,7 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
         _say("[5/6] starting the gateway, the link emulator and the edge agent on 127.0.0.1")
         stack = demo_stack.Stack(registry_dir=dm.registry_dir, work_dir=work, model=dm.name,
                                  device_profile_path=dm.device_profile_path, trace=trace, use_ray=ray_job is not None,
-                                 remote_timeout_ms=max(800.0, dm.edge_model_ms), quota=quota)
+                                 remote_timeout_ms=max(800.0, dm.edge_model_ms), slowdown=dm.device_slowdown)
         await stack.start(say=_say)
         from partitioner import make_inputs
 
@@ -181,15 +177,13 @@ async def _run(a: argparse.Namespace, quota: CpuQuota, work: str) -> int:
                         await asyncio.to_thread(demo_stack.stop_ray)
             finally:
                 ray_pool.shutdown(wait=False)
-                quota.remove()
                 _keep_agent_log(work, out)
                 shutil.rmtree(work, ignore_errors=True)
 
     setup = {"model": dm.name, "layers": len(dm.graph), "gflops": round(dm.graph.total_flops / 1e9, 3),
              "profiles": dm.profile_source, "edge_model_ms": round(dm.edge_model_ms, 1),
              "cloud_model_ms": round(dm.cloud_model_ms, 1), "edge_over_cloud": round(dm.slowdown, 2),
-             "edge_throttle": (f"{quota.kind} CPU quota of {quota.cpus:.3g} CPU, 1 ORT thread" if quota.kind != "none"
-                               else f"1 ORT thread, no quota ({quota.why_not})"),
+             "edge_emulation": f"1 ORT thread, its work stretched {dm.device_slowdown:.3g}x in time",
              "reference_devices": (f"{dm.emulation['reference']['edge_device']} against "
                                    f"{dm.emulation['reference']['cloud_device']}: {dm.emulation['reference']['ratio']:g}x "
                                    "(the planner's roofline profiles of this model)"),
@@ -242,8 +236,8 @@ def _bad_args(a: argparse.Namespace) -> str | None:
         return f"--fps must be > 0 and --window >= 1 (got {a.fps}, {a.window})"
     if a.trace_scale is not None and not (math.isfinite(a.trace_scale) and a.trace_scale > 0):
         return f"--trace-scale must be a number > 0 (got {a.trace_scale}); 0.5 replays the trace twice as fast"
-    if a.edge_cpus is not None and not (math.isfinite(a.edge_cpus) and a.edge_cpus >= 0):
-        return f"--edge-cpus must be a number >= 0 (got {a.edge_cpus}); 0 runs the edge without a CPU quota"
+    if a.slowdown is not None and not (math.isfinite(a.slowdown) and a.slowdown >= 1):
+        return f"--slowdown must be a number >= 1 (got {a.slowdown}); 1 runs the device at one thread's speed here"
     return None
 
 
@@ -274,18 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if not a.verbose:
         _quiet_parts()
-    from splitinfer.demo.edge import CpuQuota
-
     _INTERRUPTED.clear()
     _SIGNAL["number"] = signal.SIGINT
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
-    # Without --edge-cpus the limit is set once the profiles are measured (`setup.prepare`).
-    quota = CpuQuota(1.0 if a.edge_cpus is None else a.edge_cpus, f"splitinfer-demo-{os.getpid()}")
     work = tempfile.mkdtemp(prefix="splitinfer-demo-")
     try:
         try:
-            rc = asyncio.run(_run(a, quota, work))
+            rc = asyncio.run(_run(a, work))
             if not _INTERRUPTED.is_set():
                 return rc
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -296,9 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if on_main_thread:  # asyncio.run's loop put SIGTERM back to its default on closing
             signal.signal(signal.SIGTERM, _interrupt)
         # Again after asyncio.run: a Ctrl-C during profiling returns only once the profiling
-        # thread (and the timing child it holds in the cgroup) has finished, and that thread
-        # may have written into the work directory after `_run` removed it.
-        quota.remove()
+        # thread has finished, and that thread may have written into the work directory
+        # after `_run` removed it.
         shutil.rmtree(work, ignore_errors=True)
         if on_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

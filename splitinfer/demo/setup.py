@@ -1,8 +1,9 @@
 """The demo's preparation: the model, its registry entry, the two profiles and the frontier.
 
 Everything here is synchronous and runs before anything listens on a port. The edge
-device is emulated by ONNX Runtime with one intra-op thread (see [Note: edge throttle]);
-the cloud side is profiled with every core, as the gateway's workers run.
+device is the agent with one ONNX Runtime thread, its work stretched in time (see
+[Note: edge emulation] in splitinfer.emulate); the cloud side is profiled with every core,
+as the gateway's workers run.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import yaml
 from partitioner import Cut, LayerGraph, boundary_bytes, build_graph
 from partitioner.zoo import load_zoo
 from planner import Encoding, Frontier, LayerTime, Link, LinkRange, Profile, evaluate, frontier, make_flops_profile
-from splitinfer.demo.edge import ENCODINGS, CpuQuota, ThrottledTimer, set_quota
+from splitinfer.demo.edge import ENCODINGS
 
-__all__ = ["CLOUD_DEVICE", "DEFAULT_MODEL", "DemoModel", "EDGE_DEVICE", "LINK_RANGE", "VERSION", "describe_frontier", "measure_profiles", "write_version",
-           "predicted_ms", "prepare", "reference_ratio", "slow_down"]
+__all__ = ["CLOUD_DEVICE", "DEFAULT_MODEL", "DemoModel", "EDGE_DEVICE", "LINK_RANGE", "VERSION", "describe_frontier",
+           "emulate_device", "measure_profiles", "predicted_ms", "prepare", "reference_ratio", "slow_down",
+           "write_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +38,11 @@ LINK_RANGE = LinkRange(0.5e6, 100e6, down_ratio=4.0, rtt_ms=5.0)
 # [Note: demo speed ratio] The emulated device is as many times slower than the cloud side
 # as the planner's reference profiles (planner.devices' rooflines) say an EDGE_DEVICE is
 # against a CLOUD_DEVICE for the model: SqueezeNet takes 47 ms on an rpi4 and 1.9 ms on a t4,
-# 24.6x. The cloud side is this host's cores as measured; the device's CPU quota is set,
-# by timing inside it, so one ORT thread takes that ratio times the cloud's time. At that
-# ratio SqueezeNet's frontier at 5 ms RTT has a mid-network cut (its first 3, 12 or 21 layers
-# on the device: 97, 47 or 16 kB in fp16 instead of the 301 kB input) from about 7 to 90 Mbit/s.
+# 24.6x. The cloud side is this host's cores as measured; the device is one ORT thread whose
+# work takes `slowdown` times its CPU time ([Note: time-scaled device] in edge_agent.device),
+# the slowdown being that ratio times the cloud's time over one thread's. At that ratio
+# SqueezeNet's frontier at 5 ms RTT has a mid-network cut (its first 3, 12 or 21 layers on
+# the device: 97, 47 or 16 kB in fp16 instead of the 301 kB input) from about 7 to 90 Mbit/s.
 EDGE_DEVICE = "rpi4"
 CLOUD_DEVICE = "t4"
 DEFAULT_MODEL = "squeezenet"
@@ -47,13 +50,6 @@ _CLOUD_RETRIES = 3
 _CLOUD_RETRY_PAUSE_S = 1.0
 _CLOUD_SPEEDUP_MIN = 1.2
 """Every core is expected to beat one thread by this much; see [Note: busy cloud profile]."""
-_CALIBRATION_STEPS = 5
-_CALIBRATION_TOL = 0.15
-"""The quota is re-timed until the device's time is within this fraction of its target."""
-_MIN_EDGE_CPUS, _MAX_EDGE_CPUS = 0.03, 1.0
-"""The whole agent runs in the quota (its HTTP, gRPC and policy too): below 0.03 CPU those
-take seconds (at 0.01 CPU the gateway expired its requests before they arrived), so the
-device is never made slower than that, and the report shows the ratio it reached."""
 
 @dataclasses.dataclass
 class DemoModel:
@@ -70,13 +66,15 @@ class DemoModel:
     profile_source: str
     """'measured' (ONNX Runtime's profiler) or 'flops-estimate' (with why)."""
     edge_model_ms: float
-    """Median whole-model time with one thread (the emulated device)."""
+    """The whole model's time on the emulated device (one thread here, times its slowdown)."""
     cloud_model_ms: float
     """Median whole-model time with every core (the cloud side)."""
     front: Frontier
     emulation: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """How the device was emulated: the reference ratio, the quota and the gap's parts
-    (see [Note: demo speed ratio] and [Note: local gap])."""
+    """How the device was emulated: the reference ratio, the one-thread time and the slowdown
+    (see [Note: demo speed ratio])."""
+    device_slowdown: float = 1.0
+    """The device's work takes this many times its CPU time here (the agent's `emulate.slowdown`)."""
 
     @property
     def slowdown(self) -> float:
@@ -169,8 +167,7 @@ def measure_profiles(model: onnx.ModelProto, graph: LayerGraph, runs: int, say: 
             # [Note: busy cloud profile] Every core is timed at once, so a burst of other work
             # (Ray's workers starting just after Ray is up, another job on a shared host) makes
             # the cloud look slower than one thread: SqueezeNet's 2 ms took 40 ms once, the
-            # device's target (the ratio times it) went out of the quota's reach and no cut
-            # paid. Such a profile is measured again after a pause; the fastest is kept.
+            # device's slowdown (the ratio times it) came out 20x too large and no cut paid. Such a profile is measured again after a pause; the fastest is kept.
             if cloud_ms * _CLOUD_SPEEDUP_MIN <= dev_ms:
                 break
             time.sleep(_CLOUD_RETRY_PAUSE_S)
@@ -220,51 +217,33 @@ def reference_ratio(graph: LayerGraph, edge: str = EDGE_DEVICE, cloud: str = CLO
             "ratio": round(edge_ms / cloud_ms, 2)}
 
 
-def _calibrate(timer: ThrottledTimer, quota: CpuQuota, target_ms: float, one_thread_ms: float,
-               say: Callable[[str], None]) -> tuple[float, list[dict[str, float]]]:
-    """Sets the quota so one ORT thread inside it takes about `target_ms`; returns the time
-    measured at the quota it leaves set, and every (cpus, ms) tried.
-
-    A CFS quota does not stretch time in plain inverse proportion (short runs after an idle
-    wait get a whole slice at once: 0.053 CPU gave SqueezeNet 27-44 ms, 0.028 CPU 107 ms), so
-    the search steps in proportion until the target is bracketed, then interpolates in log
-    space between the bracket's ends. It never goes below `_MIN_EDGE_CPUS` (see there)."""
-    import math
-
-    cpus = min(_MAX_EDGE_CPUS, max(_MIN_EDGE_CPUS, one_thread_ms / target_ms))
-    tried: list[dict[str, float]] = []
-    for _ in range(_CALIBRATION_STEPS):
-        set_quota(quota, cpus)
-        ms = timer.time()
-        tried.append({"cpus": round(cpus, 4), "ms": round(ms, 1)})
-        say(f"      quota {cpus:.3g} CPU: {ms:.0f} ms (target {target_ms:.0f} ms)")
-        if abs(ms / target_ms - 1.0) <= _CALIBRATION_TOL or (ms < target_ms and cpus <= _MIN_EDGE_CPUS):
-            return ms, tried
-        fast = [t for t in tried if t["ms"] < target_ms]
-        slow = [t for t in tried if t["ms"] >= target_ms]
-        if fast and slow:
-            f = min(fast, key=lambda t: t["cpus"])
-            s = max(slow, key=lambda t: t["cpus"])
-            w = math.log(target_ms / s["ms"]) / math.log(f["ms"] / s["ms"])
-            cpus = math.exp(math.log(s["cpus"]) + w * (math.log(f["cpus"]) - math.log(s["cpus"])))
-        else:
-            cpus = cpus * ms / target_ms
-        cpus = min(_MAX_EDGE_CPUS, max(_MIN_EDGE_CPUS, cpus))
-    best = min(tried, key=lambda t: abs(math.log(t["ms"] / target_ms)))
-    set_quota(quota, best["cpus"])
-    return best["ms"], tried
+def emulate_device(dev: Profile, dev_ms: float, cloud_ms: float, ref: dict[str, Any], slowdown: float | None,
+                   say: Callable[[str], None]) -> tuple[Profile, float, dict[str, Any]]:
+    """The emulated device from the one-thread profile `dev` (the model in `dev_ms`): the
+    profile stretched by `slowdown`, or (None) by the one that makes the device `ref`'s ratio
+    slower than the cloud side (`cloud_ms`); its whole-model ms; and how it was chosen."""
+    if slowdown is None:
+        target = ref["ratio"] * cloud_ms
+        slowdown = max(1.0, target / max(dev_ms, 1e-6))
+        say(f"      the device: {ref['edge_device']} against a {ref['cloud_device']} cloud is {ref['ratio']:.3g}x "
+            f"({ref['edge_ms']:.3g} ms against {ref['cloud_ms']:.3g} ms, reference rooflines); "
+            f"{ref['ratio']:.3g} x {cloud_ms:.1f} ms = {target:.0f} ms here: one thread's work stretched {slowdown:.2f}x")
+        source = "reference ratio"
+    else:
+        say(f"      the device: one thread's work stretched {slowdown:.2f}x (--slowdown)")
+        source = "--slowdown"
+    emulation = {"one_thread_ms": round(dev_ms, 2), "slowdown": round(slowdown, 3), "slowdown_from": source}
+    return slow_down(dev, slowdown, f"edge-1-thread-x{slowdown:.3g}"), dev_ms * slowdown, emulation
 
 
-def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = None, edge_cpus: float | None = None,
+def prepare(name: str, work_dir: str, *, runs: int, slowdown: float | None = None,
             say: Callable[[str], None] = print, before_cloud: Callable[[], None] = lambda: None) -> DemoModel:
     """Loads `name` from the zoo, profiles both sides, writes the registry, plans the frontier.
 
-    With an active `quota` its limit is `edge_cpus`, or (None) the one that makes the device
-    the reference ratio slower than the cloud side (see [Note: demo speed ratio]); the device
-    profile is the one-thread profile brought to the whole-model time measured inside the
-    quota (see [Note: edge throttle] in `splitinfer.emulate`). `before_cloud` runs just
-    before the cloud side is profiled (the demo waits there for Ray's start-up, which would
-    otherwise skew that profile)."""
+    The device is one thread here stretched by `slowdown`, or (None) by the factor that makes
+    it the reference ratio slower than the cloud side (see [Note: demo speed ratio]).
+    `before_cloud` runs just before the cloud side is profiled (the demo waits there for
+    Ray's start-up, which would otherwise skew that profile)."""
     say(f"[1/6] loading {name} from the onnx package's model zoo (seeded random weights)")
     model = load_zoo(name, random_weights=True, seed=0)
     graph = build_graph(model, name=name)
@@ -273,43 +252,17 @@ def prepare(name: str, work_dir: str, *, runs: int, quota: CpuQuota | None = Non
     registry = os.path.join(work_dir, "registry")
     model_path = _save_model(registry, name, model)
     ref = reference_ratio(graph)
-    emulation: dict[str, Any] = {"reference": ref}
-    timer = ThrottledTimer(model_path, quota, runs=max(3, runs // 2)) if quota is not None and quota.active else None
-    try:
-        say("[2/6] profiling the device and the cloud side (per-layer times from ONNX Runtime's profiler)")
-        dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, runs, say, before_cloud)
-        say(f"      whole model: one thread {dev_ms:.0f} ms, cloud {cloud_ms:.0f} ms "
-            f"(ratio {dev_ms / max(cloud_ms, 1e-6):.2f}x, measured side by side in this run)")
-        emulation["one_thread_ms"] = round(dev_ms, 2)
-        if timer is not None:
-            assert quota is not None
-            if edge_cpus is None:
-                target = ref["ratio"] * cloud_ms
-                say(f"      the device: {ref['edge_device']} against a {ref['cloud_device']} cloud is {ref['ratio']:.3g}x "
-                    f"({ref['edge_ms']:.3g} ms against {ref['cloud_ms']:.3g} ms, reference rooflines); "
-                    f"{ref['ratio']:.3g} x {cloud_ms:.1f} ms = {target:.0f} ms here")
-                edge_ms, tried = _calibrate(timer, quota, target, dev_ms, say)
-                emulation.update(target_ms=round(target, 1), calibration=tried, quota_from="reference ratio")
-            else:
-                set_quota(quota, edge_cpus)
-                edge_ms = timer.time()
-                emulation.update(quota_from="--edge-cpus")
-            emulation["gap_parts"] = {k: round(v, 2) for k, v in timer.gap_parts().items()}
-            total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
-            dev = slow_down(dev, edge_ms / max(total, 1e-6), f"edge-1-thread-{quota.cpus:.3g}-cpu")
-            say(f"      inside the edge's {quota.cpus:.3g}-CPU quota: {edge_ms:.0f} ms "
-                f"({edge_ms / max(cloud_ms, 1e-6):.1f}x the cloud); the device profile is scaled to it")
-            dev_ms = edge_ms
-            emulation["edge_cpus"] = round(quota.cpus, 4)
-    finally:
-        if timer is not None:
-            timer.close()
-    emulation["achieved_ratio"] = round(dev_ms / max(cloud_ms, 1e-6), 2)
+    say("[2/6] profiling the device and the cloud side (per-layer times from ONNX Runtime's profiler)")
+    dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, runs, say, before_cloud)
+    say(f"      whole model: one thread {dev_ms:.0f} ms, cloud {cloud_ms:.0f} ms "
+        f"(ratio {dev_ms / max(cloud_ms, 1e-6):.2f}x, measured side by side in this run)")
+    dev, dev_ms, emulation = emulate_device(dev, dev_ms, cloud_ms, ref, slowdown, say)
+    emulation.update(reference=ref, achieved_ratio=round(dev_ms / max(cloud_ms, 1e-6), 2))
     dev_path = _write_profiles(registry, name, dev, cloud)
     say(f"[3/6] registry {registry}: {name}/{VERSION}/{{model.onnx, model.yaml, profiles/device.json, cloud.json}}")
     front = frontier(graph, [dev, cloud], LINK_RANGE, "latency", encodings=tuple(Encoding(e) for e in ENCODINGS))
     return DemoModel(name, model, graph, registry, model_path, dev_path, dev, cloud, source, dev_ms, cloud_ms, front,
-                     emulation)
+                     emulation, emulation["slowdown"])
 
 
 def predicted_ms(dm: DemoModel, cut: Cut, link: Link, encoding: Encoding | None = None) -> float:

@@ -4,7 +4,7 @@
 processes aside) and `Stack.stop` takes down whatever started, in reverse, however far
 start-up got; the demo calls it in a `finally`, so Ctrl-C leaves nothing behind.
 
-    app --HTTP (unix socket)--> edge agent process (throttled) --gRPC--> 127.0.0.1:netem
+    app --HTTP (unix socket)--> edge agent process (emulated device) --gRPC--> 127.0.0.1:netem
         ==emulated link==> 127.0.0.1:gateway --> tails (Ray actors, or in-process with --no-ray)
 """
 
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from splitinfer.demo.edge import CpuQuota, EdgeProcess
+from splitinfer.demo.edge import EdgeProcess
 from splitinfer.netem import LinkEmulator, LinkSetting, TraceStep
 
 __all__ = ["Stack", "start_ray", "stop_ray"]
@@ -51,7 +51,7 @@ class Stack:
     """Gateway, link emulator and edge agent of one demo run."""
 
     def __init__(self, *, registry_dir: str, work_dir: str, model: str, device_profile_path: str,
-                 trace: Sequence[TraceStep], use_ray: bool, remote_timeout_ms: float, quota: CpuQuota) -> None:
+                 trace: Sequence[TraceStep], use_ray: bool, remote_timeout_ms: float, slowdown: float) -> None:
         self.registry_dir = registry_dir
         self.work_dir = work_dir
         self.model = model
@@ -59,7 +59,7 @@ class Stack:
         self.trace = list(trace)
         self.use_ray = use_ray
         self.remote_timeout_ms = remote_timeout_ms
-        self.quota = quota
+        self.slowdown = slowdown
         self.edge: EdgeProcess | None = None
         self.gateway: Any = None
         self.server: Any = None
@@ -99,15 +99,13 @@ class Stack:
 
         self.edge = EdgeProcess(work_dir=self.work_dir, gateway=f"127.0.0.1:{self.emu.port}", model=self.model,
                                 device_profile_path=self.device_profile_path,
-                                remote_timeout_ms=self.remote_timeout_ms, quota=self.quota)
+                                remote_timeout_ms=self.remote_timeout_ms, slowdown=self.slowdown)
         self.timings_s["agent"] = await asyncio.to_thread(self.edge.start)
         self.emu.set(self.trace[0].setting)
         st = await self.status()
-        throttle = (f"{self.quota.kind} quota of {self.quota.cpus:.3g} CPU" if self.quota.active
-                    else f"not throttled: {self.quota.why_not}")
         pid = self.edge.proc.pid if self.edge.proc else "?"
         say(f"      edge agent: pid {pid}, API on unix:{self.edge.socket_path}, "
-            f"1 ORT thread, {throttle}; {len(st.get('warm_cuts', []))} warm cuts, ready in "
+            f"1 ORT thread, its work stretched {self.slowdown:.2f}x; {len(st.get('warm_cuts', []))} warm cuts, ready in "
             f"{self.timings_s['agent']:.1f} s")
 
     async def status(self) -> dict[str, Any]:

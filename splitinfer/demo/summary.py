@@ -3,17 +3,13 @@
 Pure: the run's records, timeline and model in, plain JSON-able values out.
 
 [Note: local gap]
-The device's prediction is the model's time inside the quota, each run after an idle wait
-([Note: quota bursts] in `splitinfer.demo.edge`). A local answer costs more, in three
-parts the report measures: the throttle itself when the quota has no slack left (the
-agent's own threads, its link probes and policy ticks spend it between requests, so a
-local run goes about as fast as back to back; the timing child measures that), the
-agent's Python hand-offs (msgpack decode of the request, the hop to the engine's thread,
-the answer's encode; timed in the same quota) plus the app's HTTP call (the app's
-latency minus the agent's), and sharing: with --window 2 two answers can run on the
-device at once and split its quota. The agent does not batch local runs. With SqueezeNet
-at 0.043 CPU: 64 ms predicted, 92 ms back to back, 0.5 ms of hand-offs, 3 ms of HTTP, and
-local answers alone a median 93 ms against 225 ms for those that shared the device.
+The device's prediction is the model's time on the emulated device: one thread's time here
+stretched by the slowdown ([Note: time-scaled device] in edge_agent.device). A local answer
+costs more, in parts the report measures: the agent's own Python (the app's msgpack request
+decoded, the hop to the engine's thread, the answer encoded; not stretched) plus the app's
+HTTP call (the app's latency minus the agent's), and sharing: with --window 2 two answers
+can want the device at once, and its one core runs them one after the other. The agent does
+not batch local runs.
 """
 
 from __future__ import annotations
@@ -84,11 +80,8 @@ def _local_gap(dm: DemoModel, records: Sequence[Record]) -> dict[str, Any]:
         return any(o is not r and o.sent_s < r.done_s and r.sent_s < o.done_s for o in device)
 
     alone = [r for r in local if not shared(r)]
-    parts = dm.emulation.get("gap_parts", {})
     return {
         "predicted_ms": round(dm.edge_model_ms, 1),
-        "quota_back_to_back_ms": parts.get("back_to_back_ms"),
-        "agent_handoff_ms": parts.get("handoff_ms"),
         "measured_agent_p50_ms": _median([r.agent_latency_ms for r in local]),
         "measured_app_p50_ms": _median([r.latency_ms for r in local]),
         "measured_alone_p50_ms": _median([r.latency_ms for r in alone]),

@@ -79,7 +79,7 @@ def test_page_commands_parse() -> None:
     """The page has the install, the registry, the two long-running parts and the request."""
     cmds = page_commands(PAGE.read_text(encoding="utf-8"))
     assert "pip install" in cmds[0].line
-    assert [c.wait_for for c in cmds if c.background] == ["gateway ready", "emulating rpi4"]
+    assert [c.wait_for for c in cmds if c.background] == ["gateway ready", "edge agent ready"]
     assert any(c.line.startswith("splitinfer edge infer") for c in cmds)
     assert any(c.line.startswith("curl ") for c in cmds)
 

@@ -27,7 +27,7 @@ def tmp_root(tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _failing_prepare(seen: list[str], *, call_before_cloud: bool = False):
-    def prepare(name, work_dir, *, runs, quota=None, edge_cpus=None, say=print, before_cloud=lambda: None):
+    def prepare(name, work_dir, *, runs, slowdown=None, say=print, before_cloud=lambda: None):
         seen.append(work_dir)
         with open(os.path.join(work_dir, "partial.onnx"), "wb") as fh:
             fh.write(b"\0" * 1024)
@@ -46,7 +46,7 @@ def test_demo_removes_its_temp_dir_when_set_up_fails(tmp_root: str, monkeypatch:
     seen: list[str] = []
     monkeypatch.setattr(demo_setup, "prepare", _failing_prepare(seen))
     with pytest.raises(RuntimeError, match="set-up failed"):
-        demo.main(["--no-ray", "--edge-cpus", "0", "-o", os.path.join(tmp_root, "report")])
+        demo.main(["--no-ray", "-o", os.path.join(tmp_root, "report")])
     assert seen and seen[0].startswith(os.path.join(tmp_root, "splitinfer-demo-"))
     assert _demo_dirs(tmp_root) == []
 
@@ -61,12 +61,12 @@ def test_demo_removes_its_temp_dir_when_ray_fails_to_start(tmp_root: str, monkey
     monkeypatch.setattr(demo_stack, "start_ray", no_ray)
     monkeypatch.setattr(demo_stack, "stop_ray", lambda: stopped.append(True))
     with pytest.raises(RuntimeError, match="raylet never started"):
-        demo.main(["--edge-cpus", "0", "-o", os.path.join(tmp_root, "report")])
+        demo.main(["-o", os.path.join(tmp_root, "report")])
     assert seen and stopped == [True]
     assert _demo_dirs(tmp_root) == []
 
 
-@pytest.mark.parametrize("flag", [("--trace-scale", "-1"), ("--trace-scale", "nan"), ("--edge-cpus", "-0.5")])
+@pytest.mark.parametrize("flag", [("--trace-scale", "-1"), ("--trace-scale", "nan"), ("--slowdown", "0.5")])
 def test_demo_refuses_bad_numbers_before_making_anything(flag: tuple[str, str], tmp_root: str,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert demo.main(["--no-ray", *flag]) == 2
@@ -80,14 +80,14 @@ _SIGTERM_SCRIPT = textwrap.dedent("""
     from splitinfer import demo
     from splitinfer.demo import setup as demo_setup
 
-    def prepare(name, work_dir, *, runs, quota=None, edge_cpus=None, say=print, before_cloud=lambda: None):
+    def prepare(name, work_dir, *, runs, slowdown=None, say=print, before_cloud=lambda: None):
         print("ready", work_dir, flush=True)
         time.sleep(0.5)  # a set-up thread keeps going after the signal, as profiling does
         open(work_dir + "/late.onnx", "wb").close()
         raise RuntimeError("not reached in time")
 
     demo_setup.prepare = prepare
-    sys.exit(demo.main(["--no-ray", "--edge-cpus", "0", "-o", sys.argv[1]]))
+    sys.exit(demo.main(["--no-ray", "-o", sys.argv[1]]))
 """)
 
 

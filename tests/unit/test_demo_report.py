@@ -75,45 +75,24 @@ def test_encoding_errors_are_measured_at_the_cuts_and_set_the_tolerance(tmp_path
     assert tol["fp32"] == FP32_REL_TOL and tol["fp16"] == errs["fp16"] + FP32_REL_TOL
 
 
-class _FakeQuota:
-    cpus = 1.0
+def test_the_device_is_stretched_to_the_reference_ratio_of_the_cloud_side():
+    from planner import LayerTime, Profile
+    from splitinfer.demo.setup import emulate_device
 
-
-class _FakeTimer:
-    """A device whose time grows faster than 1/quota (as a CFS quota does for short runs)."""
-
-    def __init__(self, quota: _FakeQuota) -> None:
-        self.quota = quota
-
-    def time(self) -> float:
-        return 10.0 * (0.1 / self.quota.cpus) ** 1.6
-
-
-def _calibrate(monkeypatch, target_ms: float):
-    from splitinfer.demo import setup
-
-    quota = _FakeQuota()
-    monkeypatch.setattr(setup, "set_quota", lambda q, cpus: setattr(q, "cpus", cpus))
-    ms, tried = setup._calibrate(_FakeTimer(quota), quota, target_ms, one_thread_ms=4.0, say=lambda _: None)
-    return quota, ms, tried
-
-
-def test_the_quota_search_brackets_the_target_and_leaves_the_quota_at_it(monkeypatch):
-    quota, ms, tried = _calibrate(monkeypatch, 60.0)
-    assert abs(ms / 60.0 - 1) <= 0.15, tried
-    assert _FakeTimer(quota).time() == ms  # the quota left set is the one timed
-
-
-def test_the_quota_search_stops_at_the_floor_when_the_target_is_too_slow(monkeypatch):
-    from splitinfer.demo.setup import _MIN_EDGE_CPUS
-
-    quota, ms, tried = _calibrate(monkeypatch, 5000.0)
-    assert quota.cpus == _MIN_EDGE_CPUS and ms < 5000.0
-    assert len(tried) <= 2
+    dev = Profile(device="edge-1-thread", layers={0: LayerTime(3.0), 1: LayerTime(1.0)})
+    ref = {"edge_device": "rpi4", "cloud_device": "t4", "edge_ms": 47.0, "cloud_ms": 1.9, "ratio": 24.6}
+    slow, ms, how = emulate_device(dev, 4.0, 2.0, ref, None, say=lambda _: None)
+    assert ms == pytest.approx(24.6 * 2.0)  # the ratio times the cloud side's time
+    assert how["slowdown"] == pytest.approx(24.6 * 2.0 / 4.0, rel=1e-3) and how["slowdown_from"] == "reference ratio"
+    assert slow.layers[0].ms == pytest.approx(3.0 * 24.6 * 2.0 / 4.0)
+    # a host slower than the device it plays is not sped up; a given slowdown is taken as it is
+    assert emulate_device(dev, 100.0, 2.0, ref, None, say=lambda _: None)[1] == 100.0
+    assert emulate_device(dev, 4.0, 2.0, ref, 3.0, say=lambda _: None)[1:] == (
+        12.0, {"one_thread_ms": 4.0, "slowdown": 3.0, "slowdown_from": "--slowdown"})
 
 
 def test_the_demo_runs_the_model_its_ratio_was_chosen_for():
     from splitinfer.demo import make_parser
 
     assert make_parser().parse_args([]).model == DEFAULT_MODEL
-    assert make_parser().parse_args([]).edge_cpus is None  # the quota comes from the reference ratio
+    assert make_parser().parse_args([]).slowdown is None  # the slowdown comes from the reference ratio

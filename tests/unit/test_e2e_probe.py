@@ -57,7 +57,7 @@ def test_the_device_profile_takes_the_median_of_its_edge_only_requests() -> None
     from bench._e2e_run import _scaled_to
     from planner.profile import LayerTime, Profile
 
-    # the quota's timer read 40 ms (3 layers + 4 ms fixed); edge-only requests took 36-100 ms
+    # the profile says 40 ms (3 layers + 4 ms fixed); edge-only requests took 36-100 ms
     dev = Profile("edge", {0: LayerTime(10.0), 1: LayerTime(20.0), 2: LayerTime(6.0)}, fixed_ms=4.0)
     scaled, ms = _scaled_to(dev, [36.0, 100.0, 96.0, 70.0, 40.0, 99.0, 100.0])
     assert ms == 96.0

@@ -1,17 +1,17 @@
-"""splitinfer.emulate: the link spec, the quota arithmetic, the cgroup files, the agent's config;
-and the `emulate:` keys of edge.yaml and the `edge run` flags that set them."""
+"""splitinfer.emulate and edge_agent.device: the link spec, the time-scaled device, the agent's
+config; and the `emulate:` keys of edge.yaml and the `edge run` flags that set them."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import time
 
 import pytest
 
 from edge_agent.config import EdgeConfig, config_from_dict, load_config
 from edge_agent.errors import ConfigError
 from splitinfer import emulate
-from splitinfer.emulate import CpuQuota, EmulatedLink, link_from_config, parse_link_spec, quota_cpus
+from splitinfer.emulate import EmulatedLink, link_from_config, parse_link_spec
 
 BASE = {"gateway": "127.0.0.1:50151", "model": "squeezenet"}
 
@@ -61,53 +61,97 @@ def test_bad_link_settings_name_the_key(link: dict[str, object], key: str, said:
     assert e.value.key == key
 
 
-# -- the quota -----------------------------------------------------------------------
+# -- the time-scaled device ----------------------------------------------------------
 
 
-def test_quota_is_the_ratio_of_this_hosts_time_to_the_devices() -> None:
-    assert quota_cpus(47.0, 4.7) == pytest.approx(0.1)
-    assert quota_cpus(10_000.0, 1.0) == 0.01  # floor: a device 100x slower than one core here
-    assert quota_cpus(5.0, 10.0) == 0.0  # this host is slower already: no throttle
-    assert quota_cpus(0.0, 3.0) == 0.0 and quota_cpus(3.0, 0.0) == 0.0
+def _spin(seconds: float) -> int:
+    """Busy work of about `seconds` of this thread's CPU time."""
+    n, t = 0, time.thread_time()
+    while time.thread_time() - t < seconds:
+        n += 1
+    return n
 
 
-@pytest.fixture
-def fake_v1(tmp_path, monkeypatch):
-    """A directory standing in for the cgroup v1 CPU controller (no v2 mounted)."""
-    monkeypatch.setattr(emulate, "_V2_ROOT", str(tmp_path / "none"))
-    monkeypatch.setattr(emulate, "_V1_ROOT", str(tmp_path / "cpu"))
-    (tmp_path / "cpu").mkdir()
-    return tmp_path / "cpu"
+def test_the_device_takes_factor_times_the_cpu_time_of_its_work() -> None:
+    from edge_agent.device import SlowDevice
+
+    dev = SlowDevice(5.0)
+    t = time.perf_counter()
+    out, ms = dev.run(lambda: _spin(0.01) and "done")
+    wall_ms = (time.perf_counter() - t) * 1e3
+    assert out == "done"
+    assert ms >= 5 * 10 * 0.99 and wall_ms >= ms  # at least factor x the 10 ms of CPU it spent
 
 
-def _read(path) -> str:
-    return path.read_text().strip()
+def test_sleeping_is_not_work_a_slow_device_stretches() -> None:
+    from edge_agent.device import SlowDevice
+
+    dev = SlowDevice(20.0)
+    _, ms = dev.run(lambda: time.sleep(0.02))  # 20 ms of waiting, almost no CPU
+    assert ms < 20 * 20 / 4  # far from 20 x the wall time
 
 
-def test_a_quota_under_a_tenth_of_a_cpu_lengthens_the_period_to_keep_the_kernels_1ms_minimum(fake_v1) -> None:
-    q = CpuQuota(0.05, "t1")
-    assert q.active and q.kind == "cgroup v1"
-    assert (_read(fake_v1 / "t1" / "cpu.cfs_period_us"), _read(fake_v1 / "t1" / "cpu.cfs_quota_us")) == ("20000", "1000")
-    q2 = CpuQuota(0.15, "t2")  # the demo's default: the 10 ms period
-    assert (_read(fake_v1 / "t2" / "cpu.cfs_period_us"), _read(fake_v1 / "t2" / "cpu.cfs_quota_us")) == ("10000", "1500")
-    q.add(os.getpid())
-    assert _read(fake_v1 / "t1" / "cgroup.procs") == str(os.getpid())
-    (fake_v1 / "t1" / "cgroup.procs").unlink()  # a real cgroup's files go with it
-    for f in ("cpu.cfs_period_us", "cpu.cfs_quota_us"):
-        (fake_v1 / "t1" / f).unlink()
-    q.remove()
-    assert not (fake_v1 / "t1").exists() and q.path is None
-    assert q2.active
+def test_the_device_has_one_core() -> None:
+    import threading
+
+    from edge_agent.device import SlowDevice
+
+    dev = SlowDevice(3.0)
+    spans: list[tuple[float, float]] = []
+
+    def work() -> None:
+        _, _ = dev.run(lambda: spans.append((time.perf_counter(), _spin(0.005) and time.perf_counter())))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    spans.sort()
+    # each piece of work starts after the one before it ended, stretch included
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
 
 
-def test_no_quota_says_why(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(emulate, "_V2_ROOT", str(tmp_path / "none"))
-    monkeypatch.setattr(emulate, "_V1_ROOT", str(tmp_path / "none-either"))
-    q = CpuQuota(0.1, "t")
-    assert not q.active and "no writable cgroup CPU controller (none mounted)" in q.why_not
-    off = CpuQuota(0, "t")
-    assert not off.active and "off" in off.why_not
-    off.remove()  # nothing to remove: no error
+@pytest.mark.parametrize("factor", [0.5, 0, -1, float("nan"), float("inf"), "2"])
+def test_a_slowdown_below_one_is_refused_with_the_fix(factor: object) -> None:
+    from edge_agent.device import SlowDevice
+
+    with pytest.raises(ValueError, match="give a number >= 1"):
+        SlowDevice(factor)  # type: ignore[arg-type]
+
+
+def test_a_slowed_engines_stats_report_the_devices_times(tmp_path) -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge_agent.device import SlowDevice, SlowedEngine
+    from workers.engine import Engine, EngineConfig
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], [w])
+    path = str(tmp_path / "m.onnx")
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    engine = Engine(path, EngineConfig(intra_op_threads=1, batch_buckets=(1,), dynamic_batch=False))
+    slowed = SlowedEngine(engine, SlowDevice(50.0))
+    x = engine.random_inputs(1)
+    for _ in range(3):
+        slowed.run(x, copy=True)
+    assert slowed.inputs == engine.inputs  # everything else is the engine's own
+    assert slowed.stats().median_ms > 5 * engine.stats().median_ms
+
+
+def test_emulate_slowdown_is_a_key_of_edge_yaml_and_a_flag() -> None:
+    from splitinfer.edge_cmd import _load
+
+    assert _cfg(emulate={"slowdown": 12}).emulate_slowdown == 12
+    assert _load(_args(gateway="127.0.0.1:50151", model="m", emulate_slowdown=8.0)).emulate_slowdown == 8.0
+    with pytest.raises(ConfigError, match="'emulate.slowdown' is 0.5; it must be a number >= 1"):
+        _cfg(emulate={"slowdown": 0.5})
+    with pytest.raises(ConfigError, match="together with emulate.device"):
+        _cfg(emulate={"slowdown": 4, "device": "rpi4"})
 
 
 # -- the agent's config --------------------------------------------------------------
@@ -167,7 +211,7 @@ def test_emulate_in_a_yaml_file(tmp_path) -> None:
 
 def _args(**kw: object) -> argparse.Namespace:
     d = {"config": None, "gateway": None, "model": None, "api_port": None, "api_socket": None,
-         "emulate_device": None, "emulate_link": None}
+         "emulate_device": None, "emulate_slowdown": None, "emulate_link": None}
     d.update(kw)
     return argparse.Namespace(**d)
 
@@ -191,33 +235,3 @@ def test_without_a_file_the_gateway_and_model_flags_are_needed() -> None:
         _load(_args(gateway="127.0.0.1:50151"))
     with pytest.raises(ConfigError, match="'emulate.uplink' is '5mbps'"):
         _load(_args(gateway="127.0.0.1:50151", model="m", emulate_link=parse_link_spec("5mbps")))
-
-
-# -- throttling the ready agent ------------------------------------------------------
-
-
-class _Child:
-    pid = 4242
-
-
-def test_a_ready_agent_goes_into_the_quota_that_matches_the_device(fake_v1, caplog) -> None:
-    caplog.set_level("INFO", logger="splitinfer.emulate")
-    quota = emulate._throttle(_Child(), _cfg(emulate={"device": "rpi4"}),
-                              {"local_ms": 47.2, "measured_local_ms": 4.72})
-    assert quota is not None and quota.cpus == pytest.approx(0.1)
-    assert _read(fake_v1 / "splitinfer-edge-4242" / "cgroup.procs") == "4242"
-    assert "emulating rpi4: the agent runs with one thread in a cgroup v1 quota of 0.1 CPU" in caplog.text
-    assert "10.0x" in caplog.text
-
-
-def test_without_a_cgroup_the_agent_runs_unthrottled_and_says_by_how_much_it_is_faster(tmp_path, monkeypatch,
-                                                                                       caplog) -> None:
-    monkeypatch.setattr(emulate, "_V2_ROOT", str(tmp_path / "none"))
-    monkeypatch.setattr(emulate, "_V1_ROOT", str(tmp_path / "none-either"))
-    cfg = _cfg(emulate={"device": "rpi4"})
-    assert emulate._throttle(_Child(), cfg, {"local_ms": 47.2, "measured_local_ms": 4.72}) is None
-    assert "emulating rpi4: no writable cgroup CPU controller" in caplog.text
-    assert "unthrottled, 10.0x faster than the rpi4 estimate" in caplog.text
-    caplog.clear()
-    assert emulate._throttle(_Child(), cfg, {"local_ms": 47.2, "measured_local_ms": 60.0}) is None
-    assert "this host is not faster, so the agent runs unthrottled with one thread" in caplog.text

@@ -1,0 +1,99 @@
+"""A slower device emulated in time: the device's work here takes `factor` times its CPU time.
+
+[Note: time-scaled device]
+A device slower than this host is emulated by stretching each piece of the device's
+work (an engine run, an encode of what crosses the link) to `factor` times the CPU time
+the calling thread spent on it: after the work, the thread sleeps until that much wall
+time has passed. With one ONNX Runtime thread the run's CPU time is the calling thread's
+(`time.thread_time`), so other load on the host does not make the device slower, as it
+would if the sleep were scaled from wall time. The device has one core: its work runs one
+piece at a time, under a lock held through the sleep.
+
+A CFS CPU quota, which emulated the device before, hands a job that starts after an idle
+wait its whole slice at full speed: at the small quotas a slow device needs (0.03 CPU,
+whose period is then 33 ms), SqueezeNet's 3.4 ms of CPU took 4 ms in one timing and 55-65 ms
+in others, and whether a request of the same plan took 4 or 92 ms depended on the phase.
+Stretching in time gives every run factor x its CPU time. What it leaves at this host's
+speed is the agent's own Python (its HTTP, gRPC and policy), which the cost model prices
+as the call's fixed cost.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import numpy as np
+
+__all__ = ["SlowDevice", "SlowedEngine"]
+
+T = TypeVar("T")
+
+_WINDOW = 256
+"""Run times a slowed engine keeps for its stats (as workers.engine keeps its own)."""
+
+
+class SlowDevice:
+    """The device's work, `factor` times slower than one thread here (1: as fast; no stretch)."""
+
+    def __init__(self, factor: float = 1.0) -> None:
+        self._lock = threading.Lock()
+        self.factor = 1.0
+        self.set_factor(factor)
+
+    def set_factor(self, factor: float) -> None:
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1.0):
+            raise ValueError(f"a device slowdown is {factor!r}; give a number >= 1 (1: this host's speed)")
+        self.factor = float(factor)
+
+    @property
+    def active(self) -> bool:
+        return self.factor > 1.0
+
+    def run(self, work: Callable[[], T]) -> tuple[T, float]:
+        """`work()` and the ms it took on the emulated device (`factor` x its CPU time, or
+        its wall time where that is longer, as when the host is too busy to keep up)."""
+        if not self.active:
+            t = time.perf_counter()
+            out = work()
+            return out, (time.perf_counter() - t) * 1e3
+        with self._lock:
+            t, c = time.perf_counter(), time.thread_time()
+            out = work()
+            device_s = self.factor * (time.thread_time() - c)
+            left = device_s - (time.perf_counter() - t)
+            if left > 0:
+                time.sleep(left)
+            return out, (time.perf_counter() - t) * 1e3
+
+
+class SlowedEngine:
+    """An engine whose runs take the device's time (`SlowDevice.run`); its `stats()` report
+    those times. Everything else is the engine's own."""
+
+    def __init__(self, engine: Any, device: SlowDevice) -> None:
+        self._engine = engine
+        self._device = device
+        self._ms: list[float] = []
+
+    def run(self, inputs: Mapping[str, np.ndarray], **kw: Any) -> dict[str, np.ndarray]:
+        out, ms = self._device.run(lambda: self._engine.run(inputs, **kw))
+        self._ms.append(ms)
+        if len(self._ms) > _WINDOW:
+            del self._ms[: len(self._ms) - _WINDOW]
+        return out
+
+    def stats(self) -> Any:
+        base = self._engine.stats()
+        if not self._device.active:
+            return base
+        ms = list(self._ms)
+        med, p90 = (float(np.median(ms)), float(np.percentile(ms, 90))) if ms else (0.0, 0.0)
+        return replace(base, median_ms=med, p90_ms=p90)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
