@@ -52,7 +52,11 @@ just before it: the delivery record of the last `window_s`, at most `window_samp
 so `up_hold_bps * exp(spread)` is the distribution of the rate the next transfer will
 see, and `up_low_bps` its `low_quantile`: a lower-confidence rate. Errors, not rates,
 are kept because a step moves the level, not the spread: after a step the distribution
-moves with the level instead of mixing both sides of the step for `window_s`.
+moves with the level instead of mixing both sides of the step for `window_s`. The
+samples that built a step (the CUSUM's run) are errors of the old level only until the
+step is detected; from then on their errors are taken against the new level. Left as they
+were, a step from 1 to 8 Mbit/s kept errors of +2 in the window for `window_s`, and the
+distribution's 20th percentile read 8x the new level.
 """
 
 from __future__ import annotations
@@ -209,8 +213,11 @@ class LinkMonitor:
         self._unreachable = 0
         self._levels: collections.deque[tuple[float, float]] = collections.deque()
         """(time, log level) after each change of the level, back to `hold_s` before the latest."""
-        self._errors: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.config.window_samples)
-        """(time, log rate - log level before it) of recent transfers; see [Note: held rate and spread]."""
+        self._errors: collections.deque[tuple[float, float, float]] = collections.deque(
+            maxlen=self.config.window_samples)
+        """(time, log rate - log level before it, log rate) of recent transfers; see [Note: held rate and spread]."""
+        self._step_run = 0
+        """Samples that built the step just detected (0: none)."""
         self._now_s = -math.inf
 
     # -- samples ------------------------------------------------------------------------
@@ -231,7 +238,15 @@ class LinkMonitor:
             # A prediction error of the level; the first sample, and the first after a bound (a
             # ceiling, not a level), predicted nothing.
             err = 0.0 if before is None or bounded else math.log(bps) - before
-            self._errors.append((now_s, err))
+            self._errors.append((now_s, err, math.log(bps)))
+        if step and self._step_run and self._level is not None:
+            # The samples that built a step measured the new level, not an error of the old one:
+            # their errors are taken against the level they revealed.
+            n = min(self._step_run, len(self._errors))
+            for i in range(len(self._errors) - n, len(self._errors)):
+                t, _, x = self._errors[i]
+                self._errors[i] = (t, x - self._level, x)
+        self._step_run = 0
         return step
 
     def _observe_rate(self, bps: float, now_s: float, started_s: float | None) -> bool:
@@ -267,6 +282,7 @@ class LinkMonitor:
         self._run_down = self._run_down + [x] if self._down > 0 else []
         for total, run in ((self._up, self._run_up), (self._down, self._run_down)):
             if total > c.threshold and run:
+                self._step_run = len(run)
                 self._level = statistics.median(run)
                 self._reset_sums()
                 self._last_change_s = now_s
@@ -422,7 +438,7 @@ class LinkMonitor:
             if then is not None and math.exp(then) > up:
                 hold = math.exp(then)
         c = self.config
-        spread = tuple(e for t, e in self._errors if t > now - c.window_s)
+        spread = tuple(e for t, e, _ in self._errors if t > now - c.window_s)
         low = None
         if hold is not None:
             low = quantile([hold * math.exp(e) for e in spread] or [hold], c.low_quantile)

@@ -331,3 +331,22 @@ def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_out
         assert r.link_idle()
         r._unreachable()  # a check that gets no answer starts again from the shortest wait
         assert r._quiet_probes == 0
+
+
+def test_after_a_step_the_spread_is_taken_against_the_new_level():
+    """1 Mbit/s, then 8: the samples that revealed the step are no +2 (log 8) errors of the old
+    level afterwards, so the distribution the policy prices sits around the new level."""
+    mon = LinkMonitor()
+    t = 0.0
+    for _ in range(10):
+        mon.observe_rate(1e6, t)
+        t += 0.3
+    steps = 0
+    for _ in range(5):
+        steps += mon.observe_rate(8e6, t)
+        t += 0.3
+    assert steps == 1
+    est = mon.estimate(t)
+    assert est.up_bps == pytest.approx(8e6)
+    assert max(est.spread) == pytest.approx(0.0, abs=1e-9)  # no error above the new level
+    assert est.up_low_bps == pytest.approx(8e6, rel=0.01)
