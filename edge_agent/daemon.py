@@ -82,7 +82,7 @@ class EdgeAgent:
         self.startup_warning = ""
         self._local_ms = 0.0
         self.host_model_ms = 0.0
-        """The whole model's time with one thread at this host's speed (the device's without its slowdown)."""
+        """The whole model's CPU time on one thread here (the device's time without its slowdown)."""
         self._ready = False
         self._stopping = False
         self._probe_task: asyncio.Task[None] | None = None
@@ -185,7 +185,6 @@ class EdgeAgent:
         self.models = models = ModelSet(path, cache=self.cache, model=cfg.model_name, version=self.version,
                                         intra_op_threads=1 if emulated else cfg.intra_op_threads,
                                         device=SlowDevice(cfg.emulate_slowdown or 1.0))
-        self.host_model_ms = models.local_ms / models.device.factor
         self.image_norm = image_norm(files)
         graph = planning_graph(path, models.graph, files)  # [Note: agent graph sizes]
         if cfg.emulate_device is not None:
@@ -194,8 +193,9 @@ class EdgeAgent:
             profile = reference_profile(cfg.emulate_device, graph)
             self.profile_source = f"emulated {cfg.emulate_device} (roofline estimate)"
             device_ms = profile_model_ms(profile, graph)
-            if device_ms > models.local_ms:
-                models.device.set_factor(device_ms / models.local_ms)
+            self.host_model_ms = time_engine_ms(models.full, clock="thread")
+            if device_ms > self.host_model_ms:
+                models.device.set_factor(device_ms / self.host_model_ms)
                 models.local_ms = time_engine_ms(models.full)
                 logger.info("emulating %s: the model takes %.1f ms with one thread here and %.1f ms on %s (roofline "
                             "estimate); every run on the device is stretched %.1fx", cfg.emulate_device,
@@ -203,8 +203,10 @@ class EdgeAgent:
             else:
                 logger.warning("emulating %s: one thread here takes %.1f ms for the model and the %s estimate is "
                                "%.1f ms; this host is not faster, so the device runs at this host's speed",
-                               cfg.emulate_device, models.local_ms, cfg.emulate_device, device_ms)
+                               cfg.emulate_device, self.host_model_ms, cfg.emulate_device, device_ms)
         else:
+            # a stretch's sleep is no CPU time; unstretched, the wall time measured at load is the host's
+            self.host_model_ms = time_engine_ms(models.full, clock="thread") if emulated else models.local_ms
             prof_path = cfg.device_profile or self.cache.profile_path(cfg.model_name, self.version)
             profile, self.profile_source = load_or_estimate_profile(prof_path, graph, models.full)
         self._local_ms = models.local_ms if self.profile_source == "estimated" else profile_model_ms(profile, graph)

@@ -159,7 +159,8 @@ def measure_profiles(model: onnx.ModelProto, graph: LayerGraph, runs: int, say: 
     cores = max(1, os.cpu_count() or 1)
     try:
         say("      device: one ONNX Runtime thread (the emulated edge)")
-        dev, dev_ms = _measure(model, graph, threads=1, device="edge-1-thread", runs=runs)
+        # The device's run is its CPU time ([Note: time-scaled device]), whatever else the host runs.
+        dev, dev_ms = _measure(model, graph, threads=1, device="edge-1-thread", runs=runs, clock="thread")
         before_cloud()
         say(f"      cloud: {cores} threads (the gateway's workers)")
         cloud, cloud_ms = _measure(model, graph, threads=cores, device=f"cloud-{cores}-threads", runs=runs)
@@ -219,9 +220,11 @@ def reference_ratio(graph: LayerGraph, edge: str = EDGE_DEVICE, cloud: str = CLO
 
 def emulate_device(dev: Profile, dev_ms: float, cloud_ms: float, ref: dict[str, Any], slowdown: float | None,
                    say: Callable[[str], None]) -> tuple[Profile, float, dict[str, Any]]:
-    """The emulated device from the one-thread profile `dev` (the model in `dev_ms`): the
-    profile stretched by `slowdown`, or (None) by the one that makes the device `ref`'s ratio
-    slower than the cloud side (`cloud_ms`); its whole-model ms; and how it was chosen."""
+    """The emulated device from the one-thread profile `dev` and the model's one-thread CPU
+    time `dev_ms`: the device's whole-model time (`slowdown` x `dev_ms`, or (None) `ref`'s
+    ratio times the cloud side's `cloud_ms`), the profile brought to that time, and how the
+    device was made. Its work then takes the slowdown times its CPU time
+    ([Note: time-scaled device] in edge_agent.device), which is the profile's time."""
     if slowdown is None:
         target = ref["ratio"] * cloud_ms
         slowdown = max(1.0, target / max(dev_ms, 1e-6))
@@ -232,8 +235,10 @@ def emulate_device(dev: Profile, dev_ms: float, cloud_ms: float, ref: dict[str, 
     else:
         say(f"      the device: one thread's work stretched {slowdown:.2f}x (--slowdown)")
         source = "--slowdown"
+    device_ms = dev_ms * slowdown
+    total = sum(t.ms for t in dev.layers.values()) + dev.fixed_ms
     emulation = {"one_thread_ms": round(dev_ms, 2), "slowdown": round(slowdown, 3), "slowdown_from": source}
-    return slow_down(dev, slowdown, f"edge-1-thread-x{slowdown:.3g}"), dev_ms * slowdown, emulation
+    return slow_down(dev, device_ms / max(total, 1e-6), f"edge-1-thread-x{slowdown:.3g}"), device_ms, emulation
 
 
 def prepare(name: str, work_dir: str, *, runs: int, slowdown: float | None = None,
@@ -254,7 +259,7 @@ def prepare(name: str, work_dir: str, *, runs: int, slowdown: float | None = Non
     ref = reference_ratio(graph)
     say("[2/6] profiling the device and the cloud side (per-layer times from ONNX Runtime's profiler)")
     dev, cloud, source, dev_ms, cloud_ms = measure_profiles(model, graph, runs, say, before_cloud)
-    say(f"      whole model: one thread {dev_ms:.0f} ms, cloud {cloud_ms:.0f} ms "
+    say(f"      whole model: one thread {dev_ms:.1f} ms of CPU, cloud {cloud_ms:.1f} ms "
         f"(ratio {dev_ms / max(cloud_ms, 1e-6):.2f}x, measured side by side in this run)")
     dev, dev_ms, emulation = emulate_device(dev, dev_ms, cloud_ms, ref, slowdown, say)
     emulation.update(reference=ref, achieved_ratio=round(dev_ms / max(cloud_ms, 1e-6), 2))
