@@ -691,29 +691,48 @@ def test_requests_and_answers_of_plain_arrays_go_as_tensor_frames_and_the_rest_p
         _assert_same(got, obj, name)
 
 
+def _read_one(frame: bytes):
+    """What a caller's end makes of ``frame``: the decoded frame, or why it gave up."""
+    async def main():
+        a, b = socket.socketpair()
+        sender, receiver = _Connection(a, views_until_freed=True), _Connection(b, views_until_freed=True)
+        done = asyncio.get_running_loop().create_future()
+        receiver.read_frames(lambda obj, held: done.done() or done.set_result(obj),
+                             lambda e: done.done() or done.set_result(e))
+        sender.sock.sendall(frame)
+        try:
+            return await done
+        finally:
+            sender.close()
+            receiver.close()
+
+    return _run(main())
+
+
+def _answer_frame(items: list, buffers: list[bytes]) -> bytes:
+    meta = marshal.dumps((7, items))
+    places = b"".join(struct.pack("<QQ", len(x), (1 << 64) - 1) for x in buffers)
+    return struct.pack("<IIII", len(meta), len(buffers), 0, 2) + places + meta + b"".join(buffers)
+
+
 def test_a_tensor_frame_whose_metadata_does_not_match_its_buffers_is_refused():
     # [Note: tensor frames]: a garbled frame closes the connection (the reader's
     # on_lost), never builds arrays from the wrong bytes.
-    from workers._transport.codec import decode_answer, decode_request
-
-    two = marshal.dumps((7, [(("y", "z"), ("<f4", "<f4"), ((2,), (2,)), None)]))
-    got = decode_answer(memoryview(two), [bytearray(8), bytearray(8)])
-    assert got[0] == 7 and list(got[2][0][0]) == ["y", "z"]
-    with pytest.raises(ValueError, match="names more arrays than it carries"):
-        decode_answer(memoryview(two), [bytearray(8)])
-    with pytest.raises(ValueError, match="more buffers than it names"):
-        decode_answer(memoryview(two), [bytearray(8)] * 3)
-    uneven = marshal.dumps((7, [(("y", "z"), ("<f4",), ((2,), (2,)), None)]))
-    with pytest.raises(ValueError, match="differ in number"):
-        decode_answer(memoryview(uneven), [bytearray(8), bytearray(8)])
-    with pytest.raises(TypeError):
-        decode_answer(memoryview(marshal.dumps((7, [(("y",), ("nonsense",), ((2,),), None)]))), [bytearray(8)])
-    with pytest.raises(ValueError):  # 8 bytes are not 3 float32s
-        decode_answer(memoryview(marshal.dumps((7, [(("y",), ("<f4",), ((3,),), None)]))), [bytearray(8)])
-    request = marshal.dumps((1, "m@1@c", [(("x",), ("<f4",), ((2,),))], [None], [0]))
-    assert decode_request(memoryview(request), [bytearray(8)])[1][1][0]["x"].shape == (2,)
-    with pytest.raises(ValueError, match="more buffers than it names"):
-        decode_request(memoryview(request), [bytearray(8), bytearray(8)])
+    two = [(("y", "z"), ("<f4", "<f4"), ((2,), (2,)), None)]
+    got = _read_one(_answer_frame(two, [bytes(8), bytes(8)]))
+    assert got[0] == 7 and list(got[2][0][0]) == ["y", "z"] and got[2][0][0]["z"].shape == (2,)
+    for items, buffers, message in [
+        (two, [bytes(8)], "do not match"),  # fewer buffers than arrays
+        (two, [bytes(8)] * 3, "do not match"),  # more
+        ([(("y",), ("<f4",), ((3,),), None)], [bytes(8)], "do not match"),  # 8 bytes are not 3 float32s
+        ([(("y", "z"), ("<f4",), ((2,), (2,)), None)], [bytes(8)] * 2, "differ in number"),
+        ([(("y",), ("nonsense",), ((2,),), None)], [bytes(8)], ""),  # numpy's TypeError
+        ([(("y",), ("O",), ((1,),), None)], [bytes(8)], "declares 'y' as 'O'"),  # pointers: never
+        ([(("y",), ("<f4",), ((-2,),), None)], [bytes(8)], "declares 'y'"),
+        ([(("y",), ("<f4",), ((2,),), (1.0, 2.0))], [bytes(8)], "no RequestTiming"),
+    ]:
+        got = _read_one(_answer_frame(items, buffers))
+        assert isinstance(got, (ValueError, TypeError)) and message in str(got), (items, got)
 
 
 def _assert_same(got, want, where: str) -> None:

@@ -56,6 +56,21 @@ ARENA_KEEP_BYTES = 32 << 20
 back to the system (a burst of large requests does not stay resident for the
 connection's life)."""
 _ALIGN = 64
+_MAX_MADE = 64
+"""Arrays an arena keeps made over its regions ([Note: arrays made once]); when full, it forgets them all."""
+
+
+def _made_once(made: dict[tuple, np.ndarray], buffer: mmap.mmap, offset: int, dtype: np.dtype,
+               shape: tuple) -> np.ndarray:
+    """The array of ``dtype`` and ``shape`` at ``offset`` of ``buffer``, kept in ``made``
+    by the three ([Note: arrays made once]); a full ``made`` forgets them all."""
+    key = (offset, dtype, shape)
+    array = made.get(key)
+    if array is None:
+        if len(made) >= _MAX_MADE:
+            made.clear()
+        array = made[key] = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
+    return array
 
 
 def arenas_supported() -> bool:
@@ -88,6 +103,10 @@ class Arena:
         self._pinned: dict[int, int] = {}
         """Regions given by :meth:`pin_array`: offset -> bytes; lent until unpinned."""
         self._base = address(self._view)
+        self._made: dict[tuple, np.ndarray] = {}
+        """Arrays made over regions, by (offset, dtype, shape) ([Note: arrays made once])."""
+        self._made_at: dict[int, tuple[np.ndarray, int]] = {}
+        """Arrays made over regions by id, each with its offset (held, so ids stay theirs)."""
 
     @property
     def lent_bytes(self) -> int:
@@ -130,14 +149,35 @@ class Arena:
         return offset
 
     def _array(self, offset: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
-        return np.ndarray(shape, dtype, buffer=self._map, offset=offset)
+        """The array of ``dtype`` and ``shape`` at ``offset``, made once ([Note: arrays made once]).
+
+        [Note: arrays made once]
+        Making an array over a region takes numpy a call or two, and finding where an
+        array lies takes ctypes two; right after an engine run each costs 25-35 us here,
+        against 1.4 us warm. Regions recur (first-fit hands a steady stream of lone
+        requests the same few offsets), so an arena keeps the arrays it made, by offset,
+        dtype and shape, and knows each one's offset by its identity: :meth:`place`
+        gives an engine's output its array with no numpy call once its region has been
+        placed before, and :meth:`take` finds a placed or pinned array's offset by a dict
+        lookup. The worker's end makes a request's arrays over the caller's arena once
+        per region in the same way (:meth:`PeerArena.array`). The arrays hold no memory
+        of their own (the arena's mapping does), and the arena holds each of them, so
+        their ids are not reused while they are known.
+        """
+        array = _made_once(self._made, self._map, offset, dtype, shape)
+        entry = self._made_at.get(id(array))
+        if entry is None or entry[0] is not array:
+            if len(self._made_at) >= _MAX_MADE:
+                self._made_at.clear()
+            self._made_at[id(array)] = (array, offset)
+        return array
 
     def place(self, like: np.ndarray) -> tuple[np.ndarray, int] | None:
         """A region for an array of ``like``'s dtype and shape, to write before sending
         (an engine's output: [Note: outputs placed] in workers/engine.py): the array
         there and its address, or None when it is too small to go through the arena or
-        no region is free. :meth:`put` finds it in place; :meth:`unreserve` frees what no
-        frame carried."""
+        no region is free. :meth:`take` and :meth:`put` find it in place; :meth:`unreserve`
+        frees what no frame carried."""
         nbytes = like.nbytes
         if nbytes < ARENA_MIN_BYTES:
             return None
@@ -148,11 +188,24 @@ class Arena:
         self._reserved[at] = offset
         return self._array(offset, like.dtype, like.shape), at
 
+    def take(self, array: np.ndarray) -> int | None:
+        """The offset of an array that :meth:`place` or :meth:`pin_array` made, when it
+        may go as it lies (placed and not yet sent, or still pinned); None for any other
+        array, which :meth:`put` copies."""
+        entry = self._made_at.get(id(array))
+        if entry is None or entry[0] is not array:
+            return None
+        offset = entry[1]
+        if self._reserved.pop(self._base + offset, None) is not None or offset in self._pinned:
+            return offset
+        return None
+
     def pin_array(self, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
         """A writable array of ``shape`` and ``dtype`` in a region that the caller keeps
         until :meth:`unpin`: it, and arrays that start where it does, go in place however
-        often they are sent ([Note: inputs kept in the arena]). None when it is too small
-        to go through the arena or no region is free."""
+        often they are sent ([Note: inputs kept in the arena]), and :meth:`take` finds it
+        by identity ([Note: arrays made once]). None when it is too small to go through
+        the arena or no region is free."""
         dtype = np.dtype(dtype)
         shape = tuple(int(d) for d in shape)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -213,6 +266,8 @@ class Arena:
 
     def close(self) -> None:
         """Closes the fd; the mapping goes when the last view of it does."""
+        self._made.clear()
+        self._made_at.clear()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -232,6 +287,8 @@ class PeerArena:
         """The mapping, for arrays built on it (``np.ndarray(..., buffer=, offset=)``)."""
         self.base = address(self._view)
         """Where the mapping starts in this process's memory."""
+        self._made: dict[tuple, np.ndarray] = {}
+        """Arrays made over the peer's regions ([Note: arrays made once])."""
 
     def check(self, offset: int, nbytes: int) -> None:
         """Raises ValueError when ``nbytes`` at ``offset`` is not a place in the arena."""
@@ -244,5 +301,17 @@ class PeerArena:
         self.check(offset, nbytes)
         return self._view[offset:offset + nbytes]
 
+    def array(self, offset: int, nbytes: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        """The array at ``offset``, made once per offset, dtype and shape ([Note: arrays
+        made once]), for a receiver that reads regions only until it hands them back,
+        never one whose arrays live on in its callers; raises ValueError when its
+        ``nbytes`` lie outside the arena."""
+        array = self._made.get((offset, dtype, shape))
+        if array is None:
+            self.check(offset, nbytes)
+            array = _made_once(self._made, self._map, offset, dtype, shape)
+        return array
+
     def close(self) -> None:
-        """Nothing to free: the mapping goes when the last view of it does."""
+        """Forgets the arrays it made; the mapping goes when the last view of it does."""
+        self._made.clear()

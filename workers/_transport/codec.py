@@ -19,13 +19,14 @@ scalar) is no tensor frame and is pickled where pickle may go.
 from __future__ import annotations
 
 import marshal
+import math
 from typing import Any
 
 import numpy as np
 
-from workers._pool import RequestTiming
+from workers._pool import RequestTiming, new_timing
 
-__all__ = ["decode_answer", "decode_request", "encode_answer", "encode_request"]
+__all__ = ["answer_layout", "encode_answer", "encode_request", "make_answer", "make_request", "request_layout"]
 
 _DTYPES: dict[str, np.dtype] = {}
 
@@ -96,39 +97,62 @@ def encode_answer(obj: Any) -> tuple[bytes, list] | None:
     return marshal.dumps((obj[0], items)), arrays
 
 
-def _arrays(specs: Any, buffers: Any) -> dict[str, np.ndarray]:
+def _layout(specs: Any, into: list) -> None:
+    """Appends ``(name, dtype, shape, bytes)`` per array of ``specs`` (names, dtype
+    strings, shapes) to ``into``; raises ValueError for what no plain array can be."""
     names, dtypes, shapes = specs
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError("a tensor frame's names, dtypes and shapes differ in number; not a channel frame")
-    out = {}
     for name, dtype, shape in zip(names, dtypes, shapes):
-        buffer = next(buffers, None)
-        if buffer is None:
-            raise ValueError("a tensor frame names more arrays than it carries; not a channel frame")
-        out[name] = np.frombuffer(buffer, _dtype(dtype)).reshape(shape)
-    return out
+        dt = _dtype(dtype) if type(dtype) is str else None
+        if (type(name) is not str or dt is None or dt.hasobject or type(shape) is not tuple
+                or not all(type(d) is int and d >= 0 for d in shape)):
+            raise ValueError(f"a tensor frame declares {name!r} as {dtype!r} {shape!r}; not a channel frame")
+        into.append((name, dt, shape, math.prod(shape) * dt.itemsize))
 
 
-def _check_all_used(buffers: Any) -> None:
-    if next(buffers, None) is not None:
-        raise ValueError("a tensor frame carries more buffers than it names arrays; not a channel frame")
-
-
-def decode_request(meta: memoryview, buffers: list) -> tuple:
-    """The request a tensor frame carries; raises ValueError (or what marshal and numpy
-    raise) for a frame that does not decode as one."""
+def request_layout(meta: memoryview) -> tuple[tuple, list]:
+    """A request frame's metadata: its ``(id, key, deadlines, priorities)`` and, per
+    array in order, ``(name, dtype, shape, bytes)``, so that the reader can make each
+    array where its bytes land ([Note: arrays made once] in workers/_transport/arena.py).
+    Raises ValueError (or what marshal raises) for metadata that is no request's."""
     request_id, key, specs, deadlines, priorities = marshal.loads(meta)
-    it = iter(buffers)
-    request = request_id, (key, [_arrays(s, it) for s in specs], deadlines, priorities)
-    _check_all_used(it)
-    return request
+    layout: list = []
+    for spec in specs:
+        _layout(spec, layout)
+    return (request_id, key, [len(spec[0]) for spec in specs], deadlines, priorities), layout
 
 
-def decode_answer(meta: memoryview, buffers: list) -> tuple:
-    """The answer a tensor frame carries; raises as :func:`decode_request`."""
+def answer_layout(meta: memoryview) -> tuple[tuple, list]:
+    """An answer frame's metadata, as :func:`request_layout` gives a request's."""
     request_id, items = marshal.loads(meta)
-    it = iter(buffers)
-    answer = request_id, True, [(_arrays(item[:3], it), None if item[3] is None else RequestTiming(*item[3]))
-                                for item in items]
-    _check_all_used(it)
-    return answer
+    layout: list = []
+    for item in items:
+        _layout(item[:3], layout)
+        if item[3] is not None and (type(item[3]) is not tuple or len(item[3]) != 4):
+            raise ValueError(f"an answer's timing {item[3]!r} is no RequestTiming; not a channel frame")
+    return (request_id, [(len(item[0]), item[3]) for item in items]), layout
+
+
+def _named(layout: list, arrays: list, start: int, n: int) -> dict[str, np.ndarray]:
+    return {layout[i][0]: arrays[i] for i in range(start, start + n)}
+
+
+def make_request(head: tuple, layout: list, arrays: list) -> tuple:
+    """The request of :func:`request_layout`'s ``head`` with its ``arrays``."""
+    request_id, key, counts, deadlines, priorities = head
+    requests, at = [], 0
+    for n in counts:
+        requests.append(_named(layout, arrays, at, n))
+        at += n
+    return request_id, (key, requests, deadlines, priorities)
+
+
+def make_answer(head: tuple, layout: list, arrays: list) -> tuple:
+    """The answer of :func:`answer_layout`'s ``head`` with its ``arrays``."""
+    request_id, items = head
+    results, at = [], 0
+    for n, timing in items:
+        results.append((_named(layout, arrays, at, n), None if timing is None else new_timing(timing)))
+        at += n
+    return request_id, True, results

@@ -150,15 +150,16 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
         codec = _PICKLE
         buffers: list[pickle.PickleBuffer] = []
         meta = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-        raws = [b.raw() for b in buffers]
     else:
-        meta, arrays = tensors
-        raws = [pickle.PickleBuffer(a).raw() for a in arrays]
+        meta, buffers = tensors
     places = []
     in_frame = []
-    for raw in raws:
-        where = None
-        if arena is not None and raw.nbytes >= ARENA_MIN_BYTES:
+    for b in buffers:
+        # An array placed or pinned in the arena is found by identity ([Note: arrays made
+        # once] in workers/_transport/arena.py); any other buffer is copied there.
+        where = arena.take(b) if arena is not None and codec != _PICKLE else None
+        raw = pickle.PickleBuffer(b).raw() if codec != _PICKLE else b.raw()
+        if where is None and arena is not None and raw.nbytes >= ARENA_MIN_BYTES:
             where = arena.put(raw)
         if where is None:
             in_frame.append(raw)

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from workers._transport.codec import decode_answer, decode_request
+from workers._transport.codec import answer_layout, make_answer, make_request, request_layout
 from workers._transport.framing import (_BUF, _HEAD, _IN_FRAME, _LAST_CODEC, _LEN, _MAX_BUFFERS, _MAX_FRAME_BYTES,
-                                        _PICKLE, _READ_AHEAD_BYTES, _REFUSED, _REQUEST, ChannelRefusedError,
+                                        _ANSWER, _PICKLE, _READ_AHEAD_BYTES, _REFUSED, _REQUEST, ChannelRefusedError,
                                         decode_refusal)
 
 
@@ -171,13 +171,24 @@ class _Reader:
             raise ValueError(f"frame declares {in_frame} buffer bytes (limit {_MAX_FRAME_BYTES}); not a channel frame")
         if n_released:
             self._release_regions(rest[places_end:released_end])
-        self._meta = rest[released_end:]
+        meta = rest[released_end:]
+        codec = self._counts[3]
+        self._layout = None
+        if codec == _REQUEST or codec == _ANSWER:
+            # A tensor frame's metadata comes before its buffers: each array is made
+            # where its bytes land ([Note: arrays made once] in workers/_transport/arena.py).
+            self._head_obj, self._layout = (request_layout if codec == _REQUEST else answer_layout)(meta)
+            if len(self._layout) != n or any(spec[3] != size for spec, (size, _) in zip(self._layout, self._places)):
+                raise ValueError(f"a tensor frame's {n} buffers do not match the arrays its metadata declares; "
+                                 "not a channel frame")
+        self._meta = meta
         self._buffers: list = []
         self._held: list[int] = []
         self._next_buffer()
 
     def _next_buffer(self) -> None:
         """Places the frame's next buffer; once all are in, decodes and hands on the frame."""
+        layout = self._layout
         while len(self._buffers) < len(self._places):
             size, where = self._places[len(self._buffers)]
             if where == _IN_FRAME:
@@ -186,17 +197,30 @@ class _Reader:
                 self._want = memoryview(buffer)
                 self._step = self._next_buffer
                 return
-            if self.peer is None:
+            peer = self.peer
+            if peer is None:
                 raise ValueError("frame places a buffer in an arena, but none was shared; not a channel frame")
             if self._views_until_freed:
                 # The arrays read the region in place; when the last of them is freed,
                 # the region goes back with the next frame (see [Note: channel arena]).
-                buffer = np.frombuffer(self.peer.region(where, size), np.uint8)
+                # Each is made anew, never a view of one made once: numpy makes the first
+                # array that lies over a buffer the base of every view of it, so a
+                # caller's slice keeps this one, and the region, alive.
+                peer.check(where, size)
+                if layout is None:
+                    buffer = np.ndarray((size,), np.uint8, buffer=peer.buffer, offset=where)
+                else:
+                    _, dtype, shape, _ = layout[len(self._buffers)]
+                    buffer = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
                 # A bare weak reference, not weakref.finalize: a third of the cost.
                 ref = weakref.ref(buffer, self._freed)
                 self._watched[id(ref)] = (ref, where)
             else:
-                buffer = self.peer.region(where, size)
+                if layout is None:
+                    buffer = peer.region(where, size)
+                else:
+                    _, dtype, shape, _ = layout[len(self._buffers)]
+                    buffer = peer.array(where, size, dtype, shape)
                 self._held.append(where)
             self._buffers.append(buffer)
         meta, buffers, held, codec = self._meta, self._buffers, self._held, self._counts[3]
@@ -212,5 +236,7 @@ class _Reader:
                 raise refusal  # the whole connection: its owner fails what is in flight with it
             obj = (refusal.request_id, False, refusal)
         else:
-            obj = (decode_request if codec == _REQUEST else decode_answer)(meta, buffers)
+            arrays = [b if type(b) is np.ndarray else np.frombuffer(b, spec[1]).reshape(spec[2])
+                      for b, spec in zip(buffers, layout)]
+            obj = (make_request if codec == _REQUEST else make_answer)(self._head_obj, layout, arrays)
         self._on_frame(obj, held)
