@@ -44,16 +44,35 @@ def _dtype(name: str) -> np.dtype:
     return dt
 
 
+_DTYPE_STRS: dict[int, tuple[np.dtype, str]] = {}
+"""``dtype.str`` by the dtype's id (the dtype kept beside it): the attribute formats the
+string on every call."""
+
+
+def _dtype_str(dt: np.dtype) -> str:
+    entry = _DTYPE_STRS.get(id(dt))
+    if entry is None or entry[0] is not dt:
+        entry = _DTYPE_STRS[id(dt)] = (dt, dt.str)
+    return entry[1]
+
+
 def _describe_arrays(named: Any, arrays: list) -> tuple | None:
     """``named`` (a dict of plain arrays) as (names, dtype strings, shapes), its arrays
-    appended to ``arrays``; None when it is anything else."""
+    appended to ``arrays``; None when it is anything else.
+
+    Loops, not generator expressions: right after an engine run each Python frame costs
+    about ten times its warm time, and a generator is one more frame."""
     if not isinstance(named, dict):
         return None
+    names, dtypes, shapes = [], [], []
     for name, a in named.items():
         if type(name) is not str or not _plain(a):
             return None
+        names.append(name)
+        dtypes.append(_dtype_str(a.dtype))
+        shapes.append(a.shape)
     arrays.extend(named.values())
-    return tuple(named), tuple(a.dtype.str for a in named.values()), tuple(a.shape for a in named.values())
+    return tuple(names), tuple(dtypes), tuple(shapes)
 
 
 def encode_request(obj: Any) -> tuple[bytes, list] | None:
@@ -63,10 +82,14 @@ def encode_request(obj: Any) -> tuple[bytes, list] | None:
         return None
     request_id, (key, requests, deadlines, priorities) = obj
     if (type(key) is not str or type(request_id) is not int or type(requests) is not list
-            or type(deadlines) is not list or type(priorities) is not list
-            or not all(d is None or type(d) is float for d in deadlines)
-            or not all(type(p) is int for p in priorities)):
+            or type(deadlines) is not list or type(priorities) is not list):
         return None
+    for d in deadlines:
+        if d is not None and type(d) is not float:
+            return None
+    for p in priorities:
+        if type(p) is not int:
+            return None
     arrays: list = []
     specs = []
     for inputs in requests:
@@ -105,8 +128,11 @@ def _layout(specs: Any, into: list) -> None:
         raise ValueError("a tensor frame's names, dtypes and shapes differ in number; not a channel frame")
     for name, dtype, shape in zip(names, dtypes, shapes):
         dt = _dtype(dtype) if type(dtype) is str else None
-        if (type(name) is not str or dt is None or dt.hasobject or type(shape) is not tuple
-                or not all(type(d) is int and d >= 0 for d in shape)):
+        ok = type(name) is str and dt is not None and not dt.hasobject and type(shape) is tuple
+        if ok:
+            for d in shape:
+                ok = ok and type(d) is int and d >= 0
+        if not ok:
             raise ValueError(f"a tensor frame declares {name!r} as {dtype!r} {shape!r}; not a channel frame")
         into.append((name, dt, shape, math.prod(shape) * dt.itemsize))
 
@@ -135,7 +161,10 @@ def answer_layout(meta: memoryview) -> tuple[tuple, list]:
 
 
 def _named(layout: list, arrays: list, start: int, n: int) -> dict[str, np.ndarray]:
-    return {layout[i][0]: arrays[i] for i in range(start, start + n)}
+    named = {}
+    for i in range(start, start + n):
+        named[layout[i][0]] = arrays[i]
+    return named
 
 
 def make_request(head: tuple, layout: list, arrays: list) -> tuple:

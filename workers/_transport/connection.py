@@ -143,7 +143,7 @@ class _Connection(_Reader):
         except ChannelRefusedError:
             self._releases.extend(releases)  # they go back with the next frame
             raise
-        self._send_parts([memoryview(p).cast("B") for p in frame])
+        self._send_parts(frame)  # bytes and byte-format views: sendmsg and slicing take them as they are
 
     def send_refusal(self, request_id: int, message: str) -> None:
         """Refuses request ``request_id`` (-1: the whole connection) with ``message``

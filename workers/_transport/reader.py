@@ -165,8 +165,11 @@ class _Reader:
         rest = memoryview(self._rest)
         places_end = _BUF.size * n
         released_end = places_end + _LEN.size * n_released
-        self._places = list(_BUF.iter_unpack(rest[:places_end]))
-        in_frame = sum(size for size, where in self._places if where == _IN_FRAME)
+        self._places = places = list(_BUF.iter_unpack(rest[:places_end]))
+        in_frame = 0
+        for size, where in places:
+            if where == _IN_FRAME:
+                in_frame += size
         if in_frame > _MAX_FRAME_BYTES:
             raise ValueError(f"frame declares {in_frame} buffer bytes (limit {_MAX_FRAME_BYTES}); not a channel frame")
         if n_released:
@@ -177,10 +180,15 @@ class _Reader:
         if codec == _REQUEST or codec == _ANSWER:
             # A tensor frame's metadata comes before its buffers: each array is made
             # where its bytes land ([Note: arrays made once] in workers/_transport/arena.py).
-            self._head_obj, self._layout = (request_layout if codec == _REQUEST else answer_layout)(meta)
-            if len(self._layout) != n or any(spec[3] != size for spec, (size, _) in zip(self._layout, self._places)):
+            self._head_obj, layout = (request_layout if codec == _REQUEST else answer_layout)(meta)
+            ok = len(layout) == n
+            if ok:
+                for spec, place in zip(layout, places):
+                    ok = ok and spec[3] == place[0]
+            if not ok:
                 raise ValueError(f"a tensor frame's {n} buffers do not match the arrays its metadata declares; "
                                  "not a channel frame")
+            self._layout = layout
         self._meta = meta
         self._buffers: list = []
         self._held: list[int] = []
@@ -236,7 +244,8 @@ class _Reader:
                 raise refusal  # the whole connection: its owner fails what is in flight with it
             obj = (refusal.request_id, False, refusal)
         else:
-            arrays = [b if type(b) is np.ndarray else np.frombuffer(b, spec[1]).reshape(spec[2])
-                      for b, spec in zip(buffers, layout)]
-            obj = (make_request if codec == _REQUEST else make_answer)(self._head_obj, layout, arrays)
+            for i, b in enumerate(buffers):
+                if type(b) is not np.ndarray:  # received in the frame
+                    buffers[i] = np.frombuffer(b, layout[i][1]).reshape(layout[i][2])
+            obj = (make_request if codec == _REQUEST else make_answer)(self._head_obj, layout, buffers)
         self._on_frame(obj, held)
