@@ -64,3 +64,30 @@ def test_the_device_profile_takes_the_median_of_its_edge_only_requests() -> None
     assert sum(t.ms for t in scaled.layers.values()) + scaled.fixed_ms == pytest.approx(96.0)
     assert scaled.layers[1].ms == pytest.approx(20.0 * 96.0 / 40.0)  # every layer by one factor
     assert _scaled_to(dev, []) == (dev, None)
+
+
+class _TimedEdge:
+    """An edge whose input codec encodes in `encode_ms` ([Note: codec time on the device])."""
+
+    def __init__(self, encode_ms: dict[str, float]) -> None:
+        self.encode_ms = encode_ms
+
+    def job(self, cand_id: str, precision: str, reps: int) -> dict:
+        return {"rows": [{"encode_ms": self.encode_ms[precision]}] * reps}
+
+
+def test_codecs_are_priced_at_the_devices_speed() -> None:
+    from bench._e2e_run import _codec_on_edge
+    from partitioner import build_graph
+    from partitioner.zoo import load_zoo
+
+    graph = build_graph(load_zoo("squeezenet", random_weights=True, seed=0), name="squeezenet")
+    table = _table(AccuracyEntry("L", "jpeg@90", 1.0, codec_ms=2.0), AccuracyEntry("L", "webp@90", 1.0, codec_ms=5.0),
+                   AccuracyEntry("L0-0", "tiled-jpeg@50", 1.0, codec_ms=6.0), AccuracyEntry("L", "int8", 1.0),
+                   AccuracyEntry("L0-1", "tiled-webp@50", None, reason="not measured"))
+    priced, seen = _codec_on_edge(_TimedEdge({"jpeg@90": 30.0, "webp@90": 1.0}), graph, _CANDS, table, 16.0)
+    assert priced.entry("L", "jpeg@90").codec_ms == 30.0  # an input codec at its time on the edge
+    assert priced.entry("L", "webp@90").codec_ms == 5.0  # never below the table's
+    assert priced.entry("L0-0", "tiled-jpeg@50").codec_ms == 6.0 * 16.0  # a feature map's at the slowdown
+    assert priced.entry("L", "int8").codec_ms == 0.0 and priced.entry("L0-1", "tiled-webp@50").agreement is None
+    assert seen == {"jpeg@90": {"table_ms": 2.0, "edge_ms": 30.0}, "webp@90": {"table_ms": 5.0, "edge_ms": 1.0}}
