@@ -160,6 +160,23 @@ def _engine(seg_model: onnx.ModelProto, name: str, cache_dir: str) -> Engine:
     return Engine(seg_model, replace(_ENGINE, cache_dir=cache_dir), name=name)
 
 
+def _one_thread_cpu_ms(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], cache_dir: str,
+                       runs: int = 3) -> float:
+    """The whole model's median CPU ms with one thread here: the speed the codecs were timed at
+    (`AccuracyTable.host_model_ms`, [Note: codec time on the sender] in planner.accuracy)."""
+    engine = Engine(model, replace(_ENGINE, cache_dir=cache_dir, intra_op_threads=1), name="host speed")
+    try:
+        engine.run(feed, copy=True)
+        times = []
+        for _ in range(runs):
+            t = time.thread_time()
+            engine.run(feed, copy=True)
+            times.append((time.thread_time() - t) * 1e3)
+        return max(float(statistics.median(times)), 1e-3)
+    finally:
+        engine.close()
+
+
 def _measure_cut(splitter: Splitter, cut: Cut, encodings: Sequence[str], feeds: list[dict[str, np.ndarray]],
                  reference: list[dict[str, np.ndarray]], norm: ImageNorm | None, cache_dir: str,
                  bar: Progress) -> list[AccuracyEntry]:
@@ -259,10 +276,14 @@ def measure_accuracy(
     todo = [(c, ks) for c, ks in todo if ks]
     total = sum(len(ks) for _, ks in todo)
     reused = sum(len(ks) for ks in wanted.values()) - total
-    if not total:
+    if not total and table.host_model_ms is not None:
         return CalibrationResult(table, 0, reused)
     new: list[AccuracyEntry] = []
     with tempfile.TemporaryDirectory(prefix="splitinfer-calibrate-") as cache_dir:
+        if table.host_model_ms is None or total:
+            table = replace(table, host_model_ms=_one_thread_cpu_ms(splitter.model, feeds[0], cache_dir))
+        if not total:
+            return CalibrationResult(table, 0, reused)
         whole = _engine(splitter.model, f"{name} fp32", cache_dir)
         reference = [whole.run(f, copy=True) for f in feeds]
         whole.close()

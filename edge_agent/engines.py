@@ -14,8 +14,9 @@ the log), which only decides how much the agent offloads, never correctness.
 and the one model.yaml set (frontier.json carries it). Under a budget the frontier is
 planned on the accuracy.json the gateway ships (`planner.accuracy.AccuracyTable`): the
 configured encodings where their measured agreement meets it, and the lossy codecs the
-table measured at their cuts (planner [Note: accuracy budget]). Without a table only
-lossless plans meet a budget.
+table measured at their cuts (planner [Note: accuracy budget]), their codec times brought
+to this device's speed (planner.accuracy, [Note: codec time on the sender]). Without a
+table only lossless plans meet a budget.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def make_frontier(graph: LayerGraph, device: Profile, files: Mapping[str, bytes]
         return frontier(graph, [device, cloud], rng, obj, encodings=encs)
     budget = max(budgets)
     table = _accuracy_table(files)
+    if table is not None:  # its codec times at this device's speed ([Note: codec time on the sender])
+        table = table.priced_for(profile_model_ms(device, graph))
     logger.info("planning within min_agreement %g (edge.yaml %s, model.yaml %s) on %s", budget, min_agreement,
                 registry_budget, "the gateway's accuracy.json" if table is not None else "no accuracy table")
     return frontier(graph, [device, cloud], rng, obj, encodings=encs, accuracy=table, min_agreement=budget)

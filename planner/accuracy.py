@@ -145,6 +145,10 @@ class AccuracyTable:
     into pixels with, as ``cluster.protocol.lossy.ImageNorm.to_dict()`` (``mean``, ``std``,
     ``scale``, ``layout``); None: each sample's per-channel range was fitted. A sender
     encodes with the same one, so its bytes and agreement are those measured."""
+    host_model_ms: float | None = None
+    """The whole model's CPU ms with one thread on the host that timed the codecs (None: not
+    timed). A slower sender's codecs take longer by the ratio of its model time to this
+    (:meth:`priced_for`, [Note: codec time on the sender])."""
 
     def __post_init__(self) -> None:
         if self.image_norm is not None:
@@ -152,6 +156,10 @@ class AccuracyTable:
                 raise PlannerError(f"the accuracy table of {self.model} has image_norm {self.image_norm!r}; it must "
                                    f"be null or an object of {', '.join(sorted(_NORM_KEYS))}", field="image_norm")
             object.__setattr__(self, "image_norm", dict(self.image_norm))
+        h = self.host_model_ms
+        if h is not None and not (isinstance(h, (int, float)) and not isinstance(h, bool) and 0 < h < float("inf")):
+            raise PlannerError(f"the accuracy table of {self.model} has host_model_ms {h!r}; it must be null or a "
+                               "number of ms > 0; measure it again with splitinfer calibrate", field="host_model_ms")
         seen: set[tuple[str, str]] = set()
         for e in self.entries:
             if (e.cut_id, e.encoding) in seen:
@@ -187,6 +195,23 @@ class AccuracyTable:
         kept = [e for e in self.entries if (e.cut_id, e.encoding) not in keys]
         return replace(self, entries=tuple(kept + new))
 
+    def priced_for(self, sender_model_ms: float) -> AccuracyTable:
+        """This table with every codec's time at the speed of a sender that runs the whole model
+        in `sender_model_ms`; unchanged where the table's host was not timed or is slower.
+
+        [Note: codec time on the sender]
+        The cost model counts a lossy codec's measured encode + decode ms on the sender, and
+        the table times it on the host that calibrates, often a server many times faster than
+        the device. A device's codec is taken to be as many times slower as its model is: a
+        tiled JPEG of SqueezeNet's first layer priced at a server's speed looked cheap to a
+        device 16x slower, and took 187 ms against the fp16 input's 76 ms."""
+        host = self.host_model_ms
+        if host is None or host <= 0 or not sender_model_ms > host:
+            return self
+        k = sender_model_ms / host
+        return replace(self, entries=tuple(replace(e, codec_ms=e.codec_ms * k) if e.codec_ms > 0 else e
+                                           for e in self.entries))
+
     def best(self, cut: Cut | str, min_agreement: float) -> tuple[AccuracyEntry, ...]:
         """The entries of ``cut`` at or above ``min_agreement``, fewest wire bytes first."""
         cid = _cut_id(cut)
@@ -198,7 +223,7 @@ class AccuracyTable:
         return {"schema": ACCURACY_SCHEMA, "model": self.model, "fingerprint": self.fingerprint,
                 "num_samples": self.num_samples, "sample_source": self.sample_source,
                 "image_norm": None if self.image_norm is None else dict(self.image_norm),
-                "entries": [e.to_dict() for e in self.entries]}
+                "host_model_ms": self.host_model_ms, "entries": [e.to_dict() for e in self.entries]}
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -210,7 +235,8 @@ class AccuracyTable:
                                "it again with splitinfer calibrate", field="schema")
         return cls(str(d["model"]), str(d["fingerprint"]), int(d["num_samples"]),
                    tuple(AccuracyEntry.from_dict(e) for e in d.get("entries", ())),
-                   str(d.get("sample_source", "generated")), d.get("image_norm"))
+                   str(d.get("sample_source", "generated")), d.get("image_norm"),
+                   None if d.get("host_model_ms") is None else float(d["host_model_ms"]))
 
     @classmethod
     def from_json(cls, text: str) -> AccuracyTable:

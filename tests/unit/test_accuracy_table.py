@@ -4,6 +4,7 @@ by cut and encoding."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 
 import numpy as np
@@ -70,6 +71,10 @@ def test_second_run_on_the_same_inputs_measures_nothing(conv: str, conv_table) -
     again = measure_accuracy(conv, {"x": images()}, norm=NORM, previous=conv_table.table, show_progress=False)
     assert again.measured == 0 and again.reused == len(conv_table.table.entries)
     assert again.table == conv_table.table
+    assert conv_table.table.host_model_ms > 0  # the speed the codecs were timed at, kept with them
+    untimed = replace(conv_table.table, host_model_ms=None)  # a table stored before it was kept
+    timed = measure_accuracy(conv, {"x": images()}, norm=NORM, previous=untimed, show_progress=False)
+    assert timed.measured == 0 and timed.table.host_model_ms > 0 and timed.table.entries == untimed.entries
 
 
 def test_a_new_encoding_is_the_only_thing_measured(conv: str, conv_table) -> None:
@@ -139,6 +144,8 @@ def test_agreement_reads_by_cut_and_encoding_and_compression_is_lossless() -> No
 def test_table_round_trips_through_json_exactly() -> None:
     t = _table()
     assert AccuracyTable.from_json(t.to_json()) == t
+    timed = replace(t, host_model_ms=3.5)
+    assert AccuracyTable.from_json(timed.to_json()) == timed and json.loads(timed.to_json())["host_model_ms"] == 3.5
     assert json.loads(t.to_json())["schema"] == "splitinfer.accuracy/1"
 
 
@@ -189,3 +196,19 @@ def test_registry_stores_the_table_and_ships_it_to_agents(tmp_path) -> None:
     t = os.path.getmtime(vdir / "accuracy.json")
     os.utime(vdir / "model.onnx", (t + 10, t + 10))
     assert files.accuracy() is None  # older than the model: measured another model
+
+
+def test_a_slower_sender_pays_for_its_codecs_by_its_models_speed() -> None:
+    t = replace(_table(), host_model_ms=4.0)
+    slow = t.priced_for(60.0)  # a device that runs the model 15x slower than the host that timed the codecs
+    assert slow.entry("L", "jpeg@90").codec_ms == pytest.approx(0.4 * 15)
+    assert slow.entry("L", "int8").codec_ms == pytest.approx(0.1 * 15)
+    assert slow.entry("L0-2", "jpeg@90") == t.entry("L0-2", "jpeg@90")  # not applicable: nothing to price
+    assert [e.agreement for e in slow.entries] == [e.agreement for e in t.entries]
+    assert t.priced_for(2.0) is t and _table().priced_for(60.0) == _table()  # a faster sender; an untimed host
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "3", True])
+def test_a_bad_host_model_time_is_refused_with_the_fix(bad: object) -> None:
+    with pytest.raises(PlannerError, match="host_model_ms .* must be null or a number of ms > 0"):
+        replace(_table(), host_model_ms=bad)
