@@ -120,9 +120,28 @@ def encode_answer(obj: Any) -> tuple[bytes, list] | None:
     return marshal.dumps((obj[0], items)), arrays
 
 
+_LAYOUTS: dict[tuple, list] = {}
+""":func:`_layout`'s answer by the specs it was given (a frame's are the same from one
+request to the next); a full cache forgets them all."""
+_MAX_LAYOUTS = 256
+
+
 def _layout(specs: Any, into: list) -> None:
     """Appends ``(name, dtype, shape, bytes)`` per array of ``specs`` (names, dtype
     strings, shapes) to ``into``; raises ValueError for what no plain array can be."""
+    known = _LAYOUTS.get(specs) if type(specs) is tuple else None
+    if known is not None:
+        into.extend(known)
+        return
+    made: list = []
+    _check_layout(specs, made)
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    _LAYOUTS[specs] = made
+    into.extend(made)
+
+
+def _check_layout(specs: Any, into: list) -> None:
     names, dtypes, shapes = specs
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError("a tensor frame's names, dtypes and shapes differ in number; not a channel frame")

@@ -158,8 +158,11 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
         # An array placed or pinned in the arena is found by identity ([Note: arrays made
         # once] in workers/_transport/arena.py); any other buffer is copied there.
         where = arena.take(b) if arena is not None and codec != _PICKLE else None
+        if where is not None:
+            places.append(_BUF.pack(b.nbytes, where))
+            continue
         raw = pickle.PickleBuffer(b).raw() if codec != _PICKLE else b.raw()
-        if where is None and arena is not None and raw.nbytes >= ARENA_MIN_BYTES:
+        if arena is not None and raw.nbytes >= ARENA_MIN_BYTES:
             where = arena.put(raw)
         if where is None:
             in_frame.append(raw)
