@@ -22,7 +22,7 @@ Where each ``[Note: ...]`` of this package is written:
 - codec.py: tensor frames;
 - reader.py: frames in the reader, reading ahead, no read that would block;
 - server.py: answered at once;
-- arena.py: channel arena, inputs kept in the arena.
+- arena.py: channel arena, arrays made once, inputs kept in the arena.
 """
 
 from workers._transport.client import ChannelClient

@@ -13,7 +13,11 @@ workers/_transport/framing.py); it also takes no pickler, no class looked up by 
 no reduction (a transformer answer in a loop: 8.2 / 6.1 us to pickle / unpickle, 3.6 /
 3.0 us this way). Types are checked exactly, since marshal writes any object with a
 buffer, a numpy scalar say, as bytes; anything else (an error, a strided array, a numpy
-scalar) is no tensor frame and is pickled where pickle may go.
+scalar) is no tensor frame and is pickled where pickle may go. The receiver reads the
+metadata before the buffers (:func:`request_layout`, :func:`answer_layout`), so that
+each array is made where its bytes land, and checks a layout (no object dtypes, no
+negative dimensions, sizes that match the buffers) once per distinct set of names,
+dtypes and shapes.
 """
 
 from __future__ import annotations
