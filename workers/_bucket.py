@@ -1,8 +1,7 @@
 """The buffers an engine binds once per batch bucket ([Note: IO binding] in workers/engine.py).
 
 A :class:`Bucket` holds one batch size's input and output arrays and the ``IOBinding``
-to them; a :class:`PreparedRun` is what :meth:`workers.engine.Engine.prepare` hands
-out. The engine owns both and serialises every run on them.
+to them. The engine owns them and serialises every run on them.
 """
 
 from __future__ import annotations
@@ -16,24 +15,13 @@ import onnxruntime as ort
 from workers._address import address
 from workers._engine_types import TensorSpec
 
-__all__ = ["Bucket", "PreparedRun", "address_of", "concrete", "pin_batch"]
-
-
-class PreparedRun:
-    """What a prepared run holds (:meth:`workers.engine.Engine.prepare`), let go of when its engine closes."""
-
-    __slots__ = ("bucket", "binding", "__weakref__")
-
-    def __init__(self, bucket: Bucket, binding: ort.IOBinding) -> None:
-        self.bucket: Bucket | None = bucket
-        self.binding: ort.IOBinding | None = binding
+__all__ = ["Bucket", "address_of", "concrete", "pin_batch"]
 
 
 class Bucket:
     """Pre-allocated, pre-bound buffers for one batch size."""
 
-    __slots__ = ("size", "inputs", "input_values", "outputs", "output_values", "binding", "on_device", "kept",
-                 "described")
+    __slots__ = ("size", "inputs", "input_values", "outputs", "output_values", "binding", "on_device", "kept")
 
     def __init__(self, session: ort.InferenceSession, size: int, inputs: Sequence[TensorSpec],
                  outputs: Sequence[TensorSpec], device: str, device_id: int) -> None:
@@ -62,9 +50,6 @@ class Bucket:
             self.output_values[spec.name] = value
         self.kept: collections.OrderedDict[tuple[int, ...], ort.IOBinding] = collections.OrderedDict()
         """Bindings to memory that requests brought, by its addresses ([Note: bindings kept] in workers/engine.py)."""
-        self.described = (tuple(self.outputs), tuple(a.dtype.str for a in self.outputs.values()),
-                          tuple(a.shape for a in self.outputs.values()))
-        """Its outputs' :attr:`Outputs.described`."""
 
     def push_inputs(self) -> None:
         if self.on_device:

@@ -1,9 +1,9 @@
-"""The values an engine takes and gives: its config, its tensors' specs, its stats, and
-the two dict types that the direct channel and the engine hand each other (the outputs
-of a run, described once per bucket, and a request's inputs as the channel placed them
-in shared memory). Kept apart from workers/engine.py so that the channel
-(workers/_transport/) and the engine share these values without importing each other;
-``workers.engine`` is their public name.
+"""The values an engine takes and gives: its config, its tensors' specs, its stats, the
+dict a run that filled its bucket gives and where a run's outputs may be placed. Kept
+apart from workers/engine.py so that the modules it is built of (workers/_bucket.py,
+workers/_input_check.py, workers/_any_shape.py) and the PyTorch backend
+(workers/_torch_engine.py) share them without importing it; ``workers.engine`` is their
+public name.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from workers._ort import OPT_LEVELS
 from workers.errors import EngineLoadError
 
-__all__ = ["EngineConfig", "EngineStats", "Outputs", "Place", "PlacedInputs", "TensorSpec"]
+__all__ = ["EngineConfig", "EngineStats", "Outputs", "Place", "TensorSpec"]
 
 Place = Callable[[np.ndarray], "tuple[np.ndarray, int] | None"]
 """Where a run's output goes instead of the bucket's buffer ([Note: outputs placed]):
@@ -165,33 +165,8 @@ class EngineStats:
 
 
 class Outputs(dict):
-    """The outputs of a run that filled its bucket: a dict of C-contiguous arrays, and
-    ``described``, their names, dtype strings and shapes as ``(names, dtypes, shapes)``,
-    made once per bucket, so that whoever sends them on need not look at each array
-    again ([Note: answers described in advance] in workers/_transport/codec.py). Not to be
-    changed: ``described`` would then be wrong."""
+    """The outputs of a run that filled its bucket: a dict of C-contiguous arrays, views of
+    the bucket's buffers or of the memory ``place`` gave ([Note: IO binding], [Note: outputs
+    placed] in workers/engine.py)."""
 
-    __slots__ = ("described",)
-
-    described: tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
-
-
-class PlacedInputs(dict):
-    """A request's inputs as the direct channel made them over the memory it shares
-    with the caller (workers/_transport/framing.py, [Note: lone frames]): C-contiguous, aligned
-    arrays, ``addresses[name]`` where each one's data starts, and ``route``, the
-    declaration they were made from, the same object for every request of that route
-    (so that :meth:`Engine.check` checks a route once: [Note: routes checked once]).
-    Not to be changed once made."""
-
-    __slots__ = ("addresses", "route", "outputs", "frame_key")
-
-    addresses: dict[str, int]
-    route: object
-    outputs: dict[str, tuple[np.ndarray, int]] | None
-    """Where the caller asked for the outputs to be written ([Note: outputs written in
-    place]): per output, an array over the caller's memory and its address; None for
-    the engine's own buffers."""
-    frame_key: bytes
-    """The lone frame's route and offsets, where the channel's end prepares requests
-    ([Note: prepared requests] in workers/_transport/framing.py)."""
+    __slots__ = ()

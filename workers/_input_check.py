@@ -15,7 +15,7 @@ import numpy as np
 from workers._engine_types import TensorSpec
 from workers.errors import InputError
 
-__all__ = ["batch_chunks", "check_inputs", "check_written", "describe", "where_prefix"]
+__all__ = ["batch_chunks", "check_inputs", "describe", "where_prefix"]
 
 
 def where_prefix(where: str) -> str:
@@ -26,23 +26,6 @@ def where_prefix(where: str) -> str:
 def describe(value: np.ndarray) -> str:
     """An array's dtype and shape as messages show them: ``float32[1,3,224,224]``."""
     return f"{value.dtype}[{','.join(map(str, value.shape))}]"
-
-
-def check_written(outputs: Mapping[str, tuple[np.ndarray, int]], bucket_outputs: Mapping[str, np.ndarray],
-                  rows: int, *, name: str, where: str) -> None:
-    """Raises :class:`InputError` unless ``outputs`` names every output of a run of
-    ``rows`` rows with its dtype and shape ([Note: outputs written in place] in
-    workers/_transport/framing.py). ``bucket_outputs``: the output buffers of the
-    bucket that a run of ``rows`` rows uses."""
-    expected = {n: ((rows, *buf.shape[1:]), buf.dtype) for n, buf in bucket_outputs.items()}
-    given = {n: (a.shape, a.dtype) for n, (a, _) in outputs.items()}
-    if given != expected:
-        def show(specs: Mapping[str, tuple]) -> str:
-            return ", ".join(f"{n}: {dt} {tuple(shape)}" for n, (shape, dt) in sorted(specs.items()))
-        raise InputError(
-            f"{where_prefix(where)}outputs given for {name} at {rows} rows are {{{show(given)}}}, "
-            f"expected {{{show(expected)}}}; give one array per output of exactly that dtype and shape, "
-            "or none", model=name)
 
 
 def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequence[tuple[TensorSpec, np.dtype]],

@@ -332,10 +332,6 @@ class SegmentStats:
     """Batch size -> number of batches."""
     instances: int = 1
     """Engines that run its batches side by side (see [Note: engine instances] in workers/segment.py)."""
-    prepared: int = 0
-    """Requests served as prepared: bound requests whose frames the worker did not need
-    to decode (see [Note: prepared requests] in workers/_transport/framing.py); counted in
-    ``completed`` and ``failed`` too."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)

@@ -578,10 +578,6 @@ class TorchEngine:
                     result[k] = spot[0]
         return result
 
-    def prepare(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """No prepared runs on this backend: callers fall back to :meth:`run`."""
-        return None
-
     def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]], *,
                   loop_fallback: bool | None = None) -> list[dict[str, np.ndarray]]:
         """Runs requests as one batch (or one by one where batching is unsafe and allowed)."""

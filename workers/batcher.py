@@ -384,22 +384,6 @@ class Batcher:
         self._completed += 1
         return results[0]
 
-    def ran_alone(self, run_s: float, ok: bool) -> None:
-        """Counts a lone request that its owner ran itself, as :meth:`run_now` would
-        have run it (checked by :meth:`can_run_now` and :meth:`takes_priority` first):
-        a batch of one that took ``run_s`` seconds and succeeded or failed
-        ([Note: prepared requests] in workers/_transport/framing.py)."""
-        self._batches_formed += 1
-        self._histogram[1] += 1
-        self._lone_run_s = run_s
-        self._times.observe(None, 1, run_s)
-        self._count_arrival(self._clock(), 1)
-        if ok:
-            self._inline_runs += 1
-            self._completed += 1
-        else:
-            self._failed_batches += 1
-
     def takes_priority(self, priority: int) -> bool:
         """Whether ``priority`` is one of this batcher's levels."""
         return type(priority) is int and 0 <= priority < self._config.num_priority_levels

@@ -34,10 +34,10 @@ that set shapes (``partitioner.shapes.shape_feeding_inputs``); it logs what it s
 
 The buckets' buffers are in workers/_bucket.py, the checks of a request's inputs in
 workers/_input_check.py and [Note: weight sharing] in workers/_weights.py. The config,
-the tensors' specs, the stats and the dicts a run takes and gives (``Outputs``,
-``PlacedInputs``) are in workers/_engine_types.py, which the direct channel
-(workers/_transport/) shares without importing this module; reading a model and the
-default artefact directory are in workers/_model_file.py.
+the tensors' specs, the stats and the dict a run gives (``Outputs``) are in
+workers/_engine_types.py, which those modules and the PyTorch backend share without
+importing this one; reading a model and the default artefact directory are in
+workers/_model_file.py.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,24 +55,22 @@ import onnxruntime as ort
 
 from partitioner.shapes import shape_feeding_inputs
 from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
-from workers._bucket import Bucket, PreparedRun, address_of, pin_batch
-from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, PlacedInputs, TensorSpec
-from workers._input_check import batch_chunks, check_inputs, check_written, describe, where_prefix
+from workers._bucket import Bucket, address_of, pin_batch
+from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, TensorSpec
+from workers._input_check import batch_chunks, check_inputs, describe
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers, wants_torch
 from workers._weights import SharedWeights, acquire_weights
 from workers.coldstart import Artefact, compute_artefact_key, digest_samples, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "Outputs", "Place", "PlacedInputs", "TensorSpec"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "Outputs", "Place", "TensorSpec"]
 
 logger = logging.getLogger(__name__)
 
 _LATENCY_WINDOW = 4096
 _KEPT_BINDINGS = 8
 """Bindings to request memory that each bucket keeps ([Note: bindings kept])."""
-_MAX_CHECKED_ROUTES = 64
-"""Routes whose check an engine keeps ([Note: routes checked once]); when full, it forgets them all."""
 
 
 def _one_bucket(inputs: Sequence[TensorSpec], samples: Mapping[str, np.ndarray] | None = None,
@@ -182,15 +179,11 @@ class Engine:
             self.outputs = tuple(pin_batch(s, self.buckets[0]) for s in self.outputs)
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
-        self._checked_routes: dict[int, tuple[object, int]] = {}
-        """[Note: routes checked once]: id of a route -> (the route, its rows)."""
         device = "cuda" if chosen == "cuda" else "cpu"
         self._buckets = {} if self.any_shape else {
             b: Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
         self._output_names = [s.name for s in self.outputs]
         self._lock = threading.Lock()
-        self._prepared: weakref.WeakSet[PreparedRun] = weakref.WeakSet()
-        """The prepared runs still held by someone ([Note: prepared requests] in workers/_transport/framing.py)."""
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)
         self._run_count = 0
         tw = time.perf_counter()
@@ -296,30 +289,7 @@ class Engine:
         Raises :class:`InputError` naming the input, what was expected and what came.
 
         Messages are only formatted on failure, to keep the hot path lean.
-
-        [Note: routes checked once]
-        Inputs that the direct channel made from a declared route (:class:`PlacedInputs`)
-        have that route's names, dtypes and shapes, every time: so the answer for the
-        route is kept, by its identity, and given again without looking at the arrays.
         """
-        if type(inputs) is PlacedInputs:
-            route = inputs.route
-            hit = self._checked_routes.get(id(route))
-            if hit is not None and hit[0] is route:
-                return hit[1]
-            rows = self._check(inputs, where)
-            if inputs.outputs is not None and self.any_shape:
-                raise InputError(f"{where_prefix(where)}outputs cannot be placed for {self.name}: its outputs' sizes "
-                                 "are known only after the run ([Note: any shape]); give none", model=self.name)
-            if inputs.outputs is not None:
-                check_written(inputs.outputs, self._bucket_for(rows).outputs, rows, name=self.name, where=where)
-            if len(self._checked_routes) >= _MAX_CHECKED_ROUTES:
-                self._checked_routes.clear()
-            self._checked_routes[id(route)] = (route, rows)
-            return rows
-        return self._check(inputs, where)
-
-    def _check(self, inputs: Any, where: str) -> int:
         return check_inputs(inputs, self._input_names, self._input_checks, name=self.name, max_batch=self.max_batch,
                             batch_safe=self.batch_safe, where=where, shape_inputs=self._shape_input_set)
 
@@ -392,16 +362,9 @@ class Engine:
         a new address, 112-216 against 60-213 us, no change above the noise.
         """
         key = []
-        # PlacedInputs: contiguous and aligned where the channel says, and checked
-        # (dtypes among them) by the caller of run ([Note: arrays made once] in workers/_transport/arena.py).
-        addresses = written = None
-        if type(inputs) is PlacedInputs:
-            addresses, written = inputs.addresses, inputs.outputs
         for name, buf in bucket.inputs.items():
             value = inputs[name]
-            if addresses is not None and value.shape == buf.shape and value.dtype == buf.dtype:
-                key.append(addresses[name])
-            elif (value.dtype == buf.dtype and value.shape == buf.shape and value.flags.c_contiguous
+            if (value.dtype == buf.dtype and value.shape == buf.shape and value.flags.c_contiguous
                     and value.flags.aligned):
                 key.append(address_of(value))
             else:
@@ -409,8 +372,7 @@ class Engine:
                 key.append(0)
         placed: dict[str, np.ndarray] = {}
         for name, buf in bucket.outputs.items():
-            # Outputs given were checked against the bucket's by check() ([Note: outputs written in place]).
-            spot = written[name] if written is not None else place(buf) if place is not None else None
+            spot = place(buf) if place is not None else None
             if spot is None:
                 key.append(0)
             else:
@@ -476,51 +438,11 @@ class Engine:
             if rows == bucket.size:
                 out = Outputs(bucket.outputs)
                 out.update(placed)
-                out.described = bucket.described
             else:
                 out = {k: v[:rows] for k, v in bucket.outputs.items()}
             if copy:
                 out = {k: v.copy() for k, v in out.items()}
         return out
-
-    def prepare(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None] | None:
-        """A run of exactly these arrays, bound once: ``inputs`` made by the direct
-        channel (:class:`PlacedInputs`) with all their outputs to be written in place,
-        filling a bucket on the CPU. Each call runs them as :meth:`run` would, writing
-        the outputs where the request asked, without checking or binding anything
-        again ([Note: prepared requests] in workers/_transport/framing.py); it raises
-        :class:`EngineRunError` as :meth:`run` does. None for any other inputs (they
-        run the usual way). Raises :class:`InputError` where :meth:`run` would.
-
-        The binding is the prepared run's own, not one of the bucket's kept ones, which
-        other requests take over and bind elsewhere ([Note: bindings kept]). :meth:`close`
-        lets go of it and of its bucket, so that a prepared run kept after its engine
-        closed (a segment unloaded, its caller gone quiet) holds neither the session nor
-        the buffers.
-        """
-        self._check_open()
-        if type(inputs) is not PlacedInputs or inputs.outputs is None or self.any_shape:
-            return None
-        rows = self.check(inputs)
-        bucket = self._bucket_for(rows)
-        if rows != bucket.size or bucket.on_device:
-            return None
-        binding = self._session.io_binding()
-        for name, buf in bucket.inputs.items():
-            binding.bind_input(name, "cpu", 0, buf.dtype, buf.shape, inputs.addresses[name])
-        for name, buf in bucket.outputs.items():
-            binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, inputs.outputs[name][1])
-        held = PreparedRun(bucket, binding)
-        self._prepared.add(held)
-        lock, execute = self._lock, self._execute
-
-        def run() -> None:
-            with lock:
-                if held.binding is None:
-                    self._check_open()
-                execute(held.bucket, held.binding)
-
-        return run
 
     def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]], *, loop_fallback: bool | None = None) -> list[dict[str, np.ndarray]]:
         """Run many requests as few batches; returns one dict of private arrays per request.
@@ -637,8 +559,6 @@ class Engine:
             self._buckets = {}
             self._session = None  # type: ignore[assignment]
             self._weights = None
-            for held in self._prepared:
-                held.bucket = held.binding = None
 
     def __repr__(self) -> str:
         return f"Engine({self.name!r}, provider={self.provider!r}, buckets={self.buckets}, batch_safe={self.batch_safe})"

@@ -108,7 +108,6 @@ class HostedSegment:
         self.completed = 0
         self.input_errors = 0
         self.failed = 0
-        self.prepared = 0
         self._expected_rps, self._expected_at_s, self._expected_s = -1.0, -float("inf"), 0.0
 
     @property
@@ -178,7 +177,7 @@ class HostedSegment:
             key=self.key, provider=engines[0].provider, batch_safe=engines[0].batch_safe,
             max_batch=self.engine.max_batch, instances=max(1, len(self.instances)),
             requests=self.requests, completed=self.completed, input_errors=self.input_errors,
-            failed=self.failed, prepared=self.prepared, engine_median_ms=busiest.median_ms,
+            failed=self.failed, engine_median_ms=busiest.median_ms,
             batches_formed=b.batches_formed, batch_size_histogram=dict(sorted(b.batch_size_histogram.items())),
         )
 

@@ -260,7 +260,6 @@ def test_a_lone_run_now_predicted_to_end_late_is_refused_and_never_runs():
         b = Batcher(run_batch, BatcherConfig(max_batch_size=2, max_queue_delay_ms=0.0, inline_max_ms=50.0),
                     clock=clock)
         await b.submit(1)  # times a lone run; later lone runs may run now
-        b.ran_alone(0.01, True)
         with pytest.raises(OverloadedError) as info:
             b.run_now(2, deadline_s=clock.now_s + 0.005)
         return info.value, b.run_now(3, deadline_s=clock.now_s + 1.0)

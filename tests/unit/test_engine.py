@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import tracemalloc
 
 import numpy as np
@@ -181,128 +180,6 @@ def test_bindings_to_request_memory_are_kept_by_address_and_reused_only_there(en
     [a, b] = engine.run_batch([{"x": many[1]}, {"x": many[2]}])
     np.testing.assert_allclose(a["y"], reference(many[1]), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(b["y"], reference(many[2]), rtol=1e-4, atol=1e-6)
-
-
-def placed(x: np.ndarray, route: object, outputs: dict | None = None):
-    """What the direct channel makes of a lone request: PlacedInputs."""
-    from workers.engine import PlacedInputs
-
-    inputs = PlacedInputs({"x": x})
-    inputs.route, inputs.addresses, inputs.outputs = route, {"x": x.ctypes.data}, outputs
-    return inputs
-
-
-def test_placed_inputs_are_checked_once_per_route_and_read_where_they_lie(engine, reference, monkeypatch):
-    # [Note: routes checked once]
-    checked: list[int] = []
-    real = engine._check
-    monkeypatch.setattr(engine, "_check", lambda inputs, where: checked.append(1) or real(inputs, where))
-
-    route, wrong = ("x", "<f4"), ("x", "<f8")
-    for seed in range(3):
-        assert engine.check(placed(_x(seed=seed), route)) == 1
-    assert len(checked) == 1
-    for _ in range(2):  # a route that fails is refused every time, never kept
-        with pytest.raises(InputError, match="float64"):
-            engine.check(placed(_x(seed=1).astype(np.float64), wrong))
-    assert len(checked) == 3
-    engine.check({"x": _x(seed=1)})
-    engine.check({"x": _x(seed=1)})
-    assert len(checked) == 5  # plain dicts every time
-    x = _x(seed=5)
-    engine._bucket_for(1).kept.clear()
-    out = engine.run(placed(x, route))["y"]
-    np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-6)
-    assert list(engine._bucket_for(1).kept)[0][0] == x.ctypes.data  # bound where it lies
-
-
-def test_outputs_given_with_placed_inputs_are_written_where_they_lie_and_checked_once(engine, reference):
-    # [Note: outputs written in place]
-    x = _x(seed=8)
-    y = np.full((1, CNN_CLASSES), np.nan, np.float32)
-    out = engine.run(placed(x, ("x", "out y"), {"y": (y, y.ctypes.data)}))
-    assert out["y"] is y  # written there, not into the bucket's buffer
-    np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-6)
-    assert list(engine._bucket_for(1).kept)[-1] == (x.ctypes.data, y.ctypes.data)
-    for bad, shown in ((np.zeros((1, CNN_CLASSES + 1), np.float32), f"(1, {CNN_CLASSES + 1})"),
-                       (np.zeros((1, CNN_CLASSES), np.float64), "float64")):
-        with pytest.raises(InputError, match=r"outputs given for .* expected \{y: float32") as e:
-            engine.check(placed(x, ("x", "bad y", bad.dtype.str, bad.shape), {"y": (bad, bad.ctypes.data)}))
-        assert shown in str(e.value)
-    with pytest.raises(InputError, match=r"outputs given .* are \{\}"):
-        engine.check(placed(x, ("x", "no y"), {}))
-
-
-def test_a_prepared_run_writes_where_its_request_lies_again_and_again_with_its_own_binding(engine, reference,
-                                                                                           monkeypatch):
-    # [Note: prepared requests] in workers/_transport/framing.py
-    x = _x(seed=30)
-    y = np.full((1, CNN_CLASSES), np.nan, np.float32)
-    route = ("x", "prepared y")
-    run = engine.prepare(placed(x, route, {"y": (y, y.ctypes.data)}))
-    assert run is not None
-    kept_before = dict(engine._bucket_for(1).kept)
-    count = engine.stats().run_count
-    bound: list[str] = []
-    monkeypatch.setattr(ort.IOBinding, "bind_input", lambda *a, **k: bound.append("input"))
-    for seed in (31, 32, 33):
-        x[...] = _x(seed=seed)  # the caller writes its input where it lies, and runs it
-        run()
-        np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-6)
-    assert not bound  # bound once, when prepared
-    other_x, other_y = _x(seed=37), np.zeros_like(y)
-    engine.prepare(placed(other_x, route, {"y": (other_y, other_y.ctypes.data)}))
-    assert bound == ["input"]  # what preparing binds is seen here (that binding is never run)
-    assert engine.stats().run_count == count + 3
-    assert dict(engine._bucket_for(1).kept) == kept_before  # none of the kept bindings taken over
-    monkeypatch.undo()
-    # Other requests in between leave it bound where it was.
-    other = np.zeros_like(y)
-    engine.run(placed(_x(seed=34), route, {"y": (other, other.ctypes.data)}))
-    engine.run({"x": _x(seed=35)})
-    run()
-    np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-6)
-    # Only a request of placed inputs with outputs to write, filling a bucket, is prepared.
-    assert engine.prepare({"x": x}) is None
-    assert engine.prepare(placed(x, route)) is None
-    x3, y3 = _x(rows=3, seed=36), np.zeros((3, CNN_CLASSES), np.float32)
-    assert engine.prepare(placed(x3, ("x", "three y"), {"y": (y3, y3.ctypes.data)})) is None
-    with pytest.raises(InputError, match="outputs given"):
-        engine.prepare(placed(x, ("x", "wide y"), {"y": (np.zeros((1, 3), np.float32), 0)}))
-
-
-def test_a_prepared_run_of_a_closed_engine_raises_a_clear_error(cnn_path, cache_dir):
-    engine = Engine(cnn_path, EngineConfig(cache_dir=cache_dir, provider="cpu", intra_op_threads=1))
-    x, y = _x(seed=40), np.zeros((1, CNN_CLASSES), np.float32)
-    run = engine.prepare(placed(x, ("x", "closed y"), {"y": (y, y.ctypes.data)}))
-    [held] = engine._prepared
-    engine.close()
-    assert held.binding is None and held.bucket is None  # the session and buffers are let go of
-    with pytest.raises(EngineRunError, match="is closed"):
-        run()
-    del run, held
-    gc.collect()  # the error's traceback held the run's frame
-    assert not engine._prepared  # forgotten with the last run that held it
-
-
-def test_a_full_bucket_run_describes_its_outputs_once_per_bucket(engine):
-    # [Note: answers described in advance] in workers/_transport/codec.py
-    from workers.engine import Outputs
-
-    nbytes = engine.output_buffer("y", 1).nbytes
-    region = np.zeros(nbytes + 64, np.uint8)[64:]
-    for rows, place in ((1, None), (1, lambda like: _placed(region, like)), (4, None)):
-        out = engine.run({"x": _x(rows=rows, seed=6)}, place=place)
-        assert type(out) is Outputs, rows
-        names, dtypes, shapes = out.described
-        assert names == tuple(out) == ("y",)
-        assert dtypes == tuple(a.dtype.str for a in out.values()) == ("<f4",)
-        assert shapes == tuple(a.shape for a in out.values()) == ((rows, CNN_CLASSES),)
-        assert all(a.flags.c_contiguous for a in out.values())
-        assert out.described is engine.run({"x": _x(rows=rows, seed=7)}).described  # made once per bucket
-    # A part of a bucket, or copies: plain dicts, described by whoever sends them.
-    assert type(engine.run({"x": _x(rows=3, seed=8)})) is dict
-    assert type(engine.run({"x": _x(seed=9)}, copy=True)) is dict
 
 
 def test_copy_returns_private_arrays(engine):
