@@ -63,13 +63,16 @@ many transfers). That gives the option's mean time (`ms`, what the objective com
 its chance of missing the SLO (`miss`: the share of rates at which it would) and a
 pessimistic time (`hi_ms`: all but `hedge_tail` of its times are shorter, the point at
 which the hedge starts the local run; see [Note: hedge]). Under the latency objective,
-with an SLO the local run can meet, the chance and the cost (`cost`, what the objective
-compares) are those of the request with its hedge: no time is later than the local run
-started where the hedge would start it (at once when `hi_ms` is past the local time or
-the last safe moment, else at that moment). Priced without it, a plan whose link dips a
-fifth of the time "missed" a fifth of the SLOs that its hedge meets, and on the LTE trace
-(ResNet50 at an rpi4's speed) the agent stayed local, p50 491 ms, where the cloud-only
-plan with its hedge answered in 308 ms. Local execution is a point: it misses always or
+with an SLO the local run can meet, the chance is that of the request with its hedge: no
+time is later than the local run started where the hedge would start it (at once when
+`hi_ms` is past the local time or the last safe moment, else at that moment). Priced
+without it, a plan whose link dips a fifth of the time "missed" a fifth of the SLOs that
+its hedge meets, and on the LTE trace (ResNet50 at an rpi4's speed) the agent stayed
+local, p50 491 ms, where the cloud-only plan with its hedge answered in 308 ms. The cost
+(`cost`, what the objective compares) stays the plan's own mean time: a hedge that starts
+at once is a local run that also loads the cloud; priced as the hedged request, a busy
+pool's remote plans cost no more than local, and a fleet's fast devices (phones, 72 ms
+locally) kept offloading to the pool that the slow ones need. Local execution is a point: it misses always or
 never. The target is the option with the least chance of a miss, and
 among those within `risk_tie` of it, the cheapest by the objective. With a point estimate
 (no spread) every chance is 0 or 1 and this is rule 1 above.
@@ -415,8 +418,9 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
             times = _hedged(times, hi_ms, health.local_ms, cfg)
         slo = cfg.slo_ms
         miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)
-        # The device idles while it waits; under the latency objective the request's time with its hedge.
-        cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else sum(times) / len(times)
+        # The device idles while it waits; under the latency objective the plan's own mean: a hedge
+        # that starts at once is a local run that also loads the cloud, no reason to offload.
+        cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else ms
         out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss))
     return out
 
