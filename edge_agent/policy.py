@@ -119,11 +119,10 @@ remote time predicted for the request nears the deadline (its pessimistic time
 `Action.hi_ms`, all but `hedge_tail` of its predicted times, is past that moment; and,
 once the plan has three measured answers, the same quantile of them agrees), the local
 run starts at once: waiting for the last safe moment would only make its answer later.
-Under the latency objective, a pessimistic time past the local run's own (started now)
-counts as near too: racing then caps the request at the local time, where waiting for
-the last safe moment would let a dip cost the wait plus the local run (without an SLO, at
-the default 1500 ms remote budget and a 500 ms local run: 875 + 500 ms instead of 500).
-Under the energy objective a race costs a device run, so only the deadline starts one early.
+A race costs the device a run, and a remote time past the local run's own is no reason
+for one: the policy offloads such a plan only where its mean beats local, and racing
+every such request at once ran the device for nearly every request (it failed the
+runner's remote-error, outage and overload tests, the hedge answering first).
 Where the local run cannot land in time even started at once, there is no hedge: the
 remote budget alone decides when to give up on the cloud. The remote call is not
 cancelled: the first valid answer is the request's, the other is dropped and counted
@@ -663,14 +662,11 @@ def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, loca
     latest_ms = deadline_ms - local_ms * (1.0 + config.hedge_margin)
     if latest_ms <= elapsed_ms:
         return math.inf
-    # Under the latency objective a remote time past what the local run would take started now
-    # is as near as one past the deadline's last moment: the race caps the request at local's time.
-    race_ms = latest_ms if config.objective == Objective.ENERGY.value else min(latest_ms, elapsed_ms + local_ms)
-    near = config.hedge_tail > 0 and action.hi_ms >= race_ms
+    near = config.hedge_tail > 0 and action.hi_ms >= latest_ms
     if near and len(record_ms) >= _HEDGE_RECORD:
         # The plan's own recent answers must agree: a prediction alone may be off (a profile's
         # fixed costs, gRPC on a small model), and a race costs the device a run.
-        near = quantile(record_ms, 1.0 - config.hedge_tail) >= race_ms
+        near = quantile(record_ms, 1.0 - config.hedge_tail) >= latest_ms
     return 0.0 if near else (latest_ms - elapsed_ms) / 1e3
 
 
