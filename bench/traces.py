@@ -191,15 +191,11 @@ def pooled_hindsight(rounds: list[dict[str, list[dict[str, Any]]]], sent: list[i
 
 def cpu_ms(engine: Any, runs: int = 3) -> float:
     """Median CPU ms of one run of `engine` on zeros, on this thread (a busy host stretches its
-    wall time, much less its CPU time)."""
-    x = {t.name: np.zeros(t.shape, np.float32) for t in engine.inputs}
-    engine.run(x)
-    times = []
-    for _ in range(runs):
-        c = time.thread_time()
-        engine.run(x)
-        times.append((time.thread_time() - c) * 1e3)
-    return statistics.median(times)
+    wall time, much less its CPU time), after one untimed run."""
+    from edge_agent.engines import time_engine_ms
+
+    time_engine_ms(engine, 1)
+    return time_engine_ms(engine, runs, clock="thread")
 
 
 def as_device(engine: Any, target_ms: float) -> None:
