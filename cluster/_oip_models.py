@@ -33,6 +33,9 @@ TAIL_MARK = ".tail."
 """`NAME.tail.<cut-id>` names the tail of a preloaded cut of NAME."""
 DEFAULT_TIMEOUT_S = 60.0
 """Deadline of an infer request that gives no `timeout` parameter (and, on gRPC, no deadline)."""
+MAX_TIMEOUT_S = 86_400.0
+"""The longest deadline a `timeout` parameter sets; a longer one is held to this (a timeout near
+int64's range, in microseconds, is past any clock's range: the REST door answered it 500)."""
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 """The OIP extensions the doors serve (ServerMetadata / GET /v2)."""
 

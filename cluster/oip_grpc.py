@@ -42,7 +42,7 @@ from typing import Any
 import grpc
 
 from cluster._oip_grpc_tensors import decode_inputs, encode_outputs, parameter
-from cluster._oip_models import DEFAULT_TIMEOUT_S, OipModels, Signature
+from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, OipModels, Signature
 from cluster._oip_pb import oip_pb2 as pb
 from cluster.errors import ProtocolError
 from cluster.protocol import status as _status
@@ -182,7 +182,7 @@ class OipGrpc:
             lv, cut_id = self.models.resolve(name, req.model_version, device_id)
             served = lv.version  # counted from here on: names that resolve are few, client-sent ones are not
             sig = await self._signature(lv, cut_id)
-            timeout_s = DEFAULT_TIMEOUT_S if timeout is None else timeout / 1e6
+            timeout_s = DEFAULT_TIMEOUT_S if timeout is None else min(timeout / 1e6, MAX_TIMEOUT_S)
             request_id = req.id or uuid.uuid4().hex
             native = self.models.to_request(name, lv, cut_id, sig, inputs, request_id=request_id,
                                             deadline_unix_ms=int((time.time() + timeout_s) * 1e3),

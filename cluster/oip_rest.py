@@ -45,7 +45,7 @@ from urllib.parse import unquote
 
 import grpc
 
-from cluster._oip_models import DEFAULT_TIMEOUT_S, TAIL_MARK, WHOLE_MODEL_CUT, OipModels
+from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, TAIL_MARK, WHOLE_MODEL_CUT, OipModels
 from cluster._oip_tensors import decode_body, encode_outputs
 from cluster.errors import (
     ClusterError,
@@ -282,7 +282,7 @@ class OipRest:
             timeout = params.get("timeout")
             if timeout is not None and (type(timeout) is not int or timeout < 0):
                 raise _fail(f"parameter timeout {str(timeout)[:40]} is not a whole number of microseconds >= 0")
-            timeout_s = DEFAULT_TIMEOUT_S if timeout is None else timeout / 1e6
+            timeout_s = DEFAULT_TIMEOUT_S if timeout is None else min(timeout / 1e6, MAX_TIMEOUT_S)
             rid = req.get("id")
             request_id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
             native = self.models.to_request(name, lv, cut_id, sig, inputs, request_id=request_id,
