@@ -196,7 +196,7 @@ class EdgeAgent:
             self.host_model_ms = time_engine_ms(models.full, clock="thread")
             if device_ms > self.host_model_ms:
                 models.device.set_factor(device_ms / self.host_model_ms)
-                models.local_ms = time_engine_ms(models.full)
+                models.local_ms = models.device.factor * self.host_model_ms  # what a stretched run takes
                 logger.info("emulating %s: the model takes %.1f ms with one thread here and %.1f ms on %s (roofline "
                             "estimate); every run on the device is stretched %.1fx", cfg.emulate_device,
                             self.host_model_ms, device_ms, cfg.emulate_device, models.device.factor)
