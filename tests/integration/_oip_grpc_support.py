@@ -54,14 +54,14 @@ class GrpcDoor:
 
 @contextmanager
 def oip_grpc_door(root: str, versions: tuple[str, ...] = ("1",), model_yaml: str = "",
-                  credentials: Any = None) -> Iterator[GrpcDoor]:
-    """Registry m@versions (conv chains, each with its own weights and `model_yaml`; all loaded), a
-    gateway that wants TOKEN, and its gRPC port (TLS with `credentials`) with the native and the
-    OIP services."""
+                  credentials: Any = None, model: onnx.ModelProto | None = None) -> Iterator[GrpcDoor]:
+    """Registry m@versions (conv chains, each with its own weights, or `model`; `model_yaml`; all
+    loaded), a gateway that wants TOKEN, and its gRPC port (TLS with `credentials`) with the native
+    and the OIP services."""
     for i, v in enumerate(versions):
         d = os.path.join(root, "repo", "m", v)
         os.makedirs(d)
-        onnx.save(conv_bn_relu_chain(2, seed=i), os.path.join(d, "model.onnx"))
+        onnx.save(model if model is not None else conv_bn_relu_chain(2, seed=i), os.path.join(d, "model.onnx"))
         if model_yaml:
             with open(os.path.join(d, "model.yaml"), "w") as f:
                 f.write(model_yaml)
