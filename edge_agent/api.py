@@ -44,7 +44,8 @@ _MAX_HEADER_BYTES = 64 << 10
 _MAX_BODY_BYTES = 256 << 20
 _STREAM_WINDOW = 8
 _LINGER_S = 1.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            413: "Payload Too Large",
             417: "Expectation Failed", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
             504: "Gateway Timeout"}
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: methods and header names
@@ -105,16 +106,21 @@ async def _read_line(reader: asyncio.StreamReader, what: str) -> bytes:
                        fix=f"end each {what} line with CRLF, and keep it short") from e
 
 
-async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
-    """The next request's head, None when the app closed the connection between requests."""
+async def _read_request(reader: asyncio.StreamReader, first: bytes) -> _Request | None:
+    """The head of the request that begins with the byte `first`; None when the app closed the
+    connection between requests."""
     lines: list[str] = []
     seen_bytes = 0
     while True:
         try:
-            raw = await _read_line(reader, "header")
+            if first:
+                raw, first = (first if first == b"\n" else first + await _read_line(reader, "header")), b""
+            else:
+                raw = await _read_line(reader, "header")
         except asyncio.IncompleteReadError as e:
-            if lines or e.partial.strip():
-                raise _BadHttp(400, reason=f"the request ended inside its head ({_short(e.partial)})",
+            partial = first + e.partial
+            if lines or partial.strip():
+                raise _BadHttp(400, reason=f"the request ended inside its head ({_short(partial)})",
                                fix="end the request line and headers with an empty line (CRLF CRLF)") from e
             return None
         seen_bytes += len(raw)
@@ -250,9 +256,22 @@ def _status_of(e: BaseException) -> int:
 
 
 class LocalApi:
+    """The local API server.
+
+    [Note: connection timeouts] A keep-alive connection on which no request begins within
+    `idle_timeout_s` is closed without an answer, as no request was made. Once a request's
+    first byte arrives, its head must arrive within `read_timeout_s`, and then its body
+    within `read_timeout_s` again; one that does not is answered 408 and the connection
+    closes. So an app that opens connections and stalls cannot hold the server's
+    connections forever. `/v1/stream` bodies are exempt: a stream's lines come at the
+    app's pace.
+    """
+
     def __init__(self, agent: AgentApi, *, host: str = "127.0.0.1", port: int = 8500,
-                 socket_path: str | None = None, max_inflight: int = 64) -> None:
+                 socket_path: str | None = None, max_inflight: int = 64, idle_timeout_s: float = 60.0,
+                 read_timeout_s: float = 30.0) -> None:
         self.agent = agent
+        self.idle_timeout_s, self.read_timeout_s = idle_timeout_s, read_timeout_s
         self.host, self.port, self.socket_path = host, port, socket_path
         self._server: asyncio.base_events.Server | None = None
         self._sem = asyncio.Semaphore(max_inflight)
@@ -323,8 +342,19 @@ class LocalApi:
         JSON answer naming what was wrong; any other failure is a logged 500 JSON answer.
         Only an app that is gone goes unanswered.
         """
+        try:  # [Note: connection timeouts]
+            async with asyncio.timeout(self.idle_timeout_s):
+                first = await reader.read(1)
+        except TimeoutError:
+            return False
         try:
-            req = await _read_request(reader)
+            try:
+                async with asyncio.timeout(self.read_timeout_s):
+                    req = await _read_request(reader, first)
+            except TimeoutError as e:
+                raise _BadHttp(408, reason=f"the request's head did not arrive within {self.read_timeout_s:g} s "
+                                           "of its first byte",
+                               fix="send the request line and headers at once, ended by an empty line") from e
         except _BadHttp as e:
             await self._answer_error(reader, writer, e.status, e)
             return False
@@ -366,7 +396,14 @@ class LocalApi:
         if req.method == "POST" and req.path == "/v1/stream":
             await self._stream(req, reader, writer)
             return False
-        body = await _read_body(reader, req.body_bytes)
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                body = await _read_body(reader, req.body_bytes)
+        except TimeoutError as e:
+            raise _BadHttp(408, reason=f"the body did not arrive within {self.read_timeout_s:g} s of the head "
+                                       f"({req.body_bytes} bytes were announced)" if req.body_bytes is not None
+                           else f"the chunked body did not end within {self.read_timeout_s:g} s of the head",
+                           fix="send the whole body right after the head") from e
         routes: dict[str, Callable[[], Awaitable[tuple[int, Any, str]]]] = {
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/v1/status": self._status, "/v1/model": self._model,

@@ -79,6 +79,10 @@ class EdgeConfig:
     """Port of the local API (0: the OS picks)."""
     api_socket: str | None = None
     """Unix socket path for the local API instead of host:port."""
+    api_idle_timeout_s: float = 60.0
+    """A local API connection on which no request begins for this long is closed."""
+    api_read_timeout_s: float = 30.0
+    """A local API request's head, and then its body, must arrive within this long; else 408."""
     remote_timeout_ms: float = 2000.0
     """Longest a request waits for the cloud when no `slo_ms` is set."""
     startup_timeout_s: float = 10.0
@@ -181,6 +185,11 @@ _KNOBS = ([n for n in _FIELDS if n not in _SECTIONS]
           + [f"{sec}.{f.name}" for sec, cls in _SECTIONS.items() for f in dataclasses.fields(cls)])
 
 
+_POSITIVE_TIMES = ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s",
+                   "api_idle_timeout_s", "api_read_timeout_s")
+"""Durations that must be > 0; an integer in edge.yaml becomes a float."""
+
+
 def _bad(key: str, value: Any, want: str, fix: str) -> ConfigError:
     return ConfigError(key=key, reason=f"is {value!r}; it must be {want}", fix=fix)
 
@@ -192,7 +201,7 @@ def _check(c: EdgeConfig) -> None:
         raise _bad("model", c.model, "name@version (or a bare name)", "e.g. model: resnet50@1")
     if c.fallback not in FALLBACKS:
         raise _bad("fallback", c.fallback, f"one of {list(FALLBACKS)}", "use 'local' to finish on the device")
-    for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s"):
+    for key in _POSITIVE_TIMES:
         v = getattr(c, key)
         if not (_num(v) and v > 0):
             raise _bad(key, v, "a number > 0", f"remove it to use the default ({_FIELDS[key].default})")
@@ -292,7 +301,7 @@ def config_from_dict(raw: Any, *, path: str = "") -> EdgeConfig:
         if d.get(key) in (None, ""):
             raise ConfigError(key=key, reason="is missing", path=path,
                               fix="e.g. gateway: host:50051" if key == "gateway" else "e.g. model: resnet50@1")
-    for key in ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s"):
+    for key in _POSITIVE_TIMES:
         if isinstance(d.get(key), int) and not isinstance(d.get(key), bool):
             d[key] = float(d[key])
     if isinstance(d.get("encodings"), list):

@@ -131,7 +131,8 @@ class EdgeAgent:
         self.runner = Runner(self.models, self.frontier, self.remote, cfg, local_ms=local_ms,
                              image_norm=self.image_norm)
         self.api = LocalApi(self, host=cfg.api_host, port=cfg.api_port, socket_path=cfg.api_socket,
-                            max_inflight=cfg.max_inflight)
+                            max_inflight=cfg.max_inflight, idle_timeout_s=cfg.api_idle_timeout_s,
+                            read_timeout_s=cfg.api_read_timeout_s)
         await self.api.start()
         if self.artifacts_source == "gateway":
             # Seeds the RTT (the first check also pays the connection set-up, the second does not)
