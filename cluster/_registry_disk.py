@@ -17,6 +17,7 @@ to a cache directory instead (see `VersionFiles.writable_dir`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -494,18 +495,41 @@ class VersionFiles:
                                 f"built at its input_shapes and sample_inputs ({e})",
                                 fix="declare shapes and sample inputs that the model runs on") from e
 
+    def _frontier_digest(self, table: str | None) -> str:
+        """[Note: frontier inputs] frontier.json holds a digest of what it was computed from:
+        model.onnx's size and modification time, the text of model.yaml (input shapes, the
+        frontier settings, the budget), of profiles/*.json and of the accuracy table in use,
+        and the sample inputs file's size and modification time. A frontier whose digest
+        differs is computed again, so changing any of them (not only model.onnx) re-plans."""
+        h = hashlib.sha256()
+        for path, by_content in ((self.model_path, False), (os.path.join(self.path, "model.yaml"), True),
+                                 (table, True),
+                                 (os.path.join(self.path, self.config.sample_inputs)
+                                  if self.config.sample_inputs else None, False)):
+            if path is None or not os.path.isfile(path):
+                h.update(b"-\0")
+            elif by_content:
+                with open(path, "rb") as fh:
+                    h.update(fh.read() + b"\0")
+            else:
+                st = os.stat(path)
+                h.update(f"{st.st_size} {st.st_mtime_ns}\0".encode())
+        for name, text in self.profiles().items():
+            h.update(f"{name}\0{text}\0".encode())
+        return h.hexdigest()
+
     def frontier(self) -> VersionFrontier:
-        """frontier.json if it is newer than model.onnx, else computed and written back."""
+        """frontier.json if it was computed from the files there now, else computed and written back."""
         path = os.path.join(self.path, "frontier.json")
         cached = self._find("frontier.json")
         budget = self.config.min_agreement
         table = self._find("accuracy.json") if budget is not None else None
-        newer_than = max(os.path.getmtime(self.model_path), os.path.getmtime(table) if table else 0.0)
-        if cached and os.path.getmtime(cached) >= newer_than:
+        digest = self._frontier_digest(table)
+        if cached:
             try:
                 with open(cached, encoding="utf-8") as fh:
                     front = VersionFrontier.from_json(fh.read())
-                if front.min_agreement == budget:  # a frontier of another budget is computed again
+                if front.inputs_digest == digest and front.min_agreement == budget:
                     return front
             except (ValueError, KeyError, TypeError) as e:
                 logger.warning("ignoring %s (%s); computing the frontier again", cached, e)
@@ -519,6 +543,7 @@ class VersionFiles:
             raise RegistryError(path=os.path.join(self.path, "profiles"),
                                 reason=f"the frontier could not be computed: {e}",
                                 fix="fix the profiles or remove them to use the default chain cuts") from e
+        front = dataclasses.replace(front, inputs_digest=digest)
         self._write("frontier.json", front.to_json().encode())
         logger.info("%s@%s: frontier (%s) has %d cuts written to %s", self.model, self.version, front.source,
                     len(front.cuts), os.path.dirname(path))

@@ -44,11 +44,14 @@ class VersionFrontier:
     """`planner.Frontier.to_dict()` when source is 'planner', for edge agents."""
     min_agreement: float | None = None
     """The accuracy budget the planner frontier keeps to (model.yaml's), for edge agents."""
+    inputs_digest: str = ""
+    """A digest of what it was computed from ([Note: frontier inputs] in cluster/_registry_disk.py)."""
 
     def to_json(self) -> str:
         return json.dumps({"schema": FRONTIER_SCHEMA, "source": self.source,
                            "cuts": [c.to_dict() for c in self.cuts], "planner": self.planner}
-                          | ({} if self.min_agreement is None else {"min_agreement": self.min_agreement}),
+                          | ({} if self.min_agreement is None else {"min_agreement": self.min_agreement})
+                          | ({"inputs_digest": self.inputs_digest} if self.inputs_digest else {}),
                           sort_keys=True, indent=1)
 
     @classmethod
@@ -57,7 +60,7 @@ class VersionFrontier:
         if d.get("schema") != FRONTIER_SCHEMA:
             raise ValueError(f"schema {d.get('schema')!r} is not {FRONTIER_SCHEMA!r}")
         return cls(d["source"], tuple(CutEntry.from_dict(c) for c in d["cuts"]), d.get("planner"),
-                   d.get("min_agreement"))
+                   d.get("min_agreement"), str(d.get("inputs_digest", "")))
 
     @property
     def cut_ids(self) -> tuple[str, ...]:

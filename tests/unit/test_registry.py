@@ -182,9 +182,35 @@ def test_default_frontier_is_written_and_reused(tmp_path):
     text = open(path).read()
     assert VersionFrontier.from_json(text) == lv.frontier
     assert json.loads(text)["schema"] == "splitinfer.registry-frontier/1"
-    # A second registry reads it back instead of computing it.
-    os.utime(path, (os.path.getmtime(path) + 10,) * 2)
-    assert Registry(root).load("m", "1").frontier == lv.frontier
+    # A second registry reads it back instead of computing it: an edit to it is kept.
+    edited = json.loads(text)
+    edited["cuts"] = edited["cuts"][:1]
+    with open(path, "w") as fh:
+        json.dump(edited, fh)
+    assert Registry(root).load("m", "1").frontier.cut_ids == lv.frontier.cut_ids[:1]
+
+
+def test_a_frontier_is_computed_again_when_model_yaml_changes(tmp_path):
+    # [Note: frontier inputs]: model.onnx is unchanged and older than frontier.json.
+    root = make_repo(tmp_path, versions=("1",), yaml_text="frontier: {default_cut_count: 1}\n")
+    assert len(Registry(root).load("m", "1").frontier.cuts) == 2  # the cloud-only cut and one chain point
+    with open(os.path.join(root, "m", "1", "model.yaml"), "w") as fh:
+        fh.write("frontier: {default_cut_count: 3}\n")
+    assert len(Registry(root).load("m", "1").frontier.cuts) == 4
+
+
+def test_a_frontier_is_computed_again_when_a_profile_changes(tmp_path):
+    root = make_repo(tmp_path, versions=("1",))
+    first = Registry(root).load("m", "1").frontier
+    path = os.path.join(root, "m", "1", "frontier.json")
+    edited = json.loads(open(path).read())
+    edited["cuts"] = edited["cuts"][:1]
+    with open(path, "w") as fh:
+        json.dump(edited, fh)
+    os.makedirs(os.path.join(root, "m", "1", "profiles"))
+    with open(os.path.join(root, "m", "1", "profiles", "notes.json"), "w") as fh:
+        fh.write("{}")
+    assert Registry(root).load("m", "1").frontier.cut_ids == first.cut_ids
 
 
 def test_planner_frontier_when_profiles_exist(tmp_path):
