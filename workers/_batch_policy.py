@@ -37,14 +37,19 @@ max_batch) (a fixed point), waiting Wq = ErlangC(c, a) T(b) / (c - a) (1/b) / 2 
 of c instances (Allen-Cunneen with deterministic runs and Erlang-b spacing), plus the
 batch's fill, timeout (b + 1) / (2 b), plus its longer run, T(b) - T(1). At or past
 capacity there is no steady state, and admission control bounds the queue by the
-deadlines instead: the figure is then the formula at ``_RHO_CAP``, at least the
-instantaneous predicted wait.
+deadlines instead: the figure is then the formula at ``_RHO_CAP``.
+
+The figure is never below the predicted wait: a request arriving now waits at least
+that long, whatever the mean. The arrival rate is the last whole second's, so a burst
+reads the rate before it for up to two seconds while its queue is already long; taking
+the predicted wait only past capacity reported the pre-burst mean there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,8 +182,8 @@ class BatcherLoad:
     def expected_wait_at(arrival_rps: float, run_s: Callable[[int], float | None], *, max_batch_size: int,
                          instances: int, timeout_s: float, predicted_wait_s: float = 0.0) -> float | None:
         """Mean seconds a request spends in a pool receiving ``arrival_rps`` beyond a lone batch's
-        run, where ``run_s(size)`` is a batch's run time; None before any run. Pure; see
-        [Note: expected wait]."""
+        run, where ``run_s(size)`` is a batch's run time, and at least ``predicted_wait_s`` (the
+        wait of a request arriving now); None before any run. Pure; see [Note: expected wait]."""
         one_s, full_s = run_s(1), run_s(max_batch_size)
         if one_s is None or full_s is None or not math.isfinite(arrival_rps) or arrival_rps <= 0:
             return None if one_s is None else max(0.0, predicted_wait_s)
@@ -203,7 +208,7 @@ class BatcherLoad:
             wq_s = erlang_c(instances, erlangs) * at(b) / (instances - erlangs) * (1.0 / b) / 2.0
         fill_s = timeout_s * (b + 1.0) / (2.0 * b)
         expected_s = wq_s + fill_s + max(0.0, at(b) - one_s)
-        return max(expected_s, predicted_wait_s) if arrival_rps >= capacity_rps else expected_s
+        return max(expected_s, predicted_wait_s)
 
 
 @dataclass(eq=False)
@@ -359,12 +364,24 @@ def _predicted_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], b
                       batch_size: int, instances: int) -> float:
     """How long a request arriving behind ``depth`` waiting ones waits for its batch to
     start, with batches of ``batch_size`` taking ``batch_s``, ``instances`` at a time,
-    and ``batch_ends_s`` the predicted ends of the running ones. Pure."""
-    free_in_s = 0.0
-    if len(batch_ends_s) >= instances:
-        free_in_s = max(0.0, min(batch_ends_s) - now_s)
-    rounds = (depth // batch_size) // instances
-    return free_in_s + rounds * batch_s
+    and ``batch_ends_s`` the predicted ends of the running ones. Pure.
+
+    Its batch starts once the ``depth // batch_size`` batches ahead have each taken the
+    instance that frees first (now for an idle one). Counting only the first instance to
+    free plus whole rounds, as if the batches of a partial round all started then,
+    under-reads the wait by up to a batch's run wherever ``instances`` > 1: with two
+    instances busy and one batch queued, the request waits for the farther end, not the
+    nearer. Once the instances free within ``batch_s`` of each other they take batches in
+    turn, so only the batches before that are played out one by one."""
+    ahead = depth // batch_size
+    free = sorted([now_s] * max(0, instances - len(batch_ends_s)) + [max(now_s, e) for e in batch_ends_s])
+    last_s = free[-1]
+    while ahead and last_s - free[0] > batch_s:
+        last_s = max(last_s, free[0] + batch_s)
+        heapq.heapreplace(free, free[0] + batch_s)
+        ahead -= 1
+    free.sort()
+    return free[ahead % instances] + (ahead // instances) * batch_s - now_s
 
 
 def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:

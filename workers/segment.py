@@ -164,10 +164,8 @@ class HostedSegment:
                                            max_batch_size=cfg.max_batch_size, instances=cfg.max_concurrent_batches,
                                            timeout_s=cfg.max_queue_delay_ms / 1e3)
             self._expected_rps, self._expected_at_s, self._expected_s = load.arrival_rps, now_s, wait_s or 0.0
-        wait_s = self._expected_s
-        if load.utilisation >= 1.0:
-            wait_s = max(wait_s, load.predicted_wait_s or 0.0)
-        return load.utilisation, wait_s
+        # At least what a request arriving now waits: the rate read lags a burst.
+        return load.utilisation, max(self._expected_s, load.predicted_wait_s or 0.0)
 
     def stats(self) -> SegmentStats:
         b = self.batcher.stats()

@@ -5,6 +5,7 @@ discarded results; with a fake clock, and once on real ONNX Runtime."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ from workers.batcher import (
     Batcher,
     BatcherConfig,
     BatcherConfigError,
+    BatcherLoad,
     OverloadedError,
     QueueFullError,
     RunTimes,
@@ -101,10 +103,53 @@ def test_predicted_wait_counts_full_batches_per_instance_and_the_running_ones():
     assert _predicted_wait_s(0.0, 3, (), 0.1, 4, 2) == 0.0
     # Both instances busy until 0.05 and 0.2: the first frees at 0.05.
     assert _predicted_wait_s(0.0, 3, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.05)
-    # 8 waiting = two batches of 4 ahead, taken two at a time: one round.
-    assert _predicted_wait_s(0.0, 8, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.15)
+    # 8 waiting = two batches of 4 ahead: both take the instance free at 0.05 (the second
+    # from 0.15), so the request's own batch starts when the other frees at 0.2.
+    assert _predicted_wait_s(0.0, 8, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.2)
     assert _predicted_wait_s(0.0, 16, (), 0.1, 4, 2) == pytest.approx(0.2)
     assert _predicted_wait_s(0.0, 16, (), 0.05, 2, 2) == pytest.approx(0.2)
+
+
+def _simulated_start_s(now_s: float, depth: int, ends_s: tuple[float, ...], batch_s: float, batch_size: int,
+                       instances: int) -> float:
+    """When the batch of a request arriving behind ``depth`` waiting ones starts, by playing the
+    queue out: each batch, in order, takes the instance that frees first."""
+    free = sorted([now_s] * (instances - len(ends_s)) + [max(now_s, e) for e in ends_s])
+    for _ in range(depth // batch_size):
+        heapq.heapreplace(free, free[0] + batch_s)
+    return free[0]
+
+
+def test_predicted_wait_is_when_its_batch_starts_on_the_instance_it_gets():
+    # Two instances busy until 0.01 and 0.04, one full batch waiting: that batch takes the
+    # instance free at 0.01, so the request's own batch starts at 0.04, not 0.01.
+    assert _predicted_wait_s(0.0, 8, (0.01, 0.04), 0.05, 8, 2) == pytest.approx(0.04)
+    # One of three instances idle, two full batches ahead: the idle one, then the one free at 0.02.
+    assert _predicted_wait_s(0.0, 16, (0.02, 0.03), 0.05, 8, 3) == pytest.approx(0.03)
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        instances = int(rng.integers(1, 5))
+        ends = tuple(float(e) for e in rng.uniform(0.0, 0.1, int(rng.integers(0, instances + 1))))
+        size, depth, batch_s = int(rng.integers(1, 9)), int(rng.integers(0, 60)), float(rng.uniform(0.01, 0.1))
+        want = _simulated_start_s(0.0, depth, ends, batch_s, size, instances)
+        assert _predicted_wait_s(0.0, depth, ends, batch_s, size, instances) == pytest.approx(want), \
+            (depth, ends, batch_s, size, instances)
+
+
+def test_the_expected_wait_is_never_below_the_wait_of_a_request_arriving_now():
+    """The rate is the last whole second's: at the start of a burst it still reads the quiet
+    second before, while the queue is already long. The mean at that rate is then no answer
+    for a request arriving now."""
+    rt = RunTimes()
+    rt.observe(1, 0.02)
+    rt.observe(8, 0.06)
+    quiet = BatcherLoad.expected_wait_at(5.0, rt.estimate_s, max_batch_size=8, instances=1, timeout_s=0.002)
+    queued = BatcherLoad.expected_wait_at(5.0, rt.estimate_s, max_batch_size=8, instances=1, timeout_s=0.002,
+                                          predicted_wait_s=0.25)
+    assert quiet < 0.01 and queued == pytest.approx(0.25)
+    # Below a queue's wait the figure is the mean at the rate, as before.
+    assert BatcherLoad.expected_wait_at(5.0, rt.estimate_s, max_batch_size=8, instances=1, timeout_s=0.002,
+                                        predicted_wait_s=0.0) == pytest.approx(quiet)
 
 
 # -- the Batcher with a fake clock ----------------------------------------------------------
