@@ -39,6 +39,21 @@ moved almost no bytes (less their bytes' time): a reconnect or a queue only adds
 delay, as in BBR's min_rtt. Jitter within the dead band never accumulates; a single
 outlier (up to ~e^(threshold+delta)) does not move the level by more than one EWMA step.
 
+[Note: hidden fixed time]
+A call's time is more than its RTT, its bytes and the time the server reports: the
+client's and the server's gRPC stacks, TCP's first window, an emulator's packet clock.
+Read as transfer time, that cost makes small transfers look slow: at an emulated
+18.88 Mbit/s, 16 kB boundaries (7 ms of bytes) took the estimate to 5.85 Mbit/s. The
+part is the intercept of a call's time (past the RTT and the server's time) against its
+bits, fitted by least squares over the transfers of the last `window_s` since the last
+step, when their sizes span `fit_span` (a probe of the smallest plan, a trial, a switch of
+cut); it is subtracted from every later sample, and held while the sizes do not span
+(it belongs to the stack, not to the link). Transfers of a single size cannot tell it
+from their bytes' time. And a sample whose bytes took less than `full_weight_share` of
+its call's time weighs in proportion: its pull on the level and on the step sums is
+scaled by it, so a call that the RTT and the server's time dominate moves the estimate
+little, and a step needs the transfers that carry bytes to show it.
+
 [Note: held rate and spread]
 The level follows the link within a sample or two, dips included: on a cellular link
 the 1-second rate moves 5-10x between its 10th and 90th percentiles, and a plan that
@@ -161,6 +176,15 @@ class MonitorConfig:
     """At most this many recent transfers make the spread."""
     low_quantile: float = 0.2
     """`up_low_bps` is this quantile of the rate distribution (0.2: four transfers in five saw more)."""
+    fit_span: float = 2.0
+    """Transfers whose sizes span this factor (largest / smallest) within `window_s` tell a call's
+    hidden fixed time from its bytes' time (the intercept of time against bytes); see [Note: hidden
+    fixed time]. 0: never fit (only the RTT and the server's reported time are subtracted)."""
+    fit_samples: int = 4
+    """Least transfers in the window for that fit."""
+    full_weight_share: float = 0.5
+    """A transfer whose bytes took at least this share of its call's time is a full sample; one
+    with less weighs in proportion (see [Note: hidden fixed time])."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -182,6 +206,9 @@ class MonitorConfig:
             ("window_s", self.window_s > 0, "> 0"),
             ("window_samples", isinstance(self.window_samples, int) and self.window_samples >= 1, "an integer >= 1"),
             ("low_quantile", 0 < self.low_quantile <= 0.5, "in (0, 0.5]"),
+            ("fit_span", self.fit_span == 0 or self.fit_span > 1, "0 (off) or > 1"),
+            ("fit_samples", isinstance(self.fit_samples, int) and self.fit_samples >= 3, "an integer >= 3"),
+            ("full_weight_share", 0 < self.full_weight_share <= 1, "in (0, 1]"),
         ):
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be {want}")
@@ -218,19 +245,25 @@ class LinkMonitor:
         """(time, log rate - log level before it, log rate) of recent transfers; see [Note: held rate and spread]."""
         self._step_run = 0
         """Samples that built the step just detected (0: none)."""
+        self._sizes: collections.deque[tuple[float, float, float]] = collections.deque(
+            maxlen=self.config.window_samples)
+        """(time, bits, time past the RTT and the server's time in s) of recent transfers, for the fit."""
+        self._hidden_s = 0.0
+        """A call's fixed time beyond the RTT and the server's reported time; see [Note: hidden fixed time]."""
         self._now_s = -math.inf
 
     # -- samples ------------------------------------------------------------------------
 
     def observe_rate(self, bps: float, now_s: float, *, started_s: float | None = None,
-                     spread: bool = True) -> bool:
+                     spread: bool = True, weight: float = 1.0) -> bool:
         """One bandwidth sample (of a transfer that began at `started_s`; None: a fresh one).
-        `spread` False: a bound from below, not a measurement (it joins no spread).
-        Returns True when it completed a step."""
+        `spread` False: a bound from below, not a measurement (it joins no spread). `weight` in
+        (0, 1]: how much of the sample's time its bytes took, which scales its pull on the level
+        (see [Note: hidden fixed time]). Returns True when it completed a step."""
         if not bps > 0 or not math.isfinite(bps):
             return False
         before, bounded, samples = self._level, self._bounded, self._samples
-        step = self._observe_rate(bps, now_s, started_s)
+        step = self._observe_rate(bps, now_s, started_s, min(1.0, max(weight, 0.0)))
         self._seen(now_s)
         if self._level != before:
             self._note_level(now_s)
@@ -249,7 +282,7 @@ class LinkMonitor:
         self._step_run = 0
         return step
 
-    def _observe_rate(self, bps: float, now_s: float, started_s: float | None) -> bool:
+    def _observe_rate(self, bps: float, now_s: float, started_s: float | None, weight: float = 1.0) -> bool:
         x = math.log(bps)
         if (self._bounded and started_s is not None and started_s < self._bound_s
                 and self._level is not None and x > self._level + self.config.delta):
@@ -276,8 +309,8 @@ class LinkMonitor:
                 self._changes += 1
             return up
         dev = x - self._level
-        self._up = max(0.0, self._up + dev - c.delta)
-        self._down = max(0.0, self._down - dev - c.delta)
+        self._up = max(0.0, self._up + weight * dev - c.delta)
+        self._down = max(0.0, self._down - weight * dev - c.delta)
         self._run_up = self._run_up + [x] if self._up > 0 else []
         self._run_down = self._run_down + [x] if self._down > 0 else []
         for total, run in ((self._up, self._run_up), (self._down, self._run_down)):
@@ -288,7 +321,7 @@ class LinkMonitor:
                 self._last_change_s = now_s
                 self._changes += 1
                 return True
-        self._level += c.alpha * dev
+        self._level += c.alpha * weight * dev
         return False
 
     def observe_rtt(self, rtt_ms: float, now_s: float) -> None:
@@ -321,15 +354,40 @@ class LinkMonitor:
             # Almost no bytes at the level's rate: the rest of the network time is an RTT sample.
             self.observe_rtt((net_s - bits / math.exp(self._level)) * 1e3, now_s)
         rtt_s = (self._rtt_ms or 0.0) / 1e3
-        payload_s = net_s - rtt_s
+        self._fit_hidden(bits, net_s - rtt_s, now_s)
+        payload_s = net_s - rtt_s - self._hidden_s
         if payload_s >= c.min_payload_fraction * net_s:
-            return self.observe_rate(bits / payload_s, now_s, started_s=now_s - elapsed_s)
+            # [Note: hidden fixed time] a sample whose bytes took a small share of its time weighs little.
+            return self.observe_rate(bits / payload_s, now_s, started_s=now_s - elapsed_s,
+                                     weight=payload_s / elapsed_s / c.full_weight_share)
         # RTT-dominated: the rate is at least this; only a level below it (or none yet) learns anything.
         floor_bps = bits / (c.min_payload_fraction * net_s)
         if self._level is None or math.log(floor_bps) > self._level:
             return self.observe_rate(floor_bps, now_s, started_s=now_s - elapsed_s, spread=False)
         self._last_sample_s = now_s
         return False
+
+    def _fit_hidden(self, bits: float, past_rtt_s: float, now_s: float) -> None:
+        """Refits the hidden fixed time from the recent transfers' time against their bits, when
+        their sizes span `fit_span`; see [Note: hidden fixed time]."""
+        c = self.config
+        if past_rtt_s <= 0 or bits <= 0:
+            return
+        self._sizes.append((now_s, bits, past_rtt_s))
+        if c.fit_span == 0:
+            return
+        since_s = max(now_s - c.window_s, self._last_change_s if self._last_change_s is not None else -math.inf)
+        pts = [(b, t) for when, b, t in self._sizes if when >= since_s]  # one link: none from before a step
+        if len(pts) < c.fit_samples or max(b for b, _ in pts) < c.fit_span * min(b for b, _ in pts):
+            return
+        mb = statistics.fmean(b for b, _ in pts)
+        mt = statistics.fmean(t for _, t in pts)
+        var = sum((b - mb) ** 2 for b, _ in pts)
+        slope = sum((b - mb) * (t - mt) for b, t in pts) / var
+        if slope <= 0:
+            return  # the rate moved more than the sizes did: the fit says nothing
+        # At most most of the quickest transfer's time: each transfer's bytes took some of it.
+        self._hidden_s = min(max(0.0, mt - slope * mb), 0.9 * min(t for _, t in pts))
 
     def observe_timeout(self, up_bytes: int, elapsed_s: float, now_s: float) -> bool:
         """A call that timed out or failed after `elapsed_s` with `up_bytes` sent: the rate was lower."""
@@ -359,8 +417,8 @@ class LinkMonitor:
         return self._observe_ceiling(8.0 * up_bytes / payload_s, now_s)
 
     def _fixed_s(self) -> float:
-        """A call's time besides its bytes: one RTT and the server's usual time."""
-        return ((self._rtt_ms or 0.0) + (self._server_ms or 0.0)) / 1e3
+        """A call's time besides its bytes: one RTT, the server's usual time and the hidden fixed time."""
+        return ((self._rtt_ms or 0.0) + (self._server_ms or 0.0)) / 1e3 + self._hidden_s
 
     def _observe_ceiling(self, ceiling_bps: float, now_s: float) -> bool:
         """An upper bound on the rate; see [Note: link estimation]."""
@@ -467,4 +525,4 @@ class LinkMonitor:
         if not rates:
             return None
         rate = quantile(rates, 1.0 - within)
-        return 8.0 * (up_bytes + down_bytes / self.down_ratio) / rate + (self._rtt_ms or 0.0) / 1e3
+        return 8.0 * (up_bytes + down_bytes / self.down_ratio) / rate + (self._rtt_ms or 0.0) / 1e3 + self._hidden_s
