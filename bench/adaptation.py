@@ -13,11 +13,9 @@ timeline (adaptation.png, adaptation_fast.png):
 * fast: a 10 fps run (`--fast-model`, `--fast-slowdown`) where local execution takes
   less than the 100 ms between frames, so 10 fps is sustainable through the outage.
 
-The device is emulated as docs/architecture.md ("Measuring") allows: its engines run on one
-thread and every local engine run is followed by a sleep of (slowdown - 1) times its
-own duration, so the device is `slowdown` times slower than one core of this machine;
-its profile is the FLOPs estimate calibrated to that. The cloud profile
-(profiles/cloud.json) is calibrated to the gateway's own measured time.
+The device is emulated as the demo does (see [Note: device emulation]); its profile is the
+FLOPs estimate calibrated to it. The cloud profile (profiles/cloud.json) is calibrated to
+the gateway's own measured time.
 
 [Note: why not ResNet50 at 10 fps]
 Offloading ResNet50 only beats running it on the device when the device is slow: its
@@ -29,14 +27,15 @@ at 10 fps the app would queue 8 more every second, and the latencies would measu
 queue, not the agent. So the main run streams at 80 % of the rate this device sustains
 locally, and the fast run shows 10 fps with a model and device where it is sustainable.
 
-[Note: sleep basis]
-The sleep follows each run's own CPU time (`time.thread_time`: ONNX Runtime with one
-intra-op thread runs on the calling thread), not its wall time. With the wall time, a
-run that the shared host descheduled for 100 ms (other jobs, or the in-process gateway
-and emulator, which stand for the cloud and the network, not the device) sleeps 300 ms
-more, so host contention reaches the latencies 4x, and the requests behind it queue
-for it (`--sleep-basis wall` emulates so). With the CPU time contention
-still counts, once, as the run's own wall time.
+[Note: device emulation]
+The device is `edge_agent.device.SlowDevice` ([Note: time-scaled device] there): its
+engines run on one thread, and each piece of its work (an engine run, an encode of the
+boundary) takes `slowdown` times the CPU time it took here (`time.thread_time`: ONNX
+Runtime with one intra-op thread runs on the calling thread), one piece at a time, as on
+a device with one core: a hedge's local run and a local request wait for each other. CPU
+time, not wall time, is stretched: a run the shared host descheduled (other jobs, or the
+in-process gateway and emulator, which stand for the cloud and the network, not the
+device) counts that delay once, as its own wall time, not `slowdown` times.
 
 [Note: local baseline]
 "Local latency" is measured in the same run: after the trace, the same app stream (same
@@ -45,7 +44,7 @@ offloading off (`Runner.offload_enabled`: no probes, no checks, every request on
 whole local model). The outage answers are compared with it (`outage_readings`); the
 target "local latency + 100 ms at the worst" reads as outage max - baseline max. Each
 request also records where its time went (`breakdown`: waiting for an engine thread,
-the engine's CPU time, wall time and emulated sleep, the time from the run's end to
+the engine's CPU time, wall time and the rest of it (the device's stretch and its queue), the time from the run's end to
 the answer, the agent's link work and policy evaluations overlapping it, event-loop lag
 and collector pauses), summarised per phase in `where_outage_time_goes` and
 `where_baseline_time_goes`.
@@ -102,25 +101,6 @@ def _setup_registry(root: str, model_name: str, slowdown: float) -> tuple[str, s
     with open(dev_path, "w") as fh:
         fh.write(estimate_profile(graph, one_ms * slowdown).to_json())
     return path, dev_path, cloud_ms, one_ms
-
-
-def _slow_down(engine: Any, factor: float, basis: str = "cpu") -> None:
-    """Emulates a slower device: each run is followed by (factor - 1) times its own CPU time of
-    sleep (basis 'cpu'), or of its wall time (basis 'wall'); see [Note: sleep basis]."""
-    from bench._adaptation_trace import TLS
-
-    run = engine.run
-
-    def slowed(inputs: Any, *, copy: bool = False) -> Any:
-        t, c = time.perf_counter(), time.thread_time()
-        out = run(inputs, copy=copy)
-        run_s, cpu_s = time.perf_counter() - t, time.thread_time() - c
-        sleep_s = (factor - 1.0) * (cpu_s if basis == "cpu" else run_s)
-        time.sleep(sleep_s)
-        TLS.parts = (run_s * 1e3, cpu_s * 1e3, sleep_s * 1e3)
-        return out
-
-    engine.run = slowed
 
 
 def _outage_readings(outage: dict[str, Any] | None, base_lat: list[float], engine_ms: float) -> dict[str, Any]:
@@ -227,9 +207,8 @@ async def _run(args: argparse.Namespace, root: str, model: str, fps: float, slow
     await agent.start()
     runner = agent.runner
     assert runner is not None and agent.models is not None
-    engines = [agent.models.full] + [e for c in agent.models.cuts.values() for e in (c.head, c.tail) if e is not None]
-    for e in engines:
-        _slow_down(e, slowdown, args.sleep_basis)
+    # One core, each piece of work `slowdown` x its CPU time ([Note: time-scaled device] in edge_agent.device).
+    agent.models.device.set_factor(slowdown)
     names = {id(agent.models.full): "full"}
     for c in agent.models.cuts.values():
         names.update({id(c.head): f"head:{c.cut_id}", id(c.tail): f"tail:{c.cut_id}"})
@@ -325,10 +304,8 @@ async def _run(args: argparse.Namespace, root: str, model: str, fps: float, slow
         "trace": "demo.csv" + (" (1/3 time)" if args.quick else ""),
         "emulated_device": {"slowdown": slowdown, "single_thread_model_ms": one_ms,
                             "profile_model_ms": one_ms * slowdown,
-                            "sleep_basis": args.sleep_basis,
-                            "note": f"local engines run on one thread, each run followed by (slowdown - 1) x its "
-                                    f"{'CPU time' if args.sleep_basis == 'cpu' else 'wall time'} of sleep; see "
-                                    "[Note: sleep basis]"},
+                            "note": "edge_agent.device.SlowDevice: one core, each engine run and encode takes "
+                                    "slowdown x its CPU time, one at a time; see [Note: device emulation]"},
         "cloud_model_ms": cloud_ms,
         "requests": i, "answered": sum(n for k, n in answers.items() if k.startswith("req")),
         "errors": len(errors), "error_samples": errors[:5],
@@ -450,9 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-slowdown", type=float, default=2.0)
     p.add_argument("--remote-timeout-ms", type=float, default=1500.0)
     p.add_argument("--encodings", default="fp32,fp16,int8", help="boundary encodings the agent may plan with")
-    p.add_argument("--sleep-basis", choices=("cpu", "wall"), default="cpu",
-                   help="the emulated device sleeps (slowdown - 1) x each run's CPU time, or its wall time; "
-                        "see [Note: sleep basis]")
     p.add_argument("--quick", action="store_true", help="replay the trace 3x faster")
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)

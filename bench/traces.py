@@ -41,12 +41,14 @@ whole-model time is that device's roofline time for the model (ResNet50 on an rp
 14x the 36 ms CPU time that one core of this host takes; real phones and Raspberry Pis are
 10-30x slower than a server core at ResNet50), and the device profile the agent plans with
 says so. At that speed offloading beats local on good stretches of an LTE trace (a 150 kB
-int8 input at 8 Mbit/s is 150 ms on the link) and not on a 1 Mbit/s UMTS one. Each run of a
-local engine (the whole model, a cut's head or its tail) takes its share of that time, by its
-CPU time here, as wall time: the run, then a sleep for the rest. The host is shared (2 cores,
-other jobs), so a run stretched by its load would otherwise pass for the device's own
-slowness; only a run slower than its share on a very busy host takes longer. `--slowdown S`
-sets the device's time to S times one single-thread run's CPU time here instead. The frame
+int8 input at 8 Mbit/s is 150 ms on the link) and not on a 1 Mbit/s UMTS one. The device is
+`edge_agent.device.SlowDevice`, as in the demo: one core, on which each piece of the device's
+work (a run of the whole model, a cut's head or its tail, an encode of the boundary) takes
+the slowdown (device time / one run's CPU time here) times its own CPU time, one piece at a
+time; a hedge's local run and a local request wait for each other as they would on the
+device. CPU time, not wall time, is stretched, so the load of the shared host (2 cores,
+other jobs) does not pass for the device's slowness; only a run slower than its share on a
+very busy host takes longer. `--slowdown S` sets the device's time to S times one single-thread run's CPU time here instead. The frame
 rate and the SLO derive from the device's time, not from a timing on the shared host: fps is
 80 % of 1 / device time, the SLO twice the device time (local meets it; the question is
 whether the link beats it). The cloud profile is the least of seven timings of the cloud's
@@ -60,6 +62,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import json
 import logging
 import math
@@ -88,6 +91,25 @@ def _fast_link(rtt_ms: float) -> Any:
     return LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, rtt_ms)
 
 logger = logging.getLogger("bench.traces")
+
+_DECISION: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("decision", default=None)
+"""The record of the request whose task is running: the runner's decision for it goes there."""
+
+
+def _record_decisions(runner: Any) -> None:
+    """Each request's record gets its decision: the plan, the predicted and pessimistic times and
+    the predicted chance of a miss (what the tail's requests were expected to take)."""
+    decide = runner.decide
+
+    def recorded(now_s: float) -> Any:
+        action = decide(now_s)
+        rec = _DECISION.get()
+        if rec is not None and "plan" not in rec:
+            rec.update(plan=action.plan_key, predicted_ms=action.predicted_ms, hi_ms=action.hi_ms,
+                       miss=action.miss, trial=action.trial)
+        return action
+
+    runner.decide = recorded
 
 
 def default_trace_dir() -> Path:
@@ -198,30 +220,6 @@ def cpu_ms(engine: Any, runs: int = 3) -> float:
     return time_engine_ms(engine, runs, clock="thread")
 
 
-def as_device(engine: Any, target_ms: float) -> None:
-    """Each run of `engine` takes `target_ms` of wall time (the run, then a sleep for the rest; a
-    run slower than that, on a busy host, takes its own time), and its stats report those times
-    (the runner times a hedged local run by `stats().median_ms`). See [Note: emulated device]."""
-    import dataclasses
-
-    run, stats = engine.run, engine.stats
-    times: collections.deque[float] = collections.deque(maxlen=64)
-
-    def timed(inputs: Any, *, copy: bool = False) -> Any:
-        t = time.perf_counter()
-        out = run(inputs, copy=copy)
-        time.sleep(max(0.0, target_ms / 1e3 - (time.perf_counter() - t)))
-        times.append((time.perf_counter() - t) * 1e3)
-        return out
-
-    def device_stats() -> Any:
-        st = stats()
-        return dataclasses.replace(st, median_ms=statistics.median(times), p90_ms=float(np.percentile(times, 90))) \
-            if times else st
-
-    engine.run, engine.stats = timed, device_stats
-
-
 async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: float, pin: str | None,
                 local_ms: float, executor: concurrent.futures.Executor, grace_s: float, rtt_ms: float,
                 tag: str = "") -> dict[str, Any]:
@@ -235,6 +233,7 @@ async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: flo
         runner.unusable_cuts = {k for k in agent.models.cuts if k != pin}
         runner.local_ms = math.inf
     agent.runner = runner
+    _record_decisions(runner)
     name = agent.models.input_names[0]
     x = np.random.default_rng(0).standard_normal(tuple(agent.models.full.inputs[0].shape)).astype(np.float32)
     records: list[dict[str, Any]] = []
@@ -249,16 +248,18 @@ async def _turn(agent: Any, emu: Any, strategy: str, *, fps: float, seconds: flo
 
     async def one(i: int) -> None:
         rid = f"{strategy}{tag}-{i}"
+        decision: dict[str, Any] = {}
+        _DECISION.set(decision)
         try:
             a = await agent.infer({name: x}, rid)
         except Exception as e:  # noqa: BLE001 - an error is an answer (counted), not a lost request
             answers[rid] += 1
             records.append({"index": i, "sent_s": i / fps, "latency_ms": (time.monotonic() - t0 - i / fps) * 1e3,
-                            "served_by": f"error: {type(e).__name__}", "cut_id": ""})
+                            "served_by": f"error: {type(e).__name__}", "cut_id": ""} | decision)
             return
         answers[a["id"]] += 1
         records.append({"index": i, "sent_s": i / fps, "latency_ms": a["latency_ms"], "served_by": a["served_by"],
-                        "cut_id": a["cut_id"]})
+                        "cut_id": a["cut_id"]} | decision)
 
     async def sample() -> None:
         while True:
@@ -326,10 +327,9 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
         assert agent.models is not None and agent.runner is not None
         policy_local_ms = agent.runner.local_ms  # the device profile's whole-model time, as the policy sees it
         agent.runner.close()  # each turn gets a fresh runner on the shared executor
-        engines = [agent.models.full] + [e for c in agent.models.cuts.values() for e in (c.head, c.tail) if e]
-        full_cpu_ms = cpu_ms(agent.models.full)
-        for e in engines:  # each part of the model takes its share of the device's time, by its CPU time here
-            as_device(e, device_ms * min(1.0, cpu_ms(e) / full_cpu_ms) if e is not agent.models.full else device_ms)
+        # Every engine run (the whole model, a cut's head or tail) takes the device's time: one core,
+        # slowdown x its CPU time here ([Note: time-scaled device] in edge_agent.device).
+        agent.models.device.set_factor(max(1.0, device_ms / cpu_ms(agent.models.full)))
         local_ms = time_engine_ms(agent.models.full, 3)
         agent.models.local_ms = local_ms
         fps = args.fps or math.floor(0.8 * 1e3 / device_ms * 10) / 10
@@ -372,7 +372,10 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
         "timeline": {"rate_mbps": rate_per_second(trace_up, seconds),
                      "ours_plans": [r["plans"] for r in runs["ours"]],
                      "latency_ms": {s: [(x["sent_s"], x["latency_ms"], x["served_by"]) for r in runs[s] for x in r["records"]]
-                                    for s in runs}},
+                                    for s in runs},
+                     "ours_requests": [[{k: x.get(k) for k in ("index", "latency_ms", "served_by", "plan", "predicted_ms",
+                                                                 "hi_ms", "miss", "trial")} for x in r["records"]]
+                                       for r in runs["ours"]]},
     }
 
 
