@@ -14,6 +14,11 @@ them; later methods run only for the tensors the earlier ones left unknown:
    output: on the sample inputs (``inputs=``), or on random ones when every input dim
    is fixed and no integer input feeds a shape (random values there are no shape).
 
+Inside If, Loop and Scan subgraphs, where ONNX inference leaves values without a shape
+(it carries none into a Loop body, nor through a Pad or Reshape of computed sizes in a
+branch), ORT's symbolic inference of the whole model is used for the subgraphs' shapes
+when it leaves fewer unknown (`_with_subgraph_shapes`): their FLOPs come from them.
+
 Input dims the user fixes (``input_shapes=``, or the shapes of ``inputs=``) are written
 into the model's graph inputs first; a symbol fixed in one input is fixed wherever it
 appears. Methods 2 and 3 import onnxruntime, inside the functions that use it: the
@@ -292,7 +297,13 @@ def _onnx_types(model: onnx.ModelProto, name: str) -> dict[str, tuple[int, Shape
 
 
 def _symbolic_types(model: onnx.ModelProto, name: str) -> dict[str, tuple[int, Shape]]:
-    """ORT's symbolic shape inference, keeping what it found even where it stops early.
+    sym = _symbolic_model(model, name)
+    return {} if sym is None else _read(sym)
+
+
+def _symbolic_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto | None:
+    """ORT's symbolic shape inference's copy of ``model``, with what it found even where it
+    stopped early; None where it found nothing.
 
     Its public ``infer_shapes`` writes a model file into the working directory when it
     stops early, so its loop is run here; a version without these methods adds nothing.
@@ -304,16 +315,44 @@ def _symbolic_types(model: onnx.ModelProto, name: str) -> dict[str, tuple[int, S
 
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         if opset < 7:
-            return {}
+            return None
         sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
         sym._preprocess(model)
-        while sym.run_:
-            sym._infer_impl()
+        try:
+            while sym.run_:
+                sym._infer_impl()
+        except Exception as e:  # noqa: BLE001 - it raises plain Exceptions and asserts on ops it does not know
+            log.debug("symbolic shape inference of %s stopped: %s", name, e)
         sym._update_output_from_vi()
-        return _read(sym.out_mp_)
-    except Exception as e:  # noqa: BLE001 - it raises plain Exceptions and asserts on ops it does not know
-        log.debug("symbolic shape inference of %s stopped: %s", name, e)
-        return {}
+        return sym.out_mp_
+    except Exception as e:  # noqa: BLE001 - as above, before it has a model to give
+        log.debug("symbolic shape inference of %s failed: %s", name, e)
+        return None
+
+
+def _unshaped(graph: onnx.GraphProto, symbols: frozenset[str]) -> int:
+    """Values made inside ``graph``'s subgraphs (at any depth) with no full shape there
+    (sizes, or expressions over the model's input ``symbols``)."""
+    count = 0
+    for node in graph.node:
+        for g in subgraphs(node):
+            shaped = {vi.name for vi in [*g.value_info, *g.output] if _full(_dims(vi), symbols)}
+            count += sum(1 for n in g.node for o in n.output if o and o not in shaped) + _unshaped(g, symbols)
+    return count
+
+
+def _with_subgraph_shapes(typed: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """``typed``, or ORT symbolic inference's copy of it where that leaves fewer values inside
+    subgraphs without a shape: FLOPs of If, Loop and Scan come from the shapes their
+    subgraphs carry ([Note: control-flow FLOPs] in partitioner/flops.py), and ONNX
+    inference does not carry a shape through a Reshape or Pad of computed sizes there
+    (Silero VAD: every Conv of both branches of its top-level If)."""
+    syms = _input_symbols(typed)
+    before = _unshaped(typed.graph, syms)
+    if not before:
+        return typed
+    sym = _symbolic_model(typed, name)
+    return sym if sym is not None and _unshaped(sym.graph, syms) < before else typed
 
 
 def _recorded_types(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str],
@@ -567,6 +606,7 @@ def infer_types(
             for n, t in merged.items():
                 if _full(t, syms) or not _full(types.get(n), syms):
                     types[n] = _better(types.get(n), t)
+    typed = _with_subgraph_shapes(typed, name)
     unknown = tuple(n for n in wanted if not _full(types.get(n), syms))
     if unknown:
         log.info("%s: %d tensors of unknown shape after inference (first: %s); --input-shape or --inputs "

@@ -7,8 +7,9 @@ without arithmetic count 0. An op this table does not know returns None, never r
 
 [Note: control-flow FLOPs]
 An ``If``, ``Loop`` or ``Scan`` node costs what its subgraphs run, counted node by node
-with the shapes the subgraph itself carries (its value_info after shape inference, its
-inputs and outputs), falling back to the enclosing scopes for names it reads from them:
+with the shapes the subgraph itself carries (its value_info after shape inference, ONNX's
+or ORT's symbolic where that knows more, its inputs and outputs), falling back to the
+enclosing scopes for names it reads from them:
 
 - ``If``: the larger branch, since either may run;
 - ``Loop``: the body times the trip count ``M`` when ``M`` is a constant (an initializer

@@ -88,6 +88,43 @@ def if_model(*, computed_cond: bool = True) -> onnx.ModelProto:
     return _model(nodes, inputs, [helper.make_tensor_value_info("prob", F, ["N", D])], inits, "vad_if")
 
 
+# ---------------------------------------------------------------- If with computed padding
+PAD_CHANNELS, PAD_OUT, PAD_K = 4, 8, 3
+
+
+def padded_if_model() -> onnx.ModelProto:
+    """x [N, 4, L]; if sum(x) > 0: pad the last axis by L // 2 on each side (the pads
+    computed from x's shape), then Conv; else Conv. ONNX shape inference loses the padded
+    shape inside the branch (as in Silero VAD's front end); ORT's symbolic inference
+    carries it. Per sample at L = 16: then 2 * 8 * 4 * 3 * 30 + 1 (the Div), else
+    2 * 8 * 4 * 3 * 14."""
+    then_g = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Gather", ["s", "two"], ["len"], axis=0),
+            helper.make_node("Div", ["len", "two"], ["half"]),
+            helper.make_node("Unsqueeze", ["half", "axis0"], ["half1"]),
+            helper.make_node("Concat", ["zeros2", "half1", "zeros2", "half1"], ["pads"], axis=0),
+            helper.make_node("Pad", ["x", "pads"], ["xp"]),
+            helper.make_node("Conv", ["xp", "Wc"], ["y_then"]),
+        ],
+        "then", [], [helper.make_tensor_value_info("y_then", F, ["N", PAD_OUT, "Lt"])],
+        initializer=[numpy_helper.from_array(np.array(2, np.int64), "two"),
+                     numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+                     numpy_helper.from_array(np.zeros(2, np.int64), "zeros2")],
+    )
+    else_g = helper.make_graph([helper.make_node("Conv", ["x", "Wc"], ["y_else"])], "else", [],
+                               [helper.make_tensor_value_info("y_else", F, ["N", PAD_OUT, "Le"])])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="sum"),
+        helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
+        helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+    ]
+    inits = [_w("Wc", (PAD_OUT, PAD_CHANNELS, PAD_K), 7), numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, ["N", PAD_CHANNELS, "L"])],
+                  [helper.make_tensor_value_info("y", F, ["N", PAD_OUT, "Ly"])], inits, "padded_if")
+
+
 # ---------------------------------------------------------------- Loop
 LOOP_TRIPS = 3
 LOOP_BODY_FLOPS = 2 * D * D + 4 * D

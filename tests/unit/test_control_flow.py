@@ -145,7 +145,6 @@ def test_loop_trip_count_from_a_constant_node(as_tensor: bool) -> None:
     "model",
     [
         pytest.param(lambda: cf.loop_model(static_trips=False), id="trip-count-is-an-input"),
-        pytest.param(lambda: cf.loop_model(body_shapes=False), id="body-shapes-unknown"),
         pytest.param(lambda: cf.loop_model(trips=2**62), id="until-cond-idiom"),
     ],
 )
@@ -153,6 +152,26 @@ def test_loop_flops_are_unknown_when_they_cannot_be_told(model) -> None:
     g = build_graph(model())
     assert g.layers[_layer(g, "loop")].flops is None
     assert g.layers[_layer(g, "enc")].flops == 2 * D * D
+
+
+def test_a_loop_body_that_declares_no_shapes_gets_them_from_symbolic_inference() -> None:
+    # ONNX inference does not carry shapes into a Loop body; ORT's symbolic inference does.
+    g = build_graph(cf.loop_model(body_shapes=False))
+    assert g.layers[_layer(g, "loop")].flops == cf.LOOP_TRIPS * cf.LOOP_BODY_FLOPS + D
+
+
+def test_if_flops_through_a_pad_of_computed_size_inside_a_branch() -> None:
+    model = cf.padded_if_model()
+    length = 16
+    x = np.random.default_rng(0).standard_normal((1, cf.PAD_CHANNELS, length)).astype(np.float32)
+    g = build_graph(model, inputs={"x": x})
+    conv = 2 * cf.PAD_OUT * cf.PAD_CHANNELS * cf.PAD_K
+    then_flops = conv * (length + 2 * (length // 2) - cf.PAD_K + 1) + 1
+    else_flops = conv * (length - cf.PAD_K + 1)
+    assert g.layers[_layer(g, "branch")].flops == max(then_flops, else_flops) == 5761
+    # With the length symbolic, the padded length is an expression, and the count unknown (never 0).
+    assert build_graph(model).layers[_layer(build_graph(model), "branch")].flops is None
+    _verify_cuts(model, g, [{"x": x}, {"x": -x}], seeds=0)
 
 
 def test_loop_segments_equal_the_model() -> None:
