@@ -19,8 +19,8 @@ import numpy as np
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
 
-__all__ = ["DEFAULT_POOL_START_TIMEOUT_S", "PRIORITY_LEVELS", "LocalPool", "LocalPoolFactory", "Pool", "PoolFactory",
-           "PoolKey", "PoolResult", "bucket_sizes"]
+__all__ = ["DEFAULT_POOL_START_TIMEOUT_S", "PRIORITY_LEVELS", "AnswerLoad", "LocalPool", "LocalPoolFactory", "Pool",
+           "PoolFactory", "PoolKey", "PoolResult", "bucket_sizes"]
 
 PRIORITY_LEVELS = 4
 """Priority levels of a pool's batcher: a request's priority is clamped to 0..3."""
@@ -83,6 +83,82 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out) + (max_batch,)
+
+
+class AnswerLoad:
+    """The load of a pool whose batchers run in its workers (a Ray pool), read from the
+    gateway's own requests and their answers, with no call of its own: the arrivals per
+    second, the batches' run times by size (each batch timed once, by the answer marked
+    first in it) and an EWMA of the time each answer spent beyond a lone batch's run.
+    Time is passed in.
+
+    ``expected_load`` means what the in-process pool's means
+    (workers.segment.HostedSegment.expected_load, [Note: expected wait] in
+    workers/_batch_policy.py): utilisation is the arrivals over the full-batch capacity of
+    every replica's instances; the expected wait is the batch queue of one replica at its
+    share of the arrivals (least-loaded routing spreads them evenly), and never below the
+    recent answers' own wait, which stands where the in-process pool has its predicted
+    wait: the gateway does not see the workers' queues, but past capacity the answers wait
+    what those queues hold.
+    """
+
+    def __init__(self, *, max_batch_size: int, replicas: int, instances: int, timeout_s: float,
+                 alpha: float = 0.2) -> None:
+        from workers.batcher import ArrivalRate, RunTimes
+
+        self.max_batch_size, self.replicas, self.instances = max_batch_size, replicas, max(1, instances)
+        self.timeout_s = timeout_s
+        self.alpha = alpha
+        self.run_times = RunTimes()
+        self.in_flight = 0
+        """Requests sent and not yet answered."""
+        self._arrivals = ArrivalRate()
+        self._beyond_s: float | None = None
+        self._cached: tuple[float, float, float] = (-1.0, -float("inf"), 0.0)
+
+    def arrived(self, now_s: float) -> None:
+        self._arrivals.count(now_s)
+        self.in_flight += 1
+
+    def answered(self, result: PoolResult, first_in_batch: bool) -> None:
+        """Counts an answer (``result.queue_s``: all but its batch's run, on the gateway's clock)."""
+        self.in_flight -= 1
+        if first_in_batch:
+            self.run_times.observe(result.batch_size, result.compute_s)
+        one_s = self.run_times.estimate_s(1)
+        if one_s is None:
+            return
+        beyond_s = max(0.0, result.queue_s + result.compute_s - one_s)
+        prev = self._beyond_s
+        self._beyond_s = beyond_s if prev is None else prev + self.alpha * (beyond_s - prev)
+
+    def failed(self) -> None:
+        self.in_flight -= 1
+
+    def arrival_rps(self, now_s: float) -> float:
+        self._arrivals.count(now_s, 0)
+        return self._arrivals.rps
+
+    def capacity_rps(self) -> float | None:
+        """Requests per second at full batches on every replica's instances; None before a batch was timed."""
+        full_s = self.run_times.estimate_s(self.max_batch_size)
+        return None if not full_s else self.max_batch_size * self.instances * self.replicas / full_s
+
+    def expected_load(self, now_s: float) -> tuple[float, float] | None:
+        """(utilisation, expected wait s); None before a batch was timed."""
+        from workers.batcher import BatcherLoad
+
+        capacity = self.capacity_rps()
+        if capacity is None:
+            return None
+        rate = self.arrival_rps(now_s)
+        rps, at_s, wait_s = self._cached
+        if rate != rps or now_s - at_s >= 1.0:  # the formula iterates; the rate changes once a second
+            wait_s = BatcherLoad.expected_wait_at(rate / self.replicas, self.run_times.estimate_s,
+                                                  max_batch_size=self.max_batch_size, instances=self.instances,
+                                                  timeout_s=self.timeout_s) or 0.0
+            self._cached = (rate, now_s, wait_s)
+        return rate / capacity, max(wait_s, self._beyond_s or 0.0)
 
 
 class LocalPool:

@@ -30,7 +30,7 @@ except ImportError as e:  # pragma: no cover - the base (edge) install has no Ra
         "--ray-address local-noray to serve tails in-process"
     ) from e
 
-from cluster._pools import DEFAULT_POOL_START_TIMEOUT_S, PRIORITY_LEVELS, PoolKey, PoolResult, bucket_sizes
+from cluster._pools import DEFAULT_POOL_START_TIMEOUT_S, PRIORITY_LEVELS, AnswerLoad, PoolKey, PoolResult, bucket_sizes
 from cluster.errors import Unavailable
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
@@ -176,22 +176,44 @@ class RayPool:
             self.pool.shutdown()
             raise Unavailable(reason=f"the Ray workers of {key} did not start ({type(e).__name__}: {str(e)[:300]})") from e
         self.batches = 0
+        self.answers = AnswerLoad(max_batch_size=config.max_batch_size, replicas=config.replicas,
+                                  instances=config.instances, timeout_s=config.max_queue_delay_ms / 1e3)
+        """The pool's load as its answers show it: the answers' load keys (`expected_load`)."""
 
     async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
         deadline_unix_ms = None
         if deadline_s is not None:
             deadline_unix_ms = (time.time() + (deadline_s - time.monotonic())) * 1e3
         t0 = time.monotonic()
-        out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
-                                                  priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
+        self.answers.arrived(t0)
+        try:
+            out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
+                                                      priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
+        except BaseException:
+            self.answers.failed()
+            raise
         total_s = time.monotonic() - t0
         if timing is None:  # a worker that does not report timings: all of it counts as compute
-            return PoolResult(out, 0.0, total_s, 1)
+            result = PoolResult(out, 0.0, total_s, 1)
+            self.answers.answered(result, False)
+            return result
         if timing.first_in_batch and self._metrics is not None:
             self._metrics.observe_batch(timing.batch_size)
         # Everything but the batch's run is waiting: the caller-side batcher, the actor
         # call's transport and the worker's queue (the worker's share is timing.queue_s).
-        return PoolResult(out, max(0.0, total_s - timing.compute_s), timing.compute_s, timing.batch_size)
+        result = PoolResult(out, max(0.0, total_s - timing.compute_s), timing.compute_s, timing.batch_size)
+        self.answers.answered(result, timing.first_in_batch)
+        return result
+
+    def expected_load(self) -> tuple[float, float] | None:
+        """(utilisation, expected wait s) now, from the answers (:class:`cluster._pools.AnswerLoad`)."""
+        return self.answers.expected_load(time.monotonic())
+
+    def load(self) -> tuple[int, float | None, float | None, int, float | None]:
+        """(requests in the pool, predicted wait s, capacity req/s, discarded results, arrivals req/s) now.
+        The workers' batchers predict waits and count discards; the gateway sees neither (None, 0)."""
+        a = self.answers
+        return a.in_flight, None, a.capacity_rps(), 0, a.arrival_rps(time.monotonic())
 
     async def close(self) -> None:
         await self.pool.aclose()

@@ -59,7 +59,7 @@ from planner.queueing import erlang_c
 from workers._batcher_config import BatcherConfig
 from workers.errors import BatcherConfigError
 
-__all__ = ["BatcherLoad", "RunTimes", "ShapeRunTimes"]
+__all__ = ["ArrivalRate", "BatcherLoad", "RunTimes", "ShapeRunTimes"]
 
 _RHO_CAP = 0.99
 """Utilisation at which the expected wait stops rising ([Note: expected wait])."""
@@ -116,6 +116,27 @@ class RunTimes:
 
     def as_dict(self) -> dict[int, float]:
         return dict(sorted(self._s.items()))
+
+
+class ArrivalRate:
+    """Arrivals per second over the last whole second, time passed in: the rate of a window
+    of at least a second, read when the next one starts; a window of two seconds or more
+    with nothing read in between reads 0 (the arrivals it counted are that old)."""
+
+    __slots__ = ("rps", "_start_s", "_count")
+
+    def __init__(self) -> None:
+        self.rps = 0.0
+        self._start_s = float("-inf")
+        self._count = 0
+
+    def count(self, now_s: float, n: int = 1) -> None:
+        """Counts ``n`` arrivals at ``now_s`` (0: only brings the window up to ``now_s``)."""
+        if now_s - self._start_s >= 1.0:
+            elapsed_s = now_s - self._start_s
+            self.rps = self._count / elapsed_s if elapsed_s < 2.0 else 0.0
+            self._start_s, self._count = now_s, 0
+        self._count += n
 
 
 class ShapeRunTimes:

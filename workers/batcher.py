@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from workers._batch_policy import (
+    ArrivalRate,
     BatcherLoad,
     RunTimes,
     ShapeRunTimes,
@@ -55,6 +56,7 @@ from workers.errors import (
 )
 
 __all__ = [
+    "ArrivalRate",
     "BatchSizeMismatchError",
     "Batcher",
     "BatcherClosedError",
@@ -142,9 +144,7 @@ class Batcher:
         self._times = ShapeRunTimes(_MAX_SHAPE_TIMES)
         self.run_times = self._times.overall
         """Batch run time by size, over every shape ([Note: deadline-aware batching])."""
-        self._window_start_s = float("-inf")
-        self._window_arrivals = 0
-        self._arrival_rps = 0.0
+        self._arrivals = ArrivalRate()
         self._recent_refusals: collections.deque[float] = collections.deque()
         """When the refusals for load of the last second happened (the retry-after hint)."""
         self._batch_ends: dict[asyncio.Task[None], float] = {}
@@ -175,18 +175,10 @@ class Batcher:
         full_s = self.run_times.estimate_s(cfg.max_batch_size)
         capacity = None if not full_s else cfg.max_batch_size * cfg.max_concurrent_batches / full_s
         now_s = self._clock()
-        self._count_arrival(now_s, 0)
+        self._arrivals.count(now_s, 0)
         return BatcherLoad(queue_depth=self._depth, running_batches=len(self._batch_tasks),
                            predicted_wait_s=self.predicted_wait_s(now_s), batch_run_s=full_s, capacity_rps=capacity,
-                           arrival_rps=self._arrival_rps)
-
-    def _count_arrival(self, now_s: float, n: int) -> None:
-        """Counts ``n`` arrivals in whole-second windows; a window with no arrival reads 0."""
-        if now_s - self._window_start_s >= 1.0:
-            elapsed_s = now_s - self._window_start_s
-            self._arrival_rps = self._window_arrivals / elapsed_s if elapsed_s < 2.0 else 0.0
-            self._window_start_s, self._window_arrivals = now_s, 0
-        self._window_arrivals += n
+                           arrival_rps=self._arrivals.rps)
 
     def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None) -> float | None:
         """How long a request arriving now would wait for its batch to start: what is
@@ -420,7 +412,7 @@ class Batcher:
                 value=repr(shape_key),
             ) from e
         now_s = self._clock()
-        self._count_arrival(now_s, 1)
+        self._arrivals.count(now_s)
         if deadline_s is not None and deadline_s <= now_s:
             self._rejected[_REJECT_DEADLINE] += 1
             raise DeadlineExceededError(

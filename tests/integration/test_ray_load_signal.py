@@ -1,0 +1,90 @@
+"""A gateway whose tails run on Ray workers (a local Ray cluster) answers with the load keys
+that the in-process pool's answers carry: `timings_ms['utilisation']` and
+`timings_ms['expected_wait']`, estimated from its own requests and their answers
+(cluster._pools.AnswerLoad) without a call to the workers; `/readyz?load=1`'s view shows the
+pool's capacity, arrivals and requests inside. Real gRPC on 127.0.0.1, real ONNX Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from cluster.gateway import Gateway
+from cluster.protocol.client import InferenceClient, make_request
+from cluster.registry import Registry
+from cluster.server import serve_in_thread
+from edge_agent.cloud_load import CloudLoad
+from tests.integration.test_gateway_overload import SHAPE, conv_stack
+
+pytestmark = [pytest.mark.ray, pytest.mark.grpc]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    from cluster import ray_cluster
+
+    started = not __import__("ray").is_initialized()
+    ray_cluster.connect("local", num_cpus=2)
+    try:
+        yield ray_cluster
+    finally:
+        if started:
+            ray_cluster.shutdown()
+
+
+def test_ray_pool_answers_carry_utilisation_and_expected_wait(tmp_path, ray_local):
+    d = tmp_path / "repo" / "s" / "1"
+    os.makedirs(d)
+    onnx.save(conv_stack(), str(d / "model.onnx"))
+    (d / "model.yaml").write_text("max_batch_size: 4\nmax_queue_delay_ms: 0\nintra_op_threads: 1\n"
+                                  "frontier: {default_cut_count: 0}\n")
+    registry = Registry(str(tmp_path / "repo"))
+    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
+    registry.load_all()
+    server = serve_in_thread(gateway)
+    cut = registry.resolve("s", "1").frontier.cuts[0]
+    x = {"x": np.ones(SHAPE, np.float32)}
+
+    async def main():
+        async with InferenceClient(server.address) as c:
+            def one():
+                return c.infer(make_request("s", "1", cut.cut_id, x, timeout_s=60.0))
+
+            paced = []
+            start = time.monotonic()
+            while time.monotonic() - start < 1.5:  # past one whole second of arrivals
+                paced.append(await one())
+                await asyncio.sleep(0.02)
+            burst = await asyncio.gather(*(one() for _ in range(32)))
+            return paced, burst
+
+    try:
+        paced, burst = asyncio.run(main())
+        view = gateway.load()["pools"][f"s@1@{cut.cut_id}"]
+    finally:
+        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
+        server.stop()
+    # The burst's answer that waited longest came after most of the others.
+    quiet, busy = paced[-1].timings_ms, max((r.timings_ms for r in burst), key=lambda t: t["queue"])
+    for t in (quiet, busy):
+        assert {"utilisation", "expected_wait"} <= set(t), t
+        assert t["utilisation"] >= 0 and t["expected_wait"] >= 0
+    # The paced phase's last answer counts a whole second of its arrivals.
+    assert quiet["utilisation"] > 0
+    # 32 requests at once queue behind each other on one replica: the answers say so.
+    waited_ms = sorted(r.timings_ms["queue"] for r in burst)
+    assert busy["expected_wait"] > quiet["expected_wait"]
+    assert busy["expected_wait"] > 0.2 * waited_ms[len(waited_ms) // 2]
+    assert max(r.timings_ms["batch_size"] for r in burst) > 1
+    # The gateway's load view: capacity and arrivals from the same answers, nothing left inside.
+    assert view["queue_depth"] == 0 and view["capacity_rps"] > 0 and view["arrival_rps"] >= 0
+    assert view["headroom_rps"] == pytest.approx(view["capacity_rps"] - view["arrival_rps"], abs=0.01)  # each rounded to 0.001
+    load = CloudLoad()
+    load.observe_timings(cut.cut_id, busy, 0.0)
+    assert load.queue_ms(0.0)[cut.cut_id] == pytest.approx(busy["expected_wait"])
+    assert load.to_dict(0.0)["utilisation"] == {cut.cut_id: pytest.approx(busy["utilisation"])}
