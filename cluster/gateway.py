@@ -33,10 +33,11 @@ batcher predicts its wait and its batch's run time from the batches it has timed
 when its batch forms if the queue ran slower than predicted. Every refusal and expiry
 is counted by reason (`splitinfer_refusals_total`, cluster.metrics.REFUSAL_REASONS),
 the time a failed request spent in the pool is observed as its queue stage, each
-response's `timings_ms['predicted_wait']` carries the pool's predicted wait (and, where the
-pool runs its batcher here, `timings_ms['utilisation']`, arrivals over capacity, and
-`timings_ms['expected_wait']`, the mean wait at that rate: [Note: expected wait] in
-workers/_batch_policy.py; keys an older agent ignores), and
+response's `timings_ms['utilisation']`, arrivals over capacity, and
+`timings_ms['expected_wait']`, the mean wait at that rate ([Note: expected wait] in
+workers/_batch_policy.py; a Ray pool estimates both from its answers, cluster._pools.AnswerLoad;
+keys an older agent ignores), and, where the pool runs its batcher here,
+`timings_ms['predicted_wait']`, the wait of a request arriving now, and
 `/readyz?load=1` shows every pool's load and reports the gateway overloaded for
 `overload_window_s` after a refusal for load.
 """
