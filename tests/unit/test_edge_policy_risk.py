@@ -337,15 +337,14 @@ def test_a_remote_plan_is_priced_with_its_hedge_under_the_latency_objective():
     """10 Mbit/s four transfers in five, 1 Mbit/s the fifth: cloud-only takes ~150 ms or ~1.2 s,
     past the 1000 ms SLO a fifth of the time. But its hedge races the 400 ms local run at once
     (the pessimistic time is past the local one), so no request misses and the mean is ~200 ms:
-    the plan beats local by its mean (cost_quantile 0). Priced without the hedge (hedge_tail 0:
-    none starts early) it misses a fifth of the SLOs and the request runs locally."""
+    the plan beats local. Priced without the hedge (hedge_tail 0: none starts early) it misses
+    a fifth of the SLOs and the request runs locally."""
     est = LinkEstimate(up_bps=10e6, down_bps=40e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
                        up_hold_bps=10e6, spread=(0.0,) * 8 + (math.log(0.1),) * 2)
     health = Health(local_ms=400.0)
     front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
-    act, _ = policy(est, front, health, PolicyState(), 0.0, config=PolicyConfig(slo_ms=1000.0, cost_quantile=0.0))
+    act, _ = policy(est, front, health, PolicyState(), 0.0, config=PolicyConfig(slo_ms=1000.0))
     assert act.plan_key == A.key and act.miss == 0.0
     assert act.predicted_ms > 300.0  # the remote call's own mean, as the runner's correction compares it
-    bare, _ = policy(est, front, health, PolicyState(), 0.0,
-                     config=PolicyConfig(slo_ms=1000.0, hedge_tail=0.0, cost_quantile=0.0))
+    bare, _ = policy(est, front, health, PolicyState(), 0.0, config=PolicyConfig(slo_ms=1000.0, hedge_tail=0.0))
     assert bare.kind == LOCAL
