@@ -27,11 +27,11 @@ pytestmark = pytest.mark.grpc
 SHAPE = (1, 8, 32, 32)
 
 
-def conv_stack(n_layers: int = 5, width: int = 48) -> onnx.ModelProto:
-    """x[1,8,32,32] -> Conv 3x3 (width channels) * n -> GlobalAveragePool -> y: about 10 ms per
-    request on one core, so a queue builds behind it."""
+def conv_stack(n_layers: int = 5, width: int = 48, shape: tuple[int, ...] = SHAPE) -> onnx.ModelProto:
+    """x[shape] -> Conv 3x3 (width channels) * n -> GlobalAveragePool -> y: at the defaults
+    (1x8x32x32) about 10 ms per request on one core, so a queue builds behind it."""
     rng = np.random.default_rng(0)
-    nodes, inits, prev, c_in = [], [], "x", SHAPE[1]
+    nodes, inits, prev, c_in = [], [], "x", shape[1]
     for i in range(n_layers):
         w = (rng.standard_normal((width, c_in, 3, 3)) * 0.1).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
@@ -39,7 +39,7 @@ def conv_stack(n_layers: int = 5, width: int = 48) -> onnx.ModelProto:
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         prev, c_in = f"r{i}", width
     nodes.append(helper.make_node("GlobalAveragePool", [prev], ["y"]))
-    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width, 1, 1])],
                               initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -12,39 +12,18 @@ from __future__ import annotations
 
 import grpc
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from cluster._oip_pb import oip_pb2 as pb
 from cluster.gateway import PoolKey
 from tests.integration._oip_grpc_support import AUTH, oip_grpc_door
+from tests.integration.test_gateway_overload import conv_stack
 
 pytestmark = pytest.mark.grpc
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
 SHAPE = (1, 8, 96, 96)
-
-
-def slow_convs(n_layers: int = 8, width: int = 192) -> onnx.ModelProto:
-    """x[1,8,96,96] -> (Conv 3x3 -> Relu) * n -> GlobalAveragePool -> y: about 43 GFLOP."""
-    rng = np.random.default_rng(0)
-    nodes, inits, prev, c_in = [], [], "x", SHAPE[1]
-    for i in range(n_layers):
-        inits.append(numpy_helper.from_array((rng.standard_normal((width, c_in, 3, 3)) * 0.05).astype(np.float32),
-                                             f"w{i}"))
-        nodes += [helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
-        prev, c_in = f"r{i}", width
-    nodes.append(helper.make_node("GlobalAveragePool", [prev], ["y"]))
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width, 1, 1])],
-                              initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+"""8 convolutions of 192 channels at this size: about 43 GFLOP a request."""
 
 
 def _request(x: np.ndarray) -> pb.ModelInferRequest:
@@ -55,7 +34,7 @@ def _request(x: np.ndarray) -> pb.ModelInferRequest:
 
 
 def test_a_grpc_deadline_shorter_than_the_run_is_refused_at_once(tmp_path):
-    with oip_grpc_door(str(tmp_path), model=slow_convs(),
+    with oip_grpc_door(str(tmp_path), model=conv_stack(n_layers=8, width=192, shape=SHAPE),
                        model_yaml="max_batch_size: 1\nintra_op_threads: 1\nfrontier: {default_cut_count: 1}\n") as door:
         with grpc.insecure_channel(door.host) as channel:
             infer = channel.unary_unary(_INFER, request_serializer=pb.ModelInferRequest.SerializeToString,
