@@ -70,15 +70,15 @@ without it, a plan whose link dips a fifth of the time "missed" a fifth of the S
 its hedge meets, and on the LTE trace (ResNet50 at an rpi4's speed) the agent stayed
 local, p50 491 ms, where the cloud-only plan with its hedge answered in 308 ms. The cost
 (`cost`, what the objective compares) is a mean time, and which times depends on the
-cloud's load. While the cloud reports no wait at the cut (`Health.queue_ms`) and the cut
-is not in `Health.unconfirmed`, its work is spare: the plan is priced as the requests its
+cloud's load. Unless the cloud reported the cut's pool busy (`Health.unconfirmed`), its
+work is spare (a reported wait is in the times): the plan is priced as the requests its
 hedge makes of it (none later than the local run started where the hedge starts it), and
 with an SLO it must beat local by the `hysteresis` margin to be the target (a hedge that
 starts at once runs the device anyway; the cloud's work is worth a clear gain only). On the
 LTE trace (ResNet50 at an rpi4's speed, one core) cloud-only with its hedge answered at
 p50 377 ms and p95 515 ms, local at 506 and 521, and priced at its own times (a fifth of
 its transfers in dips past the local time) the agent stayed local for most requests.
-While the cloud reports load at the cut, the plan costs its own mean: a hedge that
+While the pool is reported busy, the plan costs its own mean: a hedge that
 starts at once is a local run that also loads the pool; priced as the hedged request, a
 busy pool's remote plans cost no more than local, and a fleet's fast devices (phones,
 72 ms locally) kept offloading to the pool that the slow ones need. Local execution is a
@@ -427,9 +427,9 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
             times = _hedged(times, hi_ms, health.local_ms, cfg)
         slo = cfg.slo_ms
         miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)
-        # [Note: risk] under the latency objective, the hedged requests' mean while the cloud reports
-        # no load at this cut; else the plan's own mean (a hedge at once would also load a busy pool).
-        priced = times if queue_ms <= 0 and cut_id not in health.unconfirmed else own
+        # [Note: risk] under the latency objective, the hedged requests' mean unless the cloud reported
+        # this cut's pool busy; then the plan's own mean (a hedge at once would also load that pool).
+        priced = times if cut_id not in health.unconfirmed else own
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else sum(priced) / len(priced)
         out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss))
     return out

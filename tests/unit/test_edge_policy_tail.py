@@ -1,6 +1,6 @@
-"""With an SLO, a remote plan is priced as the requests its hedge makes of it (none later than
-the local run the hedge starts) while the cloud reports no load at its cut, and must then beat
-local by the hysteresis margin; a loaded cut is priced at its own times. Time is passed in."""
+"""A remote plan is priced as the requests its hedge makes of it (none later than the local run
+the hedge starts) unless the cloud reported its cut's pool busy, and with an SLO must beat local
+by the hysteresis margin; a busy cut is priced at its own times. Time is passed in."""
 
 import dataclasses
 import math
@@ -35,11 +35,14 @@ def test_a_plan_slow_on_average_but_fast_with_its_hedge_is_chosen_while_the_clou
     assert act.predicted_ms > HEALTH.local_ms  # its own mean, which the runner's correction compares
 
 
-@pytest.mark.parametrize("load", [{"queue_ms": {A.cut.key: 5.0}}, {"unconfirmed": frozenset({A.cut.key})}])
-def test_a_cut_the_cloud_reports_loaded_is_priced_at_its_own_times(load):
+def test_a_cut_the_cloud_reports_busy_is_priced_at_its_own_times():
     # A hedge that starts at once is a local run that also loads the pool: not on a busy one.
-    act, _ = policy(DIPPY, ONLY_A, dataclasses.replace(HEALTH, **load), PolicyState(), 0.0, config=SLO)
+    busy = dataclasses.replace(HEALTH, unconfirmed=frozenset({A.cut.key}), queue_ms={A.cut.key: 5.0})
+    act, _ = policy(DIPPY, ONLY_A, busy, PolicyState(A.key, 0.0), 1.0, config=SLO)
     assert act.kind == LOCAL
+    # A small wait at a pool that is not busy is priced in the times, with the hedge.
+    waiting = dataclasses.replace(HEALTH, queue_ms={A.cut.key: 5.0})
+    assert policy(DIPPY, ONLY_A, waiting, PolicyState(), 0.0, config=SLO)[0].plan_key == A.key
 
 
 def test_a_hedged_plan_must_beat_local_by_the_hysteresis_margin():
