@@ -40,9 +40,9 @@ capacity there is no steady state, and admission control bounds the queue by the
 deadlines instead: the figure is then the formula at ``_RHO_CAP``.
 
 The figure is never below the predicted wait: a request arriving now waits at least
-that long, whatever the mean. The arrival rate is the last whole second's, so a burst
-reads the rate before it for up to two seconds while its queue is already long; taking
-the predicted wait only past capacity reported the pre-burst mean there.
+that long, whatever the mean. The arrival rate is the last whole second's, so in the
+first second of a burst it is the quiet second's rate while the queue is already long,
+and the mean at that rate says the pool is idle.
 """
 
 from __future__ import annotations
