@@ -86,7 +86,10 @@ class EdgeConfig:
     remote_timeout_ms: float = 2000.0
     """Longest a request waits for the cloud when no `slo_ms` is set."""
     startup_timeout_s: float = 10.0
-    """How long start-up waits for the gateway before it uses the cache."""
+    """How long start-up waits for the gateway's first answer before it uses the cache."""
+    download_stall_s: float = 60.0
+    """Longest wait for each further piece (up to 1 MiB) of the model's download; the download
+    itself takes as long as its pieces keep coming (60 s: a 1 MiB piece at 140 kbit/s)."""
     probe_interval_s: float = 2.0
     """Idle time after which the agent probes the link (health RTT and a resent boundary)."""
     recovery_probe_s: float = 0.5
@@ -185,8 +188,8 @@ _KNOBS = ([n for n in _FIELDS if n not in _SECTIONS]
           + [f"{sec}.{f.name}" for sec, cls in _SECTIONS.items() for f in dataclasses.fields(cls)])
 
 
-_POSITIVE_TIMES = ("remote_timeout_ms", "startup_timeout_s", "probe_interval_s", "recovery_probe_s", "breaker_open_s",
-                   "api_idle_timeout_s", "api_read_timeout_s")
+_POSITIVE_TIMES = ("remote_timeout_ms", "startup_timeout_s", "download_stall_s", "probe_interval_s",
+                   "recovery_probe_s", "breaker_open_s", "api_idle_timeout_s", "api_read_timeout_s")
 """Durations that must be > 0; an integer in edge.yaml becomes a float."""
 
 

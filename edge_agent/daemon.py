@@ -52,6 +52,30 @@ _IDS = itertools.count()
 _PREFIX = uuid.uuid4().hex[:12]
 
 
+class _DownloadLog:
+    """Logs a model download's progress: each file's size as it starts, then the bytes, rate
+    and files received every `every_s` seconds."""
+
+    def __init__(self, model: str, every_s: float = 5.0, clock: Any = time.monotonic) -> None:
+        self.model, self.every_s, self.clock = model, every_s, clock
+        self.start_s = self.last_s = clock()
+        self.bytes = 0
+        self.files: set[str] = set()
+
+    def __call__(self, chunk: Any) -> None:
+        self.bytes += len(chunk.data)
+        if chunk.name not in self.files:
+            self.files.add(chunk.name)
+            if chunk.total_bytes >= 1 << 20:
+                logger.info("downloading %s: %s, %.1f MB", self.model, chunk.name, chunk.total_bytes / 1e6)
+        now = self.clock()
+        if now - self.last_s >= self.every_s:
+            self.last_s = now
+            logger.info("downloading %s: %.1f MB in %.0f s (%.2f Mbit/s), %d files so far", self.model,
+                        self.bytes / 1e6, now - self.start_s, 8 * self.bytes / 1e6 / max(now - self.start_s, 1e-9),
+                        len(self.files))
+
+
 def _fix_for(e: BaseException, cfg: EdgeConfig) -> str:
     if isinstance(e, Unauthenticated):
         return "check 'token' / 'token_file' in the config: the gateway did not accept the token"
@@ -148,9 +172,13 @@ class EdgeAgent:
         cfg = self.config
         assert self.remote is not None
         try:
-            resp = await asyncio.wait_for(
-                self.remote.get_artifacts(cfg.model_name, cfg.model_version, device_id=cfg.resolved_device_id,
-                                          timeout_s=cfg.startup_timeout_s), cfg.startup_timeout_s)
+            # The gateway answers within startup_timeout_s; then each piece of the download
+            # within download_stall_s, the whole as long as it takes: a 100 MB model over a
+            # 5 Mbit/s link takes minutes, and a dead link still fails.
+            await self.remote.health(timeout_s=cfg.startup_timeout_s)
+            resp = await self.remote.get_artifacts(
+                cfg.model_name, cfg.model_version, device_id=cfg.resolved_device_id, timeout_s=None,
+                stall_timeout_s=cfg.download_stall_s, on_chunk=_DownloadLog(cfg.model))
             if not resp.files:
                 raise ArtifactError(path=f"{cfg.model_name}@{cfg.model_version}", reason="the gateway sent no files",
                                     fix="check that the registry holds the model's files")
@@ -158,11 +186,9 @@ class EdgeAgent:
             self.cache.store(cfg.model_name, self.version, resp.files)
             self.artifacts_source = "gateway"
             return dict(resp.files)
-        except (ClusterError, TimeoutError, ArtifactError) as e:
+        except (ClusterError, ArtifactError) as e:
             fetch_error: BaseException = e
-        reason = (f"the gateway at {cfg.gateway} did not answer within {cfg.startup_timeout_s:g} s"
-                  if isinstance(fetch_error, TimeoutError)
-                  else f"fetching {cfg.model} from the gateway at {cfg.gateway} failed: {fetch_error}")
+        reason = f"fetching {cfg.model} from the gateway at {cfg.gateway} failed: {fetch_error}"
         version = cfg.model_version or self.cache.current_version(cfg.model_name)
         if version is None or not self.cache.has(cfg.model_name, version):
             raise StartupError(reason=f"{reason}, and no copy of {cfg.model_name} is cached in {self.cache.root}",

@@ -11,10 +11,11 @@ call moved each way and its round trip, which is what a link estimator needs.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol import status as _status
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, DeadlineExceeded
 from cluster.protocol.messages import (
     ArtifactsChunk,
     ArtifactsRequest,
@@ -225,15 +226,35 @@ class InferenceClient:
         return PlanResponse.from_msgpack(raw)
 
     async def get_artifacts(
-        self, model: str, version: str, *, device_id: str = "", timeout_s: float = 60.0
+        self, model: str, version: str, *, device_id: str = "", timeout_s: float | None = 60.0,
+        stall_timeout_s: float | None = None, on_chunk: Callable[[ArtifactsChunk], None] | None = None,
     ) -> ArtifactsResponse:
+        """The version's files. `timeout_s` bounds the whole download (None: no bound);
+        `stall_timeout_s` the wait for each chunk (of up to 1 MiB), so that a large model on a
+        slow link downloads for as long as its bytes keep coming, and a dead link is found
+        in that time (DeadlineExceeded). `on_chunk` sees each chunk as it arrives."""
         req = ArtifactsRequest(model=model, version=version, device_id=device_id)
-        chunks = []
+        chunks: list[ArtifactsChunk] = []
+        call = self._artifacts(req.to_msgpack(), timeout=timeout_s, metadata=self._metadata)
+        read = call.read
         try:
-            async for raw in self._artifacts(req.to_msgpack(), timeout=timeout_s, metadata=self._metadata):
-                chunks.append(ArtifactsChunk.from_msgpack(raw))
+            while True:
+                try:
+                    raw = await (read() if stall_timeout_s is None else asyncio.wait_for(read(), stall_timeout_s))
+                except TimeoutError:
+                    got = sum(len(c.data) for c in chunks)
+                    raise DeadlineExceeded(where=f"while downloading {model}@{version or 'latest'}: no data for "
+                                                 f"{stall_timeout_s:g} s after {got} bytes") from None
+                if raw is grpc.aio.EOF:
+                    break
+                chunk = ArtifactsChunk.from_msgpack(raw)
+                chunks.append(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
         except grpc.RpcError as e:
             raise _error_of_rpc(e) from e
+        finally:
+            call.cancel()
         return ArtifactsResponse.from_chunks(chunks, model=model, version=version)
 
     async def health(self, service: str = "", *, timeout_s: float = 5.0) -> str:
