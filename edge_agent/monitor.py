@@ -46,9 +46,12 @@ Read as transfer time, that cost makes small transfers look slow: at an emulated
 18.88 Mbit/s, 16 kB boundaries (7 ms of bytes) took the estimate to 5.85 Mbit/s. The
 part is the intercept of a call's time (past the RTT and the server's time) against its
 bits, fitted by least squares over the transfers of the last `window_s` since the last
-step, when their sizes span `fit_span` (a probe of the smallest plan, a trial, a switch of
-cut); it is subtracted from every later sample, and held while the sizes do not span
-(it belongs to the stack, not to the link). Transfers of a single size cannot tell it
+step, when their sizes span `fit_span` (a probe of the smallest plan, a trial, a switch
+of cut); an intercept less than `fit_sigmas` standard errors above 0 counts as 0 (on a
+link whose rate moves, the slope's error moves the intercept: with sizes of 16 and 150 kB
+and a rate jittered by a factor e^0.2, one seed in 40 fitted a 6 ms intercept where there
+was none, and the estimate read 1.4x the rate). It is subtracted from every later
+sample, and held while the sizes do not span (it belongs to the stack, not to the link). Transfers of a single size cannot tell it
 from their bytes' time. And a sample whose bytes took less than `full_weight_share` of
 its call's time weighs in proportion: its pull on the level and on the step sums is
 scaled by it, so a call that the RTT and the server's time dominate moves the estimate
@@ -182,6 +185,9 @@ class MonitorConfig:
     fixed time]. 0: never fit (only the RTT and the server's reported time are subtracted)."""
     fit_samples: int = 4
     """Least transfers in the window for that fit."""
+    fit_sigmas: float = 2.0
+    """The fitted hidden time is used only when it is this many standard errors above 0 (on a
+    link whose rate moves, a small intercept is noise)."""
     full_weight_share: float = 0.5
     """A transfer whose bytes took at least this share of its call's time is a full sample; one
     with less weighs in proportion (see [Note: hidden fixed time])."""
@@ -208,6 +214,7 @@ class MonitorConfig:
             ("low_quantile", 0 < self.low_quantile <= 0.5, "in (0, 0.5]"),
             ("fit_span", self.fit_span == 0 or self.fit_span > 1, "0 (off) or > 1"),
             ("fit_samples", isinstance(self.fit_samples, int) and self.fit_samples >= 3, "an integer >= 3"),
+            ("fit_sigmas", self.fit_sigmas >= 0, ">= 0"),
             ("full_weight_share", 0 < self.full_weight_share <= 1, "in (0, 1]"),
         ):
             if not ok:
@@ -386,8 +393,12 @@ class LinkMonitor:
         slope = sum((b - mb) * (t - mt) for b, t in pts) / var
         if slope <= 0:
             return  # the rate moved more than the sizes did: the fit says nothing
+        hidden_s = mt - slope * mb
+        residual = sum((t - mt - slope * (b - mb)) ** 2 for b, t in pts) / (len(pts) - 2)
+        if hidden_s < c.fit_sigmas * math.sqrt(residual * (1.0 / len(pts) + mb * mb / var)):
+            hidden_s = 0.0  # not told from 0 by these transfers
         # At most most of the quickest transfer's time: each transfer's bytes took some of it.
-        self._hidden_s = min(max(0.0, mt - slope * mb), 0.9 * min(t for _, t in pts))
+        self._hidden_s = min(hidden_s, 0.9 * min(t for _, t in pts))
 
     def observe_timeout(self, up_bytes: int, elapsed_s: float, now_s: float) -> bool:
         """A call that timed out or failed after `elapsed_s` with `up_bytes` sent: the rate was lower."""
