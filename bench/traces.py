@@ -31,7 +31,9 @@ device's local time), `lost`, `doubled`, `switches_per_min` (a pinned plan has n
 figures per round, and `spread` each figure's least and greatest round. The JSON is
 `{"traces": {NAME: {"strategies": {STRATEGY: {...}}}}}`; one timeline PNG per trace
 (`traces_NAME.png` next to the JSON): the trace's 1-second uplink rate, the plan `ours`
-used in each round, and each request's latency per strategy. `--seconds N` cuts each
+used in each round, and each request's latency per strategy; `timeline.ours_requests` holds
+each of ours' requests with its decision (plan, predicted and pessimistic ms, predicted
+chance of a miss), to read its tail against what was predicted. `--seconds N` cuts each
 trace to its first N seconds (default 60, times 3 rounds: a default run over the three
 shared traces takes about 45 minutes; 0: whole traces).
 
