@@ -138,6 +138,9 @@ class Batcher:
         self._histogram: Counter[int] = Counter()
         self._rejected: Counter[str] = Counter()
         self._lone_run_s: float | None = None
+        self._queued_size: float | None = None
+        """EWMA of the sizes of batches formed while others still waited: the size the batches
+        ahead of a new request take ([Note: batches ahead])."""
         """How long the last batch of one took (on the executor: with the hand-offs)."""
         self._inline_runs = 0
         self._discarded = 0
@@ -183,15 +186,36 @@ class Batcher:
     def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None) -> float | None:
         """How long a request arriving now would wait for its batch to start: what is
         left of the running batches once every instance is busy, plus the batches of
-        ``batch_size`` (default ``max_batch_size``) queued ahead of it,
+        ``batch_size`` (default :meth:`ahead_batch_size`) queued ahead of it,
         ``max_concurrent_batches`` at a time. None before any batch was timed."""
-        size = self._config.max_batch_size if batch_size is None else batch_size
+        size = self.ahead_batch_size() if batch_size is None else batch_size
         batch_s = self.run_times.estimate_s(size)
         if batch_s is None:
             return None
         now_s = self._clock() if now_s is None else now_s
         return _predicted_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), batch_s, size,
                                  self._config.max_concurrent_batches)
+
+    def ahead_batch_size(self) -> int:
+        """The size of the batches that queued requests form: the size batches have formed
+        at while others still waited (an EWMA), ``max_batch_size`` before any did.
+
+        [Note: batches ahead]
+        A queue drains in batches as large as ``max_batch_size`` only where the deadlines
+        allow: a batch holds no request it would finish too late for
+        ([Note: deadline-aware batching]), so past capacity with tight deadlines the
+        queue drains in smaller batches, and a wait predicted at full batches reads short.
+        ResNet50 on one engine of the in-process pool here, 64 closed-loop clients with
+        200 ms deadlines, three alternating pairs of 10 s: batches of 2 formed; predicted at
+        full batches, the admitted requests' wait read 48-61 ms where they waited 69-72 ms;
+        at the size batches formed, 67.6-70.0 ms where they waited 68.0-70.2 ms (goodput
+        28.0-29.2 against 25.0-28.3 req/s). A batch formed with nothing left waiting took
+        what had arrived, which says nothing of this, so only batches formed with others
+        still waiting are counted."""
+        queued = self._queued_size
+        if queued is None:
+            return self._config.max_batch_size
+        return max(1, min(self._config.max_batch_size, round(queued)))
 
     def _retry_after_s(self, now_s: float, *, wait_s: float | None = None, batch_size: int | None = None) -> float:
         """When a refused request should come back ([Note: retry after]); counts the refusal."""
@@ -290,7 +314,8 @@ class Batcher:
         """Refuses a new request whose predicted wait and run end after its deadline.
 
         The batches ahead of it are taken to be as large as its own deadline allows
-        (what :func:`_fit` forms), at least one request; its own batch takes what batches
+        (what :func:`_fit` forms), at least one request, and no larger than the batches
+        that form under a queue ([Note: batches ahead]); its own batch takes what batches
         of its shape take."""
         est = self._times.of(shape_key)
         one_s = est(1)
@@ -302,7 +327,7 @@ class Batcher:
         size = 1
         while size < self._config.max_batch_size and est(size + 1) <= budget_s:  # type: ignore[operator]
             size += 1
-        wait_s = self.predicted_wait_s(now_s, batch_size=size)
+        wait_s = self.predicted_wait_s(now_s, batch_size=min(size, self.ahead_batch_size()))
         assert wait_s is not None
         run_s = est(min(size, self._depth % size + 1))
         assert run_s is not None
@@ -556,6 +581,9 @@ class Batcher:
     def _dispatch(self, batch: tuple[_Request, ...], now_s: float, end_s: float | None) -> None:
         for request in batch:
             self._remove(request)
+        if self._depth:  # [Note: batches ahead]
+            queued = self._queued_size
+            self._queued_size = len(batch) if queued is None else queued + 0.2 * (len(batch) - queued)
         self._batches_formed += 1
         self._histogram[len(batch)] += 1
         logger.debug("batch formed: size=%d shape_key=%r queue_depth=%d",

@@ -333,3 +333,38 @@ def test_load_reports_arrivals_per_second_and_headroom():
     assert busy.capacity_rps == pytest.approx(2 / 0.2)  # a batch of 2 is estimated at 2 x 0.1 s
     assert busy.headroom_rps == pytest.approx(10 - 5)
     assert idle.arrival_rps == 0.0
+
+
+def test_the_batches_ahead_are_predicted_at_the_size_they_form_under_a_queue():
+    """[Note: batches ahead]: where deadlines let batches of four form while others wait, the
+    queue drains four at a time, and the predicted wait says so."""
+    async def main():
+        clock = _Clock()
+
+        async def run_batch(payloads):
+            clock.now_s += 0.05 * len(payloads)  # 50 ms a request
+            return payloads
+
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0), clock=clock)
+        await b.submit(0)
+        await asyncio.gather(b.submit(1), b.submit(2))  # both waited for nothing: not counted
+        timed = b.run_times.as_dict()
+        before = b.ahead_batch_size()
+        start_s = clock.now_s
+        # Four requests due just after +0.2 s, four after +0.4 s: a batch of eight would end
+        # at +0.4 s, too late for the first four, so they go first, four at a time.
+        got = await asyncio.gather(*(b.submit(k, deadline_s=start_s + 0.2 * (k // 4 + 1) + 0.001)
+                                     for k in range(8)))
+        sizes = dict(b.stats().batch_size_histogram)
+        after = b.ahead_batch_size()
+        queued = [b.enqueue(k) for k in range(4)]  # four waiting, before the loop runs again
+        wait_s = b.predicted_wait_s(clock.now_s)
+        await asyncio.gather(*(r.future for r in queued))
+        return timed, before, got, sizes, after, wait_s
+
+    timed, before, got, sizes, after, wait_s = _run(main())
+    assert timed == {1: pytest.approx(0.05), 2: pytest.approx(0.1)}
+    assert before == 8  # no batch formed under a queue yet: full batches
+    assert got == list(range(8)) and sizes[4] == 2  # two batches of four, every request answered
+    assert after == 4  # the first formed with four waiting; the second took what was left
+    assert wait_s == pytest.approx(0.2)  # a batch of four ahead, where full batches read none
