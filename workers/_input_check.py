@@ -37,7 +37,7 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
     ``batch_safe``: dim 0 is the batch of every input (up to ``max_batch`` rows, the
     same in all of them); ``shape_inputs``: integer inputs that set shapes, whose dim 0 is
     a shape vector's length, never rows."""
-    if not isinstance(inputs, Mapping):
+    if type(inputs) is not dict and not isinstance(inputs, Mapping):
         raise InputError(
             f"{where_prefix(where)}inputs of {name} must be a dict of name -> numpy array, got {type(inputs).__name__}",
             model=name,
@@ -72,7 +72,10 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
             )
         shape = value.shape
         n = shape[0] if shape else 1
-        ok_dims = len(shape) == len(spec.shape) and all(d is None or d == g for d, g in zip(spec.shape, shape))
+        ok_dims = len(shape) == len(spec.shape)
+        for d, g in zip(spec.shape, shape):  # a loop, not all(<generator>): no frame per input
+            if d is not None and d != g:
+                ok_dims = False
         ok_batch = (not spec.shape or spec.shape[0] is not None or spec.name in shape_inputs
                     or 1 <= n <= max_batch)
         if not (ok_dims and ok_batch):
