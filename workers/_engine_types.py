@@ -19,7 +19,7 @@ import numpy as np
 from workers._ort import OPT_LEVELS
 from workers.errors import EngineLoadError
 
-__all__ = ["EngineConfig", "EngineStats", "Outputs", "Place", "TensorSpec"]
+__all__ = ["EngineConfig", "EngineStats", "Place", "TensorSpec"]
 
 Place = Callable[[np.ndarray], "tuple[np.ndarray, int] | None"]
 """Where a run's output goes instead of the bucket's buffer ([Note: outputs placed]):
@@ -162,11 +162,3 @@ class EngineStats:
     @classmethod
     def from_json(cls, text: str) -> "EngineStats":
         return cls(**json.loads(text))
-
-
-class Outputs(dict):
-    """The outputs of a run that filled its bucket: a dict of C-contiguous arrays, views of
-    the bucket's buffers or of the memory ``place`` gave ([Note: IO binding], [Note: outputs
-    placed] in workers/engine.py)."""
-
-    __slots__ = ()

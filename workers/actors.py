@@ -406,12 +406,9 @@ class ReplicaPool:
         attempts = 0
         reloaded = False
         n = len(requests)
-        # A lone request takes no comprehension here and none in pick_replica: right after
-        # an engine run each Python frame costs ten times its warm time ([Note: lean lone
-        # path] in workers/_worker.py). The pool's own share of the transformer tail's c1
-        # overhead (infer_timed against its channel client called directly, alternating
-        # 2 s rounds in one process, medians of 8): 0.63 against 0.56 ms before, 0.62
-        # against 0.60 ms after.
+        # A lone request takes no comprehension here and none in pick_replica: each is a
+        # Python frame, and right after an engine run each frame costs about ten times its
+        # warm time ([Note: lean lone path] in workers/_worker.py).
         if n == 1:
             [(inputs, deadline, priority)] = requests
             args = ([inputs], [deadline], [priority])

@@ -34,7 +34,7 @@ that set shapes (``partitioner.shapes.shape_feeding_inputs``); it logs what it s
 
 The buckets' buffers are in workers/_bucket.py, the checks of a request's inputs in
 workers/_input_check.py and [Note: weight sharing] in workers/_weights.py. The config,
-the tensors' specs, the stats and the dict a run gives (``Outputs``) are in
+the tensors' specs and the stats are in
 workers/_engine_types.py, which those modules and the PyTorch backend share without
 importing this one; reading a model and the default artefact directory are in
 workers/_model_file.py.
@@ -56,7 +56,7 @@ import onnxruntime as ort
 from partitioner.shapes import shape_feeding_inputs
 from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
 from workers._bucket import Bucket, address_of, pin_batch
-from workers._engine_types import EngineConfig, EngineStats, Outputs, Place, TensorSpec
+from workers._engine_types import EngineConfig, EngineStats, Place, TensorSpec
 from workers._input_check import batch_chunks, check_inputs, describe
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers, wants_torch
@@ -64,7 +64,7 @@ from workers._weights import SharedWeights, acquire_weights
 from workers.coldstart import Artefact, compute_artefact_key, digest_samples, load_or_build_artefact, random_feed
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError, InputError
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "Outputs", "Place", "TensorSpec"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "Place", "TensorSpec"]
 
 logger = logging.getLogger(__name__)
 
@@ -436,8 +436,7 @@ class Engine:
                     np.copyto(buf if rows == bucket.size else buf[:rows], inputs[name])
             self._execute(bucket, binding)
             if rows == bucket.size:
-                out = Outputs(bucket.outputs)
-                out.update(placed)
+                out = {**bucket.outputs, **placed}
             else:
                 out = {k: v[:rows] for k, v in bucket.outputs.items()}
             if copy:

@@ -18,7 +18,7 @@ copies: when the last array (or view of one) that reads a region is freed, a
 finalizer queues the region, and it goes back with the pool's next frame. A caller
 that keeps answers keeps that much of the worker's arena lent; once it is full,
 answers travel in the frame. An arena that is full, or a buffer under
-``ARENA_MIN_BYTES``, travels in the frame as before; so does everything over TCP.
+``ARENA_MIN_BYTES``, travels in the frame; so does everything over TCP.
 Nobody else can reach an arena: the fd is passed over the connection, after its
 token, and the memory is never named in a file system.
 

@@ -22,7 +22,9 @@ beside the two above).
 Every frame has one format: ``<u32 meta_bytes><u32 n_buffers><u32 n_released><u32 codec>``,
 then per buffer ``<u64 bytes><u64 arena_offset>`` (all ones: the buffer follows in the
 frame), then ``<u64 arena_offset>`` per region of the receiver's arena handed back, the
-metadata, and the buffers that follow in the frame. ``codec`` says how the metadata
+metadata, and the buffers that follow in the frame; the sender joins everything up to
+the metadata into one part of its ``sendmsg`` and sends each buffer from where it lies.
+``codec`` says how the metadata
 reads: a tensor frame's marshal of a pool's request or a worker's answer
 (:mod:`workers._transport.codec`), a pickle (protocol 5, its arrays out of band) of
 anything else, or a refusal (a control frame: :func:`refusal_frame`). On a Unix-domain
@@ -143,37 +145,35 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
     if tensors is None:
         codec = _ANSWER
         tensors = encode_answer(obj)
-    if tensors is None:
-        if not pickle_ok:
-            raise ChannelRefusedError(
-                f"{_what(obj)} holds values that only pickle carries (an error, a numpy scalar, an object or "
-                "strided array), and this TCP channel carries tensors only; it goes by a plain Ray call. "
-                "To send pickle over TCP on a network only the cluster can reach, set PoolConfig(tcp_pickle=True)",
-                request_id=_request_id(obj))
-        codec = _PICKLE
-        buffers: list[pickle.PickleBuffer] = []
-        meta = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    else:
+    if tensors is not None:
         meta, buffers = tensors
+    elif not pickle_ok:
+        raise ChannelRefusedError(
+            f"{_what(obj)} holds values that only pickle carries (an error, a numpy scalar, an object or "
+            "strided array), and this TCP channel carries tensors only; it goes by a plain Ray call. "
+            "To send pickle over TCP on a network only the cluster can reach, set PoolConfig(tcp_pickle=True)",
+            request_id=_request_id(obj))
+    else:
+        codec = _PICKLE
+        buffers = []
+        meta = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    parts = [b""]
     places = []
-    in_frame = []
     for b in buffers:
         # An array placed or pinned in the arena is found by identity ([Note: arrays made
         # once] in workers/_transport/arena.py); any other buffer is copied there.
         where = arena.take(b) if arena is not None and codec != _PICKLE else None
-        if where is not None:
-            places.append(_BUF.pack(b.nbytes, where))
-            continue
-        raw = pickle.PickleBuffer(b).raw() if codec != _PICKLE else b.raw()
-        if arena is not None and raw.nbytes >= ARENA_MIN_BYTES:
-            where = arena.put(raw)
         if where is None:
-            in_frame.append(raw)
-            where = _IN_FRAME
-        places.append(_BUF.pack(raw.nbytes, where))
-    head = (_HEAD.pack(len(meta), len(places), len(releases), codec) + b"".join(places)
-            + b"".join(_LEN.pack(r) for r in releases))
-    return [head, meta, *in_frame]
+            b = b.raw() if codec == _PICKLE else pickle.PickleBuffer(b).raw()
+            if arena is not None and b.nbytes >= ARENA_MIN_BYTES:
+                where = arena.put(b)
+            if where is None:
+                parts.append(b)
+                where = _IN_FRAME
+        places.append(_BUF.pack(b.nbytes, where))
+    parts[0] = b"".join((_HEAD.pack(len(meta), len(places), len(releases), codec), *places,
+                         *map(_LEN.pack, releases), meta))
+    return parts
 
 
 def _request_id(obj: Any) -> int:

@@ -35,15 +35,14 @@ class _Reader:
         for garbage. A reader task awaiting ``sock_recv_into`` instead costs one more
         event-loop iteration per frame (the future it waits on wakes the task a turn
         later) and two ``epoll_ctl`` calls each time it waits; right after an engine run
-        every such step runs with cold caches. Read here instead, on both ends, the c1
-        serving overhead through a Ray worker (p50 per 2 s round, a reader task and this
-        alternating) went from 1.47-1.68 ms to 0.86-1.41 ms for
-        the transformer tail (1 MiB in and out) and from 0.66-0.75 ms to 0.58-0.63 ms
-        for DenseNet121's; ResNet50's read 0.56-1.03 ms against 0.80-1.08 ms, no change
-        above this machine's noise. Frames are read as a state machine:
-        ``_want`` is what the current step still waits for, ``_step`` what runs once it
-        is in; a frame's in-frame buffers are received straight into their own memory,
-        as before.
+        every such step runs with cold caches. The c1 serving overhead through a Ray
+        worker (p50 per 2 s round, a reader task and this alternating): 1.47-1.68 ms
+        with a reader task against 0.86-1.41 ms read here for the transformer tail (1 MiB
+        in and out), 0.66-0.75 against 0.58-0.63 ms for DenseNet121's; ResNet50's
+        0.80-1.08 against 0.56-1.03 ms, no difference above this machine's noise. Frames
+        are read as a state machine: ``_want`` is what the current step still waits for,
+        ``_step`` what runs once it is in; a frame's large in-frame buffers are received
+        straight into their own memory.
         """
         self._on_frame, self._on_lost = on_frame, on_lost
         self._reading = True
@@ -103,8 +102,14 @@ class _Reader:
         try:
             while self._reading:
                 want = self._want
-                if self._ahead_end > self._ahead_at:  # bytes read ahead: take them first
-                    n = min(len(want), self._ahead_end - self._ahead_at)
+                ahead = self._ahead_end - self._ahead_at
+                if ahead:  # bytes read ahead: take them first
+                    if want is self._head_view and ahead >= _HEAD.size:
+                        self._frame_in_ahead()  # [Note: frames read where they lie]
+                        while not self._want and self._reading:
+                            self._step()
+                        continue
+                    n = min(len(want), ahead)
                     want[:n] = self._ahead_view[self._ahead_at:self._ahead_at + n]
                     self._ahead_at += n
                 else:
@@ -145,8 +150,44 @@ class _Reader:
         for (offset,) in _LEN.iter_unpack(offsets):
             self.arena.release(offset)
 
+    def _frame_in_ahead(self) -> None:
+        """Reads a frame whose head lies whole in the bytes read ahead, and its places,
+        released regions and metadata from there too when they lie there whole.
+
+        [Note: frames read where they lie]
+        A frame's head, places and metadata nearly always come in one read ([Note:
+        reading ahead]); they are then unpacked where they lie in ``_ahead`` rather than
+        copied into a head buffer and a fresh ``bytearray`` of the rest first, and the
+        frame goes on to its buffers in the same call; a small buffer that follows in the
+        frame and lies whole in ``_ahead`` is taken from there too. Only what outlives the
+        next read into ``_ahead`` is copied: a pickle frame's metadata while buffers of it
+        are still to come in the frame. Counted by callgrind (a lone request of 1 MiB in
+        and out through the channel, both ends in one process, the interpreter's
+        instructions per request): 360k reading every frame through the head buffer,
+        337k this way.
+        """
+        at = self._ahead_at
+        self._check_head(_HEAD.unpack_from(self._ahead, at))
+        start = at + _HEAD.size
+        end = start + self._rest_bytes
+        if end > self._ahead_end:  # the rest comes in later reads: into a buffer of its own
+            self._ahead_at = start
+            self._want_rest()
+            return
+        self._ahead_at = end
+        self._got_rest(self._ahead_view[start:end])
+
     def _got_head(self) -> None:
-        meta_bytes, n, n_released, codec = self._counts = _HEAD.unpack(self._head)
+        self._check_head(_HEAD.unpack(self._head))
+        self._want_rest()
+
+    def _want_rest(self) -> None:
+        self._rest = bytearray(self._rest_bytes)  # places, releases, metadata
+        self._want = memoryview(self._rest)
+        self._step = self._got_rest
+
+    def _check_head(self, counts: tuple[int, int, int, int]) -> None:
+        meta_bytes, n, n_released, codec = self._counts = counts
         if meta_bytes > _MAX_FRAME_BYTES or n > _MAX_BUFFERS or n_released > _MAX_BUFFERS or codec > _LAST_CODEC:
             raise ValueError(f"frame head declares {meta_bytes} metadata bytes, {n} buffers, {n_released} "
                              f"released regions and codec {codec}; not a channel frame")
@@ -156,81 +197,61 @@ class _Reader:
                 "a pickle frame came over TCP, where the channel carries tensor frames only; never unpickled. "
                 "Send tensors (dicts of plain arrays), or set PoolConfig(tcp_pickle=True) on both ends where only "
                 "the cluster can reach this network")
-        self._rest = bytearray(_BUF.size * n + _LEN.size * n_released + meta_bytes)  # places, releases, metadata
-        self._want = memoryview(self._rest)
-        self._step = self._got_rest
+        self._rest_bytes = _BUF.size * n + _LEN.size * n_released + meta_bytes
 
-    def _got_rest(self) -> None:
-        _, n, n_released, _ = self._counts
-        rest = memoryview(self._rest)
+    def _got_rest(self, rest: memoryview | None = None) -> None:
+        """The frame's places, released regions and metadata are in: ``rest`` where they
+        lie in ``_ahead`` ([Note: frames read where they lie]), else ``_rest``."""
+        _, n, n_released, codec = self._counts
+        if rest is None:
+            rest = memoryview(self._rest)
         places_end = _BUF.size * n
-        released_end = places_end + _LEN.size * n_released
+        meta_at = places_end + _LEN.size * n_released
         self._places = places = list(_BUF.iter_unpack(rest[:places_end]))
-        in_frame = 0
+        self._in_frame = in_frame = 0
         for size, where in places:
             if where == _IN_FRAME:
                 in_frame += size
-        if in_frame > _MAX_FRAME_BYTES:
-            raise ValueError(f"frame declares {in_frame} buffer bytes (limit {_MAX_FRAME_BYTES}); not a channel frame")
+        if in_frame:
+            if in_frame > _MAX_FRAME_BYTES:
+                raise ValueError(f"frame declares {in_frame} buffer bytes (limit {_MAX_FRAME_BYTES}); "
+                                 "not a channel frame")
+            self._in_frame = in_frame
         if n_released:
-            self._release_regions(rest[places_end:released_end])
-        meta = rest[released_end:]
-        codec = self._counts[3]
-        self._layout = None
+            self._release_regions(rest[places_end:meta_at])
+        meta = rest[meta_at:]
+        layout = None
         if codec == _REQUEST or codec == _ANSWER:
             # A tensor frame's metadata comes before its buffers: each array is made
             # where its bytes land ([Note: arrays made once] in workers/_transport/arena.py).
             self._head_obj, layout = (request_layout if codec == _REQUEST else answer_layout)(meta)
-            ok = len(layout) == n
-            if ok:
-                for spec, place in zip(layout, places):
-                    ok = ok and spec[3] == place[0]
-            if not ok:
-                raise ValueError(f"a tensor frame's {n} buffers do not match the arrays its metadata declares; "
-                                 "not a channel frame")
-            self._layout = layout
-        self._meta = meta
-        self._buffers: list = []
-        self._held: list[int] = []
+            if len(layout) != n:
+                raise ValueError(f"a tensor frame's {n} buffers do not match the {len(layout)} arrays its metadata "
+                                 "declares; not a channel frame")
+        elif in_frame and rest.obj is self._ahead:
+            meta = memoryview(bytes(meta))  # later reads into _ahead would overwrite it
+        self._meta, self._layout, self._buffers, self._held = meta, layout, [], []
         self._next_buffer()
 
     def _next_buffer(self) -> None:
-        """Places the frame's next buffer; once all are in, decodes and hands on the frame."""
-        layout = self._layout
-        while len(self._buffers) < len(self._places):
-            size, where = self._places[len(self._buffers)]
-            if where == _IN_FRAME:
+        """Places the frame's next buffers; once all are in, decodes and hands on the frame."""
+        buffers, places, layout = self._buffers, self._places, self._layout
+        for i in range(len(buffers), len(places)):
+            size, where = places[i]
+            if layout is not None and layout[i][3] != size:
+                raise ValueError(f"a tensor frame's buffer {i} of {size} bytes does not match the {layout[i][3]} "
+                                 "bytes its metadata declares; not a channel frame")
+            if where != _IN_FRAME:
+                buffers.append(self._in_arena(size, where, None if layout is None else layout[i]))
+            elif self._ahead_end - self._ahead_at >= size:  # read ahead whole: taken from there
+                at = self._ahead_at = self._ahead_at + size
+                buffers.append(bytearray(self._ahead_view[at - size:at]))
+            else:
                 buffer = bytearray(size)
-                self._buffers.append(buffer)
+                buffers.append(buffer)
                 self._want = memoryview(buffer)
                 self._step = self._next_buffer
                 return
-            peer = self.peer
-            if peer is None:
-                raise ValueError("frame places a buffer in an arena, but none was shared; not a channel frame")
-            if self._views_until_freed:
-                # The arrays read the region in place; when the last of them is freed,
-                # the region goes back with the next frame (see [Note: channel arena]).
-                # Each is made anew, never a view of one made once: numpy makes the first
-                # array that lies over a buffer the base of every view of it, so a
-                # caller's slice keeps this one, and the region, alive.
-                peer.check(where, size)
-                if layout is None:
-                    buffer = np.ndarray((size,), np.uint8, buffer=peer.buffer, offset=where)
-                else:
-                    _, dtype, shape, _ = layout[len(self._buffers)]
-                    buffer = np.ndarray(shape, dtype, buffer=peer.buffer, offset=where)
-                # A bare weak reference, not weakref.finalize: a third of the cost.
-                ref = weakref.ref(buffer, self._freed)
-                self._watched[id(ref)] = (ref, where)
-            else:
-                if layout is None:
-                    buffer = peer.region(where, size)
-                else:
-                    _, dtype, shape, _ = layout[len(self._buffers)]
-                    buffer = peer.array(where, size, dtype, shape)
-                self._held.append(where)
-            self._buffers.append(buffer)
         meta, buffers, held, codec = self._meta, self._buffers, self._held, self._counts[3]
         self._meta = self._buffers = self._held = self._rest = None  # type: ignore[assignment]
         self._start_frame()
@@ -244,8 +265,33 @@ class _Reader:
                 raise refusal  # the whole connection: its owner fails what is in flight with it
             obj = (refusal.request_id, False, refusal)
         else:
-            for i, b in enumerate(buffers):
-                if type(b) is not np.ndarray:  # received in the frame
-                    buffers[i] = np.frombuffer(b, layout[i][1]).reshape(layout[i][2])
-            obj = (make_request if codec == _REQUEST else make_answer)(self._head_obj, layout, buffers)
+            if self._in_frame:
+                for i, b in enumerate(buffers):
+                    if type(b) is not np.ndarray:  # received in the frame
+                        buffers[i] = np.frombuffer(b, layout[i][1]).reshape(layout[i][2])
+            obj = (make_request if codec == _REQUEST else make_answer)(self._head_obj, buffers)
         self._on_frame(obj, held)
+
+    def _in_arena(self, size: int, where: int, spec: tuple | None) -> Any:
+        """A buffer of the frame that lies in the peer's arena, as the array ``spec``
+        (name, dtype, shape, bytes) declares, or as bytes for a pickle frame."""
+        peer = self.peer
+        if peer is None:
+            raise ValueError("frame places a buffer in an arena, but none was shared; not a channel frame")
+        if not self._views_until_freed:
+            self._held.append(where)  # handed back with the answer ([Note: channel arena])
+            return peer.region(where, size) if spec is None else peer.array(where, size, spec[1], spec[2])
+        # The arrays read the region in place; when the last of them is freed, the region
+        # goes back with the next frame (see [Note: channel arena]). Each is made anew,
+        # never a view of one made once: numpy makes the first array that lies over a
+        # buffer the base of every view of it, so a caller's slice keeps this one, and the
+        # region, alive.
+        peer.check(where, size)
+        if spec is None:
+            buffer = np.ndarray((size,), np.uint8, buffer=peer.buffer, offset=where)
+        else:
+            buffer = np.ndarray(spec[2], spec[1], buffer=peer.buffer, offset=where)
+        # A bare weak reference, not weakref.finalize: a third of the cost.
+        ref = weakref.ref(buffer, self._freed)
+        self._watched[id(ref)] = (ref, where)
+        return buffer
