@@ -13,8 +13,9 @@ parts (routing, deadlines, input checks, stage cuts) are in :mod:`workers._pool`
 
 [Note: transport]
 A plain actor call pickles its arguments, puts arrays over 100 KiB in the object store
-and goes through the raylet's task machinery: 2.5 ms to echo 4 B and about 10 ms to
-echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
+and goes through the raylet's task machinery: 1.0 ms to echo 4 B and 2.8 ms to echo
+1 MiB on this 2-core machine, against 0.08 and 0.15 ms over the direct channel
+(``transport`` in bench/results/workers.json, side by side). So:
 
 * the replica pool sends its batches (see [Note: caller-side batching]) over each
   replica's direct channel, a socket that the replica opens on request
@@ -24,14 +25,12 @@ echo 1 MiB on this 2-core machine (bench/workers.py, side by side). So:
   Until a channel is open, and with ``PoolConfig(direct=False)``, the same batches go
   by plain calls;
 * the pipeline, a fixed chain of actors, uses a compiled graph (``ray.dag`` +
-  ``experimental_compile``: shared-memory channels set up once, 0.8-0.9 ms to echo
+  ``experimental_compile``: shared-memory channels set up once, 0.33 ms to echo
   1 MiB here). Its results are views of the channel buffer, which stays locked while
   they live, so :class:`Pipeline` copies them out. Compiled graphs are static, call
   only synchronous methods, and a dead actor breaks the graph until it is compiled
-  again; and their readers spin on ``sched_yield`` (about 0.6 of a core per idle
-  reader, measured), which is why the pool does not use them: sending lone requests
-  over a graph to an idle replica adds 2.2-4.9 ms at concurrency 1 and slows the
-  engines beside it.
+  again; and their readers spin on ``sched_yield``, taking a core from the engines
+  beside them on a small machine, which is why the pool does not use them.
 
 [Note: fault tolerance]
 Replicas are created with ``max_restarts`` and ``max_task_retries=0``: Ray restarts a

@@ -19,8 +19,9 @@ A request, in order: the pool's ``ChannelClient.call`` -> ``_Connection.send``
 Where each ``[Note: ...]`` of this package is written:
 
 - framing.py: direct channel, no pickle over TCP;
-- codec.py: tensor frames;
-- reader.py: frames in the reader, reading ahead, no read that would block;
+- codec.py: tensor frames, tensor frames' cost;
+- reader.py: frames in the reader, reading ahead, no read that would block, frames read
+  where they lie;
 - server.py: answered at once;
 - arena.py: channel arena, arrays made once, inputs kept in the arena.
 """

@@ -10,14 +10,14 @@ Nothing here imports Ray.
 
 [Note: direct channel]
 A plain Ray actor call carries a request through the caller's and the worker's core
-workers and, for arrays over 100 KiB, the object store: 2.9 ms for 4 B and 8.4 ms for
-1 MiB each way on 2 cores. A compiled graph cuts that to 0.5 and 0.8 ms but its
-readers spin, which on a small machine takes a core from the engines
-(an actor holding a graph used 1.9 s of CPU in 3 s while idle). This channel is a plain
-socket: one ``sendmsg`` per frame from the sender's memory, arrays received straight
-into the buffers that become the receiver's arrays, the reader asleep in the event
-loop while nothing arrives (``transport`` in bench/results/workers.json measures it
-beside the two above).
+workers and, for arrays over 100 KiB, the object store: a round trip takes 1.0 ms for
+4 B and 2.8 ms for 1 MiB each way on this 2-core machine. A compiled graph takes 0.08
+and 0.33 ms, but its readers spin, which on a small machine takes a core from the
+engines. This channel is a plain socket: one ``sendmsg`` per frame from the sender's
+memory, arrays received straight into the buffers that become the receiver's arrays,
+the reader asleep in the event loop while nothing arrives: 0.08 and 0.15 ms (0.26 ms
+for 1 MiB through the socket alone, without the shared arenas below), measured beside
+the two above (``transport`` in bench/results/workers.json).
 
 Every frame has one format: ``<u32 meta_bytes><u32 n_buffers><u32 n_released><u32 codec>``,
 then per buffer ``<u64 bytes><u64 arena_offset>`` (all ones: the buffer follows in the
@@ -34,9 +34,11 @@ workers/_transport/arena.py). Requests are ``(id, args)``, answered with
 ``(id, True, handler(*args))`` or ``(id, False, error)``. Many requests are in flight on
 one connection at once. The replica pool sends the batches it forms on the caller's
 side (``infer_batch_timed``'s arguments), as it would send them by plain calls.
-A second, fixed-struct format for a request of one and its answer paid 0.04-0.05 ms of
-serving overhead at concurrency 1 and nothing at 32 (bench/results/transport_layers.json,
-20 alternating pairs); the channel keeps one format.
+Against a second, fixed-struct format for a request of one and its answer, this one
+format costs 0.01-0.03 ms of serving overhead at concurrency 1 and nothing at 32
+(bench/results/transport_layers.json, 20 alternating pairs: input copied, transformer
++0.014 ms, within the pairs' spread, ResNet50 +0.013 ms, beyond it; input kept in
+shared memory +0.034 / +0.011 ms); the channel keeps one format.
 
 Pickle executes what it reads, so nothing unauthenticated may connect: the socket
 lives in a fresh directory of mode 0700, and every connection must first send the
