@@ -347,11 +347,13 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
         pins = {"cloud_only": cloud_only.cut.key if cloud_only and cloud_only.boundary else None,
                 "static": static.cut.key if static and static.boundary else None}
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
+        loads: list[dict[str, Any]] = []  # the shared host's 1-minute load average as each turn starts
         grace_s = 2 * args.remote_timeout_ms / 1e3 + 1.0
         for rnd, strategy in turn_order(args.rounds):
             pin = pins.get(strategy)
             strategy_kind = "edge_only" if strategy in pins and pin is None else strategy  # that plan is local here
             logger.info("%s round %d: %s for %.0f s at %.2g fps", name, rnd + 1, strategy, seconds, fps)
+            loads.append({"round": rnd, "strategy": strategy, "load_1min": os.getloadavg()[0]})
             runs[strategy].append(await _turn(agent, emu, strategy_kind, fps=fps, seconds=seconds, pin=pin,
                                               local_ms=policy_local_ms, executor=executor, grace_s=grace_s,
                                               rtt_ms=args.rtt_ms, tag=f"-r{rnd}"))
@@ -369,7 +371,7 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
         "strategies": out,
         "trace": {"up": up.name, "down": down.name, "seconds": seconds, "mean_up_bps": trace_up.mean_bps,
                   "mean_down_bps": trace_down.mean_bps, "rtt_ms": args.rtt_ms},
-        "fps": fps, "slo_ms": slo_ms, "rounds": args.rounds, "local_engine_ms": local_ms,
+        "fps": fps, "slo_ms": slo_ms, "rounds": args.rounds, "local_engine_ms": local_ms, "host_load": loads,
         "plans": {"cloud_only": cloud_only.key if cloud_only else None, "static": static.key if static else None},
         "timeline": {"rate_mbps": rate_per_second(trace_up, seconds),
                      "ours_plans": [r["plans"] for r in runs["ours"]],
