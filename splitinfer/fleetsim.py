@@ -23,8 +23,8 @@ planner's frontier and cost model, as on a device. What is modelled:
   waits ``batch_timeout_ms`` for company while a worker is free, takes up to
   ``max_batch`` when one frees, oldest pool first, and leaves out a request that cannot
   finish before its deadline (refused: deadline-aware batching). Admission: a request
-  whose predicted wait (the batcher's formula: the earliest running batch's rest when all
-  workers are busy, plus whole rounds of full batches queued ahead) and its own batch end
+  whose predicted wait (the batcher's own: `workers.batcher.queue_wait_s`, with the batches
+  ahead at the size batches form at while others wait, `AheadSize`) and its own batch end
   past its deadline, or that finds 1024 queued, is refused with RESOURCE_EXHAUSTED and
   retry-after = that wait. Every answer carries the predicted wait at the time it is sent,
   as the gateway's `timings_ms['predicted_wait']` does, and the gateway's load keys: the
@@ -61,7 +61,7 @@ from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
 from planner.fleet import ClassChoices, ClassModel, planned_choices, remote_ms, run_ms_table
 from planner.fleet_spec import FleetSpec
-from workers.batcher import BatcherLoad
+from workers.batcher import AheadSize, BatcherLoad, queue_wait_s
 
 __all__ = ["SimConfig", "SimResult", "simulate", "STRATEGIES", "quantiles"]
 
@@ -203,6 +203,7 @@ class _Sim:
         self.queues: list[deque[_Req]] = [deque() for _ in pool_names]
         self.busy_until = [0.0] * self.workers
         self.free = self.workers
+        self.ahead = AheadSize()
         self.timer_at = math.inf
         self.busy_s = 0.0
         self.waits: list[float] = []
@@ -329,12 +330,11 @@ class _Sim:
         return ms * self.rng.exponential() if self.cfg.service == "exponential" else ms
 
     def predicted_wait_s(self, pool: int, now: float) -> float:
-        """The batcher's own estimate (workers/_batch_policy.py): the earliest running batch's rest
-        when every worker is busy, plus whole rounds of full batches queued ahead."""
-        first = 0.0 if self.free else max(0.0, min(self.busy_until) - now)
+        """The batcher's own estimate (`Batcher.predicted_wait_s`) on the workers' state."""
+        size = self.ahead.size(self.max_batch)
         depth = sum(len(q) for q in self.queues)
-        rounds = (depth // self.max_batch) // self.workers
-        return first + rounds * float(self.tables[pool][-1]) / 1e3
+        return queue_wait_s(now, depth, self.busy_until, float(self.tables[pool][size - 1]) / 1e3, size,
+                            self.workers)
 
     def utilisation(self, now: float) -> float:
         """The last second's arrivals (admitted or not) in full-batch work, over the workers."""
@@ -402,6 +402,8 @@ class _Sim:
                         self.waits.append(now - r.arrive)
             if not batch:
                 continue
+            if any(self.queues):  # [Note: batches ahead] in workers/batcher.py
+                self.ahead.formed(len(batch))
             w = self.busy_until.index(min(self.busy_until))
             self.busy_until[w] = now + run_s
             self.free -= 1

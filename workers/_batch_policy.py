@@ -381,7 +381,26 @@ def _next_batch(
     return _Decision(tuple(batch), tuple(expired), 0.0, tuple(unreachable), end_s)
 
 
-def _predicted_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], batch_s: float,
+class AheadSize:
+    """The size of the batches that queued requests form ([Note: batches ahead]): an EWMA
+    of the sizes of batches formed while others still waited; ``max_batch_size`` before
+    any did."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self._alpha = alpha
+        self._ewma: float | None = None
+
+    def formed(self, size: int) -> None:
+        """A batch of ``size`` formed with requests still waiting behind it."""
+        e = self._ewma
+        self._ewma = float(size) if e is None else e + self._alpha * (size - e)
+
+    def size(self, max_batch_size: int) -> int:
+        e = self._ewma
+        return max_batch_size if e is None else max(1, min(max_batch_size, round(e)))
+
+
+def queue_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], batch_s: float,
                       batch_size: int, instances: int) -> float:
     """How long a request arriving behind ``depth`` waiting ones waits for its batch to
     start, with batches of ``batch_size`` taking ``batch_s``, ``instances`` at a time,

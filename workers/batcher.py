@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from workers._batch_policy import (
+    AheadSize,
     ArrivalRate,
     BatcherLoad,
     RunTimes,
@@ -40,8 +41,8 @@ from workers._batch_policy import (
     _Decision,
     _earliest_deadline_wait,
     _next_batch,
-    _predicted_wait_s,
     _Request,
+    queue_wait_s,
 )
 from workers._batcher_config import BatcherConfig, BatcherStats
 from workers.errors import (
@@ -56,6 +57,7 @@ from workers.errors import (
 )
 
 __all__ = [
+    "AheadSize",
     "ArrivalRate",
     "BatchSizeMismatchError",
     "Batcher",
@@ -72,6 +74,7 @@ __all__ = [
     "QueueFullError",
     "RunBatch",
     "RunTimes",
+    "queue_wait_s",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,10 +140,8 @@ class Batcher:
         self._completed = 0
         self._histogram: Counter[int] = Counter()
         self._rejected: Counter[str] = Counter()
+        self._ahead = AheadSize()
         self._lone_run_s: float | None = None
-        self._queued_size: float | None = None
-        """EWMA of the sizes of batches formed while others still waited: the size the batches
-        ahead of a new request take ([Note: batches ahead])."""
         """How long the last batch of one took (on the executor: with the hand-offs)."""
         self._inline_runs = 0
         self._discarded = 0
@@ -193,7 +194,7 @@ class Batcher:
         if batch_s is None:
             return None
         now_s = self._clock() if now_s is None else now_s
-        return _predicted_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), batch_s, size,
+        return queue_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), batch_s, size,
                                  self._config.max_concurrent_batches)
 
     def ahead_batch_size(self) -> int:
@@ -212,10 +213,7 @@ class Batcher:
         28.0-29.2 against 25.0-28.3 req/s). A batch formed with nothing left waiting took
         what had arrived, which says nothing of this, so only batches formed with others
         still waiting are counted."""
-        queued = self._queued_size
-        if queued is None:
-            return self._config.max_batch_size
-        return max(1, min(self._config.max_batch_size, round(queued)))
+        return self._ahead.size(self._config.max_batch_size)
 
     def _retry_after_s(self, now_s: float, *, wait_s: float | None = None, batch_size: int | None = None) -> float:
         """When a refused request should come back ([Note: retry after]); counts the refusal."""
@@ -582,8 +580,7 @@ class Batcher:
         for request in batch:
             self._remove(request)
         if self._depth:  # [Note: batches ahead]
-            queued = self._queued_size
-            self._queued_size = len(batch) if queued is None else queued + 0.2 * (len(batch) - queued)
+            self._ahead.formed(len(batch))
         self._batches_formed += 1
         self._histogram[len(batch)] += 1
         logger.debug("batch formed: size=%d shape_key=%r queue_depth=%d",

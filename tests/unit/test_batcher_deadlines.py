@@ -21,7 +21,7 @@ from workers.batcher import (
     QueueFullError,
     RunTimes,
     _next_batch,
-    _predicted_wait_s,
+    queue_wait_s,
 )
 from tests.unit.test_batcher_policy import _Q, _payloads
 
@@ -100,14 +100,14 @@ def test_without_an_estimate_nothing_is_refused():
 
 
 def test_predicted_wait_counts_full_batches_per_instance_and_the_running_ones():
-    assert _predicted_wait_s(0.0, 3, (), 0.1, 4, 2) == 0.0
+    assert queue_wait_s(0.0, 3, (), 0.1, 4, 2) == 0.0
     # Both instances busy until 0.05 and 0.2: the first frees at 0.05.
-    assert _predicted_wait_s(0.0, 3, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.05)
+    assert queue_wait_s(0.0, 3, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.05)
     # 8 waiting = two batches of 4 ahead: both take the instance free at 0.05 (the second
     # from 0.15), so the request's own batch starts when the other frees at 0.2.
-    assert _predicted_wait_s(0.0, 8, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.2)
-    assert _predicted_wait_s(0.0, 16, (), 0.1, 4, 2) == pytest.approx(0.2)
-    assert _predicted_wait_s(0.0, 16, (), 0.05, 2, 2) == pytest.approx(0.2)
+    assert queue_wait_s(0.0, 8, (0.05, 0.2), 0.1, 4, 2) == pytest.approx(0.2)
+    assert queue_wait_s(0.0, 16, (), 0.1, 4, 2) == pytest.approx(0.2)
+    assert queue_wait_s(0.0, 16, (), 0.05, 2, 2) == pytest.approx(0.2)
 
 
 def _simulated_start_s(now_s: float, depth: int, ends_s: tuple[float, ...], batch_s: float, batch_size: int,
@@ -123,16 +123,16 @@ def _simulated_start_s(now_s: float, depth: int, ends_s: tuple[float, ...], batc
 def test_predicted_wait_is_when_its_batch_starts_on_the_instance_it_gets():
     # Two instances busy until 0.01 and 0.04, one full batch waiting: that batch takes the
     # instance free at 0.01, so the request's own batch starts at 0.04, not 0.01.
-    assert _predicted_wait_s(0.0, 8, (0.01, 0.04), 0.05, 8, 2) == pytest.approx(0.04)
+    assert queue_wait_s(0.0, 8, (0.01, 0.04), 0.05, 8, 2) == pytest.approx(0.04)
     # One of three instances idle, two full batches ahead: the idle one, then the one free at 0.02.
-    assert _predicted_wait_s(0.0, 16, (0.02, 0.03), 0.05, 8, 3) == pytest.approx(0.03)
+    assert queue_wait_s(0.0, 16, (0.02, 0.03), 0.05, 8, 3) == pytest.approx(0.03)
     rng = np.random.default_rng(7)
     for _ in range(500):
         instances = int(rng.integers(1, 5))
         ends = tuple(float(e) for e in rng.uniform(0.0, 0.1, int(rng.integers(0, instances + 1))))
         size, depth, batch_s = int(rng.integers(1, 9)), int(rng.integers(0, 60)), float(rng.uniform(0.01, 0.1))
         want = _simulated_start_s(0.0, depth, ends, batch_s, size, instances)
-        assert _predicted_wait_s(0.0, depth, ends, batch_s, size, instances) == pytest.approx(want), \
+        assert queue_wait_s(0.0, depth, ends, batch_s, size, instances) == pytest.approx(want), \
             (depth, ends, batch_s, size, instances)
 
 
