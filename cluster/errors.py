@@ -8,40 +8,7 @@ re-exports them so `cluster/` imports its errors from `cluster.errors`.
 
 from __future__ import annotations
 
-from cluster.protocol.errors import (
-    ClusterError,
-    DeadlineExceeded,
-    EncodingError,
-    FailedPrecondition,
-    InternalError,
-    InvalidArgument,
-    NotSupported,
-    PermissionDenied,
-    ProtocolError,
-    ResourceExhausted,
-    Unauthenticated,
-    Unavailable,
-    UnknownCutError,
-    UnknownModelError,
-    UnknownVersionError,
-    VersionMismatch,
-)
+from cluster.protocol import errors as _wire
+from cluster.protocol.errors import *  # noqa: F403 -- re-exporting the wire errors is this module's purpose
 
-__all__ = [
-    "ClusterError",
-    "ProtocolError",
-    "InvalidArgument",
-    "EncodingError",
-    "VersionMismatch",
-    "UnknownModelError",
-    "UnknownVersionError",
-    "UnknownCutError",
-    "DeadlineExceeded",
-    "Unauthenticated",
-    "PermissionDenied",
-    "ResourceExhausted",
-    "Unavailable",
-    "NotSupported",
-    "FailedPrecondition",
-    "InternalError",
-]
+__all__ = list(_wire.__all__)
