@@ -136,8 +136,11 @@ def _health_name(code: int) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(code)
 
 
-class InferenceClient:
-    """asyncio client. Use `async with InferenceClient(addr) as c:` or call `close()`."""
+class _Client:
+    """What both clients hold: the channel (of `_grpc`, grpc or grpc.aio), the bearer
+    metadata and one stub per method of the service."""
+
+    _grpc: Any
 
     def __init__(
         self,
@@ -151,9 +154,9 @@ class InferenceClient:
         self.address = address
         opts = _options(max_message_bytes, options)
         if credentials is not None:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=opts)
+            self._channel = self._grpc.secure_channel(address, credentials, options=opts)
         else:
-            self._channel = grpc.aio.insecure_channel(address, options=opts)
+            self._channel = self._grpc.insecure_channel(address, options=opts)
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         base = f"/{SERVICE_NAME}/"
         self._infer = self._channel.unary_unary(base + "Infer")
@@ -163,7 +166,13 @@ class InferenceClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def __repr__(self) -> str:
-        return f"InferenceClient({self.address!r}, token={'set' if self._metadata else 'none'})"
+        return f"{type(self).__name__}({self.address!r}, token={'set' if self._metadata else 'none'})"
+
+
+class InferenceClient(_Client):
+    """asyncio client. Use `async with InferenceClient(addr) as c:` or call `close()`."""
+
+    _grpc = grpc.aio
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -268,34 +277,10 @@ class InferenceClient:
         return _health_name(resp.status)
 
 
-class SyncInferenceClient:
+class SyncInferenceClient(_Client):
     """Blocking client with the same methods as InferenceClient."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        credentials: grpc.ChannelCredentials | None = None,
-        token: str | None = None,
-        max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
-        options: Sequence[tuple[str, Any]] = (),
-    ) -> None:
-        self.address = address
-        opts = _options(max_message_bytes, options)
-        if credentials is not None:
-            self._channel = grpc.secure_channel(address, credentials, options=opts)
-        else:
-            self._channel = grpc.insecure_channel(address, options=opts)
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        base = f"/{SERVICE_NAME}/"
-        self._infer = self._channel.unary_unary(base + "Infer")
-        self._stream = self._channel.stream_stream(base + "InferStream")
-        self._plan = self._channel.unary_unary(base + "Plan")
-        self._artifacts = self._channel.unary_stream(base + "GetArtifacts")
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def __repr__(self) -> str:
-        return f"SyncInferenceClient({self.address!r}, token={'set' if self._metadata else 'none'})"
+    _grpc = grpc
 
     def __enter__(self) -> SyncInferenceClient:
         return self
