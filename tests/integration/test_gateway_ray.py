@@ -14,20 +14,10 @@ from cluster.gateway import Gateway
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.registry import Registry
 from cluster.server import serve_in_thread
+from tests.integration._ray_gateway_support import ray_local  # noqa: F401 - fixture
 from tests.onnx_models import conv_bn_relu_chain
 
 pytestmark = [pytest.mark.ray, pytest.mark.grpc]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    from cluster import ray_cluster
-
-    started = not __import__("ray").is_initialized()
-    ray_cluster.connect("local", num_cpus=2)
-    yield ray_cluster
-    if started:
-        ray_cluster.shutdown()
 
 
 def test_ray_pools_serve_the_frontier_tails(tmp_path, ray_local):

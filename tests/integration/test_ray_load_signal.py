@@ -7,47 +7,23 @@ pool's capacity, arrivals and requests inside. Real gRPC on 127.0.0.1, real ONNX
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import numpy as np
-import onnx
 import pytest
 
-from cluster.gateway import Gateway
 from cluster.protocol.client import InferenceClient, make_request
-from cluster.registry import Registry
-from cluster.server import serve_in_thread
 from edge_agent.cloud_load import CloudLoad
-from tests.integration.test_gateway_overload import SHAPE, conv_stack
+from tests.integration._ray_gateway_support import ray_local, serve_conv_stack  # noqa: F401 - fixture
+from tests.integration.test_gateway_overload import SHAPE
 
 pytestmark = [pytest.mark.ray, pytest.mark.grpc]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    from cluster import ray_cluster
-
-    started = not __import__("ray").is_initialized()
-    ray_cluster.connect("local", num_cpus=2)
-    try:
-        yield ray_cluster
-    finally:
-        if started:
-            ray_cluster.shutdown()
-
-
 def test_ray_pool_answers_carry_utilisation_and_expected_wait(tmp_path, ray_local):
-    d = tmp_path / "repo" / "s" / "1"
-    os.makedirs(d)
-    onnx.save(conv_stack(), str(d / "model.onnx"))
-    (d / "model.yaml").write_text("max_batch_size: 4\nmax_queue_delay_ms: 0\nintra_op_threads: 1\n"
-                                  "frontier: {default_cut_count: 0}\n")
-    registry = Registry(str(tmp_path / "repo"))
-    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
-    registry.load_all()
-    server = serve_in_thread(gateway)
-    cut = registry.resolve("s", "1").frontier.cuts[0]
+    served = serve_conv_stack(tmp_path, ray_local, "max_batch_size: 4\nmax_queue_delay_ms: 0\nintra_op_threads: 1\n"
+                                                   "frontier: {default_cut_count: 0}\n")
+    gateway, server, cut = served.gateway, served.server, served.cut
     x = {"x": np.ones(SHAPE, np.float32)}
 
     async def main():

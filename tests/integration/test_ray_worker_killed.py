@@ -12,46 +12,24 @@ import os
 import signal
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 
 from cluster.errors import ClusterError
-from cluster.gateway import Gateway, PoolKey
+from cluster.gateway import PoolKey
 from cluster.protocol.client import InferenceClient, make_request
-from cluster.registry import Registry
-from cluster.server import serve_in_thread
-from tests.integration.test_gateway_overload import SHAPE, conv_stack
+from tests.integration._ray_gateway_support import ray_local, serve_conv_stack  # noqa: F401 - fixture
+from tests.integration.test_gateway_overload import SHAPE
 
 ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.grpc, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    from cluster import ray_cluster
-
-    started = not ray.is_initialized()
-    ray_cluster.connect("local", num_cpus=2)
-    try:
-        yield ray_cluster
-    finally:
-        if started:
-            ray_cluster.shutdown()
-
-
 def test_a_worker_killed_under_load_loses_no_request(tmp_path, ray_local):
-    d = tmp_path / "repo" / "s" / "1"
-    os.makedirs(d)
-    onnx.save(conv_stack(), str(d / "model.onnx"))
-    (d / "model.yaml").write_text("replicas: 2\nmax_batch_size: 4\nmax_queue_delay_ms: 2\nintra_op_threads: 1\n"
-                                  "frontier: {default_cut_count: 0}\n")
-    registry = Registry(str(tmp_path / "repo"))
-    gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
-    registry.load_all()
-    server = serve_in_thread(gateway)
-    cut = registry.resolve("s", "1").frontier.cuts[0]
+    served = serve_conv_stack(tmp_path, ray_local, "replicas: 2\nmax_batch_size: 4\nmax_queue_delay_ms: 2\n"
+                                                   "intra_op_threads: 1\nfrontier: {default_cut_count: 0}\n")
+    d, gateway, server, cut = served.model_dir, served.gateway, served.server, served.cut
     pool = gateway._pools[PoolKey("s", "1", cut.cut_id)].pool
     rng = np.random.default_rng(2)
     frames = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(8)]
