@@ -16,11 +16,8 @@ implies, so a small frame cannot inflate into a huge one.
 
 from __future__ import annotations
 
-import json
-import statistics
 import threading
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import lz4.frame
@@ -28,7 +25,15 @@ import numpy as np
 import zstandard
 
 from cluster.protocol.errors import EncodingError, ProtocolError
-from cluster.protocol.lossy import ImageNorm, decode_lossy, encode_lossy, from_encoded, to_encoded
+from cluster.protocol.lossy import (
+    ImageNorm,
+    RoundTripStats,
+    decode_lossy,
+    encode_lossy,
+    from_encoded,
+    time_round_trips,
+    to_encoded,
+)
 from cluster.protocol.tensors import COMPRESSIONS, LOSSY_PRECISIONS, PRECISIONS, EncodedTensor
 
 __all__ = ["encode", "decode", "measure_codec", "CodecStats", "Precision", "Compression"]
@@ -240,8 +245,9 @@ def decode(t: EncodedTensor) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CodecStats:
-    """What one encoding costs and loses on one tensor (the planner's codec model)."""
+class CodecStats(RoundTripStats):
+    """What one encoding costs and loses on one tensor (the planner's codec model);
+    `encoded_bytes` is the ext payload (header, scales and body; no alignment padding)."""
 
     precision: str
     """'fp32', 'fp16' or 'int8'."""
@@ -249,25 +255,6 @@ class CodecStats:
     """'none', 'zstd' or 'lz4'."""
     per_channel: bool
     """int8 scales per channel (True) or per tensor."""
-    raw_bytes: int
-    """The tensor as float32."""
-    encoded_bytes: int
-    """The ext payload on the wire (header, scales and body; no alignment padding)."""
-    ratio: float
-    """raw_bytes / encoded_bytes."""
-    encode_ms: float
-    """Median time of `encode`."""
-    decode_ms: float
-    """Median time of `decode`."""
-    max_abs_err: float
-    """Largest |decode(encode(x)) - x|."""
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> CodecStats:
-        return cls(**json.loads(text))
 
 
 def measure_codec(
@@ -280,20 +267,9 @@ def measure_codec(
     repeats: int = 5,
 ) -> CodecStats:
     """Encodes and decodes `arr` `repeats` times and reports sizes, median times and the error."""
-    if repeats < 1:
-        raise EncodingError(reason=f"repeats={repeats} measures nothing", fix="pass repeats >= 1")
-    enc_s: list[float] = []
-    dec_s: list[float] = []
-    t = out = None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        t = encode(arr, precision=precision, compression=compression, per_channel=per_channel, axis=axis)
-        t1 = time.perf_counter()
-        out = decode(t)
-        t2 = time.perf_counter()
-        enc_s.append(t1 - t0)
-        dec_s.append(t2 - t1)
-    assert t is not None and out is not None
+    t, out, encode_ms, decode_ms = time_round_trips(
+        lambda: encode(arr, precision=precision, compression=compression, per_channel=per_channel, axis=axis),
+        decode, repeats)
     x = np.asarray(arr, dtype=np.float32)
     err = float(np.max(np.abs(out - x))) if x.size else 0.0
     return CodecStats(
@@ -303,7 +279,7 @@ def measure_codec(
         raw_bytes=t.raw_bytes,
         encoded_bytes=t.wire_bytes,
         ratio=t.raw_bytes / max(1, t.wire_bytes),
-        encode_ms=statistics.median(enc_s) * 1e3,
-        decode_ms=statistics.median(dec_s) * 1e3,
+        encode_ms=encode_ms,
+        decode_ms=decode_ms,
         max_abs_err=err,
     )

@@ -40,7 +40,8 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, Self, TypeVar
 
 import numpy as np
 import zstandard
@@ -48,11 +49,14 @@ import zstandard
 from cluster.protocol.errors import EncodingError, ProtocolError
 from cluster.protocol.tensors import EncodedTensor
 
+T = TypeVar("T")
+
 __all__ = [
     "IMAGE_FORMATS",
     "LOSSY_CODECS",
     "ImageNorm",
     "LossyStats",
+    "RoundTripStats",
     "LossyTensor",
     "check_quality",
     "decode_lossy",
@@ -63,6 +67,7 @@ __all__ = [
     "from_encoded",
     "image_layout",
     "measure_lossy",
+    "time_round_trips",
     "to_encoded",
 ]
 
@@ -466,60 +471,74 @@ def from_encoded(t: EncodedTensor) -> LossyTensor:
 
 
 @dataclass(frozen=True)
-class LossyStats:
-    """What one lossy codec costs and loses on one tensor (the counterpart of `CodecStats`)."""
+class RoundTripStats:
+    """What one encoding of one tensor costs and loses; `LossyStats` here and
+    `encoding.CodecStats` add what names the encoding."""
 
-    codec: str
-    """One of LOSSY_CODECS."""
-    level: int
-    """Quality 1..100, or the bit depth for 'bits'."""
     raw_bytes: int
     """The tensor as float32."""
     encoded_bytes: int
-    """What the codec sends (`LossyTensor.wire_bytes`)."""
+    """What goes on the wire for it."""
     ratio: float
     """raw_bytes / encoded_bytes."""
     encode_ms: float
     """Median time of the encoder."""
     decode_ms: float
-    """Median time of `decode_lossy`."""
+    """Median time of the decoder."""
     max_abs_err: float
     """Largest |decode(encode(x)) - x|."""
-    rel_l2_err: float
-    """||decode(encode(x)) - x|| / ||x||."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> LossyStats:
+    def from_json(cls, text: str) -> Self:
         return cls(**json.loads(text))
+
+
+def time_round_trips(encode: Callable[[], T], decode: Callable[[T], np.ndarray],
+                     repeats: int) -> tuple[T, np.ndarray, float, float]:
+    """Runs ``decode(encode())`` ``repeats`` times: the last encoded value, the last decoded
+    array and the median encode and decode times in ms."""
+    if repeats < 1:
+        raise EncodingError(reason=f"repeats={repeats} measures nothing", fix="pass repeats >= 1")
+    enc_s: list[float] = []
+    dec_s: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        t = encode()
+        t1 = time.perf_counter()
+        out = decode(t)
+        t2 = time.perf_counter()
+        enc_s.append(t1 - t0)
+        dec_s.append(t2 - t1)
+    return t, out, statistics.median(enc_s) * 1e3, statistics.median(dec_s) * 1e3
+
+
+@dataclass(frozen=True)
+class LossyStats(RoundTripStats):
+    """What one lossy codec costs and loses on one tensor; `encoded_bytes` is
+    `LossyTensor.wire_bytes`."""
+
+    codec: str
+    """One of LOSSY_CODECS."""
+    level: int
+    """Quality 1..100, or the bit depth for 'bits'."""
+    rel_l2_err: float
+    """||decode(encode(x)) - x|| / ||x||."""
 
 
 def measure_lossy(x: np.ndarray, codec: str, level: int, *, norm: ImageNorm | None = None,
                   repeats: int = 5) -> LossyStats:
     """Encodes and decodes ``x`` ``repeats`` times; sizes, median times and the error."""
-    if repeats < 1:
-        raise EncodingError(reason=f"repeats={repeats} measures nothing", fix="pass repeats >= 1")
-    enc_s: list[float] = []
-    dec_s: list[float] = []
-    t = out = None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        t = encode_lossy(x, codec, level, norm=norm)
-        t1 = time.perf_counter()
-        out = decode_lossy(t)
-        t2 = time.perf_counter()
-        enc_s.append(t1 - t0)
-        dec_s.append(t2 - t1)
-    assert t is not None and out is not None
+    t, out, encode_ms, decode_ms = time_round_trips(lambda: encode_lossy(x, codec, level, norm=norm),
+                                                    decode_lossy, repeats)
     ref = x.astype(np.float64)
     diff = out.astype(np.float64) - ref
     ref_norm = float(np.linalg.norm(ref))
     return LossyStats(
         codec=codec, level=int(level), raw_bytes=int(x.size) * 4, encoded_bytes=t.wire_bytes,
-        ratio=int(x.size) * 4 / max(1, t.wire_bytes),
-        encode_ms=statistics.median(enc_s) * 1e3, decode_ms=statistics.median(dec_s) * 1e3,
+        ratio=int(x.size) * 4 / max(1, t.wire_bytes), encode_ms=encode_ms, decode_ms=decode_ms,
         max_abs_err=float(np.abs(diff).max()) if diff.size else 0.0,
         rel_l2_err=float(np.linalg.norm(diff)) / ref_norm if ref_norm else 0.0,
     )
