@@ -17,8 +17,9 @@ scale) and ``const_i`` = fixed_ms + corrections.offset_ms:
     tier_ms_i   = seg_i + const_i if tier i runs a layer, else 0
     up_ms_h     = sum(wire_bytes(t) for t crossing h) * 8 / (up_bps_h * (1 - loss_h)) * 1000
     down_ms_h   = sum(bytes(o) for o crossing h) * 8 / (down_bps_h * (1 - loss_h)) * 1000
-    codec_ms_i  = encode on the hop it sends + decode on the hop it receives (CodecModel);
-                  a lossy codec's measured encode + decode, all on the sender; plus, on an
+    codec_ms_i  = encode on the hop it sends + decode on the hop it receives (CodecModel:
+                  per MB, a model input's cast at its own rate, plus a fixed ms per tensor
+                  sent); a lossy codec's measured encode + decode, all on the sender; plus, on an
                   accelerator, the copy of what it receives (as decoded) to the device,
                   times its CodecModel.host_copy_ms_per_mb (a model output's copy back
                   counts in the time of the layer that computes it)
@@ -120,11 +121,12 @@ def _wire_and_codec(graph: LayerGraph, tensors: Sequence[Any], enc: Encoding, se
     e_ms = np.zeros(len(tensors))
     d_ms = np.zeros(len(tensors))
     if enc.lossy_codec:
-        return _lossy_wire_and_codec(tensors, enc)
+        return _lossy_wire_and_codec(tensors, enc, sender.codec.encode_fixed_ms)
     ratio = 1.0 if enc.compression == "none" else sender.codec.ratio[enc.compression]
     for i, t in enumerate(tensors):
         raw = _UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample)
         cast = raw
+        e_ms[i] = sender.codec.encode_fixed_ms
         if t.dtype in _CASTABLE and enc.precision != "fp32":
             cast = raw * enc.scale
             if enc.precision == "int8":
@@ -132,7 +134,7 @@ def _wire_and_codec(graph: LayerGraph, tensors: Sequence[Any], enc: Encoding, se
                 if enc.per_channel and t.shape is not None and len(t.shape) > 1 and isinstance(t.shape[1], int):
                     ch = t.shape[1]
                 cast += _INT8_QPARAM_BYTES * ch
-            e_ms[i] += raw / 1e6 * sender.codec.encode_ms_per_mb[enc.precision]
+            e_ms[i] += raw / 1e6 * sender.codec.cast_ms_per_mb(enc.precision, model_input=t.producer is None)
             d_ms[i] += raw / 1e6 * receiver.codec.decode_ms_per_mb[enc.precision]
         if enc.compression != "none":
             e_ms[i] += cast / 1e6 * sender.codec.encode_ms_per_mb[enc.compression]
@@ -141,21 +143,23 @@ def _wire_and_codec(graph: LayerGraph, tensors: Sequence[Any], enc: Encoding, se
     return wire, e_ms, d_ms
 
 
-def _lossy_wire_and_codec(tensors: Sequence[Any], enc: Encoding) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _lossy_wire_and_codec(tensors: Sequence[Any], enc: Encoding,
+                          fixed_ms: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A lossy codec's measured bytes and time per float32 byte ([Note: cost model]): all of
-    its encode + decode ms is counted on the sender, as it was measured on one host."""
+    its encode + decode ms is counted on the sender, as it was measured on one host, plus the
+    sender's `fixed_ms` per tensor sent."""
     if enc.ratio is None or enc.codec_ms_per_mb is None:
         raise PlannerError(
             f"the lossy encoding {enc.key} carries no measured ratio and codec_ms_per_mb, so it cannot be "
             "priced; plan it within an accuracy budget (min_agreement=, accuracy=) so the accuracy table's "
             "measurement prices it", field="encoding")
     wire = np.zeros(len(tensors))
-    e_ms = np.zeros(len(tensors))
+    e_ms = np.full(len(tensors), float(fixed_ms))
     for i, t in enumerate(tensors):
         raw = _UNKNOWN_BYTES if t.bytes_per_sample is None else float(t.bytes_per_sample)
         if t.dtype in _CASTABLE:
             wire[i] = raw * enc.ratio
-            e_ms[i] = raw / 1e6 * enc.codec_ms_per_mb
+            e_ms[i] += raw / 1e6 * enc.codec_ms_per_mb
         else:
             wire[i] = raw
     return wire, e_ms, np.zeros(len(tensors))

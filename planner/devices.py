@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -365,12 +365,7 @@ def reference_profile(device: Device | str, graph: LayerGraph, batch: int = 1, *
               for ly in graph.layers}
     batch_ms = {b: sum(roofline_ms(dev, graph, ly, batch=b, precision=precision) for ly in graph.layers)
                 for b in sorted(set(batch_sizes) | {1})}
-    base = CodecModel()
-    codec = CodecModel(
-        encode_ms_per_mb={k: v * dev.codec_scale for k, v in base.encode_ms_per_mb.items()},
-        decode_ms_per_mb={k: v * dev.codec_scale for k, v in base.decode_ms_per_mb.items()},
-        ratio=base.ratio, host_copy_ms_per_mb=dev.host_copy_ms_per_mb,
-    )
+    codec = replace(CodecModel().scaled(dev.codec_scale), host_copy_ms_per_mb=dev.host_copy_ms_per_mb)
     label = "estimate" if dev.estimate else "fitted"
     return Profile(
         device=dev.name, layers=layers, ep=dev.ep, ort_version=f"roofline-{label}", threads=1, batch=batch,

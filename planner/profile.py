@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -142,22 +142,24 @@ def _frozen_map(m: Mapping[Any, Any]) -> Mapping[Any, Any]:
 
 @dataclass(frozen=True)
 class CodecModel:
-    """What encoding the boundary costs on this tier, per MB (1e6 bytes).
+    """What encoding the boundary costs on this tier, per MB (1e6 bytes) and per tensor sent.
 
     The defaults are typical figures for one core of a recent x86 CPU (numpy casts,
-    zstd level 3, lz4 default); a measured profile keeps them too, as does a reference
-    device's (scaled by its ``codec_scale``). They are not measurements of the model's
-    tensors, and the casts' times depend on the values: numpy's fp16 cast took 0.35 ms/MB
-    on images and random normals but 1.2 ms/MB on post-ReLU maps (half exact zeros) on one
-    host, and an int8 cast about 0.13 ms/MB. A lossy codec's time comes from the accuracy
-    table instead, measured at its cut.
+    zstd level 3, lz4 default); a reference device keeps them, scaled by its
+    ``codec_scale``. ``splitinfer profile`` replaces the casts' figures with times of the
+    model's own tensors on the host that profiles (``source`` says so), and bench.e2e with
+    times on the emulated device. A cast's time depends on the values, so the model input
+    has figures of its own: numpy's fp16 cast took 0.38 ms/MB on 224x224 images and
+    1.26 ms/MB on post-ReLU maps (half exact zeros) on one host, int8 0.13 and 0.10 ms/MB.
+    A lossy codec's time comes from the accuracy table instead, measured at its cut.
     """
 
     encode_ms_per_mb: Mapping[str, float] = field(
         default_factory=lambda: _frozen_map({"fp16": 0.35, "int8": 0.9, "zstd": 2.5, "lz4": 0.8})
     )
     """Encode time on this tier per MB in: casts per MB of fp32 input, compressions per
-    MB of (cast) input. Keys: fp16, int8, zstd, lz4."""
+    MB of (cast) input. Keys: fp16, int8, zstd, lz4. The casts' figures are for feature
+    maps (tensors a layer computes)."""
     decode_ms_per_mb: Mapping[str, float] = field(
         default_factory=lambda: _frozen_map({"fp16": 0.3, "int8": 0.5, "zstd": 1.0, "lz4": 0.3})
     )
@@ -170,14 +172,42 @@ class CodecModel:
     host_copy_ms_per_mb: float = 0.0
     """An accelerator tier's copy of its inputs (as decoded) to the device and of the
     model outputs it computes back, per MB; 0 on a CPU."""
+    input_encode_ms_per_mb: Mapping[str, float] | None = None
+    """Cast time of the model's inputs per MB of fp32 (keys fp16, int8); None: the
+    feature maps' figures of ``encode_ms_per_mb``."""
+    encode_fixed_ms: float = 0.0
+    """Time per tensor sent whatever its encoding (framing it into the request), in ms."""
+    source: str = "defaults"
+    """Where the figures come from: 'defaults', or what measured them."""
 
     def __post_init__(self) -> None:
         for name in ("encode_ms_per_mb", "decode_ms_per_mb", "ratio"):
             object.__setattr__(self, name, _frozen_map(getattr(self, name)))
-        v = self.host_copy_ms_per_mb
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ProfileError(f"profile field codec.host_copy_ms_per_mb is {v!r}; give ms per MB >= 0 "
-                               "(0 on a CPU)", field="codec.host_copy_ms_per_mb")
+        if self.input_encode_ms_per_mb is not None:
+            object.__setattr__(self, "input_encode_ms_per_mb", _frozen_map(self.input_encode_ms_per_mb))
+        for name, fix in (("host_copy_ms_per_mb", "give ms per MB >= 0 (0 on a CPU)"),
+                          ("encode_fixed_ms", "give ms per tensor sent >= 0 (0: none)")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ProfileError(f"profile field codec.{name} is {v!r}; {fix}", field=f"codec.{name}")
+        if not isinstance(self.source, str) or not self.source:
+            raise ProfileError(f"profile field codec.source is {self.source!r}; name what measured the figures "
+                               "(or 'defaults')", field="codec.source")
+
+    def cast_ms_per_mb(self, precision: str, *, model_input: bool) -> float:
+        """Encode ms per MB of fp32 of the cast to `precision`, for a model input or a feature map."""
+        if model_input and self.input_encode_ms_per_mb is not None and precision in self.input_encode_ms_per_mb:
+            return self.input_encode_ms_per_mb[precision]
+        return self.encode_ms_per_mb[precision]
+
+    def scaled(self, factor: float) -> CodecModel:
+        """These figures on a tier `factor` times slower (every time, not the ratios)."""
+        return replace(
+            self, encode_ms_per_mb={k: v * factor for k, v in self.encode_ms_per_mb.items()},
+            decode_ms_per_mb={k: v * factor for k, v in self.decode_ms_per_mb.items()},
+            input_encode_ms_per_mb=None if self.input_encode_ms_per_mb is None
+            else {k: v * factor for k, v in self.input_encode_ms_per_mb.items()},
+            encode_fixed_ms=self.encode_fixed_ms * factor)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,13 +215,18 @@ class CodecModel:
             "decode_ms_per_mb": dict(self.decode_ms_per_mb),
             "ratio": dict(self.ratio),
             "host_copy_ms_per_mb": self.host_copy_ms_per_mb,
+            "input_encode_ms_per_mb": None if self.input_encode_ms_per_mb is None
+            else dict(self.input_encode_ms_per_mb),
+            "encode_fixed_ms": self.encode_fixed_ms,
+            "source": self.source,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> CodecModel:
-        d = _check_keys(d, ("encode_ms_per_mb", "decode_ms_per_mb", "ratio", "host_copy_ms_per_mb"), "codec")
+        d = _check_keys(d, ("encode_ms_per_mb", "decode_ms_per_mb", "ratio", "host_copy_ms_per_mb",
+                            "input_encode_ms_per_mb", "encode_fixed_ms", "source"), "codec")
         base = cls()
-        out = {}
+        out: dict[str, Any] = {}
         for name, keys in (
             ("encode_ms_per_mb", _CASTS + _COMPRESSIONS),
             ("decode_ms_per_mb", _CASTS + _COMPRESSIONS),
@@ -209,8 +244,14 @@ class CodecModel:
                     f"compressed/raw size, in (0, 1]",
                     field=f"codec.ratio.{k}",
                 )
-        if "host_copy_ms_per_mb" in d:
-            out["host_copy_ms_per_mb"] = float(_num(d, "host_copy_ms_per_mb", "codec"))
+        if d.get("input_encode_ms_per_mb") is not None:
+            sub = _check_keys(d["input_encode_ms_per_mb"], _CASTS, "codec.input_encode_ms_per_mb")
+            out["input_encode_ms_per_mb"] = {k: float(_num(sub, k, "codec.input_encode_ms_per_mb")) for k in sub}
+        for key in ("host_copy_ms_per_mb", "encode_fixed_ms"):
+            if key in d:
+                out[key] = float(_num(d, key, "codec"))
+        if "source" in d:
+            out["source"] = d["source"]
         return cls(**out)
 
 

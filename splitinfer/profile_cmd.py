@@ -4,7 +4,8 @@ for a reference device.
     splitinfer profile MODEL -o PROFILE.json [--threads N] [--batch 1,8] [--ep cpu|cuda]
                        [--runs N] [--warmup N] [--segments N] [--calibrate]
                        [--device-name NAME] [--reference DEVICE] [--clock wall|thread]
-                       [--layer-stat median|min] [--input-shape NAME=D0xD1x...] [--inputs FILE.npz]
+                       [--layer-stat median|min] [--codec-cuts N] [--input-shape NAME=D0xD1x...]
+                       [--inputs FILE.npz]
 
 MODEL is a path to an .onnx file or a zoo short name (zoo models get seeded random
 weights, so activations stay in a normal range while timing). ``--segments N`` times
@@ -12,6 +13,9 @@ the real head and tail segments of N cuts to fit the profile's corrections (0: n
 ``--calibrate`` also fits the per-op-type efficiencies of this host's roofline and
 writes them next to the profile as PROFILE.roofline.json. ``--reference DEVICE``
 writes the roofline estimate for a reference device instead of measuring.
+``--codec-cuts N`` times the fp16 and int8 casts of the model's inputs and of the boundary
+tensors at N chain cuts, and the profile's codec carries those figures
+(`splitinfer.codec_measure`; 0: the defaults).
 ``--input-shape`` fixes symbolic input dims and ``--inputs`` gives sample inputs, which
 every timed run uses (see `splitinfer.model_inputs`).
 """
@@ -73,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="time runs by wall clock, or (1 thread only) by the thread's CPU time on a shared host")
     p.add_argument("--layer-stat", choices=("median", "min"), default="median",
                    help="per-layer ms over the runs: median, or min on a shared host (see docs/profiles.md)")
+    p.add_argument("--codec-cuts", type=int_at_least(0), default=3,
+                   help="chain cuts whose boundary tensors' casts are timed for the profile's codec "
+                        "(default 3; 0: keep the default figures)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_input_args(p)
     return p
@@ -128,6 +135,14 @@ def profile_main(argv: Sequence[str]) -> int:
                 batch_sizes=args.batch if len(args.batch) > 1 or args.batch[0] != 1 else (),
                 calibrate=args.segments, clock=args.clock, layer_stat=args.layer_stat, inputs=given.inputs)
     prof = m.profile
+    if args.codec_cuts:
+        from dataclasses import replace
+
+        from splitinfer.codec_measure import measure_codec_model
+
+        codec, _ = measure_codec_model(model, graph, inputs=given.inputs, cuts=args.codec_cuts,
+                                       base=prof.codec, source=args.device_name)
+        prof = replace(prof, codec=codec)
     _write(args.output, prof.to_json(indent=1))
     total = sum(t.ms for t in prof.layers.values())
     print(f"{graph.model}: {len(graph)} layers, {total:.2f} ms of kernels + {prof.fixed_ms:.2f} ms fixed per run "
@@ -140,6 +155,11 @@ def profile_main(argv: Sequence[str]) -> int:
         print("batch_ms: " + ", ".join(f"{b}: {v:.2f}" for b, v in sorted(prof.batch_ms.items())))
     if m.batch_note:
         print(m.batch_note)
+    if args.codec_cuts:
+        c, inp = prof.codec, prof.codec.input_encode_ms_per_mb or {}
+        print("casts, ms per MB of the input / of feature maps: " + ", ".join(
+            f"{k} {inp.get(k, float('nan')):.3f} / {c.encode_ms_per_mb[k]:.3f}" for k in ("fp16", "int8"))
+              + f"; {c.encode_fixed_ms:.4f} ms per tensor sent")
     if args.calibrate:
         from planner.devices import device_from_profile
 

@@ -89,10 +89,13 @@ def test_cli_measures_and_writes_profile_and_roofline(tmp_path, capsys):
     assert rc == 0
     p = load_profile(out)
     assert p.device == "box" and p.threads == 1 and p.corrections is not None
+    # the casts are timed on squeezenet's own tensors: its input apart from its feature maps
+    assert p.codec.source == "box: squeezenet's tensors" and p.codec.input_encode_ms_per_mb is not None
+    assert p.codec.encode_ms_per_mb["fp16"] > 0 and p.codec.input_encode_ms_per_mb["fp16"] > 0
     roof = json.loads((tmp_path / "sq.roofline.json").read_text())
     assert roof["device"]["name"] == "box" and roof["device"]["efficiency"]["Conv"] > 0
     text = capsys.readouterr().out
-    assert "placed on layers" in text and "corrections" in text
+    assert "placed on layers" in text and "corrections" in text and "casts, ms per MB" in text
 
 
 def test_cli_reference_profile_and_unknown_device(tmp_path):
