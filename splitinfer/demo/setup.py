@@ -196,9 +196,7 @@ def slow_down(profile: Profile, factor: float, device: str) -> Profile:
         return profile
     layers = {v: LayerTime(ms=t.ms * factor, p90_ms=None if t.p90_ms is None else t.p90_ms * factor, samples=t.samples)
               for v, t in profile.layers.items()}
-    codec = dataclasses.replace(
-        profile.codec, encode_ms_per_mb={k: v * factor for k, v in profile.codec.encode_ms_per_mb.items()},
-        decode_ms_per_mb={k: v * factor for k, v in profile.codec.decode_ms_per_mb.items()})
+    codec = profile.codec.scaled(factor)
     corr = profile.corrections
     if corr is not None:
         corr = dataclasses.replace(corr, offset_ms=corr.offset_ms * factor)
