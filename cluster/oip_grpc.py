@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -46,11 +45,9 @@ from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, OipModels, Sig
 from cluster._oip_pb import oip_pb2 as pb
 from cluster.errors import ProtocolError
 from cluster.protocol import status as _status
-from cluster.server import InferRunner, ServiceFactory
+from cluster.server import InferRunner, ServiceFactory, abort_with_status, string_metadata
 
 __all__ = ["SERVICE_NAME", "STREAM_WINDOW", "OipGrpc", "oip_service"]
-
-logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 STREAM_WINDOW = 8
@@ -59,15 +56,7 @@ _WHERE = "OIP gRPC"
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-
-
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
-    """An error becomes a status through the native door's table (cluster.protocol.status)."""
-    code, message, name, fields = _status.to_status(exc, where=method)
-    if code is not grpc.StatusCode.INTERNAL:
-        logger.debug("%s answered %s: %s", method, code.name, message)
-    await context.abort(code, message, trailing_metadata=_status.trailing_metadata(name, fields))
+    return string_metadata(context.invocation_metadata())
 
 
 def _parse(cls: Any, raw: bytes) -> Any:
@@ -105,8 +94,8 @@ class OipGrpc:
                 return (await fn(_parse(request_cls, raw), context)).SerializeToString()
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
-            except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
-                await _abort(context, e, method)
+            except Exception as e:  # noqa: BLE001 - every error becomes a status in abort_with_status
+                await abort_with_status(context, e, method)
                 raise AssertionError("context.abort returned") from e
 
         return grpc.unary_unary_rpc_method_handler(handler)
@@ -201,33 +190,29 @@ class OipGrpc:
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         received = time.monotonic()
         try:
-            try:
-                req = _parse(pb.ModelInferRequest, raw)
-            except ProtocolError as e:
-                self._refused(e)
-                raise
-            return (await self._infer(req, context, "ModelInfer", received)).SerializeToString()
+            return (await self._infer(self._parse_infer(raw), context, "ModelInfer", received)).SerializeToString()
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
-            await _abort(context, e, "ModelInfer")
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in abort_with_status
+            await abort_with_status(context, e, "ModelInfer")
             raise AssertionError("context.abort returned") from e
 
-    def _refused(self, exc: BaseException) -> None:
-        """Counts a malformed request as the native door does (Gateway.observe_refusal)."""
-        observe = getattr(self.gateway, "observe_refusal", None)
-        if observe is not None:
-            observe("", _status.status_of(exc).name, "malformed")
+    def _parse_infer(self, raw: bytes) -> Any:
+        """The ModelInferRequest in `raw`; a malformed one is counted as the native door
+        counts it (Gateway.observe_refusal) and raises ProtocolError."""
+        try:
+            return _parse(pb.ModelInferRequest, raw)
+        except ProtocolError as e:
+            observe = getattr(self.gateway, "observe_refusal", None)
+            if observe is not None:
+                observe("", _status.status_of(e).name, "malformed")
+            raise
 
     async def _stream_one(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """One ModelStreamInferResponse; never raises, so one bad request cannot end the stream."""
         received = time.monotonic()
         try:
-            try:
-                req = _parse(pb.ModelInferRequest, raw)
-            except ProtocolError as e:
-                self._refused(e)
-                raise
+            req = self._parse_infer(raw)
             resp = pb.ModelStreamInferResponse(infer_response=await self._infer(req, context, "ModelStreamInfer",
                                                                                 received))
         except asyncio.CancelledError:
@@ -264,7 +249,7 @@ class OipGrpc:
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
-            await _abort(context, e, "ModelStreamInfer")
+            await abort_with_status(context, e, "ModelStreamInfer")
         finally:
             for task in (reader, *pending):
                 if task is not None:

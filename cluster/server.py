@@ -1,7 +1,7 @@
 """The gRPC server shell of `splitinfer.v1.Inference` with a pluggable backend.
 
 Handlers are adapters: decode the frame, call the typed backend, encode the
-answer. Errors become status codes in one place (`_abort`, using the table in
+answer. Errors become status codes in one place (`abort_with_status`, using the table in
 `cluster.protocol.status`); stream frames use the same table for their error
 frames. The gateway (routing, registry, auth, metrics) is a `Backend` plus
 interceptors; this module knows nothing of Ray.
@@ -57,6 +57,8 @@ __all__ = [
     "RequestContext",
     "Health",
     "InferRunner",
+    "abort_with_status",
+    "string_metadata",
     "ServiceFactory",
     "RunningServer",
     "ThreadedServer",
@@ -167,7 +169,7 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+async def abort_with_status(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     """The one place where an error becomes a gRPC status."""
     code, message, name, fields = _status.to_status(exc, where=method)
     if code is not grpc.StatusCode.INTERNAL:
@@ -180,7 +182,8 @@ def _error_info(exc: BaseException, method: str) -> ErrorInfo:
     return ErrorInfo(code=_status.code_number(code), error=name, message=message, fields=fields)
 
 
-def _metadata(pairs: Any) -> dict[str, str]:
+def string_metadata(pairs: Any) -> dict[str, str]:
+    """gRPC metadata pairs as a dict of the text ones (binary `-bin` values left out)."""
     return {key: value for key, value in pairs or () if isinstance(value, str)}
 
 
@@ -196,7 +199,7 @@ class _CallContext(RequestContext):
         d = self.__dict__
         md = d.get("_metadata")
         if md is None:
-            md = d["_metadata"] = _metadata(d.pop("_pairs", ()))
+            md = d["_metadata"] = string_metadata(d.pop("_pairs", ()))
         return md
 
     @metadata.setter
@@ -332,7 +335,7 @@ class _Service:
             t0 = time.perf_counter()
             try:
                 req = InferRequest.from_msgpack(raw)
-            except Exception as e:  # noqa: BLE001 - counted here, answered by _abort below
+            except Exception as e:  # noqa: BLE001 - counted here, answered by abort_with_status below
                 self._refused("", e, "malformed")
                 raise
             decode_ms = (time.perf_counter() - t0) * 1e3
@@ -342,8 +345,8 @@ class _Service:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
-            await _abort(context, e, "Infer")
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in abort_with_status
+            await abort_with_status(context, e, "Infer")
             raise AssertionError("context.abort returned") from e
 
     async def _stream_one(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -403,7 +406,7 @@ class _Service:
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
-            await _abort(context, e, "InferStream")
+            await abort_with_status(context, e, "InferStream")
         finally:
             for task in (reader, *pending):
                 if task is not None:
@@ -412,47 +415,47 @@ class _Service:
                     task.add_done_callback(_retrieve)
                     task.cancel()
 
+    async def _call_optional(self, method: str, attr: str, req: Any, context: grpc.aio.ServicerContext,
+                             received: float, answer_type: type) -> Any:
+        """The backend's optional method `attr` on `req` within the call's gRPC deadline:
+        NotSupported where the backend has none, TypeError where it answers other than `answer_type`."""
+        fn = getattr(self.backend, attr, None)
+        if fn is None:
+            raise NotSupported(what=method)
+        left = context.time_remaining()
+        resp = await fn(req, self._context(method, context, received, None if left is None else received + left))
+        if not isinstance(resp, answer_type):
+            raise TypeError(f"backend.{attr} returned {type(resp).__name__}, not {answer_type.__name__}")
+        return resp
+
     async def plan(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         received = time.monotonic()
         try:
             req = PlanRequest.from_msgpack(raw)
-            fn = getattr(self.backend, "plan", None)
-            if fn is None:
-                raise NotSupported(what="Plan")
-            left = context.time_remaining()
-            ctx = self._context("Plan", context, received, None if left is None else received + left)
-            resp = await fn(req, ctx)
-            if not isinstance(resp, PlanResponse):
-                raise TypeError(f"backend.plan returned {type(resp).__name__}, not PlanResponse")
+            resp = await self._call_optional("Plan", "plan", req, context, received, PlanResponse)
             return resp.to_msgpack()
         except asyncio.CancelledError:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
-            await _abort(context, e, "Plan")
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in abort_with_status
+            await abort_with_status(context, e, "Plan")
             raise AssertionError("context.abort returned") from e
 
     async def get_artifacts(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         received = time.monotonic()
         try:
             req = ArtifactsRequest.from_msgpack(raw)
-            fn = getattr(self.backend, "get_artifacts", None)
-            if fn is None:
-                raise NotSupported(what="GetArtifacts")
-            left = context.time_remaining()
-            ctx = self._context("GetArtifacts", context, received, None if left is None else received + left)
-            resp = await fn(req, ctx)
-            if not isinstance(resp, ArtifactsResponse):
-                raise TypeError(f"backend.get_artifacts returned {type(resp).__name__}, not ArtifactsResponse")
+            resp = await self._call_optional("GetArtifacts", "get_artifacts", req, context, received,
+                                             ArtifactsResponse)
             for chunk in resp.to_chunks(self.chunk_bytes):
                 yield chunk.to_msgpack()
         except asyncio.CancelledError:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception as e:  # noqa: BLE001 - every error becomes a status in _abort
-            await _abort(context, e, "GetArtifacts")
+        except Exception as e:  # noqa: BLE001 - every error becomes a status in abort_with_status
+            await abort_with_status(context, e, "GetArtifacts")
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         # Frames stay bytes through gRPC: decoding happens in the handlers, where a
