@@ -368,8 +368,8 @@ class Gateway:
         return {str(k): why for k, why in list(self._failed_tails.items())
                 if (model is None or k.model == model) and (version is None or k.version == version)}
 
-    def _create_pool(self, lv: LoadedVersion, cut_id: str) -> Pool:
-        key = PoolKey(lv.model, lv.version, cut_id)
+    def _started_pool(self, key: PoolKey) -> Pool | None:
+        """The pool of `key` if it started, None if it has not yet; FailedPrecondition if it failed to."""
         with self._pools_lock:
             pool = self._pools.get(key)
         if pool is not None:
@@ -377,6 +377,13 @@ class Gateway:
         why = self._failed_tails.get(key)
         if why is not None:
             raise failed_tail(key, why)
+        return None
+
+    def _create_pool(self, lv: LoadedVersion, cut_id: str) -> Pool:
+        key = PoolKey(lv.model, lv.version, cut_id)
+        pool = self._started_pool(key)
+        if pool is not None:
+            return pool
         cutting = True
         try:
             path = lv.files.tail_path(cut_id, known=lv.frontier.cut_ids)
@@ -403,13 +410,9 @@ class Gateway:
 
     async def _pool(self, lv: LoadedVersion, cut_id: str) -> Pool:
         key = PoolKey(lv.model, lv.version, cut_id)
-        with self._pools_lock:
-            pool = self._pools.get(key)
+        pool = self._started_pool(key)
         if pool is not None:
             return pool
-        why = self._failed_tails.get(key)
-        if why is not None:
-            raise failed_tail(key, why)
         fut = self._creating.get(key)
         if fut is None:
             # One creation per key however many requests wait on it.
