@@ -325,9 +325,10 @@ class Batcher:
         size = 1
         while size < self._config.max_batch_size and est(size + 1) <= budget_s:  # type: ignore[operator]
             size += 1
-        wait_s = self.predicted_wait_s(now_s, batch_size=min(size, self.ahead_batch_size()))
+        ahead = min(size, self.ahead_batch_size())
+        wait_s = self.predicted_wait_s(now_s, batch_size=ahead)
         assert wait_s is not None
-        run_s = est(min(size, self._depth % size + 1))
+        run_s = est(self._depth % ahead + 1)  # its own batch: what the batches ahead leave, and itself
         assert run_s is not None
         finish_s = now_s + wait_s + run_s
         if finish_s <= deadline_s:
@@ -512,7 +513,10 @@ class Batcher:
                     "resubmit it to a new Batcher",
                     pending=1, detail=repr(e),
                 ))
-            raise
+            if not isinstance(e, Exception):
+                raise
+            # Logged above and answered: a task left holding it would log it again when
+            # collected, at any later point of the process.
 
     async def _schedule_forever(self) -> None:
         assert self._wakeup is not None

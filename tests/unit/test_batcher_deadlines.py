@@ -368,3 +368,31 @@ def test_the_batches_ahead_are_predicted_at_the_size_they_form_under_a_queue():
     assert got == list(range(8)) and sizes[4] == 2  # two batches of four, every request answered
     assert after == 4  # the first formed with four waiting; the second took what was left
     assert wait_s == pytest.approx(0.2)  # a batch of four ahead, where full batches read none
+
+
+def test_a_request_is_not_counted_twice_in_the_batches_ahead_and_its_own():
+    """Where batches of two form under a queue, three waiting ahead are one batch of two and
+    one left over, which the newcomer joins: it ends 0.2 s from now, not 0.3 s as if its own
+    batch held the three again."""
+    async def main():
+        clock = _Clock()
+
+        async def run_batch(payloads):
+            clock.now_s += 0.05 * len(payloads)  # 50 ms a request
+            return payloads
+
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0), clock=clock)
+        await b.submit(0)
+        await asyncio.gather(b.submit(1), b.submit(2))  # timed: 50 ms for one, 100 ms for two
+        start_s = clock.now_s  # two due just after +0.1 s, two after +0.2 s: batches of two
+        await asyncio.gather(*(b.submit(k, deadline_s=start_s + 0.1 * (k // 2 + 1) + 0.001) for k in range(4)))
+        ahead = b.ahead_batch_size()
+        queued = [b.enqueue(k) for k in range(3)]  # three waiting, before the loop runs again
+        late = b.enqueue(9, deadline_s=clock.now_s + 0.25)
+        results = await asyncio.gather(*(r.future for r in queued), late.future)
+        return ahead, results, b.stats()
+
+    ahead, results, stats = _run(main())
+    assert ahead == 2
+    assert results == [0, 1, 2, 9]
+    assert "predicted_wait" not in stats.rejected
