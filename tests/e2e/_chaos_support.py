@@ -156,6 +156,58 @@ def _reference_outputs(model_path: str, xs: list[np.ndarray]) -> list[np.ndarray
     return [np.asarray(eng.run({"x": x}, copy=True)["y"]) for x in xs]
 
 
+def _agent(gateway: str, work_dir: str, prof: str, remote_timeout_ms: int) -> Any:
+    """The edge agent of both runs: fp32 only, one ORT thread, quick probes and breaker."""
+    from edge_agent.config import config_from_dict
+    from edge_agent.daemon import EdgeAgent
+
+    return EdgeAgent(config_from_dict({
+        "gateway": gateway, "model": f"{MODEL}@{VERSION}", "apiPort": 0,
+        "cacheDir": os.path.join(work_dir, "edge-cache"), "deviceProfile": prof, "encodings": ["fp32"],
+        "intraOpThreads": 1, "remoteTimeoutMs": remote_timeout_ms, "probeIntervalS": 0.5, "breakerOpenS": 0.5,
+        "dwellS": 0.5, "startupTimeoutS": 30}))
+
+
+class _OpenLoop:
+    """Clients that share one sequence of `res.sent` requests, paced open-loop: request i
+    is due at `t_run + i / rate_rps` and a late client does not wait. Each answer is
+    counted by id and where it was served, and checked bit for bit against `refs`."""
+
+    def __init__(self, agent: Any, xs: list[np.ndarray], refs: list[np.ndarray], res: ChaosResult,
+                 rate_rps: float, t_run: float) -> None:
+        self.agent, self.xs, self.refs, self.res = agent, xs, refs, res
+        self.rate_rps, self.t_run = rate_rps, t_run
+        self.next_id = 0
+        self.done = 0
+        """Requests answered or failed."""
+
+    async def client(self) -> None:
+        res, n_inputs = self.res, len(self.xs)
+        while self.next_id < res.sent:
+            i = self.next_id
+            self.next_id += 1
+            due = self.t_run + i / self.rate_rps - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)
+            rid = f"req-{i}"
+            t0 = time.perf_counter()
+            try:
+                ans = await self.agent.infer({"x": self.xs[i % n_inputs]}, rid)
+            except Exception as e:  # noqa: BLE001 - a failed request is a lost answer, recorded
+                res.errors.append(f"{rid}: {type(e).__name__}: {e}")
+                continue
+            finally:
+                self.done += 1
+            res.latencies_ms.append((time.perf_counter() - t0) * 1e3)
+            res.answers[ans["id"]] += 1
+            res.served_by[ans["served_by"]] += 1
+            y, ref = np.asarray(ans["outputs"]["y"]), self.refs[i % n_inputs]
+            if y.shape != ref.shape or not np.array_equal(y, ref):
+                res.mismatched[ans["served_by"]] += 1
+                if y.shape == ref.shape:
+                    res.max_abs_diff = max(res.max_abs_diff, float(np.max(np.abs(y - ref))))
+
+
 def run_chaos(work_dir: str, *, n_requests: int = 10_000, concurrency: int = 4, flap_s: float = 2.0,
               gateway_kills: int = 2, n_inputs: int = 32, rate_rps: float = 150.0) -> ChaosResult:
     """Sends `n_requests` at about `rate_rps` (so the run spans many flaps) from `concurrency` clients."""
@@ -165,8 +217,6 @@ def run_chaos(work_dir: str, *, n_requests: int = 10_000, concurrency: int = 4, 
 
 async def _run(work_dir: str, *, n_requests: int, concurrency: int, flap_s: float, gateway_kills: int,
                n_inputs: int, rate_rps: float) -> ChaosResult:
-    from edge_agent.config import config_from_dict
-    from edge_agent.daemon import EdgeAgent
     from splitinfer.netem import LinkEmulator, LinkSetting
 
     model_path, prof = _prepare(work_dir)
@@ -188,44 +238,9 @@ async def _run(work_dir: str, *, n_requests: int, concurrency: int, flap_s: floa
         await asyncio.to_thread(gw.wait_serving)
         emu = LinkEmulator(upstream=("127.0.0.1", gw.port), setting=up)
         await emu.start()
-        agent = EdgeAgent(config_from_dict({
-            "gateway": f"127.0.0.1:{emu.port}", "model": f"{MODEL}@{VERSION}", "apiPort": 0,
-            "cacheDir": os.path.join(work_dir, "edge-cache"), "deviceProfile": prof, "encodings": ["fp32"],
-            "intraOpThreads": 1, "remoteTimeoutMs": 300, "probeIntervalS": 0.5, "breakerOpenS": 0.5,
-            "dwellS": 0.5, "startupTimeoutS": 30}))
+        agent = _agent(f"127.0.0.1:{emu.port}", work_dir, prof, remote_timeout_ms=300)
         await agent.start()
-
-        done = 0
-        next_id = 0
         stop = asyncio.Event()
-
-        async def client() -> None:
-            nonlocal next_id, done
-            while next_id < n_requests:
-                i = next_id
-                next_id += 1
-                # Open-loop pacing: request i is due at i / rate; a late client does not wait.
-                due = t_run + i / rate_rps - time.monotonic()
-                if due > 0:
-                    await asyncio.sleep(due)
-                rid = f"req-{i}"
-                t0 = time.perf_counter()
-                try:
-                    ans = await agent.infer({"x": xs[i % n_inputs]}, rid)
-                except Exception as e:  # noqa: BLE001 - a failed request is a lost answer, recorded
-                    res.errors.append(f"{rid}: {type(e).__name__}: {e}")
-                    continue
-                finally:
-                    done += 1
-                res.latencies_ms.append((time.perf_counter() - t0) * 1e3)
-                res.answers[ans["id"]] += 1
-                res.served_by[ans["served_by"]] += 1
-                y = np.asarray(ans["outputs"]["y"])
-                ref = refs[i % n_inputs]
-                if y.shape != ref.shape or not np.array_equal(y, ref):
-                    res.mismatched[ans["served_by"]] += 1
-                    if y.shape == ref.shape:
-                        res.max_abs_diff = max(res.max_abs_diff, float(np.max(np.abs(y - ref))))
 
         async def flapper() -> None:
             # 50 Mbit/s, 1 Mbit/s, 50 Mbit/s, outage, ...: every change is a flap; the slow
@@ -243,22 +258,24 @@ async def _run(work_dir: str, *, n_requests: int, concurrency: int, flap_s: floa
             # Kill at evenly spaced fractions of the run, while the link may be up or down.
             for k in range(gateway_kills):
                 mark = n_requests * (k + 1) // (gateway_kills + 1)
-                while done < mark and not stop.is_set():
+                while sender.done < mark and not stop.is_set():
                     await asyncio.sleep(0.05)
                 if stop.is_set():
                     return
                 gw.kill()
                 res.gateway_kills += 1
-                res.events.append(f"gateway SIGKILL after {done} answers at {time.monotonic() - t_start:.1f} s")
+                res.events.append(f"gateway SIGKILL after {sender.done} answers at "
+                                  f"{time.monotonic() - t_start:.1f} s")
                 await asyncio.sleep(1.0)
                 gw.start()
                 waited = await asyncio.to_thread(gw.wait_serving)
                 res.events.append(f"gateway restarted on port {gw.port}, serving after {waited:.1f} s")
 
         t_run = time.monotonic()
+        sender = _OpenLoop(agent, xs, refs, res, rate_rps, t_run)
         side = [asyncio.create_task(flapper()), asyncio.create_task(killer())]
         try:
-            await asyncio.gather(*(client() for _ in range(concurrency)))
+            await asyncio.gather(*(sender.client() for _ in range(concurrency)))
         finally:
             res.wall_s = time.monotonic() - t_run
             stop.set()
@@ -293,8 +310,6 @@ async def _run_worker_kill(work_dir: str, *, n_requests: int, concurrency: int, 
     from cluster.ray_cluster import RayPool, RayPoolFactory, connect, shutdown
     from cluster.registry import Registry
     from cluster.server import serve
-    from edge_agent.config import config_from_dict
-    from edge_agent.daemon import EdgeAgent
 
     model_path, prof = _prepare(work_dir)
     with open(os.path.join(os.path.dirname(model_path), "model.yaml"), "a", encoding="utf-8") as fh:
@@ -313,44 +328,12 @@ async def _run_worker_kill(work_dir: str, *, n_requests: int, concurrency: int, 
         gateway = Gateway(registry, RayPoolFactory(provider="cpu"))
         await gateway.start()
         server = await serve(gateway, host="127.0.0.1", port=0)
-        agent = EdgeAgent(config_from_dict({
-            "gateway": server.address, "model": f"{MODEL}@{VERSION}", "apiPort": 0,
-            "cacheDir": os.path.join(work_dir, "edge-cache"), "deviceProfile": prof, "encodings": ["fp32"],
-            "intraOpThreads": 1, "remoteTimeoutMs": 1000, "probeIntervalS": 0.5, "breakerOpenS": 0.5,
-            "dwellS": 0.5, "startupTimeoutS": 30}))
+        agent = _agent(server.address, work_dir, prof, remote_timeout_ms=1000)
         await agent.start()
-        done = 0
-        next_id = 0
-        t_run = time.monotonic()
-
-        async def client() -> None:
-            nonlocal next_id, done
-            while next_id < n_requests:
-                i = next_id
-                next_id += 1
-                due = t_run + i / rate_rps - time.monotonic()
-                if due > 0:
-                    await asyncio.sleep(due)
-                rid = f"req-{i}"
-                t0 = time.perf_counter()
-                try:
-                    ans = await agent.infer({"x": xs[i % n_inputs]}, rid)
-                except Exception as e:  # noqa: BLE001 - recorded as lost
-                    res.errors.append(f"{rid}: {type(e).__name__}: {e}")
-                    continue
-                finally:
-                    done += 1
-                res.latencies_ms.append((time.perf_counter() - t0) * 1e3)
-                res.answers[ans["id"]] += 1
-                res.served_by[ans["served_by"]] += 1
-                y, ref = np.asarray(ans["outputs"]["y"]), refs[i % n_inputs]
-                if y.shape != ref.shape or not np.array_equal(y, ref):
-                    res.mismatched[ans["served_by"]] += 1
-                    if y.shape == ref.shape:
-                        res.max_abs_diff = max(res.max_abs_diff, float(np.max(np.abs(y - ref))))
+        sender = _OpenLoop(agent, xs, refs, res, rate_rps, time.monotonic())
 
         async def killer() -> None:
-            while done < n_requests // 3:
+            while sender.done < n_requests // 3:
                 await asyncio.sleep(0.02)
             # The gateway's pools, read from its private table: the test needs an actor handle.
             with gateway._pools_lock:  # noqa: SLF001
@@ -358,14 +341,14 @@ async def _run_worker_kill(work_dir: str, *, n_requests: int, concurrency: int, 
             busiest = max(pools, key=lambda p: sum(p.pool._routed))  # noqa: SLF001
             ray.kill(busiest.pool.replicas[0], no_restart=False)
             res.gateway_kills = 0
-            res.events.append(f"ray.kill replica 0 of {busiest.segment_key} after {done} answers "
+            res.events.append(f"ray.kill replica 0 of {busiest.segment_key} after {sender.done} answers "
                               f"({sum(busiest.pool._routed)} calls routed to it so far)")  # noqa: SLF001
 
         side = asyncio.create_task(killer())
         try:
-            await asyncio.gather(*(client() for _ in range(concurrency)))
+            await asyncio.gather(*(sender.client() for _ in range(concurrency)))
         finally:
-            res.wall_s = time.monotonic() - t_run
+            res.wall_s = time.monotonic() - sender.t_run
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(side, 5)
         res.counters = dict(agent.status().get("counters", {}))
