@@ -1,4 +1,5 @@
-"""A real gateway with its OIP REST door on loopback: in-process pools, its own event loop thread."""
+"""A real gateway with its OIP REST door on loopback (in-process pools, its own event loop
+thread), and the ONNX Runtime references that the tests of both OIP doors compare with."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import onnx
 
 from cluster.auth import Authorizer, TokenTable
@@ -34,6 +37,33 @@ class Door:
     oip: OipRest
     model_path: str
     """The registry's model.onnx of m@<the first version>."""
+
+
+def ort_run(model: str | bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`model` (a path or serialized bytes) run by ONNX Runtime on the CPU: output name -> array."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def ort_per_sample(model: str, x: np.ndarray) -> np.ndarray:
+    """The model's output for a batch: the registry model has batch 1 fixed, the gateway batches."""
+    return np.concatenate([ort_run(model, {"x": x[i:i + 1]})["y"] for i in range(len(x))])
+
+
+def tails(door: Any) -> list[str]:
+    """The cut ids of m's preloaded tails, the empty cut `L` left out."""
+    return [c for c in door.gateway.registry.resolve("m", "").frontier.cut_ids if c != "L"]
+
+
+def head_boundaries(door: Any, x: np.ndarray) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """For each preloaded tail of m: its cut id and the tensors its head (run by ONNX
+    Runtime) computes from `x`."""
+    lv = door.gateway.registry.resolve("m", "")
+    for cut in tails(door):
+        head, _ = lv.files.splitter().split(lv.files.resolve_cut(cut))
+        yield cut, ort_run(head.model.SerializeToString(), {"x": x})
 
 
 @contextmanager

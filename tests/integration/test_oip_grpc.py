@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.integration._oip_grpc_support import AUTH, import_tritonclient_grpc, oip_grpc_door
+from tests.integration._oip_support import head_boundaries, ort_per_sample, ort_run, tails
 
 triton = import_tritonclient_grpc()
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402 - after the skip
@@ -41,22 +42,6 @@ def client(door):
 def stub(door):
     with grpc.insecure_channel(door.host) as channel:
         yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-
-
-def ort_run(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-
-
-def ort_per_sample(model, x: np.ndarray) -> np.ndarray:
-    """The model's output for a batch: the registry model has batch 1 fixed, the gateway batches."""
-    return np.concatenate([ort_run(model, {"x": x[i:i + 1]})["y"] for i in range(len(x))])
-
-
-def tails(door) -> list[str]:
-    return [c for c in door.gateway.registry.resolve("m", "").frontier.cut_ids if c != "L"]
 
 
 def inputs_of(arrays: dict[str, np.ndarray], datatype: str = "FP32") -> list:
@@ -138,10 +123,7 @@ def test_infer_with_typed_contents_equals_onnx_runtime(door, stub):
 def test_infer_each_tail_on_the_heads_boundary_equals_the_whole_model(door, client):
     x = np.random.default_rng(3).random((1, 4, 5, 5), dtype=np.float32)
     want = ort_run(door.model_path, {"x": x})["y"]
-    lv = door.gateway.registry.resolve("m", "")
-    for cut in tails(door):
-        head, _ = lv.files.splitter().split(lv.files.resolve_cut(cut))
-        boundary = ort_run(head.model.SerializeToString(), {"x": x})
+    for cut, boundary in head_boundaries(door, x):
         meta = client.get_model_metadata(f"m.tail.{cut}", headers=AUTH)
         feeds = {i.name: boundary[i.name] for i in meta.inputs}
         r = client.infer(f"m.tail.{cut}", inputs_of(feeds), headers=AUTH)

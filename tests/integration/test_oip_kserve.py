@@ -44,20 +44,10 @@ def grpc_door(tmp_path_factory):
         yield d
 
 
-def ort_run(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-
-
 def cases(door, models, x: np.ndarray) -> list[dict[str, Any]]:
     """The whole model fed `x`, and each preloaded tail fed the head's boundary tensors for `x`."""
     out = [{"name": "m", "inputs": {"x": to_tensor(x)}}]
-    lv = door.gateway.registry.resolve("m", "")
-    for cut in [c for c in lv.frontier.cut_ids if c != "L"]:
-        head, _ = lv.files.splitter().split(lv.files.resolve_cut(cut))
-        boundary = ort_run(head.model.SerializeToString(), {"x": x})
+    for cut, boundary in _oip_support.head_boundaries(door, x):
         name = f"m.tail.{cut}"
         tail_lv, cut_id = models.resolve(name, "")
         meta = models.metadata(name, tail_lv, models.signature(tail_lv, cut_id))
@@ -81,7 +71,7 @@ def run_client(job: dict[str, Any]) -> dict[str, Any]:
 
 def check_answers(report: dict[str, Any], jobs: list[dict[str, Any]], model_path: str, x: np.ndarray) -> None:
     assert report["live"] is True and report["ready"] is True
-    want = ort_run(model_path, {"x": x})["y"]
+    want = _oip_support.ort_run(model_path, {"x": x})["y"]
     assert report["model_ready"] == {c["name"]: True for c in jobs}
     assert set(report["outputs"]) == {c["name"] for c in jobs}
     for name, y in report["outputs"].items():

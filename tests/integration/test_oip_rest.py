@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.integration._oip_support import AUTH, oip_door
+from tests.integration._oip_support import AUTH, head_boundaries, oip_door, ort_per_sample, ort_run, tails
 
 triton = pytest.importorskip("tritonclient.http", reason="the test extra installs tritonclient[http]")
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after the importorskip
@@ -36,22 +36,6 @@ def client(door):
 
 def auth() -> dict[str, str]:
     return dict(AUTH)  # tritonclient writes its own headers into the dict it is given
-
-
-def ort_run(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-
-
-def ort_per_sample(model, x: np.ndarray) -> np.ndarray:
-    """The model's output for a batch: the registry model has batch 1 fixed, the gateway batches."""
-    return np.concatenate([ort_run(model, {"x": x[i:i + 1]})["y"] for i in range(len(x))])
-
-
-def tails(door) -> list[str]:
-    return [c for c in door.gateway.registry.resolve("m", "").frontier.cut_ids if c != "L"]
 
 
 def raw(door, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None):
@@ -122,10 +106,7 @@ def test_infer_whole_model_equals_onnx_runtime(door, client, binary):
 def test_infer_each_tail_on_the_heads_boundary_equals_the_whole_model(door, client, binary):
     x = np.random.default_rng(3).random((1, 4, 5, 5), dtype=np.float32)
     want = ort_run(door.model_path, {"x": x})["y"]
-    lv = door.gateway.registry.resolve("m", "")
-    for cut in tails(door):
-        head, _ = lv.files.splitter().split(lv.files.resolve_cut(cut))
-        boundary = ort_run(head.model.SerializeToString(), {"x": x})
+    for cut, boundary in head_boundaries(door, x):
         meta = client.get_model_metadata(f"m.tail.{cut}", headers=auth())
         feeds = {i["name"]: boundary[i["name"]] for i in meta["inputs"]}
         r = client.infer(f"m.tail.{cut}", infer_inputs(feeds, binary=binary), headers=auth(),
