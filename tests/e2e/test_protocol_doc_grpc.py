@@ -8,26 +8,14 @@ block that follows it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_protocol_doc import blocks
-from tests.e2e.test_quickstart import _is_checkout, _stop, _taken, _wait_for, page_commands
+from tests.e2e.test_protocol_doc import blocks, run_example, section
+from tests.e2e.test_quickstart import _is_checkout, _taken, page_commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-
-
-def section(title: str) -> str:
-    text = PAGE.read_text(encoding="utf-8")
-    start = text.index(title)
-    end = text.find("\n## ", start + len(title))
-    return text[start:end if end >= 0 else len(text)]
 
 
 def test_the_grpc_section_has_a_tritonclient_grpc_example():
@@ -49,27 +37,4 @@ def test_oip_grpc_example_prints_what_the_page_shows(tmp_path: Path) -> None:
     [code] = blocks(grpc_section, "python")
     prints = blocks(grpc_section, "text")[0]
     assert not [p for p in (50161, 9601) if _taken(p)], "the loopback ports the page uses (50161, 9601) are taken"
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-               PYTHONUNBUFFERED="1", XDG_CACHE_HOME=str(tmp_path / "cache"))
-    work = tmp_path / "work"
-    work.mkdir()
-    running = []
-    try:
-        for i, c in enumerate(setup):
-            if c.background:
-                log = tmp_path / f"bg{i}.log"
-                with open(log, "wb") as fh:
-                    proc = subprocess.Popen(["bash", "-c", f"exec {c.line}"], cwd=work, env=env, stdout=fh,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-                running.append(proc)
-                _wait_for(proc, log, c.wait_for or "", "gateway")
-                continue
-            r = subprocess.run(["bash", "-c", c.line], cwd=work, env=env, capture_output=True, text=True, timeout=120)
-            assert r.returncode == 0, f"$ {c.line}\nexited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-        r = subprocess.run([sys.executable, "-c", "\n".join(code)], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.strip().splitlines() == prints
-    finally:
-        codes = [_stop(p) for p in running]
-    assert codes == [0] * len(running), "the gateway did not stop cleanly on SIGTERM"
+    run_example(tmp_path, setup, code, prints)
