@@ -10,14 +10,22 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from cluster.errors import Unauthenticated, UnknownModelError, Unavailable
+from cluster.gateway import Gateway, LocalPoolFactory
 from cluster.protocol.encoding import decode
 from cluster.protocol.messages import ArtifactsResponse, InferRequest, InferResponse
 from cluster.protocol.tensors import EncodedTensor
+from cluster.registry import Registry
+from cluster.server import serve
+from edge_agent.config import config_from_dict
+from edge_agent.daemon import EdgeAgent
 from partitioner import Cut, Splitter, boundary, candidate_cuts
 from planner import Encoding, Frontier, FrontierEntry, Link, LinkRange, Objective, Plan, evaluate, make_flops_profile
 from tests.onnx_models import conv_bn_relu_chain, write
@@ -102,3 +110,25 @@ def fixed_frontier(graph, cut: Cut, *, encoding: Encoding = Encoding(), local_gf
     plan = Plan(graph.model, (cut,), encoding, Objective.LATENCY, link, b, tuple(boundary(graph, cut)))
     rng = LinkRange(0.1e6, 1e9, 4.0, 5.0)
     return Frontier(graph.model, Objective.LATENCY, rng, (FrontierEntry(rng.up_lo_bps, rng.up_hi_bps, plan),))
+
+
+@asynccontextmanager
+async def gateway_and_agent(tmp_path: Path, model: str, device_profile: Path,
+                            **config: Any) -> AsyncIterator[tuple[Gateway, EdgeAgent]]:
+    """A gateway with in-process pools on the registry in `tmp_path / "registry"`, served on
+    loopback, and a started edge agent of `model` with `device_profile` that offloads to it
+    within 5 s (`config`: further agent keys); both stopped on exit."""
+    registry = Registry(str(tmp_path / "registry"), cache_dir=str(tmp_path / "gw-cache"))
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "gw-cache")))
+    await gateway.start()
+    server = await serve(gateway)
+    agent = EdgeAgent(config_from_dict({"gateway": server.address, "model": model, "apiPort": 0,
+                                        "cacheDir": str(tmp_path / "edge-cache"), "deviceProfile": str(device_profile),
+                                        "remoteTimeoutMs": 5000, **config}))
+    try:
+        await agent.start()
+        yield gateway, agent
+    finally:
+        await agent.stop()
+        await server.stop(None)
+        await gateway.close()

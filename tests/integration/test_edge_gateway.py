@@ -8,13 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from cluster.gateway import Gateway, LocalPoolFactory
-from cluster.registry import Registry
-from cluster.server import serve
-from edge_agent.config import config_from_dict
-from edge_agent.daemon import EdgeAgent
 from partitioner import Splitter
-from tests.integration._edge_support import slow_device_profile, write_model
+from tests.integration._edge_support import gateway_and_agent, slow_device_profile, write_model
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(180)]
 
@@ -28,21 +23,9 @@ def test_agent_fetches_from_and_offloads_to_the_gateway(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
 
     async def go():
-        registry = Registry(str(tmp_path / "registry"), cache_dir=str(tmp_path / "gw-cache"))
-        gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "gw-cache")))
-        await gateway.start()
-        server = await serve(gateway)
-        agent = EdgeAgent(config_from_dict({"gateway": server.address, "model": "chain", "apiPort": 0,
-                                            "cacheDir": str(tmp_path / "edge-cache"), "deviceProfile": str(prof),
-                                            "remoteTimeoutMs": 5000}))
-        try:
-            await agent.start()
+        async with gateway_and_agent(tmp_path, "chain", prof) as (gateway, agent):
             answers = [await agent.infer({"x": x}, None) for _ in range(3)]
             return answers, agent.status(), gateway.backend_calls
-        finally:
-            await agent.stop()
-            await server.stop(None)
-            await gateway.close()
 
     answers, status, calls = asyncio.run(go())
     ref = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

@@ -11,15 +11,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from cluster.gateway import Gateway, LocalPoolFactory
 from cluster.protocol.encoding import decode, encode
-from cluster.registry import Registry
-from cluster.server import serve
-from edge_agent.config import config_from_dict
-from edge_agent.daemon import EdgeAgent
 from partitioner import Splitter
 from planner.accuracy import AccuracyEntry, AccuracyTable
-from tests.integration._edge_support import slow_device_profile
+from tests.integration._edge_support import gateway_and_agent, slow_device_profile
 from tests.integration.test_gateway_lossy import frame, image_model
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(180)]
@@ -40,22 +35,10 @@ def test_the_agent_sends_the_frame_as_a_jpeg_within_its_budget(tmp_path):
     prof.write_text(slow_device_profile(Splitter(src).graph).to_json())
 
     async def go():
-        registry = Registry(str(tmp_path / "registry"), cache_dir=str(tmp_path / "gw-cache"))
-        gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "gw-cache")))
-        await gateway.start()
-        server = await serve(gateway)
-        agent = EdgeAgent(config_from_dict({"gateway": server.address, "model": "img", "apiPort": 0,
-                                            "cacheDir": str(tmp_path / "edge-cache"), "deviceProfile": str(prof),
-                                            "remoteTimeoutMs": 5000, "minAgreement": 0.99}))
-        try:
-            await agent.start()
+        async with gateway_and_agent(tmp_path, "img", prof, minAgreement=0.99) as (gateway, agent):
             keys = {e.plan.encoding.key for e in agent.frontier.entries}
             answers = [await agent.infer({"x": x}, None) for _ in range(3)]
             return keys, answers
-        finally:
-            await agent.stop()
-            await server.stop(None)
-            await gateway.close()
 
     keys, answers = asyncio.run(go())
     assert keys == {"jpeg@90"}

@@ -13,16 +13,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from cluster.gateway import Gateway, LocalPoolFactory
 from cluster.protocol.encoding import decode, encode
 from cluster.protocol.lossy import ImageNorm
-from cluster.registry import Registry
-from cluster.server import serve
-from edge_agent.config import config_from_dict
-from edge_agent.daemon import EdgeAgent
 from partitioner import build_graph
 from planner.accuracy import AccuracyEntry, AccuracyTable
-from tests.integration._edge_support import slow_device_profile
+from tests.integration._edge_support import gateway_and_agent, slow_device_profile
 from tests.integration.test_gateway_lossy import frame
 from tests.unit.test_edge_planning_graph import symbolic_image_model
 
@@ -49,22 +44,10 @@ def test_the_agent_sizes_a_symbolic_model_and_sends_the_measured_jpeg(tmp_path, 
     prof.write_text(slow_device_profile(build_graph(src, input_shapes={"x": (1, 3, 32, 32)})).to_json())
 
     async def go():
-        registry = Registry(str(tmp_path / "registry"), cache_dir=str(tmp_path / "gw-cache"))
-        gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "gw-cache")))
-        await gateway.start()
-        server = await serve(gateway)
-        agent = EdgeAgent(config_from_dict({"gateway": server.address, "model": "img", "apiPort": 0,
-                                            "cacheDir": str(tmp_path / "edge-cache"), "deviceProfile": str(prof),
-                                            "remoteTimeoutMs": 5000, "minAgreement": 0.99}))
-        try:
-            await agent.start()
+        async with gateway_and_agent(tmp_path, "img", prof, minAgreement=0.99) as (gateway, agent):
             keys = {e.plan.encoding.key for e in agent.frontier.entries}
             answers = [await agent.infer({"x": x}, None) for _ in range(2)] if declared else []
             return keys, agent.image_norm, answers
-        finally:
-            await agent.stop()
-            await server.stop(None)
-            await gateway.close()
 
     keys, agent_norm, answers = asyncio.run(go())
     assert agent_norm == norm
