@@ -54,7 +54,8 @@ TRANSFER_S = 1.0
 UNSHAPED_BPS = 1e12
 
 
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def echo_back(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server handler that sends back what it reads until the peer closes."""
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -63,6 +64,23 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
     finally:
         writer.close()
+
+
+async def read_timed(reader: asyncio.StreamReader, nbytes: int) -> tuple[int, int, float, float]:
+    """Reads up to `nbytes` (less if the peer closes first): the bytes read, the length of the
+    first read, and the monotonic times of the first and the last read. A rate is
+    (bytes - first) / (last - first): the first read's bytes arrived before its time."""
+    total, first_s, first_len, last_s = 0, 0.0, 0, 0.0
+    while total < nbytes:
+        data = await reader.read(65536)
+        if not data:
+            break
+        now_s = time.monotonic()
+        if total == 0:
+            first_s, first_len = now_s, len(data)
+        total += len(data)
+        last_s = now_s
+    return total, first_len, first_s, last_s
 
 
 async def _sink_or_source(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -77,16 +95,7 @@ async def _sink_or_source(reader: asyncio.StreamReader, writer: asyncio.StreamWr
         await writer.drain()
         writer.close()
         return
-    total, first_s, first_len, last_s = 0, 0.0, 0, 0.0
-    while total < nbytes:
-        data = await reader.read(65536)
-        if not data:
-            break
-        now_s = time.monotonic()
-        if total == 0:
-            first_s, first_len = now_s, len(data)
-        total += len(data)
-        last_s = now_s
+    total, first_len, first_s, last_s = await read_timed(reader, nbytes)
     writer.write(json.dumps({"bytes": total, "first": first_len, "span_s": last_s - first_s}).encode())
     await writer.drain()
     writer.close()
@@ -107,22 +116,14 @@ async def _uplink_bps(port: int, nbytes: int) -> float:
 async def _downlink_bps(port: int, nbytes: int) -> float:
     reader, writer = await asyncio.open_connection(LOOPBACK, port)
     writer.write(b"d" + nbytes.to_bytes(8, "big"))
-    total, first_s, first_len, last_s = 0, 0.0, 0, 0.0
-    while total < nbytes:
-        data = await reader.read(65536)
-        if not data:
-            break
-        now_s = time.monotonic()
-        if total == 0:
-            first_s, first_len = now_s, len(data)
-        total += len(data)
-        last_s = now_s
+    total, first_len, first_s, last_s = await read_timed(reader, nbytes)
     writer.close()
     return (total - first_len) * 8 / (last_s - first_s)
 
 
-async def _rtts_s(ports: list[int], count: int) -> list[list[float]]:
-    """Round trips to each port, pinged in turn so that all see the same CPU load."""
+async def ping_rtts_s(ports: list[int], count: int) -> list[list[float]]:
+    """Round trips of a PING_BYTES ping to the echo server on each port, `count` per port,
+    pinged in turn so that all see the same CPU load."""
     conns = [await asyncio.open_connection(LOOPBACK, port) for port in ports]
     rtts: list[list[float]] = [[] for _ in ports]
     for _ in range(count):
@@ -142,7 +143,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _run(pings: int) -> dict[str, Any]:
-    echo = await asyncio.start_server(_echo, LOOPBACK, 0)
+    echo = await asyncio.start_server(echo_back, LOOPBACK, 0)
     echo_port = echo.sockets[0].getsockname()[1]
     bulk = await asyncio.start_server(_sink_or_source, LOOPBACK, 0)
     bulk_port = bulk.sockets[0].getsockname()[1]
@@ -166,7 +167,7 @@ async def _run(pings: int) -> dict[str, Any]:
         setting = LinkSetting(up_bps=18.88e6, down_bps=18.88e6, rtt_ms=rtt_ms)
         serialisation_s = 2 * PING_BYTES * 8 / 18.88e6
         async with LinkEmulator(upstream=(LOOPBACK, echo_port), setting=setting) as emu:
-            direct, rtts = await _rtts_s([echo_port, emu.port], pings)
+            direct, rtts = await ping_rtts_s([echo_port, emu.port], pings)
         direct_all += direct
         expected_s = rtt_ms / 1e3 + serialisation_s
         added_median_s = statistics.median(rtts) - statistics.median(direct)

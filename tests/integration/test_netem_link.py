@@ -20,38 +20,16 @@ import urllib.request
 
 import pytest
 
+from bench.netem_accuracy import PING_BYTES, echo_back, ping_rtts_s, read_timed
 from splitinfer.netem import LinkEmulator, LinkSetting, OutageMode, ThreadedLinkEmulator, TraceStep
 
 LOOPBACK = "127.0.0.1"
-PING_BYTES = 64
-
-
-async def _echo(reader, writer):
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
 
 
 async def _sink(reader, writer):
     """Count bytes; answer with the byte count and the seconds between first and last byte."""
-    total = 0
-    first_s = last_s = None
-    header = await reader.readexactly(8)
-    expected = int.from_bytes(header, "big")
-    while total < expected:
-        data = await reader.read(65536)
-        if not data:
-            break
-        now_s = time.monotonic()
-        if first_s is None:
-            first_s, first_len = now_s, len(data)
-        total += len(data)
-        last_s = now_s
+    expected = int.from_bytes(await reader.readexactly(8), "big")
+    total, first_len, first_s, last_s = await read_timed(reader, expected)
     report = {"bytes": total, "first": first_len, "first_s": first_s, "last_s": last_s, "span_s": last_s - first_s}
     writer.write(json.dumps(report).encode())
     await writer.drain()
@@ -65,17 +43,7 @@ async def _server(handler):
 
 async def _added_rtt_s(direct_port, emulated_port, count=16):
     """Lower quartile of emulated minus direct round trips, pinged alternately so both see the same load."""
-    conns = [await asyncio.open_connection(LOOPBACK, port) for port in (direct_port, emulated_port)]
-    rtts = ([], [])
-    for _ in range(count):
-        for (reader, writer), samples in zip(conns, rtts):
-            start_s = time.monotonic()
-            writer.write(b"p" * PING_BYTES)
-            await writer.drain()
-            await reader.readexactly(PING_BYTES)
-            samples.append(time.monotonic() - start_s)
-    for _, writer in conns:
-        writer.close()
+    rtts = await ping_rtts_s([direct_port, emulated_port], count)
     direct_s, emulated_s = (statistics.quantiles(samples, n=4)[0] for samples in rtts)
     return emulated_s - direct_s
 
@@ -113,7 +81,7 @@ def _timed(scenario, accept):
 
 def test_rate_and_delay_match_the_setting_within_10_percent():
     async def scenario():
-        echo, echo_port = await _server(_echo)
+        echo, echo_port = await _server(echo_back)
         sink, sink_port = await _server(_sink)
         setting = LinkSetting.from_mbps(8, 8, 40)
         async with LinkEmulator(upstream=(LOOPBACK, echo_port), setting=setting) as emu:
@@ -218,7 +186,7 @@ def test_backpressure_reaches_the_sender():
 
 def test_blackhole_holds_data_and_keeps_the_connection_then_delivers_it():
     async def scenario():
-        server, port = await _server(_echo)
+        server, port = await _server(echo_back)
         async with LinkEmulator(upstream=(LOOPBACK, port), setting=LinkSetting.from_mbps(8, 8, 10)) as emu:
             reader, writer = await asyncio.open_connection(LOOPBACK, emu.port)
             writer.write(b"before")
@@ -250,7 +218,7 @@ def test_blackhole_holds_data_and_keeps_the_connection_then_delivers_it():
 
 def test_reset_mode_resets_connections_and_refuses_new_ones_until_the_link_returns():
     async def scenario():
-        server, port = await _server(_echo)
+        server, port = await _server(echo_back)
         async with LinkEmulator(upstream=(LOOPBACK, port), setting=LinkSetting.from_mbps(8, 8, 10),
                                 outage_mode=OutageMode.RESET) as emu:
             reader, writer = await asyncio.open_connection(LOOPBACK, emu.port)
@@ -296,7 +264,7 @@ def test_trace_replay_walks_the_steps_in_order():
     trace = [TraceStep(0.0, up), TraceStep(0.3, LinkSetting.from_mbps(0, 0, 10, up=False)), TraceStep(0.6, up)]
 
     async def scenario():
-        server, port = await _server(_echo)
+        server, port = await _server(echo_back)
         seen = []
         async with LinkEmulator(upstream=(LOOPBACK, port), trace=trace) as emu:
             for _ in range(18):

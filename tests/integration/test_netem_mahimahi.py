@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.netem_accuracy import measure_mahimahi
+from bench.netem_accuracy import echo_back, measure_mahimahi
 from splitinfer.netem import LinkEmulator, MahimahiTrace, load_mahimahi_trace
-from tests.integration.test_netem_link import _echo
 
 LOOPBACK = "127.0.0.1"
 SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
@@ -96,7 +95,7 @@ def test_queueing_delay_grows_under_load_up_to_the_queue_bound():
     queue_packets = 30
 
     async def scenario():
-        echo = await asyncio.start_server(_echo, LOOPBACK, 0)
+        echo = await asyncio.start_server(echo_back, LOOPBACK, 0)
         async with LinkEmulator(upstream=(LOOPBACK, echo.sockets[0].getsockname()[1]), trace_up=uplink,
                                 trace_down=downlink, rtt_ms=20.0, queue_bytes=queue_packets * 1500) as emu:
             idle_s = await _ping_s(emu.port, 5)
