@@ -1,4 +1,4 @@
-"""Hypothesis strategies for layer graphs, profiles and links.
+"""Hypothesis strategies for layer graphs, profiles and links, and random flow networks.
 
 Graphs come from `partitioner.synthetic` keyed by a drawn seed, so a failure replays
 exactly from the seed hypothesis prints. Profiles put the device slower than the
@@ -8,6 +8,9 @@ between edge-only, cloud-only and interior cuts.
 
 from __future__ import annotations
 
+import math
+import random
+
 from hypothesis import strategies as st
 
 from partitioner.graph import LayerGraph
@@ -16,7 +19,7 @@ from planner.profile import Profile
 from planner.synthetic import make_random_profile
 from planner.types import Link
 
-__all__ = ["graphs", "chain_graphs", "profiles_for", "profile_pairs", "links", "problems"]
+__all__ = ["graphs", "chain_graphs", "profiles_for", "profile_pairs", "links", "problems", "random_flow_network"]
 
 
 @st.composite
@@ -79,3 +82,22 @@ def links(draw: st.DrawFn) -> Link:
 def problems(draw: st.DrawFn, max_layers: int = 10) -> tuple[LayerGraph, tuple[Profile, Profile], Link]:
     g = draw(graphs(max_layers=max_layers))
     return g, draw(profile_pairs(g)), draw(links())
+
+
+def random_flow_network(rng: random.Random, n: int, density: float, spread: float = 0.0
+                        ) -> tuple[list[int], list[int], list[float]]:
+    """Arcs (tails, heads, capacities) of a random `n`-node network for the max-flow solvers:
+    each ordered pair an arc with probability `density`; capacities 0, small integers,
+    reals spread over `spread` decades either side of 0-10, or infinite, except into the
+    sink (node n - 1), where they are finite (as pins make from the source)."""
+    tails, heads, caps = [], [], []
+    for u in range(n):
+        for v in range(n):
+            if u != v and rng.random() < density:
+                tails.append(u)
+                heads.append(v)
+                c = rng.choice([0.0, rng.uniform(0, 10) * 10 ** rng.uniform(-spread, spread),
+                                rng.randint(1, 5), math.inf])
+                caps.append(rng.uniform(0, 10) if v == n - 1 else c)
+    return tails, heads, caps
+

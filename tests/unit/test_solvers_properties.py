@@ -18,7 +18,7 @@ from planner.maxflow import max_flow_edmonds_karp, min_cut, min_cut_dinic
 from planner.memory import head_memory_bytes
 from planner.solvers import solve, solve_chain_scan
 from planner.types import Constraints, Encoding, Link, Objective
-from tests.strategies import chain_graphs, graphs, links, profile_pairs, profiles_for
+from tests.strategies import chain_graphs, graphs, links, problems, profile_pairs, profiles_for, random_flow_network
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ENCODINGS = [(Encoding(),), (Encoding(), Encoding("fp16"), Encoding("int8", "zstd"))]
@@ -80,9 +80,7 @@ def _close(a: float, b: float) -> bool:
 @SETTINGS
 @given(st.data())
 def test_latency_and_energy_optimum_equal_brute_force(data: st.DataObject) -> None:
-    g = data.draw(graphs(max_layers=9))
-    profiles = data.draw(profile_pairs(g))
-    link = data.draw(links())
+    g, profiles, link = data.draw(problems(max_layers=9))
     encs = data.draw(st.sampled_from(ENCODINGS))
     for obj in (Objective.LATENCY, Objective.ENERGY):
         plan = solve(g, profiles, link, obj, encodings=encs)
@@ -94,9 +92,7 @@ def test_latency_and_energy_optimum_equal_brute_force(data: st.DataObject) -> No
 @given(st.data())
 def test_push_relabel_path_equals_brute_force(data: st.DataObject) -> None:
     """The same optimum when push-relabel (not Dinic) finds every cut, pins included."""
-    g = data.draw(graphs(max_layers=9))
-    profiles = data.draw(profile_pairs(g))
-    link = data.draw(links())
+    g, profiles, link = data.draw(problems(max_layers=9))
     c = Constraints(pinned_device_layers=frozenset(data.draw(st.lists(st.integers(0, len(g) - 1), max_size=1))),
                     raw_input_stays_on_device=data.draw(st.booleans()))
     with pytest.MonkeyPatch.context() as mp:
@@ -143,9 +139,7 @@ def test_throughput_exact_on_small_graphs_and_sound_on_big(data: st.DataObject) 
 @SETTINGS
 @given(st.data())
 def test_more_bandwidth_never_worsens_the_optimum(data: st.DataObject) -> None:
-    g = data.draw(graphs(max_layers=12))
-    profiles = data.draw(profile_pairs(g))
-    link = data.draw(links())
+    g, profiles, link = data.draw(problems(max_layers=12))
     factor = data.draw(st.floats(1.0, 100.0))
     faster = Link(link.up_bps * factor, link.down_bps * factor, link.rtt_ms, link.loss)
     for obj in Objective:
@@ -174,9 +168,7 @@ def test_chain_scan_equals_min_cut_on_chains(data: st.DataObject) -> None:
 @SETTINGS
 @given(st.data())
 def test_chain_scan_never_beats_min_cut_on_dags(data: st.DataObject) -> None:
-    g = data.draw(graphs(max_layers=14))
-    profiles = data.draw(profile_pairs(g))
-    link = data.draw(links())
+    g, profiles, link = data.draw(problems(max_layers=14))
     scan = solve_chain_scan(g, profiles, link)
     best = solve(g, profiles, link)
     assert best.breakdown.total_ms <= scan.breakdown.total_ms * (1 + 1e-9)
@@ -198,9 +190,7 @@ def _constraints(draw: st.DrawFn, g: LayerGraph) -> Constraints:
 @SETTINGS
 @given(st.data())
 def test_constraints_respected_and_infeasible_exactly_when_nothing_fits(data: st.DataObject) -> None:
-    g = data.draw(graphs(max_layers=8))
-    profiles = data.draw(profile_pairs(g))
-    link = data.draw(links())
+    g, profiles, link = data.draw(problems(max_layers=8))
     c = data.draw(_constraints(g))
     obj = data.draw(st.sampled_from(list(Objective)))
     brute = _brute(g, profiles, link, obj, (Encoding(),), c)
@@ -219,9 +209,7 @@ def test_constraints_respected_and_infeasible_exactly_when_nothing_fits(data: st
 @given(st.data())
 def test_big_graph_search_is_sound(data: st.DataObject) -> None:
     """With enumeration off, every returned plan still meets the constraints."""
-    g = data.draw(graphs(max_layers=8))
-    profiles = data.draw(profile_pairs(g))
-    link = data.draw(links())
+    g, profiles, link = data.draw(problems(max_layers=8))
     c = data.draw(_constraints(g))
     obj = data.draw(st.sampled_from(list(Objective)))
     brute = _brute(g, profiles, link, obj, (Encoding(),), c)
@@ -239,15 +227,7 @@ def test_big_graph_search_is_sound(data: st.DataObject) -> None:
 @given(st.integers(2, 30), st.integers(0, 2**31 - 1), st.floats(0.05, 0.6))
 def test_max_flow_implementations_agree(n: int, seed: int, density: float) -> None:
     rng = random.Random(seed)
-    tails, heads, caps = [], [], []
-    for u in range(n):
-        for v in range(n):
-            if u != v and rng.random() < density:
-                tails.append(u)
-                heads.append(v)
-                # infinite arcs anywhere but into the sink (as pins make from the source)
-                caps.append(rng.choice([0.0, rng.uniform(0, 10), rng.randint(1, 5), math.inf]) if v != n - 1
-                            else rng.uniform(0, 10))
+    tails, heads, caps = random_flow_network(rng, n, density)
     assume(tails)
     s, t = 0, n - 1
     order = list(range(n))

@@ -18,23 +18,9 @@ from planner.mincut import _ones, _solve_labels
 from planner.solvers import solve
 from planner.synthetic import make_flops_profile
 from planner.types import Encoding, Link
+from tests.strategies import random_flow_network
 
 pytest.importorskip("scipy")
-
-
-def _random_network(rng: random.Random, n: int, density: float, spread: float
-                    ) -> tuple[list[int], list[int], list[float]]:
-    tails, heads, caps = [], [], []
-    for u in range(n):
-        for v in range(n):
-            if u != v and rng.random() < density:
-                tails.append(u)
-                heads.append(v)
-                c = rng.choice([0.0, rng.uniform(0, 10) * 10 ** rng.uniform(-spread, spread),
-                                rng.randint(1, 5), math.inf])
-                # infinite arcs anywhere but into the sink (as pins make from the source)
-                caps.append(rng.uniform(0, 10) if v == n - 1 else c)
-    return tails, heads, caps
 
 
 def _cut(tails, heads, caps, side) -> float:
@@ -47,7 +33,7 @@ def test_scaled_cut_is_certified_minimum_or_declined(n: int, seed: int, density:
     """When the compiled path answers, its cut is a minimum cut (capacities spread over
     up to 8 decades included); when it declines, min_cut still answers exactly."""
     rng = random.Random(seed)
-    tails, heads, caps = _random_network(rng, n, density, spread)
+    tails, heads, caps = random_flow_network(rng, n, density, spread)
     assume(tails)
     s, t = 0, n - 1
     ref, _ = max_flow_edmonds_karp(n, tails, heads, caps, s, t)
@@ -91,7 +77,7 @@ def test_scaled_path_answers_and_matches_dinic_on_a_planner_network() -> None:
 def test_declines_when_it_cannot_certify() -> None:
     """No rounds: no flow to certify the cut by, so it declines; min_cut falls back."""
     rng = random.Random(5)
-    tails, heads, caps = _random_network(rng, 25, 0.3, 2.0)
+    tails, heads, caps = random_flow_network(rng, 25, 0.3, 2.0)
     ref, _ = max_flow_edmonds_karp(25, tails, heads, caps, 0, 24)
     assert ref > 0
     with pytest.MonkeyPatch.context() as mp:
