@@ -144,20 +144,7 @@ def test_a_version_none_of_whose_tails_loads_fails_as_a_whole(tmp_path):
     onnx.save(refused_model(), str(d / "model.onnx"))
     # Only the cloud-only cut: the one tail there is holds the refused operator.
     (d / "model.yaml").write_text("frontier: {default_cut_count: 0}\n")
-    _version(tmp_path / "repo", "good", conv_bn_relu_chain(2))
-    registry = Registry(str(tmp_path / "repo"), cache_dir=str(tmp_path / "cache"))
-    metrics = GatewayMetrics()
-    gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path / "ort")), metrics=metrics)
-
-    async def main():
-        await gateway.start(keep_going=True)
-        try:
-            return gateway.readiness()
-        finally:
-            await gateway.close()
-
-    ready, detail = asyncio.run(main())
-    assert ready and detail["versions"] == ["good@1"]
+    gateway, metrics, detail = start_beside_a_good_version(tmp_path)
     assert detail["failed"]["bad@1"].startswith("failed: ") and "no tail of bad@1 could be loaded" in \
         detail["failed"]["bad@1"]
     assert gateway.failed_tails() == {}  # listed once, as the version
@@ -173,6 +160,17 @@ def test_sample_inputs_that_do_not_fit_the_model_fail_its_version_and_the_reason
     # sizes the model's graph at its sample inputs, before any tail is cut.
     np.savez(d / "inputs.npz", x=np.ones((1, 3, 4, 4), np.float32))
     (d / "model.yaml").write_text("sample_inputs: inputs.npz\nfrontier: {default_cut_count: 0}\n")
+    gateway, metrics, detail = start_beside_a_good_version(tmp_path)
+    reason = detail["failed"]["hw@1"]
+    assert "input 'x'" in reason and "fixed at 4" in reason and "1x3x4x4" in reason
+    _, text = get_metrics(metrics)
+    assert 'splitinfer_model_load_failures_total{model="hw",reason="registry",version="1"} 1.0' in text
+
+
+def start_beside_a_good_version(tmp_path) -> tuple[Gateway, GatewayMetrics, dict]:
+    """Adds the good model `good@1` to the repository in `tmp_path / "repo"`, starts a gateway
+    on it with keep_going and closes it again: the gateway, its metrics and its readiness
+    detail, which must list `good@1` as the one version that serves."""
     _version(tmp_path / "repo", "good", conv_bn_relu_chain(2))
     registry = Registry(str(tmp_path / "repo"), cache_dir=str(tmp_path / "cache"))
     metrics = GatewayMetrics()
@@ -187,10 +185,7 @@ def test_sample_inputs_that_do_not_fit_the_model_fail_its_version_and_the_reason
 
     ready, detail = asyncio.run(main())
     assert ready and detail["versions"] == ["good@1"]
-    reason = detail["failed"]["hw@1"]
-    assert "input 'x'" in reason and "fixed at 4" in reason and "1x3x4x4" in reason
-    _, text = get_metrics(metrics)
-    assert 'splitinfer_model_load_failures_total{model="hw",reason="registry",version="1"} 1.0' in text
+    return gateway, metrics, detail
 
 
 def get_metrics(metrics: GatewayMetrics) -> tuple[int, str]:
