@@ -111,7 +111,21 @@ def compute_summary(models: list[dict[str, Any]], min_agreement: float = 0.99) -
         "accuracy": accuracy,
         "ratios": _ratios(models),
         "splitting": _splitting(models),
+        "encode_measured_over_predicted": _encode_ratios(models),
     }
+
+
+def _encode_ratios(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per cast (fp32, fp16, int8), the median of measured / predicted encode ms over the
+    measured candidates that send something, and over how many: the device codec's error."""
+    by: dict[str, list[float]] = {}
+    for m in models:
+        for lk in m["links"]:
+            for c in lk["candidates"]:
+                pred = c.get("predicted", {}).get("encode_ms", 0.0)
+                if c["encoding"] in ("fp32", "fp16", "int8") and pred > 0:
+                    by.setdefault(c["encoding"], []).append(c["encode_ms"] / pred)
+    return {k: {"median": median(v), "n": len(v)} for k, v in sorted(by.items())}
 
 
 def _cells_of(models: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:

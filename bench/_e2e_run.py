@@ -335,11 +335,12 @@ def _scaled_to(device: Any, whole_ms: list[float]) -> tuple[Any, float | None]:
 
 
 def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: Any,
-                   slowdown: float) -> tuple[Any, dict[str, Any]]:
+                   slowdown: float, fixed_ms: float = 0.0) -> tuple[Any, dict[str, Any]]:
     """The accuracy table with its lossy codecs priced at the edge's speed: a codec of the
-    model input at the median encode ms of five requests over the fast link (where that
-    exceeds the table's encode + decode ms), a codec of a feature map at the table's time
-    times the device's `slowdown`. Returns the table and, per input codec, both figures.
+    model input at the median encode ms of five requests over the fast link less the
+    device's `fixed_ms` per tensor sent, which the cost model adds (where that exceeds the
+    table's encode + decode ms), a codec of a feature map at the table's time times the
+    device's `slowdown`. Returns the table and, per input codec, both figures.
 
     [Note: codec time on the device]
     ``splitinfer calibrate`` times each codec on the host that calibrates (one thread at
@@ -368,7 +369,7 @@ def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: 
         r = edge.job(cand["id"], e.encoding, 5)
         if "error" in r:
             continue
-        edge_ms = median(x["encode_ms"] for x in r["rows"])
+        edge_ms = median(x["encode_ms"] for x in r["rows"]) - fixed_ms * len(cand["boundary"])
         seen[e.encoding] = {"table_ms": e.codec_ms, "edge_ms": edge_ms}
         if edge_ms > e.codec_ms:
             priced.append(replace(e, codec_ms=edge_ms))
@@ -450,6 +451,7 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     """Profiles `name` (a zoo or a real-weight model), measures its accuracy table
     (``splitinfer calibrate``, cached), starts the stack and measures every strategy and
     the oracle within the `min_agreement` budget on each link."""
+    from bench._e2e_codec import casts_on_edge
     from bench._e2e_real import calibrate, is_real, prepare_real, zoo_samples_path
     from partitioner import Splitter, chain_points, make_cut, prefix_cut
     from planner import Link
@@ -501,11 +503,13 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
         profiles[0], out.setup["edge_model_ms"] = _device_as_requested(edge, cands, profiles[0])
         if out.setup["edge_model_ms"] is None:
             out.setup["edge_model_ms"] = dm.edge_model_ms
+        profiles[0], out.setup["casts_on_edge"] = casts_on_edge(edge, graph, cands, known, profiles[0])
         overhead_ms, out.setup["call_overhead_requests"] = _call_overhead_ms(edge, emu, graph, cands, known, table,
                                                                              links)
         out.setup["call_overhead_ms"] = overhead_ms
         # the planner prices the input's codecs at the edge's speed ([Note: codec time on the device])
-        plan_table, out.setup["codec_ms_on_edge"] = _codec_on_edge(edge, graph, cands, table, dm.device_slowdown)
+        plan_table, out.setup["codec_ms_on_edge"] = _codec_on_edge(edge, graph, cands, table, dm.device_slowdown,
+                                                                   profiles[0].codec.encode_fixed_ms)
         say(f"      stack up (gateway :{port}, emulator :{emu.port}) in {time.monotonic() - t0:.0f} s; "
             f"a call's fixed cost beyond RTT and bytes: {overhead_ms:.1f} ms")
         # [Note: probed RTT] The planner gets the link as a device would estimate it: the
