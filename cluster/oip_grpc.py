@@ -32,7 +32,7 @@ the trailers) on overload, UNAUTHENTICATED without a valid token.
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -45,7 +45,7 @@ from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, OipModels, Sig
 from cluster._oip_pb import oip_pb2 as pb
 from cluster.errors import ProtocolError
 from cluster.protocol import status as _status
-from cluster.server import InferRunner, ServiceFactory, abort_with_status, string_metadata
+from cluster.server import InferRunner, ServiceFactory, abort_with_status, string_metadata, windowed_answers
 
 __all__ = ["SERVICE_NAME", "STREAM_WINDOW", "OipGrpc", "oip_service"]
 
@@ -224,37 +224,16 @@ class OipGrpc:
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        # As the native InferStream ([Note: stream window] in cluster/server.py): at most
-        # `stream_window` requests read and unanswered, answers in arrival order.
-        pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
-        reader: asyncio.Task[bytes] | None = None
-        it = requests.__aiter__()
-        eof = False
+        # As the native InferStream ([Note: stream window] in cluster/server.py).
         try:
-            while True:
-                if reader is None and not eof and len(pending) < self.stream_window:
-                    reader = asyncio.ensure_future(it.__anext__())
-                waits: set[asyncio.Future[Any]] = {w for w in (reader, pending[0] if pending else None) if w}
-                if not waits:
-                    return
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if reader is not None and reader in done:
-                    try:
-                        pending.append(asyncio.ensure_future(self._stream_one(reader.result(), context)))
-                    except StopAsyncIteration:
-                        eof = True
-                    reader = None
-                while pending and pending[0].done():
-                    yield pending.popleft().result()
+            async with contextlib.aclosing(windowed_answers(
+                    requests, self.stream_window, lambda raw: self._stream_one(raw, context))) as answers:
+                async for answer in answers:
+                    yield answer
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
             await abort_with_status(context, e, "ModelStreamInfer")
-        finally:
-            for task in (reader, *pending):
-                if task is not None:
-                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
-                    task.cancel()
 
     # -- registration --------------------------------------------------------------------
 

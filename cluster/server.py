@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import heapq
 import itertools
@@ -58,6 +59,7 @@ __all__ = [
     "Health",
     "InferRunner",
     "abort_with_status",
+    "windowed_answers",
     "string_metadata",
     "ServiceFactory",
     "RunningServer",
@@ -167,6 +169,50 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
     """Marks a finished task's outcome as seen: a stream's leftover tasks end unread on shutdown."""
     if not task.cancelled():
         task.exception()
+
+
+async def windowed_answers(requests: AsyncIterator[bytes], window: int,
+                           answer: Callable[[bytes], Awaitable[bytes]]) -> AsyncIterator[bytes]:
+    """`answer(request)` of each message of a stream, in arrival order.
+
+    [Note: stream window] At most `window` messages are read and unanswered at a
+    time: the next one is only read when a slot is free, so a fast client is held
+    back by HTTP/2 flow control rather than by server memory. Answers leave in
+    arrival order even when later ones finish first. Used by InferStream and the
+    OIP door's ModelStreamInfer; `answer` should turn its errors into an answer of
+    their own, since one that raises ends the stream."""
+    pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
+    reader: asyncio.Task[bytes] | None = None
+    it = requests.__aiter__()
+    eof = False
+    try:
+        while True:
+            if reader is None and not eof and len(pending) < window:
+                reader = asyncio.ensure_future(it.__anext__())
+            waits: set[asyncio.Future[Any]] = set()
+            if reader is not None:
+                waits.add(reader)
+            if pending:
+                waits.add(pending[0])
+            if not waits:
+                return
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if reader is not None and reader in done:
+                try:
+                    raw = reader.result()
+                    pending.append(asyncio.ensure_future(answer(raw)))
+                except StopAsyncIteration:
+                    eof = True
+                reader = None
+            while pending and pending[0].done():
+                yield pending.popleft().result()
+    finally:
+        for task in (reader, *pending):
+            if task is not None:
+                # A reader that ended with StopAsyncIteration as the call was cancelled
+                # would otherwise be logged as "Task exception was never retrieved".
+                task.add_done_callback(_retrieve)
+                task.cancel()
 
 
 async def abort_with_status(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
@@ -372,48 +418,17 @@ class _Service:
             return StreamFrame(seq=seq, error=_error_info(e, "InferStream")).to_msgpack()
 
     async def infer_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        # [Note: stream window] At most `window` frames are read and unanswered at a
-        # time: the next frame is only read when a slot is free, so a fast client
-        # is held back by HTTP/2 flow control rather than by server memory.
-        # Answers leave in arrival order even when later frames finish first.
-        pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
-        reader: asyncio.Task[bytes] | None = None
-        it = requests.__aiter__()
-        eof = False
         try:
-            while True:
-                if reader is None and not eof and len(pending) < self.window:
-                    reader = asyncio.ensure_future(it.__anext__())
-                waits: set[asyncio.Future[Any]] = set()
-                if reader is not None:
-                    waits.add(reader)
-                if pending:
-                    waits.add(pending[0])
-                if not waits:
-                    return
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if reader is not None and reader in done:
-                    try:
-                        raw = reader.result()
-                        pending.append(asyncio.ensure_future(self._stream_one(raw, context)))
-                    except StopAsyncIteration:
-                        eof = True
-                    reader = None
-                while pending and pending[0].done():
-                    yield pending.popleft().result()
+            async with contextlib.aclosing(windowed_answers(
+                    requests, self.window, lambda raw: self._stream_one(raw, context))) as answers:
+                async for answer in answers:
+                    yield answer
         except asyncio.CancelledError:
             raise
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
             await abort_with_status(context, e, "InferStream")
-        finally:
-            for task in (reader, *pending):
-                if task is not None:
-                    # A reader that ended with StopAsyncIteration as the call was cancelled
-                    # would otherwise be logged as "Task exception was never retrieved".
-                    task.add_done_callback(_retrieve)
-                    task.cancel()
 
     async def _call_optional(self, method: str, attr: str, req: Any, context: grpc.aio.ServicerContext,
                              received: float, answer_type: type) -> Any:
