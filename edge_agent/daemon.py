@@ -127,6 +127,10 @@ class EdgeAgent:
     async def _release(self) -> None:
         if self.api is not None:
             await self.api.stop(0.0)
+        await self._close_channel_and_engines()
+
+    async def _close_channel_and_engines(self) -> None:
+        """Closes the gateway channel, the runner and the engines; what start and stop both end with."""
         if self.remote is not None:
             await self.remote.close()
             self.remote = None
@@ -391,14 +395,7 @@ class EdgeAgent:
                 pass
         if self.runner is not None:
             self.runner.cancel_remote()  # calls past the grace: their requests already answered
-        if self.remote is not None:
-            await self.remote.close()
-            self.remote = None
-        if self.runner is not None:
-            self.runner.close()
-        if self.models is not None:
-            self.models.close()
-            self.models = None
+        await self._close_channel_and_engines()
         logger.info("edge agent stopped")
 
 
