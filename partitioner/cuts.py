@@ -35,7 +35,21 @@ __all__ = [
     "random_cut",
     "make_tiers",
     "tier_layers",
+    "id_ranges",
 ]
+
+
+def id_ranges(ids: Iterable[int]) -> list[str]:
+    """Sorted layer ids as runs of consecutive ids: [0, 1, 2, 5, 7, 8] -> ['0-2', '5', '7-8']."""
+    ordered = sorted(ids)
+    parts, i = [], 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return parts
 
 
 @dataclass(frozen=True)
@@ -66,21 +80,12 @@ class Cut:
         `Cut.from_key`. A cut whose ranges would exceed 120 characters gets a hash
         (``H`` + 16 hex digits) instead, which only a receiver that knows the cut can map.
         """
-        parts = []
-        ids = sorted(self.device)
-        i = 0
-        while i < len(ids):
-            j = i
-            while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-                j += 1
-            parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-            i = j + 1
-        key = "L" + "_".join(parts)
+        key = "L" + "_".join(id_ranges(self.device))
         if len(key) <= 120:
             return key
         import hashlib
 
-        return "H" + hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+        return "H" + hashlib.sha1(",".join(map(str, sorted(self.device))).encode()).hexdigest()[:16]
 
     @classmethod
     def from_key(cls, key: str) -> Cut | None:

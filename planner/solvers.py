@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from partitioner.cuts import id_ranges
 from partitioner.graph import LayerGraph
 from planner.costmodel import (
     _plan_parts, _stages, _Stages, _summaries, _Tables, _tables, cuts_of, require_known_sizes,
@@ -365,15 +366,7 @@ def _infeasible(graph: LayerGraph, search: _Search, rows: np.ndarray | None) -> 
 
 
 def _ranges(ids: np.ndarray) -> str:
-    ids = sorted(int(x) for x in ids)
-    parts, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return ",".join(id_ranges(int(x) for x in ids))
 
 
 def _check_inputs(graph: LayerGraph, profiles: Sequence[Profile], links: tuple[Link, ...]) -> None:

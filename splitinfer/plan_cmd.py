@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from partitioner.cuts import id_ranges
 from planner.errors import PlannerError
 from planner.profile import Profile
 from planner.types import COMPRESSIONS, Constraints, Objective
@@ -266,15 +267,7 @@ def format_plan(answer: PlanAnswer) -> str:
 
 
 def _ranges(ids: Sequence[int]) -> str:
-    out, i = [], 0
-    ids = sorted(ids)
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out)
+    return ",".join(id_ranges(ids))
 
 
 def plan_main(argv: Sequence[str]) -> int:
