@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from planner.types import finite_or_null
+
 __all__ = ["ClassPlan", "CloudPlan", "FixedPoint", "FleetPlan", "ModelPlan", "OptionShare", "PoolPlan"]
 
 
@@ -125,7 +127,7 @@ class FleetPlan:
         d = dataclasses.asdict(self)
         d["schema"] = "splitinfer.fleet-plan/1"
         d["fixed_point"]["trace"] = [list(t) for t in self.fixed_point.trace]
-        return _finite(d)  # type: ignore[no-any-return]
+        return finite_or_null(d)  # type: ignore[no-any-return]
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), allow_nan=False, **kw)
@@ -147,12 +149,3 @@ class FleetPlan:
     def from_json(cls, text: str) -> FleetPlan:
         return cls.from_dict(json.loads(text))
 
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x

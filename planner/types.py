@@ -27,6 +27,7 @@ __all__ = [
     "PRECISIONS",
     "COMPRESSIONS",
     "LOSSY_CODECS",
+    "finite_or_null",
 ]
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -39,6 +40,18 @@ LOSSY_CODECS: tuple[str, ...] = ("jpeg", "webp", "tiled-jpeg", "tiled-webp", "bi
 def codec_levels(codec: str) -> tuple[int, int]:
     """The level range of a lossy codec: quality 1..100, or the bit depth 2..8 of 'bits'."""
     return (2, 8) if codec == "bits" else (1, 100)
+
+
+def finite_or_null(x: Any) -> Any:
+    """`x` with every non-finite float in it, through dicts, lists and tuples, made None:
+    JSON has no inf or NaN, so they become null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_or_null(v) for v in x]
+    return x
 
 
 def _positive(name: str, v: float, fix: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from partitioner import LayerGraph, PartitionError
 from planner.errors import InfeasibleError, PlannerError
 from planner.profile import PROFILE_SCHEMA, Profile
+from planner.types import finite_or_null
 from planner.whatif import (
     PROFILE_NAME_RE, FrontierRequest, InvalidRequestError, Limit, NotFoundError, PlanRequest, QuantityText,
     SweepRequest, Workspace, reference_devices,
@@ -120,16 +120,6 @@ def status_of(err: BaseException) -> int:
     return 500
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no inf or NaN: they become null."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
 
 def _error_body(err: BaseException) -> dict[str, Any]:
     body: dict[str, Any] = {"error": str(getattr(err, "message", None) or err)}
@@ -140,7 +130,7 @@ def _error_body(err: BaseException) -> dict[str, Any]:
         body.update(constraint=err.constraint, required=err.required, limit=err.limit, unit=err.unit)
         if err.required is not None and err.limit is not None:
             body["excess"] = err.required - err.limit
-    return _finite(body)  # type: ignore[no-any-return]
+    return finite_or_null(body)  # type: ignore[no-any-return]
 
 
 def _parse_body(body: bytes | None) -> Any:
@@ -179,16 +169,16 @@ class PlannerService:
     # -- the routes' bodies -----------------------------------------------------------
     def plan(self, body: Any) -> dict[str, Any]:
         """POST /v1/plan."""
-        return _finite(self.workspace.plan(PlanRequest.from_dict(body, self._text)).to_dict())  # type: ignore[no-any-return]
+        return finite_or_null(self.workspace.plan(PlanRequest.from_dict(body, self._text)).to_dict())  # type: ignore[no-any-return]
 
     def sweep(self, body: Any) -> dict[str, Any]:
         """POST /v1/sweep."""
-        return _finite(self.workspace.sweep(SweepRequest.from_dict(body, self._text)).to_dict())  # type: ignore[no-any-return]
+        return finite_or_null(self.workspace.sweep(SweepRequest.from_dict(body, self._text)).to_dict())  # type: ignore[no-any-return]
 
     def frontier(self, body: Any) -> dict[str, Any]:
         """POST /v1/frontier."""
         f = self.workspace.frontier(FrontierRequest.from_dict(body, self._text))
-        return _finite({**f.to_dict(), "breakpoints_bps": list(f.breakpoints_bps)})  # type: ignore[no-any-return]
+        return finite_or_null({**f.to_dict(), "breakpoints_bps": list(f.breakpoints_bps)})  # type: ignore[no-any-return]
 
     def fleet_plan(self, body: Any) -> dict[str, Any]:
         """POST /v1/fleet/plan: a fleet spec (docs/fleet.md) in, `planner.fleet.FleetPlan` out."""
