@@ -26,8 +26,11 @@ from cluster.registry import Registry
 from cluster.server import serve
 from edge_agent.config import config_from_dict
 from edge_agent.daemon import EdgeAgent
+from edge_agent.runner import Runner
+from edge_agent.transport import connect
 from partitioner import Cut, Splitter, boundary, candidate_cuts
 from planner import Encoding, Frontier, FrontierEntry, Link, LinkRange, Objective, Plan, evaluate, make_flops_profile
+from splitinfer.netem import LinkEmulator
 from tests.onnx_models import conv_bn_relu_chain, write
 from workers.engine import Engine, EngineConfig
 
@@ -132,3 +135,30 @@ async def gateway_and_agent(tmp_path: Path, model: str, device_profile: Path,
         await agent.stop()
         await server.stop(None)
         await gateway.close()
+
+
+@asynccontextmanager
+async def runner_over_link(models: Any, frontier: Frontier, model_path: str, cut_key: str, server_cache: Path,
+                           setting: Any, config: dict[str, Any], *, local_ms: float,
+                           outage_mode: Any = None) -> AsyncIterator[tuple[Any, TailBackend, Any]]:
+    """A Runner over `models` and `frontier` whose gateway is a TailBackend of `model_path`
+    (tail `cut_key` warm, as a gateway's frontier tails are) behind a LinkEmulator at
+    `setting`: (runner, backend, emulator). `config`: the agent's keys but `gateway`.
+    Everything is closed on exit, calls still in flight cancelled first."""
+    backend = TailBackend(model_path, cache_dir=str(server_cache))
+    backend._engine(cut_key)
+    server = await serve(backend)
+    extra = {} if outage_mode is None else {"outage_mode": outage_mode}
+    emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=setting, **extra)
+    await emu.start()
+    cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", **config})
+    remote = connect(cfg.gateway)
+    runner = Runner(models, frontier, remote, cfg, local_ms=local_ms)
+    try:
+        yield runner, backend, emu
+    finally:
+        runner.cancel_remote()
+        await remote.close()
+        await emu.stop()
+        await server.stop(None)
+        runner.close()

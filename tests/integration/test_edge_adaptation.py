@@ -13,10 +13,9 @@ from edge_agent.cache import ArtifactCache
 from edge_agent.config import config_from_dict
 from edge_agent.engines import ModelSet
 from edge_agent.runner import Runner
-from edge_agent.transport import connect
 from partitioner import Cut
 from splitinfer.netem import LinkEmulator, LinkSetting
-from tests.integration._edge_support import TailBackend, fixed_frontier
+from tests.integration._edge_support import TailBackend, fixed_frontier, runner_over_link
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
 
@@ -58,23 +57,16 @@ def test_step_from_18_88_to_1_1_mbps_is_seen_and_the_plan_goes_local(tmp_path):
     x = np.random.default_rng(1).standard_normal((1, 32, 32, 32)).astype(np.float32)
 
     async def go():
-        backend = TailBackend(path, cache_dir=str(tmp_path / "server-cache"))
-        backend.model_path = path
-        backend._engine(cloud_only.key)
-        server = await serve(backend)
-        emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(18.88, 75.52, 20))
-        await emu.start()
-        cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": "chain@1", "sloMs": 400,
-                                "remoteTimeoutMs": 3000, "cacheDir": str(tmp_path / "cache")})
-        remote = connect(cfg.gateway)
         front = fixed_frontier(models.graph, cloud_only, local_gflops=1.0)
         # Local is claimed at 350 ms (the real model takes ~1 ms; only local answers correct the
         # claim, and the fast phase has none): above the fast link's remote time (~75 ms) even
         # scaled by the largest measured/predicted correction (x3, a loaded host's slow answers),
         # so the fast phase offloads and only the step moves the plan; and within the 400 ms SLO,
         # which the slow link's remote time (~1 s) misses.
-        runner = Runner(models, front, remote, cfg, local_ms=350.0)
-        try:
+        async with runner_over_link(models, front, path, cloud_only.key, tmp_path / "server-cache",
+                                    LinkSetting.from_mbps(18.88, 75.52, 20),
+                                    {"model": "chain@1", "sloMs": 400, "remoteTimeoutMs": 3000,
+                                     "cacheDir": str(tmp_path / "cache")}, local_ms=350.0) as (runner, _, emu):
             await runner.probe()  # what the daemon does at start: RTT and one zero boundary
             fast = [await runner.infer({"x": x}, request_id=f"f{i}") for i in range(10)]
             est_fast = runner.monitor.estimate()
@@ -88,12 +80,6 @@ def test_step_from_18_88_to_1_1_mbps_is_seen_and_the_plan_goes_local(tmp_path):
             # answers are the evidence of its level. Wait for them, however slow the host.
             assert await _wait_until(lambda: not runner._uploading(), timeout_s=30.0)
             return fast, est_fast, slow, seen_after, runner.monitor.estimate(), runner.counters
-        finally:
-            runner.cancel_remote()
-            await remote.close()
-            await emu.stop()
-            await server.stop(None)
-            runner.close()
 
     fast, est_fast, slow, seen_after, est_slow, c = asyncio.run(go())
     # at 18.88 Mbit/s the 128 kB upload (~54 ms) fits the ~400 ms remote budget; on a loaded
@@ -122,17 +108,11 @@ def test_a_stuck_transfer_drops_the_estimate_before_its_answer(tmp_path):
     path, models, cloud_only, x = _stack_parts(tmp_path)
 
     async def go():
-        backend = TailBackend(path, cache_dir=str(tmp_path / "server-cache"))
-        backend._engine(cloud_only.key)
-        server = await serve(backend)
-        emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(18.88, 75.52, 20))
-        await emu.start()
-        cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": "chain@1",
-                                "remoteTimeoutMs": 30000, "cacheDir": str(tmp_path / "cache")})
-        remote = connect(cfg.gateway)
-        runner = Runner(models, fixed_frontier(models.graph, cloud_only, local_gflops=1.0), remote, cfg,
-                        local_ms=1e5)  # local never pays: only the estimate can move
-        try:
+        # Local never pays (1e5 ms): only the estimate can move.
+        async with runner_over_link(models, fixed_frontier(models.graph, cloud_only, local_gflops=1.0), path,
+                                    cloud_only.key, tmp_path / "server-cache", LinkSetting.from_mbps(18.88, 75.52, 20),
+                                    {"model": "chain@1", "remoteTimeoutMs": 30000, "cacheDir": str(tmp_path / "cache")},
+                                    local_ms=1e5) as (runner, _, emu):
             await runner.probe()
             for i in range(5):
                 await runner.infer({"x": x}, request_id=f"f{i}")
@@ -147,12 +127,6 @@ def test_a_stuck_transfer_drops_the_estimate_before_its_answer(tmp_path):
                     dropped_in_flight = est
             ans = await task
             return before, dropped_in_flight, ans, runner.counters
-        finally:
-            runner.cancel_remote()
-            await remote.close()
-            await emu.stop()
-            await server.stop(None)
-            runner.close()
 
     before, dropped, ans, c = asyncio.run(go())
     assert dropped is not None, "the estimate did not move while the transfer was stuck"

@@ -9,15 +9,13 @@ import onnxruntime as ort
 import pytest
 
 from cluster.protocol.tensors import EncodedTensor
-from cluster.server import serve
 from edge_agent.cache import ArtifactCache
 from edge_agent.config import config_from_dict
 from edge_agent.engines import ModelSet
 from edge_agent.runner import Counters, Runner
-from edge_agent.transport import connect
 from partitioner import prefix_cut
-from splitinfer.netem import LinkEmulator, LinkSetting
-from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, write_model
+from splitinfer.netem import LinkSetting
+from tests.integration._edge_support import MODEL, VERSION, fixed_frontier, runner_over_link, write_model
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
 
@@ -40,17 +38,11 @@ def test_a_late_remote_answer_is_raced_by_the_local_tail_before_the_deadline(tmp
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
     async def go():
-        backend = TailBackend(path, cache_dir=str(tmp_path / "server-cache"))
-        backend._engine(cut.key)
-        server = await serve(backend)
-        emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(100, 100, 2))
-        await emu.start()
-        cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": f"{MODEL}@{VERSION}",
-                                "sloMs": SLO_MS, "remoteTimeoutMs": 5000, "cacheDir": str(tmp_path / "cache"),
-                                "breakerFailures": 100})
-        remote = connect(cfg.gateway)
-        runner = Runner(models, fixed_frontier(models.graph, cut), remote, cfg, local_ms=1000.0)
-        try:
+        async with runner_over_link(models, fixed_frontier(models.graph, cut), path, cut.key,
+                                    tmp_path / "server-cache", LinkSetting.from_mbps(100, 100, 2),
+                                    {"model": f"{MODEL}@{VERSION}", "sloMs": SLO_MS, "remoteTimeoutMs": 5000,
+                                     "cacheDir": str(tmp_path / "cache"), "breakerFailures": 100},
+                                    local_ms=1000.0) as (runner, backend, _):
             # Warm the connection and the tail engine (a loaded host may miss a short budget once).
             warm = [await runner.infer({"x": x}, request_id=f"warm{i}") for i in range(3)]
             warm_hedges = runner.counters.hedges
@@ -63,12 +55,6 @@ def test_a_late_remote_answer_is_raced_by_the_local_tail_before_the_deadline(tmp
                     break
                 await asyncio.sleep(0.02)
             return warm, warm_hedges, slow, hedges_at_answer, runner.counters
-        finally:
-            runner.cancel_remote()
-            await remote.close()
-            await emu.stop()
-            await server.stop(None)
-            runner.close()
 
     warm, warm_hedges, slow, hedges_at_answer, c = asyncio.run(go())
     # answers in time: no race (on a loaded host one may still be late)

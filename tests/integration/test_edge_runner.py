@@ -18,14 +18,13 @@ import pytest
 from cluster.errors import Unavailable, UnknownCutError
 from cluster.server import serve
 from edge_agent.cache import ArtifactCache
-from edge_agent.config import config_from_dict
 from edge_agent.engines import ModelSet
-from edge_agent.runner import Counters, Runner
+from edge_agent.runner import Counters
 from edge_agent.transport import connect
 from partitioner import prefix_cut
 from planner import Encoding
 from splitinfer.netem import LinkEmulator, LinkSetting, OutageMode
-from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, write_model
+from tests.integration._edge_support import MODEL, VERSION, TailBackend, fixed_frontier, runner_over_link, write_model
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
 
@@ -53,32 +52,20 @@ def _ref(path, x):
 async def _stack(model_dir, *, remote_timeout_ms=400.0, outage_mode=OutageMode.BLACKHOLE, fallback="local",
                  slo_ms=None, encoding=Encoding()):
     d, path, models, cut = model_dir
-    backend = TailBackend(path, cache_dir=str(d / "server-cache"))
-    backend._engine(cut.key)  # the tail is warm, as a gateway's frontier tails are
-    server = await serve(backend)
-    emu = LinkEmulator(upstream=("127.0.0.1", server.port), setting=LinkSetting.from_mbps(100, 100, 2),
-                       outage_mode=outage_mode)
-    await emu.start()
-    cfg = config_from_dict({"gateway": f"127.0.0.1:{emu.port}", "model": f"{MODEL}@{VERSION}",
-                            "remoteTimeoutMs": remote_timeout_ms, "fallback": fallback, "sloMs": slo_ms,
-                            "cacheDir": str(d / "cache"), "breakerFailures": 100})
-    remote = connect(cfg.gateway)
-    runner = Runner(models, fixed_frontier(models.graph, cut, encoding=encoding), remote, cfg, local_ms=1000.0)
-    try:
+    async with runner_over_link(
+            models, fixed_frontier(models.graph, cut, encoding=encoding), path, cut.key, d / "server-cache",
+            LinkSetting.from_mbps(100, 100, 2),
+            {"model": f"{MODEL}@{VERSION}", "remoteTimeoutMs": remote_timeout_ms, "fallback": fallback,
+             "sloMs": slo_ms, "cacheDir": str(d / "cache"), "breakerFailures": 100},
+            local_ms=1000.0, outage_mode=outage_mode) as (runner, backend, emu):
         # Warm the channel and connection (on a loaded 2-core machine the first call can miss a short budget).
         for _ in range(3):
-            await remote.infer_counted(runner._make_request(runner.decide(0.0), models.cuts[cut.key], {
+            await runner.remote.infer_counted(runner._make_request(runner.decide(0.0), models.cuts[cut.key], {
                 n: np.zeros((1, 4, 5, 5), np.float32) for n in models.cuts[cut.key].boundary}, "warm", 30.0),
                 timeout_s=30.0)
         runner.counters = Counters()
         backend.calls = backend.served = 0
         yield runner, backend, emu
-    finally:
-        runner.cancel_remote()
-        await remote.close()
-        await emu.stop()
-        await server.stop(None)
-        runner.close()
 
 
 def _check_one(ans, path, x, served_by):
