@@ -35,6 +35,14 @@ def frames(tail):
     return [{inp.name: rng.standard_normal(shape).astype(np.float32)} for _ in range(6)]
 
 
+def run_then_shut_down(pool, main):
+    """`asyncio.run(main())` and then the pool's stats; the pool is shut down either way."""
+    try:
+        return asyncio.run(main()), pool.stats()
+    finally:
+        pool.shutdown()
+
+
 def _assert_equal(got, want):
     assert set(got) == set(want)
     for k in want:
@@ -117,11 +125,7 @@ def test_direct_false_sends_everything_by_plain_calls(ray_local, tail, reference
             _assert_equal(await pool.infer(KEY, x), reference(x))
             await asyncio.sleep(0.02)
 
-    try:
-        asyncio.run(main())
-        stats = pool.stats()
-    finally:
-        pool.shutdown()
+    _, stats = run_then_shut_down(pool, main)
     assert stats.direct_calls == 0 and stats.completed == len(frames)
 
 
@@ -162,11 +166,7 @@ def test_direct_channel_falls_back_when_its_replica_dies_and_reconnects_after_re
         await _until_direct(pool, frames[1], before=pool.stats().direct_calls)  # reopened on the new replica
         _assert_equal(await pool.infer(KEY, frames[2]), reference(frames[2]))
 
-    try:
-        asyncio.run(main())
-        stats = pool.stats()
-    finally:
-        pool.shutdown()
+    _, stats = run_then_shut_down(pool, main)
     assert sorted(k for k, _ in outcomes) == list(range(len(outcomes)))
     assert stats.replica_failures >= 1 and stats.retries >= 1
     assert stats.requests == stats.completed + stats.failed + stats.errors and stats.errors == 0
@@ -194,11 +194,7 @@ def test_the_channel_over_tcp_serves_like_the_unix_socket(ray_local, tail, refer
         with pytest.raises(InputError):
             await pool.infer(KEY, {k: v.astype(np.float64) for k, v in frames[0].items()})
 
-    try:
-        asyncio.run(main())
-        stats = pool.stats()
-    finally:
-        pool.shutdown()
+    _, stats = run_then_shut_down(pool, main)
     assert stats.direct_calls >= len(frames) * 3 and stats.errors == 1 and stats.failed == 0
     # The error's answer needs pickle, which TCP refuses by default: it came by a plain call.
     assert stats.tcp_refused == 1
@@ -218,11 +214,7 @@ def test_with_tcp_pickle_an_error_crosses_the_tcp_channel_itself(ray_local, tail
         with pytest.raises(InputError):
             await pool.infer(KEY, {k: v.astype(np.float64) for k, v in frames[0].items()})
 
-    try:
-        asyncio.run(main())
-        stats = pool.stats()
-    finally:
-        pool.shutdown()
+    _, stats = run_then_shut_down(pool, main)
     assert stats.tcp_refused == 0 and stats.errors == 1 and stats.failed == 0
 
 
@@ -261,11 +253,7 @@ def test_large_answers_are_read_in_the_workers_arena_and_stay_intact_while_held(
             del dropped
         return held
 
-    try:
-        held = asyncio.run(main())
-        stats = pool.stats()
-    finally:
-        pool.shutdown()
+    held, stats = run_then_shut_down(pool, main)
     assert stats.direct_calls >= 4 * len(xs) and stats.errors == 0
     for i, out in enumerate(held):
         np.testing.assert_array_equal(out["y"], np.full((1, 1 << 16), 2.0 * i, np.float32))
@@ -301,9 +289,5 @@ def test_a_shared_array_goes_to_its_replica_in_place_and_follows_its_values(ray_
         private = np.zeros(3, np.float32)
         pool.free_shared_array(private)  # not one of its arrays: nothing to do
 
-    try:
-        asyncio.run(main())
-        stats = pool.stats()
-    finally:
-        pool.shutdown()
+    _, stats = run_then_shut_down(pool, main)
     assert stats.errors == 0 and stats.direct_calls >= 6
