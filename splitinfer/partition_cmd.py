@@ -50,6 +50,14 @@ def layers_through(graph: LayerGraph, after: int, *, need_tail: bool = False) ->
     return list(range(after + 1))
 
 
+def _model_from_args(args: argparse.Namespace) -> tuple[str, Any, Any, Any]:
+    """The command's MODEL argument loaded: (name, ONNX model, the given inputs, layer graph at them)."""
+    path, name = resolve_model(args.model)
+    model = load_model(path)
+    given = inputs_from_args(args, model)
+    return name, model, given, build_graph(model, name=name, input_shapes=given.input_shapes, inputs=given.inputs)
+
+
 def resolve_model(spec: str) -> tuple[str, str]:
     """(path, name) for a file path or a zoo short name."""
     if os.path.exists(spec) or spec.endswith(".onnx") or os.sep in spec:
@@ -161,10 +169,7 @@ def inspect_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
     add_input_args(p)
     args = parse_args(p, argv)
-    path, name = resolve_model(args.model)
-    model = load_model(path)
-    given = inputs_from_args(args, model)
-    graph = build_graph(model, name=name, input_shapes=given.input_shapes, inputs=given.inputs)
+    _, _, _, graph = _model_from_args(args)
     if args.json:
         json.dump(inspect_json(graph), sys.stdout, indent=1)
         print()
@@ -241,10 +246,7 @@ def split_main(argv: Sequence[str] | None = None) -> int:
                         "else on random inputs at the fixed shapes")
     add_input_args(p)
     args = parse_args(p, argv)
-    path, name = resolve_model(args.model)
-    model = load_model(path)
-    given = inputs_from_args(args, model)
-    graph = build_graph(model, name=name, input_shapes=given.input_shapes, inputs=given.inputs)
+    name, model, given, graph = _model_from_args(args)
     if args.after is not None:
         layers = layers_through(graph, args.after)
     else:
