@@ -103,6 +103,23 @@ def random_dag(seed: int, n_nodes: int = 10, *, n_outputs: int | None = None) ->
     return _model(nodes, [_vi("x")], [_vi(t) for t in outs], inits)
 
 
+def image_classifier(height: int | str = 32, width: int | str = 32) -> onnx.ModelProto:
+    """x [1, 3, height, width] (a symbolic dim where a name is given) -> Conv(3->8) -> Relu ->
+    GlobalAveragePool -> Flatten -> Gemm -> y [1, 5]: a camera frame's model for the lossy codecs."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((5, 8)).astype(np.float32), "fc_w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc_w"], ["y"], name="fc", transB=1)]
+    graph = helper.make_graph(nodes, "img", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                           [1, 3, height, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
 def write(model: onnx.ModelProto, path) -> str:
     onnx.save_model(model, str(path))
     return str(path)

@@ -16,7 +16,6 @@ import msgpack
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from cluster.errors import ProtocolError
 from cluster.gateway import Gateway, LocalPoolFactory
@@ -26,6 +25,7 @@ from cluster.protocol.lossy import ImageNorm
 from cluster.protocol.tensors import EXT_ENCODED, read_ext
 from cluster.registry import Registry
 from cluster.server import serve_in_thread
+from tests.onnx_models import image_classifier
 
 pytestmark = pytest.mark.grpc
 
@@ -34,17 +34,7 @@ H = W = 32
 
 def image_model() -> onnx.ModelProto:
     """x [1, 3, 32, 32] -> Conv(3->8) -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y [1, 5]."""
-    rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal((5, 8)).astype(np.float32), "fc_w")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
-             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-             helper.make_node("Gemm", ["f", "fc_w"], ["y"], name="fc", transB=1)]
-    graph = helper.make_graph(nodes, "img", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, H, W])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return image_classifier(H, W)
 
 
 def frame() -> np.ndarray:

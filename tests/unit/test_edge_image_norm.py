@@ -19,23 +19,14 @@ from edge_agent.runner import Runner
 from partitioner import Cut
 from planner import Encoding, PlannerError
 from planner.accuracy import AccuracyTable
+from tests.onnx_models import image_classifier
 
 L = Cut(frozenset()).key
 
 
 def image_model():
     """x [1, 3, 32, 32] -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y [1, 5]."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal((5, 8)).astype(np.float32), "fc_w")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc_w"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "img", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return image_classifier(32, 32)
 
 
 def frame() -> np.ndarray:

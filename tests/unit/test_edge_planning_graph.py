@@ -9,28 +9,20 @@ import json
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from edge_agent.engines import make_frontier
 from edge_agent.model_inputs import declared_inputs, planning_graph
 from partitioner import Cut, Splitter
 from planner import make_flops_profile
 from planner.accuracy import AccuracyEntry, AccuracyTable
+from tests.onnx_models import image_classifier
 
 L = Cut(frozenset()).key
 
 
 def symbolic_image_model() -> onnx.ModelProto:
     """x [1, 3, H, W] -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y [1, 5]."""
-    rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal((5, 8)).astype(np.float32), "fc_w")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc_w"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "img", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return image_classifier("H", "W")
 
 
 def _setup(tmp_path):
