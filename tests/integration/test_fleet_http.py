@@ -9,19 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 from splitinfer.planner_http import PlannerHTTPServer, make_server
-from tests.integration.test_planner_http import _request
+from tests.integration.test_planner_http import _request, serving
 from tests.unit.test_fleet_spec import SPEC
 
 
 @pytest.fixture()
 def server(tmp_path) -> Iterator[PlannerHTTPServer]:
-    srv = make_server("127.0.0.1", 0, profiles_dir=str(tmp_path / "profiles"))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    yield from serving(make_server("127.0.0.1", 0, profiles_dir=str(tmp_path / "profiles")))
 
 
 def test_fleet_plan_over_http(server: PlannerHTTPServer) -> None:

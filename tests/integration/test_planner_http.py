@@ -29,7 +29,11 @@ def registry(tmp_path) -> str:
 
 @pytest.fixture()
 def server(registry: str, tmp_path) -> Iterator[PlannerHTTPServer]:
-    srv = make_server("127.0.0.1", 0, registry_dir=registry, profiles_dir=str(tmp_path / "profiles"))
+    yield from serving(make_server("127.0.0.1", 0, registry_dir=registry, profiles_dir=str(tmp_path / "profiles")))
+
+
+def serving(srv: PlannerHTTPServer) -> Iterator[PlannerHTTPServer]:
+    """`srv` started; shut down and closed when the generator closes (a fixture's body)."""
     srv.start()
     try:
         yield srv
