@@ -5,7 +5,6 @@ Rendering is real Helm through helm-python-sdk, offline (see test_helm_chart.py)
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -14,14 +13,9 @@ import pytest
 import yaml
 
 from splitinfer.gateway_cmd import make_parser, ray_pool_factory
+from tests.e2e.test_helm_workloads import CHART_DIR, FULLNAME, KUBE_VERSION, NAMESPACE, RELEASE
 
 pytestmark = pytest.mark.helm
-
-CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "splitinfer"
-RELEASE = "demo"
-NAMESPACE = "ml"
-FULLNAME = "demo-splitinfer"
-KUBE_VERSION = "1.30.0"
 
 
 def _gateway_deployment(values: dict[str, Any] | None) -> dict[str, Any]:
