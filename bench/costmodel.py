@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import platform
-import random
 import sys
 import time
 
@@ -47,11 +46,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from partitioner import ZOO_MODELS, build_graph, load_zoo, random_cut  # noqa: E402
+from partitioner import ZOO_MODELS, build_graph, load_zoo  # noqa: E402
 from planner.costmodel import evaluate  # noqa: E402
 from planner.devices import device_from_profile, reference_profile  # noqa: E402
 from planner.types import Link  # noqa: E402
-from workers.profile import calibration_cuts, measure, segment_jobs, spread_cuts, time_interleaved  # noqa: E402
+from workers.profile import add_random_cuts, calibration_cuts, measure, segment_jobs, spread_cuts, time_interleaved  # noqa: E402
 
 logger = logging.getLogger("bench.costmodel")
 
@@ -79,15 +78,7 @@ def eval_cuts(graph, count: int, exclude: set[frozenset[int]], *, seed: int = 11
         if c.device not in skip:
             skip.add(c.device)
             out.append(c)
-    rng = random.Random(seed)
-    for _ in range(500):
-        if len(out) >= count:
-            break
-        c = random_cut(graph, rng)
-        if c.device not in skip:
-            skip.add(c.device)
-            out.append(c)
-    return out
+    return add_random_cuts(graph, out, skip, count, seed=seed, tries=500)
 
 
 def _ape(pred: float, meas: float) -> float:

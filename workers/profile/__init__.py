@@ -5,7 +5,7 @@ time could be placed on layers and the segment timings behind the corrections.
 The parsing and fitting steps are pure and public for tests and tools.
 """
 
-from workers.profile._calibrate import SegmentTiming, calibration_cuts, fit_corrections, spread_cuts
+from workers.profile._calibrate import SegmentTiming, add_random_cuts, calibration_cuts, fit_corrections, spread_cuts
 from workers.profile._trace import (
     Attribution,
     KernelEvent,
@@ -31,7 +31,7 @@ from workers.profile.measure import (
 
 __all__ = [
     "Attribution", "KernelEvent", "Measurement", "ProfilingError", "RunTrace", "SegmentJob", "SegmentTiming",
-    "attribute_runs", "calibration_cuts", "fit_corrections", "load_profile", "map_nodes", "measure", "measure_profile",
-    "open_session", "parse_trace", "prepare_model", "resolve_name", "segment_jobs", "spread_cuts", "time_interleaved",
-    "time_segments",
+    "add_random_cuts", "attribute_runs", "calibration_cuts", "fit_corrections", "load_profile", "map_nodes",
+    "measure", "measure_profile", "open_session", "parse_trace", "prepare_model", "resolve_name", "segment_jobs",
+    "spread_cuts", "time_interleaved", "time_segments",
 ]

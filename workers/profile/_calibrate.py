@@ -29,7 +29,7 @@ from partitioner.graph import LayerGraph
 from planner.profile import Corrections
 from workers.profile._trace import ProfilingError
 
-__all__ = ["SegmentTiming", "fit_corrections", "calibration_cuts", "spread_cuts"]
+__all__ = ["SegmentTiming", "fit_corrections", "calibration_cuts", "spread_cuts", "add_random_cuts"]
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,15 @@ def calibration_cuts(graph: LayerGraph, count: int = 4, *, seed: int = 7) -> lis
         if len(cuts) < max(1, count - 1) and c.device not in seen:
             seen.add(c.device)
             cuts.append(c)
+    return add_random_cuts(graph, cuts, seen, count, seed=seed, tries=50)
+
+
+def add_random_cuts(graph: LayerGraph, cuts: list[Cut], seen: set[frozenset[int]], count: int, *,
+                    seed: int, tries: int) -> list[Cut]:
+    """`cuts` with random valid DAG cuts (`random_cut`, seeded) whose device sides are not in
+    `seen` appended until it holds `count`, or `tries` draws are spent; `seen` takes theirs."""
     rng = random.Random(seed)
-    for _ in range(50):
+    for _ in range(tries):
         if len(cuts) >= count:
             break
         c = random_cut(graph, rng)
