@@ -62,48 +62,38 @@ def test_grpc_unary_echo_passes_unchanged_and_pays_the_link():
     assert stats.bytes_up > len(payload) and stats.bytes_down > len(payload)
 
 
-def test_grpc_sees_unavailable_during_a_reset_outage_and_recovers():
+def _outage(outage_mode: OutageMode, during_timeout_s: float, *, wait_for_ready: bool):
+    """One echo through the link, one during an outage (its error code), one after it comes
+    back: (the code during, the answer after, the emulator's stats)."""
     async def scenario():
         server, port = await _start_echo_server()
         async with LinkEmulator(upstream=(LOOPBACK, port), setting=LinkSetting.from_mbps(50, 50, 2),
-                                outage_mode=OutageMode.RESET) as emu:
+                                outage_mode=outage_mode) as emu:
             async with grpc.aio.insecure_channel(f"{LOOPBACK}:{emu.port}", options=CHANNEL_OPTIONS) as channel:
                 echo = _call(channel)
                 assert await echo(b"one", timeout=5) == b"one"
                 emu.set(up=False)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await echo(b"two", timeout=2)
+                    await echo(b"two", timeout=during_timeout_s)
                 during = info.value.code()
                 emu.set(up=True)
-                after = await echo(b"three", timeout=5, wait_for_ready=True)
+                after = await echo(b"three", timeout=5, wait_for_ready=wait_for_ready)
             stats = emu.stats()
         await server.stop(None)
         return during, after, stats
 
-    during, after, stats = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_grpc_sees_unavailable_during_a_reset_outage_and_recovers():
+    during, after, stats = _outage(OutageMode.RESET, 2, wait_for_ready=True)
     assert during == grpc.StatusCode.UNAVAILABLE
     assert after == b"three"
     assert stats.connections_reset >= 1
 
 
 def test_grpc_deadline_expires_in_a_blackhole_and_the_channel_recovers():
-    async def scenario():
-        server, port = await _start_echo_server()
-        async with LinkEmulator(upstream=(LOOPBACK, port), setting=LinkSetting.from_mbps(50, 50, 2)) as emu:
-            async with grpc.aio.insecure_channel(f"{LOOPBACK}:{emu.port}", options=CHANNEL_OPTIONS) as channel:
-                echo = _call(channel)
-                assert await echo(b"one", timeout=5) == b"one"
-                emu.set(up=False)
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await echo(b"two", timeout=0.3)
-                during = info.value.code()
-                emu.set(up=True)
-                after = await echo(b"three", timeout=5)
-            stats = emu.stats()
-        await server.stop(None)
-        return during, after, stats
-
-    during, after, stats = asyncio.run(scenario())
+    during, after, stats = _outage(OutageMode.BLACKHOLE, 0.3, wait_for_ready=False)
     assert during == grpc.StatusCode.DEADLINE_EXCEEDED
     assert after == b"three"
     assert stats.connections_reset == 0 and stats.outages == 1
