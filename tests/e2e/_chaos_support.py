@@ -181,6 +181,13 @@ class _OpenLoop:
         self.done = 0
         """Requests answered or failed."""
 
+    async def run(self, concurrency: int) -> None:
+        """`concurrency` clients until every request has its answer or error; `res.wall_s` is their time."""
+        try:
+            await asyncio.gather(*(self.client() for _ in range(concurrency)))
+        finally:
+            self.res.wall_s = time.monotonic() - self.t_run
+
     async def client(self) -> None:
         res, n_inputs = self.res, len(self.xs)
         while self.next_id < res.sent:
@@ -206,6 +213,12 @@ class _OpenLoop:
                 res.mismatched[ans["served_by"]] += 1
                 if y.shape == ref.shape:
                     res.max_abs_diff = max(res.max_abs_diff, float(np.max(np.abs(y - ref))))
+
+
+async def _quietly(aw: Any) -> None:
+    """Awaits `aw`, its errors swallowed: clean-up that must not hide the run's own outcome."""
+    with contextlib.suppress(Exception):
+        await aw
 
 
 def run_chaos(work_dir: str, *, n_requests: int = 10_000, concurrency: int = 4, flap_s: float = 2.0,
@@ -275,22 +288,18 @@ async def _run(work_dir: str, *, n_requests: int, concurrency: int, flap_s: floa
         sender = _OpenLoop(agent, xs, refs, res, rate_rps, t_run)
         side = [asyncio.create_task(flapper()), asyncio.create_task(killer())]
         try:
-            await asyncio.gather(*(sender.client() for _ in range(concurrency)))
+            await sender.run(concurrency)
         finally:
-            res.wall_s = time.monotonic() - t_run
             stop.set()
             for t in side:
-                with contextlib.suppress(Exception):
-                    await t
+                await _quietly(t)
         res.counters = dict(agent.status().get("counters", {}))
         return res
     finally:
         if agent is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(agent.stop(grace_s=5.0), 30)
+            await _quietly(asyncio.wait_for(agent.stop(grace_s=5.0), 30))
         if emu is not None:
-            with contextlib.suppress(Exception):
-                await emu.stop()
+            await _quietly(emu.stop())
         gw.kill()
 
 
@@ -346,23 +355,18 @@ async def _run_worker_kill(work_dir: str, *, n_requests: int, concurrency: int, 
 
         side = asyncio.create_task(killer())
         try:
-            await asyncio.gather(*(sender.client() for _ in range(concurrency)))
+            await sender.run(concurrency)
         finally:
-            res.wall_s = time.monotonic() - sender.t_run
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(side, 5)
+            await _quietly(asyncio.wait_for(side, 5))
         res.counters = dict(agent.status().get("counters", {}))
         res.counters["replica_failures"] = sum(
             p.pool._replica_failures for p in gateway._pools.values() if isinstance(p, RayPool))  # noqa: SLF001
         return res
     finally:
         if agent is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(agent.stop(grace_s=5.0), 30)
+            await _quietly(asyncio.wait_for(agent.stop(grace_s=5.0), 30))
         if server is not None:
-            with contextlib.suppress(Exception):
-                await server.stop(1.0)
+            await _quietly(server.stop(1.0))
         if gateway is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(gateway.close(), 30)
+            await _quietly(asyncio.wait_for(gateway.close(), 30))
         shutdown()
