@@ -233,13 +233,18 @@ def describe_choice(edge_layers: int, total_layers: int | None) -> str:
     return f"split: {edge_layers} of {total_layers} layers on the device"
 
 
-def _int8(model: WildModel, path: str, work: str, timeout_s: float) -> dict[str, object]:
-    out = os.path.join(work, "int8.json")
-    result = run_command([sys.executable, "-m", "bench._wild_steps", "int8", model.key, path, out], timeout_s)
+def _step(argv: list[str], out: str, timeout_s: float) -> dict[str, object]:
+    """Runs a `bench._wild_steps` command: the record it wrote to `out`, or what its failure says."""
+    result = run_command(argv, timeout_s)
     if result.rc == 0 and os.path.isfile(out):
         with open(out, encoding="utf-8") as fh:
-            return json.load(fh)
+            return json.load(fh)  # type: ignore[no-any-return]
     return step_record(result)
+
+
+def _int8(model: WildModel, path: str, work: str, timeout_s: float) -> dict[str, object]:
+    out = os.path.join(work, "int8.json")
+    return _step([sys.executable, "-m", "bench._wild_steps", "int8", model.key, path, out], out, timeout_s)
 
 
 def _serve(model: WildModel, path: str, samples: str, split_dir: str | None, work: str,
@@ -254,12 +259,7 @@ def _serve(model: WildModel, path: str, samples: str, split_dir: str | None, wor
         add["sample_inputs"] = _declare_sample_inputs(registry, model.key, samples)
     out = os.path.join(work, "serve.json")
     argv = [sys.executable, "-m", "bench._wild_steps", "serve", model.key, path, registry, samples, out]
-    result = run_command(argv + ([split_dir] if split_dir else []), timeout_s)
-    if result.rc == 0 and os.path.isfile(out):
-        with open(out, encoding="utf-8") as fh:
-            record = json.load(fh)
-    else:
-        record = step_record(result)
+    record = _step(argv + ([split_dir] if split_dir else []), out, timeout_s)
     record["registry_add"] = add
     return record
 
@@ -286,13 +286,8 @@ def serve_shared(models: list[WildModel], work: str, timeout_s: float) -> dict[s
     with open(spec_path, "w", encoding="utf-8") as fh:
         json.dump(spec, fh)
     out = os.path.join(work, "shared_serve.json")
-    result = run_command([sys.executable, "-m", "bench._wild_steps", "serve-shared", registry, spec_path, out],
-                         timeout_s * 2)
-    if result.rc == 0 and os.path.isfile(out):
-        with open(out, encoding="utf-8") as fh:
-            record = json.load(fh)
-    else:
-        record = step_record(result)
+    record = _step([sys.executable, "-m", "bench._wild_steps", "serve-shared", registry, spec_path, out], out,
+                   timeout_s * 2)
     record["registry_add"] = added
     record["models_in_registry"] = len(spec)
     return record
