@@ -4,17 +4,16 @@ test_gateway_overload served by such a gateway over gRPC on 127.0.0.1."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
 
 from cluster.gateway import Gateway
 from cluster.registry import Registry
 from cluster.server import serve_in_thread
+from tests.integration._gateway_support import write_version
 from tests.integration.test_gateway_overload import conv_stack
 
 
@@ -47,10 +46,7 @@ class Served:
 def serve_conv_stack(tmp_path: Path, ray_cluster: Any, model_yaml: str) -> Served:
     """Writes the conv stack as `s/1` with `model_yaml`, loads it in a gateway whose pools
     are Ray workers on the CPU, and serves it in a thread."""
-    d = tmp_path / "repo" / "s" / "1"
-    os.makedirs(d)
-    onnx.save(conv_stack(), str(d / "model.onnx"))
-    (d / "model.yaml").write_text(model_yaml)
+    d = write_version(tmp_path / "repo", "s", "1", conv_stack(), model_yaml)
     registry = Registry(str(tmp_path / "repo"))
     gateway = Gateway(registry, ray_cluster.RayPoolFactory(provider="cpu"))
     registry.load_all()

@@ -12,7 +12,6 @@ inputs valid values. One registry holds them all, and one gateway serves them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from collections.abc import Callable
@@ -26,13 +25,13 @@ import pytest
 from cluster.gateway import Gateway, LocalPoolFactory
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.registry import Registry
-from cluster.server import serve_in_thread
 from partitioner import build_graph, down_closure
 from splitinfer.partition_cmd import inspect_main, split_main
 from splitinfer.plan_cmd import plan_main
 from splitinfer.profile_cmd import profile_main
 from splitinfer.registry_cmd import registry_main
 from tests import control_flow_models as CF
+from tests.integration._gateway_support import serving
 from tests.unit import _shape_models as SM
 
 pytestmark = pytest.mark.grpc
@@ -130,13 +129,8 @@ def stack(files, tmp_path_factory):
             added[case.name] = f"{type(e).__name__}: {e}"
     registry = Registry(str(reg), cache_dir=str(tmp_path_factory.mktemp("cache")))
     gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path_factory.mktemp("ort"))))
-    server = serve_in_thread(gateway)
-    try:
-        asyncio.run_coroutine_threadsafe(gateway.start(keep_going=True), server._loop).result(300)
+    with serving(gateway, start_timeout_s=300) as server:
         yield gateway, server, added
-    finally:
-        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
-        server.stop()
 
 
 def _random_cuts(path: str, samples: dict[str, np.ndarray], n: int, seed: int) -> list[list[int]]:

@@ -18,7 +18,7 @@ from cluster.metrics import GatewayMetrics, MetricsServer
 from cluster.oip_rest import TAIL_MARK, OipRest
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.registry import Registry
-from cluster.server import serve_in_thread
+from tests.integration._gateway_support import serving, write_version
 from tests.integration.test_gateway_http import get
 from tests.onnx_models import conv_bn_relu_chain
 from tests.serving_models import any_hw_model, refused_model
@@ -27,13 +27,7 @@ pytestmark = pytest.mark.grpc
 
 
 def _version(root, name: str, model: onnx.ModelProto | bytes) -> None:
-    d = root / name / "1"
-    d.mkdir(parents=True)
-    if isinstance(model, bytes):
-        (d / "model.onnx").write_bytes(model)
-    else:
-        onnx.save(model, str(d / "model.onnx"))
-    (d / "model.yaml").write_text("frontier: {default_cut_count: 2}\n")
+    write_version(root, name, "1", model, "frontier: {default_cut_count: 2}\n")
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +39,11 @@ def stack(tmp_path_factory):
     registry = Registry(str(root), cache_dir=str(tmp_path_factory.mktemp("cache")))
     metrics = GatewayMetrics()
     gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path_factory.mktemp("ort"))), metrics=metrics)
-    server = serve_in_thread(gateway)
     http = MetricsServer(metrics, gateway.readiness)
     try:
-        asyncio.run_coroutine_threadsafe(gateway.start(keep_going=True), server._loop).result(120)
-        yield gateway, server, http
+        with serving(gateway, start_timeout_s=120) as server:
+            yield gateway, server, http
     finally:
-        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
-        server.stop()
         http.stop()
 
 

@@ -7,7 +7,6 @@ server keeps serving.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import struct
 
@@ -24,7 +23,7 @@ from cluster.protocol.encoding import decode, encode
 from cluster.protocol.lossy import ImageNorm
 from cluster.protocol.tensors import EXT_ENCODED, read_ext
 from cluster.registry import Registry
-from cluster.server import serve_in_thread
+from tests.integration._gateway_support import serving, write_version
 from tests.onnx_models import image_classifier
 
 pytestmark = pytest.mark.grpc
@@ -48,18 +47,12 @@ def frame() -> np.ndarray:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
-    d = os.path.join(root, "img", "1")
-    os.makedirs(d)
-    onnx.save(image_model(), os.path.join(d, "model.onnx"))
-    with open(os.path.join(d, "model.yaml"), "w") as fh:
-        fh.write("frontier: {default_cut_count: 1}\n")
+    d = write_version(root, "img", "1", image_model(), "frontier: {default_cut_count: 1}\n")
     registry = Registry(str(root), cache_dir=str(tmp_path_factory.mktemp("cache")))
     gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path_factory.mktemp("ort"))))
     registry.load("img", "1")
-    server = serve_in_thread(gateway)
-    yield os.path.join(d, "model.onnx"), server
-    asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
-    server.stop()
+    with serving(gateway) as server:
+        yield os.path.join(d, "model.onnx"), server
 
 
 def whole_model(path: str, x: np.ndarray) -> np.ndarray:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.request
 
@@ -20,7 +19,7 @@ from cluster.gateway import Gateway, LocalPoolFactory, PoolKey
 from cluster.metrics import MetricsServer
 from cluster.protocol.client import InferenceClient, make_request
 from cluster.registry import Registry
-from cluster.server import serve_in_thread
+from tests.integration._gateway_support import serving, write_version
 
 pytestmark = pytest.mark.grpc
 
@@ -50,21 +49,17 @@ def conv_stack(n_layers: int = 5, width: int = 48, shape: tuple[int, ...] = SHAP
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
-    d = os.path.join(root, "s", "1")
-    os.makedirs(d)
-    onnx.save(conv_stack(), os.path.join(d, "model.onnx"))
-    with open(os.path.join(d, "model.yaml"), "w") as fh:
-        fh.write("max_batch_size: 4\nmax_queue_delay_ms: 0\nintra_op_threads: 1\n"
-                 "frontier: {default_cut_count: 1}\n")
+    write_version(root, "s", "1", conv_stack(), "max_batch_size: 4\nmax_queue_delay_ms: 0\nintra_op_threads: 1\n"
+                                                "frontier: {default_cut_count: 1}\n")
     registry = Registry(str(root), cache_dir=str(tmp_path_factory.mktemp("cache")))
     gateway = Gateway(registry, LocalPoolFactory(cache_dir=str(tmp_path_factory.mktemp("ort"))))
     registry.load("s", "1")
-    server = serve_in_thread(gateway)
-    http = MetricsServer(gateway.metrics, gateway.readiness)
-    yield registry, gateway, server, http
-    http.stop()
-    asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
-    server.stop()
+    with serving(gateway) as server:
+        http = MetricsServer(gateway.metrics, gateway.readiness)
+        try:
+            yield registry, gateway, server, http
+        finally:
+            http.stop()
 
 
 def _get(url: str) -> tuple[int, dict]:

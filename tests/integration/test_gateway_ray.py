@@ -14,6 +14,7 @@ from cluster.gateway import Gateway
 from cluster.protocol.client import SyncInferenceClient, make_request
 from cluster.registry import Registry
 from cluster.server import serve_in_thread
+from tests.integration._gateway_support import write_version
 from tests.integration._ray_gateway_support import ray_local  # noqa: F401 - fixture
 from tests.onnx_models import conv_bn_relu_chain
 
@@ -21,10 +22,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.grpc]
 
 
 def test_ray_pools_serve_the_frontier_tails(tmp_path, ray_local):
-    d = tmp_path / "repo" / "m" / "1"
-    d.mkdir(parents=True)
-    onnx.save(conv_bn_relu_chain(3), str(d / "model.onnx"))
-    (d / "model.yaml").write_text("max_queue_delay_ms: 300\nmax_batch_size: 8\nfrontier: {default_cut_count: 1}\n")
+    write_version(tmp_path / "repo", "m", "1", conv_bn_relu_chain(3),
+                  "max_queue_delay_ms: 300\nmax_batch_size: 8\nfrontier: {default_cut_count: 1}\n")
     registry = Registry(str(tmp_path / "repo"))
     # Every request meets the worker's batcher (and its 300 ms wait), over the direct channel.
     gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
@@ -64,11 +63,9 @@ def test_ray_pools_report_batch_sizes_and_queue_time_to_metrics(tmp_path, ray_lo
     from cluster.metrics import MetricsServer
     from cluster.protocol.client import InferenceClient
 
-    d = tmp_path / "repo" / "m" / "1"
-    d.mkdir(parents=True)
-    onnx.save(conv_bn_relu_chain(2), str(d / "model.onnx"))
     # The workers wait up to 200 ms for company, so concurrent requests share batches.
-    (d / "model.yaml").write_text("max_queue_delay_ms: 200\nmax_batch_size: 8\nfrontier: {default_cut_count: 0}\n")
+    write_version(tmp_path / "repo", "m", "1", conv_bn_relu_chain(2),
+                  "max_queue_delay_ms: 200\nmax_batch_size: 8\nfrontier: {default_cut_count: 0}\n")
     registry = Registry(str(tmp_path / "repo"))
     gateway = Gateway(registry, ray_local.RayPoolFactory(provider="cpu"))
     registry.load_all()
