@@ -36,7 +36,6 @@ import math
 import multiprocessing
 import os
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -211,48 +210,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default=os.path.join(RESULTS, "fleet_load.json"))
     a = ap.parse_args(argv)
 
-    from bench.overload import _clients_in_process, _commit, _repo
-    from cluster.gateway import Gateway, LocalPoolFactory, PoolKey
-    from cluster.protocol.client import InferenceClient, make_request
-    from cluster.registry import Registry
-    from cluster.server import new_event_loop, serve_in_thread
-    from partitioner import Cut, load_zoo
+    from bench.overload import _clients_in_process, _commit, _round_trips, _served_whole
+    from cluster.gateway import PoolKey
+    from cluster.server import new_event_loop
+    from partitioner import Cut
     from planner import LinkRange, evaluate, frontier
     from planner.fleet import resolve
     from planner.fleet_spec import FleetSpec
     from planner.whatif import Workspace
     from splitinfer.fleetsim import SimConfig, simulate
 
-    tmp = tempfile.mkdtemp(prefix="bench-fleet-load-")
-    root = os.path.join(tmp, "repo")
-    model = load_zoo("resnet50", random_weights=True, seed=1)
-    _repo(root, model, a.max_batch_size)
-    registry = Registry(root)
-    gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(tmp, "ort")))
-    registry.load_all()
-    lv = registry.resolve("net", "1")
-    cut = next(c for c in lv.frontier.cuts if not c.edge_layers)
-    weights = {i.name for i in model.graph.initializer}
-    inp = next(i for i in model.graph.input if i.name not in weights)
-    shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
-    x = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    server = serve_in_thread(gateway)
+    gateway, server, cut, x = _served_whole("resnet50", a.max_batch_size, "bench-fleet-load-")
     try:
-        async def sequential(n: int) -> list[float]:
-            """Round trips at concurrency 1 less the gateway's queue and compute: the per-request rest."""
-            out = []
-            async with InferenceClient(server.address) as c:
-                for _ in range(n):
-                    t = time.monotonic()
-                    resp = await c.infer(make_request("net", "1", cut.cut_id, x, timeout_s=30.0))
-                    spent_ms = resp.timings_ms.get("queue", 0.0) + resp.timings_ms.get("compute", 0.0)
-                    out.append((time.monotonic() - t) * 1e3 - spent_ms)
-            return out
-
+        # Round trips at concurrency 1 less the gateway's queue and compute: the per-request rest.
         loop = new_event_loop()
         try:
-            loop.run_until_complete(sequential(5))
-            overhead_ms = max(0.0, statistics.median(loop.run_until_complete(sequential(25))))
+            loop.run_until_complete(_round_trips(server.address, cut.cut_id, x, 5))
+            overhead_ms = max(0.0, statistics.median(
+                s * 1e3 - ms for s, ms in loop.run_until_complete(_round_trips(server.address, cut.cut_id, x, 25))))
         finally:
             loop.close()
         pool = gateway._pools[PoolKey("net", "1", cut.cut_id)]

@@ -37,6 +37,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import onnx
@@ -59,6 +60,39 @@ def _repo(root: str, model: onnx.ModelProto, max_batch_size: int) -> None:
     with open(os.path.join(d, "model.yaml"), "w") as fh:
         fh.write(f"max_batch_size: {max_batch_size}\nintra_op_threads: 1\n"
                  "frontier: {default_cut_count: 0, include_cloud_only: true}\n")
+
+
+def _served_whole(model_name: str, max_batch_size: int,
+                  prefix: str) -> tuple[Gateway, Any, Any, dict[str, np.ndarray]]:
+    """Zoo model `model_name` (random weights, seed 1) as `net@1` in a fresh registry under a
+    temporary directory named `prefix`..., behind a gateway with in-process pools served in a
+    thread: (gateway, server, the cloud-only cut, a random input for the model)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    root = os.path.join(tmp, "repo")
+    model = load_zoo(model_name, random_weights=True, seed=1)
+    _repo(root, model, max_batch_size)
+    registry = Registry(root)
+    gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(tmp, "ort")))
+    registry.load_all()
+    cut = next(c for c in registry.resolve("net", "1").frontier.cuts if not c.edge_layers)
+    weights = {i.name for i in model.graph.initializer}
+    inp = next(i for i in model.graph.input if i.name not in weights)
+    shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
+    x = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    return gateway, serve_in_thread(gateway), cut, x
+
+
+async def _round_trips(address: str, cut_id: str, x: dict[str, np.ndarray], n: int) -> list[tuple[float, float]]:
+    """`n` requests one after another: each one's round trip (s) and the gateway's queue and
+    compute time for it (ms)."""
+    out = []
+    async with InferenceClient(address) as c:
+        for _ in range(n):
+            t0 = time.monotonic()
+            resp = await c.infer(make_request("net", "1", cut_id, x, timeout_s=30.0))
+            server_ms = resp.timings_ms.get("queue", 0.0) + resp.timings_ms.get("compute", 0.0)
+            out.append((time.monotonic() - t0, server_ms))
+    return out
 
 
 def _commit() -> str:
@@ -185,34 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.path.join(RESULTS, "overload.json"))
     a = p.parse_args(argv)
 
-    tmp = tempfile.mkdtemp(prefix="bench-overload-")
-    root = os.path.join(tmp, "repo")
-    model = load_zoo(a.model, random_weights=True, seed=1)
-    _repo(root, model, a.max_batch_size)
-    registry = Registry(root)
-    gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(tmp, "ort")))
-    registry.load_all()
-    lv = registry.resolve("net", "1")
-    cut = next(c for c in lv.frontier.cuts if not c.edge_layers)
+    gateway, server, cut, x = _served_whole(a.model, a.max_batch_size, "bench-overload-")
     key = PoolKey("net", "1", cut.cut_id)
-    weights = {i.name for i in model.graph.initializer}
-    inp = next(i for i in model.graph.input if i.name not in weights)
-    shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
-    x = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    server = serve_in_thread(gateway)
     loop = new_event_loop()
     try:
-        async def sequential(n: int) -> list[float]:
-            out = []
-            async with InferenceClient(server.address) as c:
-                for _ in range(n):
-                    t0 = time.monotonic()
-                    await c.infer(make_request("net", "1", cut.cut_id, x, timeout_s=30.0))
-                    out.append(time.monotonic() - t0)
-            return out
-
-        loop.run_until_complete(sequential(5))  # warm-up
-        p50_s = statistics.median(loop.run_until_complete(sequential(40)))
+        loop.run_until_complete(_round_trips(server.address, cut.cut_id, x, 5))  # warm-up
+        p50_s = statistics.median(s for s, _ in loop.run_until_complete(_round_trips(server.address, cut.cut_id,
+                                                                                       x, 40)))
         deadline_s = 3 * p50_s
         capacity = _clients_in_process(server.address, cut.cut_id, x, a.capacity_clients, a.capacity_seconds, None)
         capacity_rps = capacity["goodput_rps"]
