@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.unit._engine_models import make_small_cnn, make_transformer_block
+from tests.unit._engine_models import make_small_cnn, make_transformer_block, ort_row_by_row, small_cnn_input
 from workers._torch_engine import TOLERANCE, relative_error, torch_available
 
 _why = torch_available()
@@ -25,26 +25,15 @@ from workers.engine import Engine, EngineConfig  # noqa: E402
 GPU = EngineConfig(provider="torch-cuda", batch_buckets=(1, 2, 4, 8))
 
 
-def _ref(model, feed):
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    rows = next(iter(feed.values())).shape[0]
-    runs = [sess.run(None, {k: v[i:i + 1] for k, v in feed.items()}) for i in range(rows)]
-    return [np.concatenate(o) for o in zip(*runs)]
-
-
-def _x(rows: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((rows, 3, 8, 8)).astype(np.float32)
-
-
 def test_torch_cuda_equals_ort_and_batches():
     model = make_small_cnn()
     eng = Engine(model, GPU)
     assert type(eng).__name__ == "TorchEngine" and eng.provider == "torch-cuda" and eng.batch_safe
-    x = _x(3, 0)
-    assert relative_error(eng.run({"x": x})["y"], _ref(model, {"x": x})[0]) <= TOLERANCE["fp32"]
-    outs = eng.run_batch([{"x": _x(1, i)} for i in range(5)])
+    x = small_cnn_input(3, 0)
+    assert relative_error(eng.run({"x": x})["y"], ort_row_by_row(model, {"x": x})[0]) <= TOLERANCE["fp32"]
+    outs = eng.run_batch([{"x": small_cnn_input(1, i)} for i in range(5)])
     for i, out in enumerate(outs):
-        assert relative_error(out["y"], _ref(model, {"x": _x(1, i)})[0]) <= TOLERANCE["fp32"]
+        assert relative_error(out["y"], ort_row_by_row(model, {"x": small_cnn_input(1, i)})[0]) <= TOLERANCE["fp32"]
 
 
 def test_fp16_and_cuda_graphs():
@@ -53,8 +42,8 @@ def test_fp16_and_cuda_graphs():
     model = make_small_cnn(seed=2)
     eng = TorchEngine(model, GPU, precision="fp16", cuda_graphs=True)
     for rows in (1, 3, 8):
-        x = _x(rows, rows)
-        assert relative_error(eng.run({"x": x})["y"], _ref(model, {"x": x})[0]) <= TOLERANCE["fp16"]
+        x = small_cnn_input(rows, rows)
+        assert relative_error(eng.run({"x": x})["y"], ort_row_by_row(model, {"x": x})[0]) <= TOLERANCE["fp16"]
     assert set(eng._graphs) == set(eng.buckets)
 
 
@@ -63,10 +52,10 @@ def test_tensors_stay_on_the_device():
 
     model = make_small_cnn(seed=4)
     eng = Engine(model, GPU)
-    x = torch.from_numpy(_x(2, 1)).cuda()
+    x = torch.from_numpy(small_cnn_input(2, 1)).cuda()
     y = eng.run_tensors({"x": x})["y"]
     assert y.is_cuda
-    assert relative_error(y.cpu().numpy(), _ref(model, {"x": _x(2, 1)})[0]) <= TOLERANCE["fp32"]
+    assert relative_error(y.cpu().numpy(), ort_row_by_row(model, {"x": small_cnn_input(2, 1)})[0]) <= TOLERANCE["fp32"]
 
 
 def test_transformer_block_on_the_gpu():
@@ -74,7 +63,7 @@ def test_transformer_block_on_the_gpu():
     eng = Engine(block, GPU)
     feed = {"x": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32),
             "mask": np.ones((2, 8), np.int64)}
-    assert relative_error(eng.run(feed)["y"], _ref(block, feed)[0]) <= TOLERANCE["fp32"]
+    assert relative_error(eng.run(feed)["y"], ort_row_by_row(block, feed)[0]) <= TOLERANCE["fp32"]
 
 
 def test_shared_weights_cost_no_second_copy():

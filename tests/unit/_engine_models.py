@@ -25,6 +25,21 @@ __all__ = [
 CNN_CLASSES = 2048
 
 
+def ort_row_by_row(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime's outputs for `feed`, run row by row (the test models have a fixed batch of 1)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rows = next(iter(feed.values())).shape[0]
+    runs = [sess.run(None, {k: v[i:i + 1] for k, v in feed.items()}) for i in range(rows)]
+    return [np.concatenate(outs) for outs in zip(*runs)]
+
+
+def small_cnn_input(rows: int, seed: int) -> np.ndarray:
+    """`rows` random inputs of `make_small_cnn` (3x8x8 each)."""
+    return np.random.default_rng(seed).standard_normal((rows, 3, 8, 8)).astype(np.float32)
+
+
 def zoo_model_path(name: str) -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"light_{name}.onnx")
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.unit._engine_models import make_small_cnn, make_transformer_block
+from tests.unit._engine_models import make_small_cnn, make_transformer_block, ort_row_by_row, small_cnn_input
 from workers._ort import wants_torch
 from workers.batcher import Batcher, BatcherConfig
 from workers.engine import Engine, EngineConfig
@@ -24,18 +24,6 @@ torch_missing = torch_available()
 needs_torch = pytest.mark.skipif(torch_missing is not None, reason=torch_missing or "")
 
 CPU = EngineConfig(provider="torch-cpu", batch_buckets=(1, 2, 4, 8))
-
-
-def _reference(model, feed):
-    """ONNX Runtime's outputs, row by row (the test models have a fixed batch of 1)."""
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    rows = next(iter(feed.values())).shape[0]
-    runs = [sess.run(None, {k: v[i:i + 1] for k, v in feed.items()}) for i in range(rows)]
-    return [np.concatenate(outs) for outs in zip(*runs)]
-
-
-def _x(rows: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((rows, 3, 8, 8)).astype(np.float32)
 
 
 def test_torch_providers_are_config_values_and_route_to_torch():
@@ -73,18 +61,19 @@ def test_engine_with_torch_provider_is_the_torch_backend_and_equals_ort():
     eng = Engine(model, CPU)
     assert type(eng).__name__ == "TorchEngine" and eng.provider == "torch-cpu"
     assert eng.batch_safe and eng.max_batch == 8 and eng.verify_error <= 1e-3
-    x = _x(3, 4)
-    np.testing.assert_allclose(eng.run({"x": x})["y"], _reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
-    outs = eng.run_batch([{"x": _x(1, i)} for i in range(5)])
+    x = small_cnn_input(3, 4)
+    np.testing.assert_allclose(eng.run({"x": x})["y"], ort_row_by_row(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    outs = eng.run_batch([{"x": small_cnn_input(1, i)} for i in range(5)])
     for i, out in enumerate(outs):
-        np.testing.assert_allclose(out["y"], _reference(model, {"x": _x(1, i)})[0], rtol=1e-4, atol=1e-5)
+        want = ort_row_by_row(model, {"x": small_cnn_input(1, i)})[0]
+        np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)
     assert eng.stats().run_count >= 1 and eng.stats().provider == "torch-cpu"
 
 
 @needs_torch
 def test_outputs_are_written_where_place_puts_them():
     eng = Engine(make_small_cnn(seed=8), CPU)
-    x = _x(2, 1)
+    x = small_cnn_input(2, 1)
     target = np.zeros((2, eng.outputs[0].shape[1]), np.float32)
     out = eng.run({"x": x}, place=lambda buf: (target, target.ctypes.data), rows=2)
     assert out["y"] is target and np.array_equal(target, eng.run({"x": x})["y"])
@@ -96,7 +85,7 @@ def test_transformer_block_equals_ort():
     eng = Engine(block, CPU)
     feed = {"x": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32),
             "mask": np.ones((2, 8), np.int64)}
-    np.testing.assert_allclose(eng.run(feed)["y"], _reference(block, feed)[0], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(eng.run(feed)["y"], ort_row_by_row(block, feed)[0], rtol=1e-3, atol=1e-4)
 
 
 @needs_torch
@@ -105,10 +94,10 @@ def test_fp16_is_within_its_tolerance():
 
     model = make_small_cnn()
     eng = TorchEngine(model, CPU, precision="fp16")
-    x = _x(2, 9)
+    x = small_cnn_input(2, 9)
     got = eng.run({"x": x})["y"]
     assert got.dtype == np.float32
-    err = relative_error(got, _reference(model, {"x": x})[0])
+    err = relative_error(got, ort_row_by_row(model, {"x": x})[0])
     assert 0 < err <= TOLERANCE["fp16"]
 
 
@@ -138,14 +127,14 @@ def test_through_the_batcher():
 
     async def main():
         batcher = Batcher(eng.run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=5))
-        xs = [_x(1, 100 + i) for i in range(12)]
+        xs = [small_cnn_input(1, 100 + i) for i in range(12)]
         outs = await asyncio.gather(*(batcher.submit({"x": x}) for x in xs))
         await batcher.close()
         return xs, outs
 
     xs, outs = asyncio.run(main())
     for x, out in zip(xs, outs):
-        np.testing.assert_allclose(out["y"], _reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["y"], ort_row_by_row(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
     assert eng.stats().run_count < 12  # batches formed
 
 
@@ -158,7 +147,7 @@ def test_zoo_tail_equals_ort():
     _, tail = partitioner.split(model, partitioner.prefix_cut(graph, 28), graph=graph)
     eng = Engine(tail.model, EngineConfig(provider="torch-cpu", batch_buckets=(1, 2)))
     feed = eng.random_inputs(1, seed=3)
-    for got, want in zip(eng.run(feed).values(), _reference(tail.model, feed)):
+    for got, want in zip(eng.run(feed).values(), ort_row_by_row(tail.model, feed)):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
