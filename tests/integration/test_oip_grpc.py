@@ -25,6 +25,8 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 pytestmark = pytest.mark.grpc
 
 
+# Same shape as test_oip_rest.py's door and client fixtures on purpose: each door has its own
+# support module and tritonclient module, and a fixture is the one place each test file names them.
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
     with oip_grpc_door(str(tmp_path_factory.mktemp("oipgrpc"))) as d:
