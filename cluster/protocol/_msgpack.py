@@ -190,6 +190,8 @@ def unpackb(buf: bytes, ext_hook: ExtHook) -> Any:
             raise _err(f"truncated msgpack: {what} needs {n} bytes, only {size - pos} left", pos)
 
     def read(pos: int, depth: int) -> tuple[Any, int]:
+        # Same shape per format byte on purpose: one branch per msgpack format, in the
+        # spec's terms, so each can be read against the spec's table.
         need(pos, 1, "type byte")
         b = mv[pos]
         pos += 1
