@@ -15,7 +15,7 @@ import numpy as np
 from workers._engine_types import TensorSpec
 from workers.errors import InputError
 
-__all__ = ["batch_chunks", "check_inputs", "describe", "where_prefix"]
+__all__ = ["batch_chunks", "check_inputs", "describe", "input_checks_of", "where_prefix"]
 
 
 def where_prefix(where: str) -> str:
@@ -28,15 +28,25 @@ def describe(value: np.ndarray) -> str:
     return f"{value.dtype}[{','.join(map(str, value.shape))}]"
 
 
-def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequence[tuple[TensorSpec, np.dtype]],
-                 *, name: str, max_batch: int, batch_safe: bool, where: str,
-                 shape_inputs: frozenset[str] = frozenset()) -> int:
+def input_checks_of(specs: Sequence[TensorSpec]) -> tuple[tuple[TensorSpec, np.dtype, set], ...]:
+    """The ``input_checks`` of :func:`check_inputs` for an engine's input ``specs``."""
+    return tuple((s, np.dtype(s.dtype), set()) for s in specs)
+
+
+_MAX_PASSED_SHAPES = 64
+
+
+def check_inputs(inputs: Any, input_names: frozenset[str],
+                 input_checks: Sequence[tuple[TensorSpec, np.dtype, set]], *, name: str, max_batch: int,
+                 batch_safe: bool, where: str, shape_inputs: frozenset[str] = frozenset()) -> int:
     """Checks names, dtypes and shapes of ``inputs`` for the engine ``name``; returns the
     number of rows (batch) given. Raises :class:`InputError` naming the input, what was
-    expected and what came. ``input_checks``: each input's spec and numpy dtype;
-    ``batch_safe``: dim 0 is the batch of every input (up to ``max_batch`` rows, the
-    same in all of them); ``shape_inputs``: integer inputs that set shapes, whose dim 0 is
-    a shape vector's length, never rows."""
+    expected and what came. ``input_checks``: each input's spec, numpy dtype and the
+    shapes that passed its checks so far (:func:`input_checks_of`; a shape found there is
+    not checked again: a request's shapes are nearly always the last one's, and the
+    dims loop is most of a passing check); ``batch_safe``: dim 0 is the batch of every
+    input (up to ``max_batch`` rows, the same in all of them); ``shape_inputs``: integer
+    inputs that set shapes, whose dim 0 is a shape vector's length, never rows."""
     if type(inputs) is not dict and not isinstance(inputs, Mapping):
         raise InputError(
             f"{where_prefix(where)}inputs of {name} must be a dict of name -> numpy array, got {type(inputs).__name__}",
@@ -54,7 +64,7 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
             given=", ".join(sorted(map(str, inputs))),
         )
     rows = None
-    for spec, dtype in input_checks:
+    for spec, dtype, passed in input_checks:
         value = inputs[spec.name]
         if not isinstance(value, np.ndarray):
             want = spec.describe(max_batch if batch_safe else None)
@@ -72,22 +82,26 @@ def check_inputs(inputs: Any, input_names: frozenset[str], input_checks: Sequenc
             )
         shape = value.shape
         n = shape[0] if shape else 1
-        ok_dims = len(shape) == len(spec.shape)
-        for d, g in zip(spec.shape, shape):  # a loop, not all(<generator>): no frame per input
-            if d is not None and d != g:
-                ok_dims = False
-        ok_batch = (not spec.shape or spec.shape[0] is not None or spec.name in shape_inputs
-                    or 1 <= n <= max_batch)
-        if not (ok_dims and ok_batch):
-            want, got = spec.describe(max_batch if batch_safe else None), describe(value)
-            fix = (
-                f"split it into requests of at most {max_batch} rows or add a larger batch bucket"
-                if ok_dims else "reshape it to the expected shape"
-            )
-            raise InputError(
-                f"{where_prefix(where)}input {spec.name!r} of {name} has shape {got}, expected {want}; {fix}",
-                model=name, input_name=spec.name, expected=want, given=got,
-            )
+        if shape not in passed:
+            ok_dims = len(shape) == len(spec.shape)
+            for d, g in zip(spec.shape, shape):  # a loop, not all(<generator>): no frame per input
+                if d is not None and d != g:
+                    ok_dims = False
+            ok_batch = (not spec.shape or spec.shape[0] is not None or spec.name in shape_inputs
+                        or 1 <= n <= max_batch)
+            if not (ok_dims and ok_batch):
+                want, got = spec.describe(max_batch if batch_safe else None), describe(value)
+                fix = (
+                    f"split it into requests of at most {max_batch} rows or add a larger batch bucket"
+                    if ok_dims else "reshape it to the expected shape"
+                )
+                raise InputError(
+                    f"{where_prefix(where)}input {spec.name!r} of {name} has shape {got}, expected {want}; {fix}",
+                    model=name, input_name=spec.name, expected=want, given=got,
+                )
+            if len(passed) >= _MAX_PASSED_SHAPES:
+                passed.clear()
+            passed.add(shape)
         if spec.name in shape_inputs:
             continue
         if rows is None:

@@ -56,7 +56,7 @@ import onnxruntime as ort
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
 from workers._engine_types import EngineConfig, EngineStats, Place, TensorSpec
-from workers._input_check import batch_chunks, check_inputs
+from workers._input_check import batch_chunks, check_inputs, input_checks_of
 from workers._model_file import read_model
 from workers._ort import tensor_np_dtype
 from workers.errors import BatchingUnsafeError, EngineLoadError, EngineRunError
@@ -368,7 +368,7 @@ class TorchEngine:
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
         self._input_names = frozenset(s.name for s in self.inputs)
-        self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
+        self._input_checks = input_checks_of(self.inputs)
         self._output_names = [s.name for s in self.outputs]
         self._lock = threading.Lock()
         self._latency_ms = np.zeros(_LATENCY_WINDOW, dtype=np.float64)

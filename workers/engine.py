@@ -57,7 +57,7 @@ from partitioner.shapes import shape_feeding_inputs
 from workers._any_shape import runs_by_shape, split_rows, warmup_feed, warmup_skip_reason
 from workers._bucket import Bucket, address_of, pin_batch
 from workers._engine_types import EngineConfig, EngineStats, Place, TensorSpec
-from workers._input_check import batch_chunks, check_inputs, describe
+from workers._input_check import batch_chunks, check_inputs, describe, input_checks_of
 from workers._model_file import default_cache_dir, read_model
 from workers._ort import make_session_options, np_dtype_of_ort, select_providers, wants_torch
 from workers._weights import SharedWeights, acquire_weights
@@ -178,7 +178,7 @@ class Engine:
                                 for s in self.inputs)
             self.outputs = tuple(pin_batch(s, self.buckets[0]) for s in self.outputs)
         self._input_names = frozenset(s.name for s in self.inputs)
-        self._input_checks = tuple((s, np.dtype(s.dtype)) for s in self.inputs)
+        self._input_checks = input_checks_of(self.inputs)
         device = "cuda" if chosen == "cuda" else "cpu"
         self._buckets = {} if self.any_shape else {
             b: Bucket(self._session, b, self.inputs, self.outputs, device, cfg.device_id) for b in self.buckets}
