@@ -264,7 +264,10 @@ def main() -> None:
     try:
         results = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "note": "2 cores shared with other people's tests and benchmarks while this ran"},
+                        "note": "2 cores shared with other people's tests and benchmarks while this ran; each point "
+                                "alternates old and new slice by slice, the side that goes first alternating from "
+                                "pair to pair, so that load falls on both sides alike and the per-pair differences, "
+                                "not the medians of either side, carry the verdict"},
             "old": old_rev, "new": new_rev + (" with uncommitted changes to workers/" if dirty else ""),
             "settings": {"pairs": args.pairs, "slice_s": args.slice_s, "threads": THREADS, "instances": INSTANCES},
             "models": {m: bench_model(old_tree, m, args.pairs, args.slice_s) for m in args.models.split(",") if m},
