@@ -142,11 +142,11 @@ def encode_frame(obj: Any, arena: Arena | None = None, releases: list[int] | tup
     A pool's request or a worker's answer of plain arrays goes as a tensor frame
     ([Note: tensor frames] in workers/_transport/codec.py); anything else is pickled, or,
     where that is not ``pickle_ok``, raises ChannelRefusedError ([Note: no pickle over TCP])."""
-    codec = _REQUEST
-    tensors = encode_request(obj)
-    if tensors is None:
-        codec = _ANSWER
-        tensors = encode_answer(obj)
+    # An answer has three items and a request two: each frame tries the one codec it can be.
+    if type(obj) is tuple and len(obj) == 3:
+        codec, tensors = _ANSWER, encode_answer(obj)
+    else:
+        codec, tensors = _REQUEST, encode_request(obj)
     if tensors is not None:
         meta, buffers = tensors
     elif not pickle_ok:
