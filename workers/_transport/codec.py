@@ -203,6 +203,8 @@ def answer_layout(meta: memoryview) -> tuple[tuple, list]:
 def make_request(head: tuple, arrays: list) -> tuple:
     """The request of :func:`request_layout`'s ``head`` with its ``arrays``."""
     request_id, key, names, deadlines, priorities = head
+    if len(names) == 1:  # a lone request: no slices
+        return request_id, (key, [dict(zip(names[0], arrays))], deadlines, priorities)
     requests, at = [], 0
     for named in names:
         requests.append(dict(zip(named, arrays[at:at + len(named)])))
@@ -213,6 +215,9 @@ def make_request(head: tuple, arrays: list) -> tuple:
 def make_answer(head: tuple, arrays: list) -> tuple:
     """The answer of :func:`answer_layout`'s ``head`` with its ``arrays``."""
     request_id, names, timings = head
+    if len(names) == 1:  # a lone result: no slices
+        timing = timings[0]
+        return request_id, True, [(dict(zip(names[0], arrays)), None if timing is None else new_timing(timing))]
     results, at = [], 0
     for named, timing in zip(names, timings):
         results.append((dict(zip(named, arrays[at:at + len(named)])), None if timing is None else new_timing(timing)))
