@@ -335,19 +335,25 @@ def test_load_reports_arrivals_per_second_and_headroom():
     assert idle.arrival_rps == 0.0
 
 
+async def _timed_linear_batcher(clock):
+    """A batcher of up to 8 whose runs take 50 ms a request on ``clock``, with a batch of one
+    and one of two timed (both waited for nothing: no size formed under a queue yet)."""
+    async def run_batch(payloads):
+        clock.now_s += 0.05 * len(payloads)
+        return payloads
+
+    b = Batcher(run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0), clock=clock)
+    await b.submit(0)
+    await asyncio.gather(b.submit(1), b.submit(2))
+    return b
+
+
 def test_the_batches_ahead_are_predicted_at_the_size_they_form_under_a_queue():
     """[Note: batches ahead]: where deadlines let batches of four form while others wait, the
     queue drains four at a time, and the predicted wait says so."""
     async def main():
         clock = _Clock()
-
-        async def run_batch(payloads):
-            clock.now_s += 0.05 * len(payloads)  # 50 ms a request
-            return payloads
-
-        b = Batcher(run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0), clock=clock)
-        await b.submit(0)
-        await asyncio.gather(b.submit(1), b.submit(2))  # both waited for nothing: not counted
+        b = await _timed_linear_batcher(clock)
         timed = b.run_times.as_dict()
         before = b.ahead_batch_size()
         start_s = clock.now_s
@@ -376,14 +382,7 @@ def test_a_request_is_not_counted_twice_in_the_batches_ahead_and_its_own():
     batch held the three again."""
     async def main():
         clock = _Clock()
-
-        async def run_batch(payloads):
-            clock.now_s += 0.05 * len(payloads)  # 50 ms a request
-            return payloads
-
-        b = Batcher(run_batch, BatcherConfig(max_batch_size=8, max_queue_delay_ms=0.0), clock=clock)
-        await b.submit(0)
-        await asyncio.gather(b.submit(1), b.submit(2))  # timed: 50 ms for one, 100 ms for two
+        b = await _timed_linear_batcher(clock)
         start_s = clock.now_s  # two due just after +0.1 s, two after +0.2 s: batches of two
         await asyncio.gather(*(b.submit(k, deadline_s=start_s + 0.1 * (k // 2 + 1) + 0.001) for k in range(4)))
         ahead = b.ahead_batch_size()
