@@ -130,10 +130,14 @@ class _Edge:
             stdout=subprocess.PIPE, stderr=None, start_new_session=True, text=True,
             env=_child_env(), preexec_fn=die_with_parent)
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(setup) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline().strip()
+        try:
+            self.proc.stdin.write(json.dumps(setup) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline().strip()
+        except BrokenPipeError:
+            line = ""
         if line != "ready":
+            self.close()
             raise RuntimeError(f"the edge child did not start (said {line!r}, exit code {self.proc.poll()})")
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
@@ -183,6 +187,22 @@ class _Edge:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+
+def _start_edge(address: str, model: str, setup: dict[str, Any], notes: list[str],
+                say: Callable[[str], None], tries: int = 3) -> _Edge:
+    """The edge child, started again (up to `tries` in all) when it dies before ``ready``;
+    each failed start is kept in `notes`."""
+    for attempt in range(1, tries + 1):
+        try:
+            return _Edge(address, model, setup)
+        except RuntimeError as e:
+            notes.append(f"edge child start {attempt} of {tries} failed: {e}")
+            say(f"      {e}; " + ("starting it again" if attempt < tries else "giving up"))
+            if attempt == tries:
+                raise
+            time.sleep(2.0 * attempt)
+    raise AssertionError("unreachable")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -497,8 +517,9 @@ def run_model(name: str, work_dir: str, *, links: list[tuple[float, float]], rep
     try:
         port = gw.start()
         emu = ThreadedLinkEmulator(upstream=("127.0.0.1", port), setting=LinkSetting(**_FAST_LINK)).start()
-        edge = _Edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands, "seed": 0,
-                                                      "inputs_path": samples_path, "slowdown": dm.device_slowdown})
+        edge = _start_edge(f"127.0.0.1:{emu.port}", name, {"model_path": dm.model_path, "candidates": cands,
+                                                            "seed": 0, "inputs_path": samples_path,
+                                                            "slowdown": dm.device_slowdown}, out.notes, say)
         known = _warm(edge, cands, out.notes)
         profiles[0], out.setup["edge_model_ms"] = _device_as_requested(edge, cands, profiles[0])
         if out.setup["edge_model_ms"] is None:

@@ -129,6 +129,7 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
     cfg = {
         "mode": "quick" if a.quick else "full", "models": models,
         "real_weight_models": [describe_real(m) for m in real], "skipped_models": missing,
+        "failed_models": [],
         "min_agreement": a.min_agreement, "host_note": HOST_NOTE,
         "uplinks_mbps": _floats(a.uplinks_mbps, base["uplinks_mbps"], "uplinks-mbps"),
         "rtts_ms": _floats(a.rtts_ms, base["rtts_ms"], "rtts-ms"),
@@ -255,6 +256,11 @@ def _run(a: argparse.Namespace) -> int:
                           slowdown=cfg["slowdown"], profile_runs=cfg["profile_runs"],
                           load_mbps=tuple(cfg["load_mbps"]), load_n=cfg["load_n"],
                           min_agreement=cfg["min_agreement"], say=lambda s: print(s, flush=True))
+        except RuntimeError as e:
+            # one model's broken stack does not cost the grid; the JSON names it
+            print(f"   {name} failed: {e}", flush=True)
+            cfg["failed_models"].append({"model": name, "error": str(e)})
+            continue
         finally:
             shutil.rmtree(work, ignore_errors=True)
         done.append(r.to_dict())
