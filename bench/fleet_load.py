@@ -13,7 +13,8 @@ load keys of every answer, RESOURCE_EXHAUSTED with its retry-after) and an
 or send is emulated by sleeping the plan's times at its link (an rpi4 reference profile):
 the head, encode and upload, then half the RTT, the real call with the input tensor, half
 the RTT and the download; the local model and the local tail likewise. The remote budget
-is the simulator's ([Note: fleet simulator] in splitinfer/fleetsim.py), and the gRPC
+is the simulator's ([Note: fleet simulator] in splitinfer/fleetsim.py), the hedge is the
+runner's (`edge_agent.policy.hedge_delay_s` on the device's record of answers), and the gRPC
 deadline is what is left of the SLO. Phases: ``--seconds`` steady at 60% of the measured
 capacity (the first 5 s not counted), then ``--burst-seconds`` at 3x that rate.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import json
 import math
@@ -75,7 +77,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
     from edge_agent.cloud_load import CloudLoad
     from edge_agent.flow import RequestFlow
     from edge_agent.monitor import LinkEstimate
-    from edge_agent.policy import Health, PolicyConfig, PolicyState, policy
+    from edge_agent.policy import Health, PolicyConfig, PolicyState, hedge_delay_s, policy
     from planner import Frontier
     from planner.fleet import remote_ms
 
@@ -85,6 +87,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
     cfg = PolicyConfig(slo_ms=SLO_MS)
     states = [PolicyState() for _ in range(devices)]
     loads = [CloudLoad() for _ in range(devices)]
+    answered: list[collections.deque[float]] = [collections.deque(maxlen=32) for _ in range(devices)]
     records: list[dict[str, Any]] = []
     tasks: set[asyncio.Task[None]] = set()
     t0 = time.monotonic()
@@ -102,6 +105,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                 if step.delivers:
                     rec["deliveries"] += 1
                     rec["ms"] = (time.monotonic() - start) * 1e3
+                    rec["answer"] = "remote" if event == "remote_ok" else "local"
                     # a remote answer that beats the local tail is a remote answer, as the simulator counts it
                     rec["how"] = event if event == "remote_ok" or not rec["how"] else rec["how"]
 
@@ -124,6 +128,9 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
             flow.fire("head_done")
             slo_s = SLO_MS / 1e3
             budget_s = max(slo_s - head_s - tail_s, 0.3 * slo_s)
+            # the runner's hedge ([Note: hedge] in edge_agent/policy.py), on this device's record
+            hedge_s = hedge_delay_s(action, elapsed_ms=(time.monotonic() - start) * 1e3, deadline_ms=SLO_MS,
+                                    local_ms=tail_s * 1e3, record_ms=answered[d], config=cfg)
 
             async def remote() -> str:
                 await asyncio.sleep(RTT_MS / 2e3)
@@ -131,6 +138,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                 try:
                     resp = await client.infer(make_request("net", "1", cut_id, x, timeout_s=max(left, 0.01)))
                 except ResourceExhausted as e:
+                    rec["refused"] = True
                     await asyncio.sleep(RTT_MS / 2e3)
                     loads[d].refuse(cut_id, e.retry_after_ms, time.monotonic())
                     return "refused"
@@ -138,10 +146,11 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                     return "error"
                 await asyncio.sleep((RTT_MS / 2 + b.downlink_ms) / 1e3)
                 loads[d].observe_timings(cut_id, resp.timings_ms, time.monotonic())
+                answered[d].append((time.monotonic() - start) * 1e3)
                 return "ok"
 
             call = asyncio.create_task(remote())
-            done, _ = await asyncio.wait({call}, timeout=budget_s)
+            done, _ = await asyncio.wait({call}, timeout=min(budget_s, hedge_s))
             if call in done and call.result() == "ok":
                 deliver("remote_ok")
                 return
@@ -152,7 +161,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                 deliver("local_done")
                 return
             flow.fire("remote_timeout")
-            rec["how"] = "fallback"
+            rec["how"], rec["hedged"] = "fallback", hedge_s < budget_s
             local = asyncio.create_task(asyncio.sleep(tail_s))
             done, _ = await asyncio.wait({call, local}, return_when=asyncio.FIRST_COMPLETED)
             if call in done and call.result() == "ok" and not local.done():
@@ -197,8 +206,14 @@ def _summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
             "p50_ms": float(np.percentile(ms, 50)) if ms else None,
             "p95_ms": float(np.percentile(ms, 95)) if ms else None,
             "offloaded": statistics.fmean([r["offload"] for r in recs]) if recs else None,
-            "refused": sum(r["how"] == "refused" for r in recs),
-            "fallbacks": sum(r["how"] == "fallback" for r in recs)}  # answered by the local tail after the budget
+            "refused": sum(bool(r.get("refused")) for r in recs),
+            # the local tail started at the budget, or beside the call by the hedge
+            "fallbacks": sum(r["how"] == "fallback" and not r.get("hedged") for r in recs),
+            "hedged": sum(bool(r.get("hedged")) for r in recs),
+            "answered_by": dict(collections.Counter(r["answer"] for r in recs if "answer" in r)),
+            "missed_by": dict(collections.Counter(f"{'hedged' if r.get('hedged') else r['how'] or 'local'}/"
+                                                  f"{r['answer']}" for r in recs
+                                                  if r.get("ms", 0.0) > SLO_MS))}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -15,8 +15,11 @@ planner's frontier and cost model, as on a device. What is modelled:
   download. Device compute and uplink contention between a device's own requests are
   not modelled (the policy's uplink queue term stays in its choice).
 * the remote budget ([Note: remote budget] in edge_agent/runner.py): the local tail
-  starts once the head is done plus max(SLO - head - tail, 0.3 SLO) if nothing came back;
-  the first result wins, the other is dropped. The hedge is not modelled.
+  starts once the head is done plus max(SLO - head - tail, 0.3 SLO) if nothing came back,
+  or earlier where the runner's hedge (`edge_agent.policy.hedge_delay_s`, on the
+  option's pessimistic time and the device's record of answers) starts it; the first
+  result wins, the other is dropped. The baselines' pessimistic time is their plan's own
+  at batch 1. A hedged local run is one more run on the device, not modelled beyond its time.
 * the cloud: c workers shared by every model@cut pool, each running one batch at a time
   for T_pool(b) ms (`planner.queueing.run_ms_table`'s curve, as the planner uses;
   ``service='exponential'`` draws it exponential with that mean instead). The batcher
@@ -56,7 +59,7 @@ import numpy as np
 from edge_agent.cloud_load import CloudLoad
 from edge_agent.flow import RequestFlow
 from edge_agent.monitor import LinkEstimate
-from edge_agent.policy import Health, PolicyConfig, PolicyState, after_trial, policy
+from edge_agent.policy import Action, Health, PolicyConfig, PolicyState, after_trial, hedge_delay_s, policy
 from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
 from planner.fleet import ClassChoices, ClassModel, planned_choices, remote_ms, run_ms_table
@@ -125,7 +128,9 @@ class SimResult:
     refused: float
     """Share refused by the cloud (admission or deadline-aware batching) and answered locally."""
     fallbacks: float
-    """Share answered by the local tail after the budget ran out."""
+    """Share answered by the local tail after the budget ran out or the hedge started it."""
+    hedged: float
+    """Share answered by a local tail that the hedge started beside the remote call."""
     lost: int
     """Counted requests with no answer."""
     doubled: int
@@ -159,6 +164,7 @@ class _Req:
     trial: bool = False
     answer: float = math.nan
     how: str = ""
+    hedged: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,6 +201,7 @@ class _Sim:
         n = len(self.cls)
         self.states = [PolicyState() for _ in range(n)]
         self.loads = [CloudLoad(PolicyConfig().cloud_load_tau_s) for _ in range(n)]
+        self.answered: list[deque[float]] = [deque(maxlen=32) for _ in range(n)]
         self.routes: list[dict[str, _Route]] = [{} for _ in range(n)]
         self.configs = [PolicyConfig(slo_ms=spec.slo(m.cls.model).slo_ms) for m in models]
         self.slo_s = [spec.slo(m.cls.model).slo_ms / 1e3 for m in models]
@@ -279,7 +286,7 @@ class _Sim:
             req.flow.fire("local")
             self.push(now + m.local_ms / 1e3, _LOCAL, req)
             return
-        key, entry, front, trial = choice
+        key, entry, front, trial, hi_ms = choice
         r = self.route(d, key, entry, front)
         req.flow.fire("offload")
         req.flow.fire("head_done")
@@ -289,15 +296,23 @@ class _Sim:
         req.deadline = now + slo_s
         head_s = (r.pre_ms - self.rtt[d] / 2) / 1e3
         budget = max(slo_s - head_s - r.tail_ms / 1e3, 0.3 * slo_s)
+        if hi_ms is None:  # a baseline: its plan's own time at batch 1
+            hi_ms = r.pre_ms + float(self.tables[r.pool][0]) + r.post_ms
+        hedge = hedge_delay_s(Action("offload", req.cut_id, predicted_ms=hi_ms, hi_ms=hi_ms),
+                              elapsed_ms=head_s * 1e3, deadline_ms=slo_s * 1e3, local_ms=r.tail_ms,
+                              record_ms=self.answered[d], config=self.configs[c])
+        req.hedged = hedge < budget
         self.push(now + r.pre_ms / 1e3, _ARRIVE, req)
-        self.push(now + head_s + budget, _TIMER, req)
+        self.push(now + head_s + min(budget, hedge), _TIMER, req)
 
-    def choose(self, d: int, now: float) -> tuple[str, FrontierEntry, Frontier, bool] | None:
+    def choose(self, d: int, now: float) -> tuple[str, FrontierEntry, Frontier, bool, float | None] | None:
+        """The option of device `d` now: its plan, whether it is a trial, and its pessimistic
+        time (None for a baseline's fixed plan), or None for local."""
         if self.cfg.strategy == "edge-only":
             return None
         if self.fixed is not None:
             f = self.fixed[d]
-            return None if f is None else (*f, False)
+            return None if f is None else (*f, False, None)
         c = self.cls[d]
         m = self.models[c]
         cl = self.loads[d]
@@ -310,7 +325,7 @@ class _Sim:
         if action.kind != "offload":
             return None
         entry = next(e for e in m.frontier.entries if e.plan.key == action.plan_key)
-        return action.plan_key, entry, m.frontier, action.trial
+        return action.plan_key, entry, m.frontier, action.trial, action.hi_ms
 
     def deliver(self, req: _Req, event: str, now: float) -> None:
         step = req.flow.fire(event)
@@ -442,6 +457,7 @@ class _Sim:
             elif kind == _ANSWER:
                 req, timings = data
                 self.loads[req.device].observe_timings(req.cut_id, timings, now)
+                self.answered[req.device].append((now - req.start) * 1e3)
                 self.deliver(req, "remote_ok", now)
             elif kind == _REFUSED:
                 req, wait_s = data
@@ -480,6 +496,7 @@ class _Sim:
             offloaded=sum(1 for r in counted if r.pool >= 0) / max(1, n),
             refused=sum(1 for r in counted if r.how == "refused") / max(1, n),
             fallbacks=sum(1 for r in counted if r.how == "fallback") / max(1, n),
+            hedged=sum(1 for r in counted if r.how == "fallback" and r.hedged) / max(1, n),
             lost=self.counted_started - started, doubled=self.doubled,
             cloud_utilisation=self.busy_s / (self.workers * max(self.last_run_end, self.cfg.seconds)),
             worker_wait_ms=float(np.mean(self.waits)) * 1e3 if self.waits else 0.0,

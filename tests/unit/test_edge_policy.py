@@ -92,9 +92,14 @@ def test_slo_forces_a_switch_inside_the_dwell():
 
 
 def test_deadline_goes_local_when_remote_misses_and_local_meets():
-    cfg = PolicyConfig(slo_ms=100.0)
+    # without a hedge (hedge_tail 0) the remote plan's own times miss
+    cfg = PolicyConfig(slo_ms=100.0, hedge_tail=0.0)
     (a,), _ = _run([0.3e6], cfg=cfg, health=Health(local_ms=80.0))
     assert a.kind == LOCAL and "misses the 100 ms SLO" in a.reason
+    # with one, a local run of 80 ms starts at once beside the call: the remote plan is priced at
+    # the local time and does not beat it by the hysteresis margin, so the device stays local
+    (a,), _ = _run([0.3e6], cfg=PolicyConfig(slo_ms=100.0), health=Health(local_ms=80.0))
+    assert a.kind == LOCAL and a.miss == 0.0
 
 
 def test_deadline_keeps_remote_when_only_remote_meets():

@@ -193,8 +193,12 @@ def test_hedge_starts_at_once_when_the_remote_time_nears_the_deadline_else_at_th
     # the plan's recent answers disagree with the prediction: no race, the last safe moment
     assert hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=100.0, record_ms=[90.0] * 5,
                          config=cfg) == pytest.approx(0.165)
-    # the local run cannot land in time: no hedge, the remote budget decides
-    assert hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == math.inf
+    # 250 ms lands by 300 but not with its 25 % margin: the margin is what is left (start by 50 ms)
+    assert hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == 0.0
+    fast = Action("offload", "c", predicted_ms=30.0, hi_ms=40.0)
+    assert hedge_delay_s(fast, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == pytest.approx(0.04)
+    # the local run cannot land in time even started now: no hedge, the remote budget decides
+    assert hedge_delay_s(risky, elapsed_ms=60.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == math.inf
 
 
 def test_a_hedged_request_is_answered_once_before_its_deadline_whichever_answer_comes_first():

@@ -109,3 +109,22 @@ def test_told_the_pool_is_busy_the_phones_leave_it_to_the_pis(fleet) -> None:
     assert dads.offloaded == 1.0 and dads.within_slo < 0.9
     assert ours.offloaded < 0.8 and ours.within_slo > 0.98 and ours.worker_wait_ms < dads.worker_wait_ms / 3
     assert ours.lost == 0 and ours.doubled == 0
+
+
+def test_the_hedge_lands_refused_and_late_requests_in_time_when_the_local_run_nears_the_slo(monkeypatch) -> None:
+    """An rpi4 whose whole model locally takes 0.85 of the SLO, sending everything to one
+    overloaded worker: the remote budget's floor (0.3 SLO) alone starts the local run too late
+    for every refused or slow call; the runner's hedge starts it beside the call in time."""
+    import splitinfer.fleetsim as fleetsim  # noqa: PLC0415
+
+    pi = {**FLEET["classes"][0], "count": 100, "fps": 6.0}
+    local_ms = resolve(FleetSpec.from_dict({**FLEET, "classes": [pi]}))[0].local_ms
+    spec = FleetSpec.from_dict({**FLEET, "models": {"resnet50": {"slo_ms": local_ms / 0.85}}, "classes": [pi]})
+    models = resolve(spec)
+    cfg = SimConfig(strategy="cloud-only", seconds=6.0, warmup_s=1.0, seed=2)
+    hedged = simulate(spec, models, cfg)
+    monkeypatch.setattr(fleetsim, "hedge_delay_s", lambda *a, **k: float("inf"))
+    unhedged = simulate(spec, models, cfg)
+    assert hedged.lost == unhedged.lost == 0 and hedged.doubled == unhedged.doubled == 0
+    assert unhedged.hedged == 0 and hedged.hedged > 0.1
+    assert hedged.within_slo > 0.99 and unhedged.within_slo < 0.9
