@@ -132,12 +132,8 @@ A race costs the device a run, and a remote time past the local run's own is no 
 for one: the policy offloads such a plan only where its mean beats local, and racing
 every such request at once ran the device for nearly every request (it failed the
 runner's remote-error, outage and overload tests, the hedge answering first).
-Where the local run lands in time but not with the whole margin (its time is past
-`deadline / (1 + hedge_margin)`), the margin is what is left: the last safe moment is the
-deadline less the local time, and it is nearly always "at once". Without that, an rpi4
-(ResNet50 locally 493 ms) under a 600 ms SLO had no hedge at all, and its remote budget's
-floor (0.3 SLO) started the local run too late for every slow or refused call: in
-`bench.fleet_load`'s 3x burst 24 of 268 requests missed the SLO.
+A local run that lands in time but not with the whole margin keeps what is left of it (an rpi4,
+ResNet50 in 493 ms, under a 600 ms SLO never hedged, and missed the SLO on slow calls).
 Where the local run cannot land in time even started at once, there is no hedge: the
 remote budget alone decides when to give up on the cloud. The remote call is not
 cancelled: the first valid answer is the request's, the other is dropped and counted
@@ -442,9 +438,8 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
 
 
 def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig) -> list[float]:
-    """A remote option's times as its requests would see them with the hedge of `hedge_delay_s`
-    (with an SLO and a local model that lands in time): none later than the local run started
-    when the hedge starts it; see [Note: hedge]."""
+    """A remote option's times with the hedge of `hedge_delay_s` (given an SLO the local model
+    meets): none later than the local run started when the hedge starts it."""
     if cfg.slo_ms is None or not math.isfinite(local_ms) or cfg.hedge_tail <= 0:
         return times
     latest_ms = _latest_start_ms(cfg.slo_ms, local_ms, cfg.hedge_margin)
@@ -672,8 +667,8 @@ def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:
 
 
 def _latest_start_ms(deadline_ms: float, local_ms: float, margin: float, now_ms: float = 0.0) -> float:
-    """The last moment the local run starts and still lands by `deadline_ms` with `margin` of its
-    own time to spare, or, once that has passed at `now_ms`, with what is left; see [Note: hedge]."""
+    """The last start that lands by `deadline_ms` with `margin` of the local time to spare, or
+    (past that at `now_ms`) with what is left."""
     with_margin = deadline_ms - local_ms * (1.0 + margin)
     return with_margin if with_margin > now_ms else deadline_ms - local_ms
 
