@@ -115,6 +115,7 @@ async def _closed_loop(address: str, cut_id: str, x: dict[str, np.ndarray], *, c
     outcomes: Counter[str] = Counter()
     ok_latency_s: list[float] = []
     refused_latency_s: list[float] = []
+    late_by_s: list[float] = []
     retry_after: Counter[str] = Counter()
     health_s: list[float] = []
     stop_at = time.monotonic() + seconds
@@ -146,6 +147,7 @@ async def _closed_loop(address: str, cut_id: str, x: dict[str, np.ndarray], *, c
                     ok_latency_s.append(elapsed)
                 else:
                     outcomes["ok_late"] += 1
+                    late_by_s.append(elapsed - deadline_s)
 
         async def probe() -> None:
             while time.monotonic() < stop_at:
@@ -163,6 +165,7 @@ async def _closed_loop(address: str, cut_id: str, x: dict[str, np.ndarray], *, c
         "goodput_rps": outcomes["ok_in_time"] / wall_s,
         "ok_latency_ms": {"p50": _ms(_pct(ok_latency_s, 50)), "p95": _ms(_pct(ok_latency_s, 95))},
         "refusal_latency_ms": {"p50": _ms(_pct(refused_latency_s, 50)), "p95": _ms(_pct(refused_latency_s, 95))},
+        "late_by_ms": {"p50": _ms(_pct(late_by_s, 50)), "p95": _ms(_pct(late_by_s, 95))},
         "health_ms": {"p50": _ms(_pct(health_s, 50)), "max": _ms(max(health_s, default=None))},
     }
 

@@ -315,7 +315,7 @@ class Batcher:
         (what :func:`_fit` forms), at least one request, and no larger than the batches
         that form under a queue ([Note: batches ahead]); its own batch takes what batches
         of its shape take."""
-        est = self._times.of(shape_key)
+        est = self._times.upper_of(shape_key)
         one_s = est(1)
         if one_s is None:
             return
@@ -543,8 +543,8 @@ class Batcher:
         while True:
             now_s = self._clock()
             decision = _next_batch(self._queues, now_s, self._config, flush=self._closing,
-                                   run_s=self.run_times.estimate_s, start_s=self._free_at_s(now_s),
-                                   run_s_of_shape=self._times.of)
+                                   run_s=self.run_times.upper_s, start_s=self._free_at_s(now_s),
+                                   run_s_of_shape=self._times.upper_of)
             for request in decision.unreachable:
                 self._remove(request)
                 self._rejected[_REJECT_UNREACHABLE] += 1

@@ -50,6 +50,46 @@ def test_run_times_estimate_from_timed_sizes():
     assert rt.as_dict() == {2: pytest.approx(0.015), 6: pytest.approx(0.040)}
 
 
+def test_run_times_upper_is_the_mean_plus_two_mean_absolute_deviations():
+    rt = RunTimes(alpha=0.5)
+    assert rt.upper_s(1) is None
+    rt.observe(1, 0.100)
+    assert rt.upper_s(1) == pytest.approx(0.100)  # one run: no spread seen yet
+    rt.observe(1, 0.140)  # mean 0.120; deviation 0.5 x 0.040
+    assert rt.estimate_s(1) == pytest.approx(0.120)
+    assert rt.upper_s(1) == pytest.approx(0.120 + 2 * 0.020)
+    rt.observe(1, 0.120)  # on the mean: the deviation halves
+    assert rt.upper_s(1) == pytest.approx(0.120 + 2 * 0.010)
+    rt.observe(4, 0.300)  # a size without spread keeps its own
+    assert rt.upper_s(4) == pytest.approx(0.300)
+    assert rt.upper_s(2) == pytest.approx(rt.estimate_s(2) + 2 * 0.010)  # untimed: the largest deviation
+
+
+def test_a_request_whose_batch_may_run_long_is_refused_where_the_mean_would_admit_it():
+    """Runs of 0.1 and 0.3 s in turn: a deadline between the mean and the mean plus the spread
+    is refused at once rather than answered late; one past the spread is served."""
+    async def main():
+        clock = _Clock()
+        times = iter([0.1, 0.3] * 10)
+
+        async def run_batch(payloads):
+            clock.now_s += next(times)
+            return payloads
+
+        b = Batcher(run_batch, BatcherConfig(max_batch_size=1, max_queue_delay_ms=0.0), clock=clock)
+        for i in range(6):
+            await b.submit(i)
+        mean_s, upper_s = b.run_times.estimate_s(1), b.run_times.upper_s(1)
+        with pytest.raises(OverloadedError) as info:
+            b.enqueue(7, deadline_s=clock.now_s + (mean_s + upper_s) / 2)
+        fits = await b.submit(8, deadline_s=clock.now_s + upper_s + 0.001)
+        return mean_s, upper_s, info.value, fits
+
+    mean_s, upper_s, err, fits = _run(main())
+    assert 0.15 < mean_s < 0.25 and upper_s - mean_s > 0.1
+    assert err.reason == "predicted_wait" and fits == 8
+
+
 def test_run_times_refuse_a_bad_alpha():
     with pytest.raises(BatcherConfigError, match="alpha=0"):
         RunTimes(alpha=0.0)
@@ -395,3 +435,17 @@ def test_a_request_is_not_counted_twice_in_the_batches_ahead_and_its_own():
     assert ahead == 2
     assert results == [0, 1, 2, 9]
     assert "predicted_wait" not in stats.rejected
+
+
+def test_shape_run_times_keep_the_first_shape_apart_once_a_second_comes():
+    from workers._batch_policy import ShapeRunTimes  # noqa: PLC0415
+
+    t = ShapeRunTimes()
+    t.observe("small", 1, 0.010)
+    t.observe("small", 1, 0.010)
+    assert t.of("small")(1) == t.of("large")(1) == pytest.approx(0.010)  # one shape: the overall times
+    t.observe("large", 1, 0.090)
+    assert t.of("small")(1) == pytest.approx(0.010)  # its own times, as before the second shape
+    assert t.of("large")(1) == pytest.approx(0.090)
+    assert t.of("unseen")(1) == pytest.approx(0.010 + 0.2 * 0.080)  # the overall EWMA
+    assert t.upper_of("small")(1) == pytest.approx(0.010)
