@@ -132,8 +132,8 @@ A race costs the device a run, and a remote time past the local run's own is no 
 for one: the policy offloads such a plan only where its mean beats local, and racing
 every such request at once ran the device for nearly every request (it failed the
 runner's remote-error, outage and overload tests, the hedge answering first).
-A local run that lands in time but not with the whole margin keeps what is left of it (an rpi4,
-ResNet50 in 493 ms, under a 600 ms SLO never hedged, and missed the SLO on slow calls).
+Under an SLO, a local run that lands in time but not with the whole margin keeps what is left
+of it (an rpi4, ResNet50 in 493 ms, under a 600 ms SLO never hedged: slow calls missed it).
 Where the local run cannot land in time even started at once, there is no hedge: the
 remote budget alone decides when to give up on the cloud. The remote call is not
 cancelled: the first valid answer is the request's, the other is dropped and counted
@@ -667,8 +667,7 @@ def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:
 
 
 def _latest_start_ms(deadline_ms: float, local_ms: float, margin: float, now_ms: float = 0.0) -> float:
-    """The last start that lands by `deadline_ms` with `margin` of the local time to spare, or
-    (past that at `now_ms`) with what is left."""
+    """Last start landing by `deadline_ms`, `margin` of the local time spare (past it at `now_ms`: what is left)."""
     with_margin = deadline_ms - local_ms * (1.0 + margin)
     return with_margin if with_margin > now_ms else deadline_ms - local_ms
 
@@ -680,7 +679,8 @@ def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, loca
     takes `local_ms` here; `record_ms` are recent measured times of remote answers of the same plan.
     0: at once; inf: no hedge (the local run could not land in time: the remote budget decides).
     See [Note: hedge]."""
-    latest_ms = _latest_start_ms(deadline_ms, local_ms, config.hedge_margin, elapsed_ms)
+    now_ms = elapsed_ms if config.slo_ms is not None else -math.inf  # a timeout is no promise to race for
+    latest_ms = _latest_start_ms(deadline_ms, local_ms, config.hedge_margin, now_ms)
     if latest_ms <= elapsed_ms:
         return math.inf
     near = config.hedge_tail > 0 and action.hi_ms >= latest_ms

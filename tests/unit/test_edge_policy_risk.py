@@ -199,6 +199,8 @@ def test_hedge_starts_at_once_when_the_remote_time_nears_the_deadline_else_at_th
     assert hedge_delay_s(fast, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == pytest.approx(0.04)
     # the local run cannot land in time even started now: no hedge, the remote budget decides
     assert hedge_delay_s(risky, elapsed_ms=60.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == math.inf
+    # without an SLO the deadline is a timeout: the whole margin or no hedge
+    assert hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=PolicyConfig()) == math.inf
 
 
 def test_a_hedged_request_is_answered_once_before_its_deadline_whichever_answer_comes_first():
