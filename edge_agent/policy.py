@@ -183,6 +183,7 @@ from dataclasses import dataclass, field
 from edge_agent.cloud_load import DEFAULT_TAU_S
 from edge_agent.monitor import LinkEstimate, quantile
 from planner import Breakdown, Encoding, Frontier, Objective
+from planner.costmodel import HEDGE_MARGIN, latest_local_start_ms
 
 __all__ = ["OBJECTIVES", "Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "hedge_delay_s",
            "arrival_rps", "LOAD_WINDOWS_S", "LOCAL", "OFFLOAD"]
@@ -234,7 +235,7 @@ class PolicyConfig:
     hedge_tail: float = 0.1
     """A request whose remote time, all but this share of its predicted times, nears the deadline
     starts its local run at once (0: only at the last safe moment). See [Note: hedge]."""
-    hedge_margin: float = 0.25
+    hedge_margin: float = HEDGE_MARGIN
     """The local run starts, at the latest, this fraction of its own time before the last moment at
     which it still meets the deadline."""
     cloud_load_tau_s: float = DEFAULT_TAU_S
@@ -442,7 +443,7 @@ def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig
     meets): none later than the local run started when the hedge starts it."""
     if cfg.slo_ms is None or not math.isfinite(local_ms) or cfg.hedge_tail <= 0:
         return times
-    latest_ms = _latest_start_ms(cfg.slo_ms, local_ms, cfg.hedge_margin)
+    latest_ms = latest_local_start_ms(cfg.slo_ms, local_ms, cfg.hedge_margin)
     if latest_ms <= 0:
         return times
     start_ms = 0.0 if hi_ms >= min(latest_ms, local_ms) else latest_ms
@@ -666,12 +667,6 @@ def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:
     return max(sum(1 for t in arrivals_s if 0 <= now_s - t <= w) / w for w in LOAD_WINDOWS_S)
 
 
-def _latest_start_ms(deadline_ms: float, local_ms: float, margin: float, now_ms: float = 0.0) -> float:
-    """Last start landing by `deadline_ms`, `margin` of the local time spare (past it at `now_ms`: what is left)."""
-    with_margin = deadline_ms - local_ms * (1.0 + margin)
-    return with_margin if with_margin > now_ms else deadline_ms - local_ms
-
-
 def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, local_ms: float,
                   record_ms: Sequence[float] = (), config: PolicyConfig = PolicyConfig()) -> float:
     """Seconds from now until the local run starts beside the remote call of `action`, for a request
@@ -680,7 +675,7 @@ def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, loca
     0: at once; inf: no hedge (the local run could not land in time: the remote budget decides).
     See [Note: hedge]."""
     now_ms = elapsed_ms if config.slo_ms is not None else -math.inf  # a timeout is no promise to race for
-    latest_ms = _latest_start_ms(deadline_ms, local_ms, config.hedge_margin, now_ms)
+    latest_ms = latest_local_start_ms(deadline_ms, local_ms, config.hedge_margin, now_ms)
     if latest_ms <= elapsed_ms:
         return math.inf
     near = config.hedge_tail > 0 and action.hi_ms >= latest_ms

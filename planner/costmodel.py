@@ -59,7 +59,20 @@ from planner.errors import PlannerError
 from planner.profile import Profile
 from planner.types import Breakdown, Encoding, Link, Plan
 
-__all__ = ["evaluate", "labels_of", "cuts_of", "tier_names", "hop_names", "require_known_sizes"]
+__all__ = ["HEDGE_MARGIN", "evaluate", "labels_of", "cuts_of", "tier_names", "hop_names", "require_known_sizes",
+           "latest_local_start_ms"]
+
+HEDGE_MARGIN = 0.25
+"""The share of its own time a local fallback keeps to spare before its deadline: the edge
+policy's default ``hedge_margin`` and the fleet planner's ([Note: hedge] in edge_agent/policy.py)."""
+
+
+def latest_local_start_ms(deadline_ms: float, local_ms: float, margin: float = HEDGE_MARGIN,
+                          now_ms: float = 0.0) -> float:
+    """The last moment a local run of ``local_ms`` can start and land by ``deadline_ms`` with
+    ``margin`` of its time to spare, or, once that moment is past at ``now_ms``, with what is left."""
+    with_margin = deadline_ms - local_ms * (1.0 + margin)
+    return with_margin if with_margin > now_ms else deadline_ms - local_ms
 
 # [Note: unknown sizes]
 # A tensor whose size no shape inference knows (bytes_per_sample None) cannot be priced,

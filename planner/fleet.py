@@ -36,8 +36,8 @@ A remote request's answer comes by the agent's remote budget at the latest ([Not
 budget] in edge_agent/runner.py): if the cloud has not answered once the head is done plus
 max(SLO - head - tail, 0.3 SLO), the local tail runs, so the latency is the smaller of the
 cloud's and that. The agent's hedge ([Note: hedge] in edge_agent/policy.py) starts the tail
-earlier where it still lands by the SLO: at the last moment with `_HEDGE_MARGIN` of its
-time to spare, or with what is left of it, if that moment comes after the head (the policy
+earlier where it still lands by the SLO: at the last moment with the default
+`planner.costmodel.HEDGE_MARGIN` of its time to spare, or with what is left of it, if that moment comes after the head (the policy
 may start it sooner; planned at that moment the answer is no earlier than the agent's).
 Where the local tail fits the SLO, a long cloud wait costs goodput only through the
 capacity it takes.
@@ -59,7 +59,7 @@ import numpy as np
 
 from partitioner import Cut, LayerGraph
 from planner.queueing import QueueState, batch_queue, run_ms_table
-from planner.costmodel import evaluate
+from planner.costmodel import evaluate, latest_local_start_ms
 from planner.errors import PlannerError
 from planner.fleet_result import ClassPlan, CloudPlan, FixedPoint, FleetPlan, ModelPlan, OptionShare, PoolPlan
 from planner.fleet_spec import MAX_WORKERS, DeviceClass, FleetSpec, FleetSpecConflict
@@ -73,7 +73,6 @@ __all__ = ["ClassModel", "ClassPlan", "CloudPlan", "FixedPoint", "FleetPlan", "M
            "run_ms_table"]
 
 _MAX_UPLINK_UTILISATION = 0.9  # as the edge policy's
-_HEDGE_MARGIN = 0.25  # the edge policy's default hedge_margin
 _BISECTIONS = 60
 _TOL_MS = 1e-3
 _MIX_BISECTIONS = 24
@@ -203,8 +202,7 @@ def _groups(spec: FleetSpec, models: Sequence[ClassModel]) -> _Groups:
                     head_ms = b.edge_ms + b.encode_ms + b.uplink_ms
                     # the agent's remote budget: the local tail starts then if nothing came back
                     cap = head_ms + max(slo - head_ms - tail_ms, 0.3 * slo) + tail_ms
-                    margin = slo - tail_ms * (1.0 + _HEDGE_MARGIN)
-                    hedge_ms = margin if margin > head_ms else slo - tail_ms  # [Note: fleet fixed point]
+                    hedge_ms = latest_local_start_ms(slo, tail_ms, now_ms=head_ms)  # [Note: fleet fixed point]
                     if hedge_ms > head_ms:
                         cap = min(cap, hedge_ms + tail_ms)
                     opts[o] = (ms, pre, tail_ms, cap)

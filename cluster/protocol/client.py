@@ -186,22 +186,20 @@ class InferenceClient(_Client):
     async def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
         """One unary Infer. The gRPC deadline follows `request.deadline_unix_ms` unless `timeout_s` is given.
         Without `infer_counted`'s counts, which cost 150 Python bytecodes a call that only the agent needs."""
-        try:
-            raw = await self._infer(request.to_msgpack(), timeout=_grpc_timeout(request, timeout_s),
-                                    metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise _error_of_rpc(e) from e
-        return InferResponse.from_msgpack(raw)
+        return InferResponse.from_msgpack(await self._call(request.to_msgpack(), request, timeout_s))
 
     async def infer_counted(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResult:
         """`infer`, with the bytes each way and the round trip of the call."""
         data = request.to_msgpack()
         t0 = time.monotonic()
+        raw = await self._call(data, request, timeout_s)
+        return InferResult.of(raw, len(data), time.monotonic() - t0)
+
+    async def _call(self, data: bytes, request: InferRequest, timeout_s: float | None) -> bytes:
         try:
-            raw = await self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
+            return await self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
         except grpc.RpcError as e:
             raise _error_of_rpc(e) from e
-        return InferResult.of(raw, len(data), time.monotonic() - t0)
 
     async def infer_stream(
         self, requests: AsyncIterable[InferRequest] | Iterable[InferRequest], *, timeout_s: float | None = None
@@ -305,19 +303,13 @@ class SyncInferenceClient(_Client):
             raise _error_of_rpc(e) from e
 
     def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
-        try:  # without the counts, as the aio client's `infer`
-            raw = self._infer(request.to_msgpack(), timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise _error_of_rpc(e) from e
+        raw = self.infer_raw(request.to_msgpack(), timeout_s=_grpc_timeout(request, timeout_s))
         return InferResponse.from_msgpack(raw)
 
     def infer_counted(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResult:
         data = request.to_msgpack()
         t0 = time.monotonic()
-        try:
-            raw = self._infer(data, timeout=_grpc_timeout(request, timeout_s), metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise _error_of_rpc(e) from e
+        raw = self.infer_raw(data, timeout_s=_grpc_timeout(request, timeout_s))
         return InferResult.of(raw, len(data), time.monotonic() - t0)
 
     def infer_stream(
