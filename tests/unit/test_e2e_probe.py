@@ -91,3 +91,33 @@ def test_codecs_are_priced_at_the_devices_speed() -> None:
     assert priced.entry("L0-0", "tiled-jpeg@50").codec_ms == 6.0 * 16.0  # a feature map's at the slowdown
     assert priced.entry("L", "int8").codec_ms == 0.0 and priced.entry("L0-1", "tiled-webp@50").agreement is None
     assert seen == {"jpeg@90": {"table_ms": 2.0, "edge_ms": 30.0}, "webp@90": {"table_ms": 5.0, "edge_ms": 1.0}}
+
+
+class _WarmEdge(_TimedEdge):
+    """An edge whose codec runs 10 ms when it ran the request before, 14 ms after another."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.calls: list[str] = []
+
+    def job(self, cand_id: str, precision: str, reps: int) -> dict:
+        rows = [{"encode_ms": 10.0 if self.calls and self.calls[-1] == precision else 14.0}]
+        self.calls.append(precision)
+        for _ in range(reps - 1):
+            rows.append({"encode_ms": 10.0})
+            self.calls.append(precision)
+        return {"rows": rows}
+
+
+def test_input_codecs_are_timed_round_robin_as_the_grid_sends_them() -> None:
+    from bench._e2e_run import _codec_on_edge
+    from partitioner import build_graph
+    from partitioner.zoo import load_zoo
+
+    graph = build_graph(load_zoo("squeezenet", random_weights=True, seed=0), name="squeezenet")
+    table = _table(AccuracyEntry("L", "jpeg@90", 1.0, codec_ms=2.0), AccuracyEntry("L", "tiled-jpeg@50", 1.0, codec_ms=2.0))
+    edge = _WarmEdge()
+    priced, _ = _codec_on_edge(edge, graph, _CANDS, table, 16.0, reps=3)
+    assert edge.calls == ["jpeg@90", "tiled-jpeg@50"] * 3
+    # timed back to back, each would read the warm 10 ms; the grid's round-robin sees 14
+    assert priced.entry("L", "jpeg@90").codec_ms == priced.entry("L", "tiled-jpeg@50").codec_ms == 14.0
