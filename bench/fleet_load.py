@@ -79,6 +79,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
     from edge_agent.monitor import LinkEstimate
     from edge_agent.policy import Health, PolicyConfig, PolicyState, hedge_delay_s, policy
     from planner import Frontier
+    from planner.costmodel import remote_budget_ms
     from planner.fleet import remote_ms
 
     front = Frontier.from_json(front_json)
@@ -127,7 +128,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
             await asyncio.sleep(head_s)
             flow.fire("head_done")
             slo_s = SLO_MS / 1e3
-            budget_s = max(slo_s - head_s - tail_s, 0.3 * slo_s)
+            budget_s = remote_budget_ms(SLO_MS, head_s * 1e3, tail_s * 1e3) / 1e3
             # the runner's hedge ([Note: hedge] in edge_agent/policy.py), on this device's record
             hedge_s = hedge_delay_s(action, elapsed_ms=(time.monotonic() - start) * 1e3, deadline_ms=SLO_MS,
                                     local_ms=tail_s * 1e3, record_ms=answered[d], config=cfg)

@@ -81,6 +81,7 @@ from edge_agent.policy import (
 )
 from edge_agent.probing import LinkProbing
 from planner import Encoding, Frontier
+from planner.costmodel import remote_budget_ms
 from workers.errors import InputError, WorkerError
 
 __all__ = ["Answer", "Counters", "Runner"]
@@ -317,8 +318,7 @@ class Runner(LinkProbing):
         if slo_ms is None:
             return cap
         tail_ms = ce.tail.stats().median_ms or self.local_ms
-        left = slo_ms / 1e3 - (time.monotonic() - start_s) - tail_ms / 1e3
-        return min(cap, max(left, 0.3 * slo_ms / 1e3))
+        return min(cap, remote_budget_ms(slo_ms, (time.monotonic() - start_s) * 1e3, tail_ms) / 1e3)
 
     # -- running ------------------------------------------------------------------------
 

@@ -74,6 +74,21 @@ def latest_local_start_ms(deadline_ms: float, local_ms: float, margin: float = H
     with_margin = deadline_ms - local_ms * (1.0 + margin)
     return with_margin if with_margin > now_ms else deadline_ms - local_ms
 
+REMOTE_BUDGET_FLOOR = 0.3
+"""The least share of the SLO a remote call gets once the head is done ([Note: remote budget])."""
+
+
+def remote_budget_ms(slo_ms: float, elapsed_ms: float, tail_ms: float, floor: float = REMOTE_BUDGET_FLOOR) -> float:
+    """How long a remote call may run once the head is done at ``elapsed_ms`` before the device
+    runs its local tail of ``tail_ms``.
+
+    [Note: remote budget]
+    What is left of the SLO after the tail, so that the tail still lands by it; and never
+    under ``floor`` of the SLO: where the head and the tail already fill the SLO, the tail
+    answers late either way, and the cloud, which may yet answer in time, gets the call.
+    The edge runner, the fleet planner, the fleet simulator and bench.fleet_load use this."""
+    return max(slo_ms - elapsed_ms - tail_ms, floor * slo_ms)
+
 # [Note: unknown sizes]
 # A tensor whose size no shape inference knows (bytes_per_sample None) cannot be priced,
 # and pricing it at 0 would make the solver cut exactly there. The tables price it at

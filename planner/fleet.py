@@ -59,7 +59,7 @@ import numpy as np
 
 from partitioner import Cut, LayerGraph
 from planner.queueing import QueueState, batch_queue, run_ms_table
-from planner.costmodel import evaluate, latest_local_start_ms
+from planner.costmodel import evaluate, latest_local_start_ms, remote_budget_ms
 from planner.errors import PlannerError
 from planner.fleet_result import ClassPlan, CloudPlan, FixedPoint, FleetPlan, ModelPlan, OptionShare, PoolPlan
 from planner.fleet_spec import MAX_WORKERS, DeviceClass, FleetSpec, FleetSpecConflict
@@ -201,7 +201,7 @@ def _groups(spec: FleetSpec, models: Sequence[ClassModel]) -> _Groups:
                     tail_ms = max(0.0, m.local_ms - b.edge_ms)
                     head_ms = b.edge_ms + b.encode_ms + b.uplink_ms
                     # the agent's remote budget: the local tail starts then if nothing came back
-                    cap = head_ms + max(slo - head_ms - tail_ms, 0.3 * slo) + tail_ms
+                    cap = head_ms + remote_budget_ms(slo, head_ms, tail_ms) + tail_ms
                     hedge_ms = latest_local_start_ms(slo, tail_ms, now_ms=head_ms)  # [Note: fleet fixed point]
                     if hedge_ms > head_ms:
                         cap = min(cap, hedge_ms + tail_ms)

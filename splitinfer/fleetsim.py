@@ -62,6 +62,7 @@ from edge_agent.monitor import LinkEstimate
 from edge_agent.policy import Action, Health, PolicyConfig, PolicyState, after_trial, hedge_delay_s, policy
 from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
+from planner.costmodel import remote_budget_ms
 from planner.fleet import ClassChoices, ClassModel, planned_choices, remote_ms, run_ms_table
 from planner.fleet_spec import FleetSpec
 from workers.batcher import AheadSize, BatcherLoad, queue_wait_s
@@ -295,7 +296,7 @@ class _Sim:
         slo_s = self.slo_s[c]
         req.deadline = now + slo_s
         head_s = (r.pre_ms - self.rtt[d] / 2) / 1e3
-        budget = max(slo_s - head_s - r.tail_ms / 1e3, 0.3 * slo_s)
+        budget = remote_budget_ms(slo_s * 1e3, head_s * 1e3, r.tail_ms) / 1e3
         if hi_ms is None:  # a baseline: its plan's own time at batch 1
             hi_ms = r.pre_ms + float(self.tables[r.pool][0]) + r.post_ms
         hedge = hedge_delay_s(Action("offload", req.cut_id, predicted_ms=hi_ms, hi_ms=hi_ms),
