@@ -7,29 +7,41 @@ fixed point; the method is stated once here.
 Pools p (one per model@cut) receive Poisson arrivals at lambda_p req/s. A batch of b
 requests of pool p runs in T_p(b) ms on any of the c workers (T from the cloud profile's
 batch curve, see `run_ms_table`). The batcher (workers/batcher.py) waits up to
-``timeout_ms`` for company when a worker is free, and takes whatever is waiting, up to
-``max_batch``, when a worker frees. So a batch holds the arrivals of the timeout window,
-and more when requests had to queue for a worker:
+``timeout_ms`` for company when a worker is free, and when a worker frees it takes
+everything waiting, up to ``max_batch``: waiting requests do not queue as batches, they
+merge into the next one.
 
-    b_p = clip(1 + lambda_p * (timeout_ms + Wq) / 1000, 1, max_batch)
+The wait for a worker. Requests wait whole rounds only while more than a full batch is
+queued, so the queue behaves as one of full batches: B = max_batch requests a batch,
+Lambda_p = lambda_p / B, a_B = sum_p Lambda_p T_p(B) / 1000 erlangs, rho_B = a_B / c,
+and the Allen-Cunneen wait
 
-This is a fixed point in (b, Wq), solved by damped iteration (``_B_ITERATIONS`` steps;
-each step moves b halfway, and b is monotone in Wq, so it settles). Batches then form a
-queue of their own (an M/G/c of batches):
+    Wq = ErlangC(c, a_B) * E[S] / (c - a_B) * (ca^2 + cs^2) / 2
 
-    Lambda_p = lambda_p / b_p,   a = sum_p Lambda_p * T_p(b_p) / 1000 (Erlangs),   rho = a / c
-    Wq = ErlangC(c, a) * E[S] / (c - a) * (ca^2 + cs^2) / 2            (Allen-Cunneen)
+with S the full batches' run time, cs^2 its squared coefficient of variation across pools
+(each pool's run time is deterministic unless ``service_cv2`` says otherwise) and
+ca^2 = 1/B (a full batch spaces B Poisson arrivals). At max_batch 1 this is the M/G/c
+wait, and with exponential runs exactly M/M/c. Batches queued as units at the formed
+batches' own utilisation instead read 19 ms at 6 workers and 90% load where the merging
+batcher waits 3.3 ms (tests/unit/test_queueing_merge.py runs the batcher's dispatch).
 
-with E[S] the batch-weighted mean run time, cs^2 its squared coefficient of variation
-across pools (each pool's run time is deterministic unless ``service_cv2`` says
-otherwise), and ca^2 = the batch-weighted mean of 1/b_p (a batch is b Poisson arrivals
-apart: Erlang-b spacing, CV^2 = 1/b). At b = 1 with exponential service (ca^2 = cs^2 = 1)
-this is exactly M/M/c. A request of pool p waits, before its batch starts, Wq plus the
-fill time: the batch's first request waits the timeout, the others half of it on
-average, so fill_p = timeout_ms * (b_p + 1) / (2 b_p). The wait for a worker is 0 with
-probability 1 - ErlangC and exponential beyond (the M/M/c shape), which gives the
-percentiles. At rho >= 1 with every pool at max_batch there is no steady state: the
-caller applies admission control (`planner.fleet`).
+The batches that form hold the arrivals of the timeout window and of the first batch's
+wait for a worker to free: every worker busy (ErlangC at the formed batches' erlangs
+a = sum_p lambda_p T_p(b_p) / b_p / 1000) times the residual E[S_b^2] / (2 E[S_b] c) of
+the first of c runs to end,
+
+    b_p = clip(1 + lambda_p * (timeout_ms + first_free) / 1000, 1, max_batch),
+
+a fixed point solved by damped iteration (``_B_ITERATIONS`` steps; each moves b
+halfway). Where batches that small cannot keep up (a >= c), they grow, as the merge
+makes them, to the smallest step towards full batches at which they do.
+
+A request of pool p waits, besides Wq, for its batch to fill: the first request the
+timeout (or less, where B - 1 more arrive sooner), the others half of that on average,
+fill_p = min(timeout_ms, 1000 (B - 1) / lambda_p) (b_p + 1) / (2 b_p). The wait for a
+worker is 0 with probability 1 - ErlangC(c, a_B) and exponential beyond (the M/M/c
+shape), which gives the percentiles. At rho_B >= 1 there is no steady state: the caller
+applies admission control (`planner.fleet`).
 """
 
 from __future__ import annotations
@@ -43,6 +55,8 @@ __all__ = ["QueueState", "erlang_c", "batch_queue", "run_ms_table"]
 
 _B_ITERATIONS = 60
 _B_TOLERANCE = 1e-4
+_KEEP_UP = 0.999
+"""Busy share below which batches of the formed size keep up with the rate."""
 
 
 def erlang_c(workers: int, erlangs: float) -> float:
@@ -122,37 +136,66 @@ def batch_queue(rates_rps: np.ndarray, table: np.ndarray, workers: int, timeout_
     if total <= 0:
         one = np.ones(len(rates))
         return QueueState(one, table[:, 0].copy(), np.full(len(rates), timeout_ms), 0.0, 0.0, 0.0, capacity)
+    wq, pw = _full_batch_wait(rates, table, workers, service_cv2)
+    if not math.isfinite(wq):
+        b = np.full(len(rates), float(max_batch))
+        return QueueState(b, table[:, -1].copy(), np.full(len(rates), timeout_ms), wq, 1.0,
+                          _busy(rates, b, table, workers), capacity)
     b = np.clip(1.0 + rates * timeout_ms / 1000.0, 1.0, max_batch)
-    wq, pw, rho = 0.0, 0.0, 0.0
     for _ in range(_B_ITERATIONS):
-        wq, pw, rho = _wait(rates, b, table, workers, service_cv2)
-        w_for_b = wq if math.isfinite(wq) else math.inf
-        target = np.clip(1.0 + rates * (timeout_ms + w_for_b) / 1000.0, 1.0, max_batch)
+        target = np.clip(1.0 + rates * (timeout_ms + _first_free_ms(rates, b, table, workers)) / 1000.0,
+                         1.0, max_batch)
         if float(np.abs(target - b).max()) < _B_TOLERANCE:
             break
-        b = b + 0.5 * (target - b) if math.isfinite(w_for_b) else target
-    wq, pw, rho = _wait(rates, b, table, workers, service_cv2)
-    fill = timeout_ms * (b + 1.0) / (2.0 * b)
-    return QueueState(b, _run_at(table, b), fill, wq, pw, rho, capacity)
+        b = b + 0.5 * (target - b)
+    if _busy(rates, b, table, workers) >= _KEEP_UP:
+        # Batches too small for the rate grow until the workers keep up (the merge makes
+        # them): the smallest step towards full batches at which they do.
+        lo, hi = 0.0, 1.0
+        for _ in range(_B_ITERATIONS):
+            mid = (lo + hi) / 2
+            if _busy(rates, b + mid * (max_batch - b), table, workers) < _KEEP_UP:
+                hi = mid
+            else:
+                lo = mid
+        b = b + hi * (max_batch - b)
+    # A batch leaves once full: at a high rate it fills before the timeout.
+    window = np.minimum(timeout_ms, 1000.0 * (max_batch - 1) / np.where(rates > 0, rates, 1e-9))
+    fill = window * (b + 1.0) / (2.0 * b)
+    return QueueState(b, _run_at(table, b), fill, wq, pw, _busy(rates, b, table, workers), capacity)
 
 
-def _wait(rates: np.ndarray, b: np.ndarray, table: np.ndarray, workers: int,
-          service_cv2: float) -> tuple[float, float, float]:
-    """(Wq ms, P(wait), utilisation) of the batch queue at batch sizes ``b``."""
-    lam_b = rates / b  # batches per second
+def _busy(rates: np.ndarray, b: np.ndarray, table: np.ndarray, workers: int) -> float:
+    """Busy share of the workers with batches of ``b``."""
+    return float((rates / b * _run_at(table, b)).sum()) / 1000.0 / workers
+
+
+def _first_free_ms(rates: np.ndarray, b: np.ndarray, table: np.ndarray, workers: int) -> float:
+    """Mean ms until a worker frees for a batch whose timeout ran out: every worker busy
+    (ErlangC at batches of ``b``) times the residual of the first run of c to end."""
+    lam_b = rates / b
     run = _run_at(table, b)
+    erlangs = float((lam_b * run).sum()) / 1000.0
+    if erlangs <= 0:
+        return 0.0
+    w = lam_b / float(lam_b.sum())
+    return erlang_c(workers, min(erlangs, workers)) * float((w * run * run).sum()) / (2.0 * float((w * run).sum()) * workers)
+
+
+def _full_batch_wait(rates: np.ndarray, table: np.ndarray, workers: int, service_cv2: float) -> tuple[float, float]:
+    """(Wq ms, P(wait)): Allen-Cunneen at full batches ([Note: batch queue])."""
+    max_batch = table.shape[1]
+    lam_b = rates / max_batch
+    run = table[:, -1]
     total_b = float(lam_b.sum())
     if total_b <= 0:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0
     erlangs = float((lam_b * run).sum()) / 1000.0
-    rho = erlangs / workers
-    if rho >= 1.0:
-        return math.inf, 1.0, rho
+    if erlangs >= workers:
+        return math.inf, 1.0
     w = lam_b / total_b
     mean_s = float((w * run).sum())
     var_s = float((w * run * run).sum()) - mean_s * mean_s + service_cv2 * float((w * run * run).sum())
     cs2 = max(0.0, var_s) / (mean_s * mean_s) if mean_s > 0 else 0.0
-    ca2 = float((w / b).sum())
     pw = erlang_c(workers, erlangs)
-    wq = pw * mean_s / (workers - erlangs) * (ca2 + cs2) / 2.0
-    return wq, pw, rho
+    return pw * mean_s / (workers - erlangs) * (1.0 / max_batch + cs2) / 2.0, pw

@@ -40,8 +40,8 @@ cloud as idle. What such a device can plan with is the mean: :meth:`BatcherLoad.
 gives the mean time a request spends in the pool beyond a lone batch's run, at the
 measured arrival rate, from the batch queue the fleet planner uses ([Note: batch queue]
 in planner/queueing.py, one pool): batches of b = clip(1 + rate (timeout + Wq), 1,
-max_batch) (a fixed point), waiting Wq = ErlangC(c, a) T(b) / (c - a) (1/b) / 2 for one
-of c instances (Allen-Cunneen with deterministic runs and Erlang-b spacing), plus the
+max_batch) that grow until the instances keep up, the wait Wq for an instance that
+requests merging into the next batch see (Allen-Cunneen at full batches), plus the
 batch's fill, timeout (b + 1) / (2 b), plus its longer run, T(b) - T(1). At or past
 capacity there is no steady state, and admission control bounds the queue by the
 deadlines instead: the figure is then the formula at ``_RHO_CAP``.
@@ -62,7 +62,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from planner.queueing import erlang_c
+import numpy as np
+
+from planner.queueing import batch_queue
 from workers._batcher_config import BatcherConfig
 from workers.errors import BatcherConfigError
 
@@ -73,7 +75,6 @@ RUN_SPREADS = 2.0
 time ([Note: deadline-aware batching])."""
 _RHO_CAP = 0.99
 """Utilisation at which the expected wait stops rising ([Note: expected wait])."""
-_B_ITERATIONS = 30
 
 
 class RunTimes:
@@ -261,25 +262,9 @@ class BatcherLoad:
             return None if one_s is None else max(0.0, predicted_wait_s)
         capacity_rps = max_batch_size * instances / max(full_s, 1e-9)
         rate = min(arrival_rps, _RHO_CAP * capacity_rps)
-
-        def at(b: float) -> float:  # T(b) between whole sizes
-            lo = int(b)
-            hi = min(lo + 1, max_batch_size)
-            lo_s, hi_s = run_s(lo), run_s(hi)
-            assert lo_s is not None and hi_s is not None  # one size timed: every size has an estimate
-            return lo_s + (hi_s - lo_s) * (b - lo)
-
-        b, wq_s = 1.0, 0.0
-        for _ in range(_B_ITERATIONS):
-            target = min(max(1.0 + rate * (timeout_s + wq_s), 1.0), float(max_batch_size))
-            b += 0.5 * (target - b)
-            erlangs = rate / b * at(b)
-            if erlangs >= instances:  # batches too small for the rate: they grow to full (rate < capacity)
-                b = float(max_batch_size)
-                erlangs = rate / b * at(b)
-            wq_s = erlang_c(instances, erlangs) * at(b) / (instances - erlangs) * (1.0 / b) / 2.0
-        fill_s = timeout_s * (b + 1.0) / (2.0 * b)
-        expected_s = wq_s + fill_s + max(0.0, at(b) - one_s)
+        table = np.array([[(run_s(b) or 0.0) * 1e3 for b in range(1, max_batch_size + 1)]])
+        q = batch_queue(np.array([rate]), table, instances, timeout_s * 1e3)
+        expected_s = (q.wait_ms + q.fill_ms[0] + q.run_ms[0]) / 1e3 - one_s
         return max(expected_s, predicted_wait_s)
 
 
