@@ -22,8 +22,9 @@ with S the full batches' run time, cs^2 its squared coefficient of variation acr
 (each pool's run time is deterministic unless ``service_cv2`` says otherwise) and
 ca^2 = 1/B (a full batch spaces B Poisson arrivals). At max_batch 1 this is the M/G/c
 wait, and with exponential runs exactly M/M/c. Batches queued as units at the formed
-batches' own utilisation instead read 19 ms at 6 workers and 90% load where the merging
-batcher waits 3.3 ms (tests/unit/test_queueing_merge.py runs the batcher's dispatch).
+batches' own utilisation instead read 7.2 ms at 1 worker and 60% load where the merging
+batcher waits 4.1 ms, and 20.6 against 14.7 ms at 90% (tests/unit/test_queueing_merge.py
+runs the batcher's dispatch; this form reads 4.0 and 16.0 ms).
 
 The batches that form hold the arrivals of the timeout window and of the first batch's
 wait for a worker to free: every worker busy (ErlangC at the formed batches' erlangs
