@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from partitioner import Cut, LayerGraph
-from planner.queueing import QueueState, batch_queue, run_ms_table
+from planner.queueing import QueueState, admission, batch_queue, run_ms_table
 from planner.costmodel import evaluate, latest_local_start_ms, remote_budget_ms
 from planner.errors import PlannerError
 from planner.fleet_result import ClassPlan, CloudPlan, FixedPoint, FleetPlan, ModelPlan, OptionShare, PoolPlan
@@ -76,7 +76,6 @@ _MAX_UPLINK_UTILISATION = 0.9  # as the edge policy's
 _BISECTIONS = 60
 _TOL_MS = 1e-3
 _MIX_BISECTIONS = 24
-_ADMIT_BISECTIONS = 10
 
 
 # -- resolved inputs ------------------------------------------------------------------------
@@ -245,46 +244,43 @@ def _choose(gr: _Groups, delay_ms: float) -> np.ndarray:
 class _Load:
     rates: np.ndarray  # per pool, offered
     queue: QueueState  # at the admitted rates
-    admitted: float
+    admitted: float  # share of the offered requests
     delay_ms: float  # F
+    refused: np.ndarray  # (G, O) share of each option's requests refused
+    wait_ms: np.ndarray  # (G, O) mean wait for a worker of the admitted
+    p_wait: np.ndarray  # (G, O) chance that an admitted request waits for a worker
 
 
 def _load(gr: _Groups, x: np.ndarray, workers: int, timeout_ms: float) -> _Load:
+    """The cloud at choices ``x``: each request admitted or refused against its own deadline
+    ([Note: admission by deadline] in planner/queueing.py)."""
     per_group = gr.rate[:, None] * x[:, :-1]
     per_option = per_group.sum(axis=0)
     rates = np.bincount(gr.pool, weights=per_option, minlength=len(gr.pools)) if len(gr.pools) else np.zeros(0)
     total = float(rates.sum())
+    zeros = np.zeros_like(per_group)
     q = batch_queue(rates, gr.table, workers, timeout_ms)
     if total <= 0:
-        return _Load(rates, q, 1.0, 0.0)
-    # Each pool's budget on arrival: the SLO less the device's side of the trip, averaged over its requests.
+        return _Load(rates, q, 1.0, 0.0, zeros, zeros, zeros)
+    # A request's slack for the wait: the SLO less the device's side of the trip and its batch's fill and run.
     side = np.where(np.isfinite(gr.ms), gr.slo[:, None] - (gr.ms - gr.t1[None, :]), 0.0)
-    budget_sum = np.bincount(gr.pool, weights=(per_group * side).sum(axis=0), minlength=len(gr.pools))
-    budget = np.divide(budget_sum, rates, out=np.zeros_like(rates), where=rates > 0)
-    admitted = 1.0
-
-    def too_long(s: QueueState) -> bool:
-        if s.overloaded:
-            return True
-        slack = budget - s.run_ms
-        live = (rates > 0) & (slack > 0)
-        return bool(np.any(s.wait_ms + s.fill_ms[live] > slack[live]))
-
-    if too_long(q):
-        lo, hi = 0.0, 1.0
-        for _ in range(_ADMIT_BISECTIONS):
-            mid = (lo + hi) / 2
-            if too_long(batch_queue(rates * mid, gr.table, workers, timeout_ms)):
-                hi = mid
-            else:
-                lo = mid
-        admitted = lo
-        q = batch_queue(rates * admitted, gr.table, workers, timeout_ms)
-    share = rates / total
+    slack = side - (q.fill_ms + q.run_ms)[gr.pool][None, :]
+    live = per_group > 0
+    refused, wait, p_wait = zeros.copy(), zeros.copy(), zeros.copy()
+    if live.any():
+        r, wt, pw = admission(per_group[live], slack[live], gr.table[gr.pool, -1][None, :].repeat(len(gr.rate), 0)[live],
+                              workers, gr.table.shape[1])
+        refused[live], wait[live], p_wait[live] = r, wt, pw
+    kept = per_group * (1.0 - refused)
+    admitted_rates = np.bincount(gr.pool, weights=kept.sum(axis=0), minlength=len(gr.pools))
+    q = batch_queue(admitted_rates, gr.table, workers, timeout_ms)
+    admitted = float(kept.sum()) / total
+    share = admitted_rates / max(float(admitted_rates.sum()), 1e-12)
     t1_pool = np.zeros(len(gr.pools))
     t1_pool[gr.pool] = gr.t1
-    delay = q.wait_ms + float((share * (q.fill_ms + q.run_ms - t1_pool)).sum())
-    return _Load(rates, q, admitted, delay)
+    mean_wait = float((kept * wait).sum()) / max(float(kept.sum()), 1e-12)
+    delay = mean_wait + float((share * (q.fill_ms + q.run_ms - t1_pool)).sum())
+    return _Load(rates, q, admitted, delay, refused, wait, p_wait)
 
 
 def _equilibrium(gr: _Groups, workers: int, timeout_ms: float) -> tuple[np.ndarray, _Load, FixedPoint]:
@@ -341,17 +337,18 @@ def _latency_parts(gr: _Groups, x: np.ndarray, ld: _Load) -> tuple[np.ndarray, .
     g, o = gr.ms.shape
     q = ld.queue
     pool_extra = (q.fill_ms + q.run_ms)[gr.pool] - gr.t1 if o else np.zeros(0)
-    m = q.wait_ms / q.p_wait if q.p_wait > 0 and math.isfinite(q.wait_ms) else 0.0
-    w_adm = gr.rate[:, None] * x[:, :-1] * ld.admitted
-    w_ref = gr.rate[:, None] * x[:, :-1] * (1.0 - ld.admitted)
+    w_adm = gr.rate[:, None] * x[:, :-1] * (1.0 - ld.refused)
+    w_ref = gr.rate[:, None] * x[:, :-1] * ld.refused
     ms = np.where(np.isfinite(gr.ms), gr.ms, 0.0)
     weights = np.concatenate([w_adm, w_ref, (gr.rate * x[:, -1])[:, None]], axis=1)
     refused = np.minimum(gr.pre, gr.cap - gr.tail) + gr.tail
     fixed = np.concatenate([np.minimum(ms + pool_extra[None, :], gr.cap), refused,
                             np.where(np.isfinite(gr.local), gr.local, 0.0)[:, None]], axis=1)
-    pw = np.concatenate([np.full((g, o), q.p_wait), np.zeros((g, o + 1))], axis=1)
+    pw = np.concatenate([ld.p_wait, np.zeros((g, o + 1))], axis=1)
+    m = np.concatenate([np.divide(ld.wait_ms, ld.p_wait, out=np.zeros_like(ld.wait_ms), where=ld.p_wait > 0),
+                        np.zeros((g, o + 1))], axis=1)
     cap = np.concatenate([gr.cap, np.full((g, o + 1), math.inf)], axis=1)
-    return weights, fixed, pw, np.full_like(pw, m), cap
+    return weights, fixed, pw, m, cap
 
 
 def _cdf(t: float, w: np.ndarray, x: np.ndarray, pw: np.ndarray, m: np.ndarray, cap: np.ndarray) -> float:
@@ -478,9 +475,11 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
                                  _quantile(0.95, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]),
                                  within, within * rate, refused))
     q = ld.queue
+    kept = gr.rate[:, None] * x[:, :-1] * (1.0 - ld.refused)
+    worker_wait = float((kept * ld.wait_ms).sum()) / max(float(kept.sum()), 1e-12)
     pools = tuple(PoolPlan(name, float(ld.rates[p]), float(q.batch[p]), float(q.run_ms[p]),
-                           float(q.fill_ms[p] + q.wait_ms)) for p, name in enumerate(gr.pools) if ld.rates[p] > 0)
-    cloud = CloudPlan(c_workers, q.utilisation, q.capacity_rps, float(ld.rates.sum()), ld.admitted, q.wait_ms, pools)
+                           float(q.fill_ms[p] + worker_wait)) for p, name in enumerate(gr.pools) if ld.rates[p] > 0)
+    cloud = CloudPlan(c_workers, q.utilisation, q.capacity_rps, float(ld.rates.sum()), ld.admitted, worker_wait, pools)
     needed, note = _workers_needed(spec, gr, c_workers) if size_workers else (None, "not computed")
     total = float(gr.rate.sum())
     goodput = sum(c.goodput_rps for c in classes)

@@ -41,8 +41,26 @@ A request of pool p waits, besides Wq, for its batch to fill: the first request 
 timeout (or less, where B - 1 more arrive sooner), the others half of that on average,
 fill_p = min(timeout_ms, 1000 (B - 1) / lambda_p) (b_p + 1) / (2 b_p). The wait for a
 worker is 0 with probability 1 - ErlangC(c, a_B) and exponential beyond (the M/M/c
-shape), which gives the percentiles. At rho_B >= 1 there is no steady state: the caller
-applies admission control (`planner.fleet`).
+shape), which gives the percentiles. At rho_B >= 1 there is no steady state without
+admission control (below).
+
+[Note: admission by deadline]
+The gateway refuses a request whose predicted wait and run would end past its deadline
+(workers/_batch_policy.py), each against its own: a request with little slack left is
+refused at a queue that one with more slack joins. Refusals shorten the queue, so near
+capacity the wait stays short where an unrefused queue's would grow without bound.
+`admission` models it as a birth-death chain in full batches (n batches in the pool, c
+workers, each ending a batch at rate 1000 / E[S]), whose wait in state n is the
+Allen-Cunneen wait's: (n - c + 1) (ca^2 + cs^2) / 2 E[S] / c beyond c. A stream of
+requests (one device class at one link point and option) joins in the states whose wait
+is below its slack and balks in the others, so the arrival rate falls, state by state,
+as the wait passes each stream's slack. With every slack infinite this is the
+Allen-Cunneen wait above, exactly. Per stream it gives the share refused, the mean wait
+of the admitted and their chance of waiting. At 6 workers on bench.fleet's fleet at 100%
+load it reads 12.9% refused where the fleet simulator refuses 9.7% of its arrivals.
+Cutting admission by the pools' mean wait against their mean slack instead admitted
+every request and predicted a 22 ms wait at 99% of capacity, where the simulator
+waited 3.2 ms, and sized that fleet one worker too many.
 """
 
 from __future__ import annotations
@@ -52,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["QueueState", "erlang_c", "batch_queue", "run_ms_table"]
+__all__ = ["QueueState", "admission", "erlang_c", "batch_queue", "run_ms_table"]
 
 _B_ITERATIONS = 60
 _B_TOLERANCE = 1e-4
@@ -200,3 +218,50 @@ def _full_batch_wait(rates: np.ndarray, table: np.ndarray, workers: int, service
     cs2 = max(0.0, var_s) / (mean_s * mean_s) if mean_s > 0 else 0.0
     pw = erlang_c(workers, erlangs)
     return pw * mean_s / (workers - erlangs) * (1.0 / max_batch + cs2) / 2.0, pw
+
+
+_MAX_QUEUE_STATES = 50_000
+
+
+def admission(rates: np.ndarray, slack_ms: np.ndarray, full_ms: np.ndarray, workers: int, max_batch: int,
+              *, service_cv2: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per stream (offered ``rates`` req/s, each with the ``slack_ms`` its requests have for the
+    wait, on pools whose full batches run ``full_ms``): the share refused, the mean wait of
+    the admitted and their chance of waiting at all ([Note: admission by deadline])."""
+    rates = np.asarray(rates, dtype=float).ravel()
+    slack = np.asarray(slack_ms, dtype=float).ravel()
+    full = np.asarray(full_ms, dtype=float).ravel()
+    n_streams = len(rates)
+    zero = np.zeros(n_streams)
+    lam_b = rates / max_batch
+    if lam_b.sum() <= 0:
+        return zero, zero, zero
+    w = lam_b / lam_b.sum()
+    mean_s = float((w * full).sum())
+    var_s = float((w * full * full).sum()) - mean_s * mean_s + service_cv2 * float((w * full * full).sum())
+    factor = (1.0 / max_batch + max(0.0, var_s) / (mean_s * mean_s)) / 2.0
+    step_ms = factor * mean_s / workers  # the wait one more full batch ahead adds
+    finite = slack[np.isfinite(slack)]
+    top = float(finite.max()) if finite.size else 0.0
+    n_states = workers + int(min(_MAX_QUEUE_STATES, max(0.0, top) / step_ms + 2))
+    n = np.arange(n_states)
+    wait = np.maximum(0, n - workers + 1) * step_ms
+    order = np.argsort(slack)
+    # arrivals (in full batches) in state n: the streams whose slack exceeds the wait there
+    k = np.searchsorted(slack[order], wait, side="right")
+    behind = np.concatenate([np.cumsum(lam_b[order][::-1])[::-1], [0.0]])
+    lam_n = behind[k]
+    mu_n = np.minimum(n + 1, workers) * (1000.0 / mean_s)
+    with np.errstate(divide="ignore"):
+        logp = np.concatenate([[0.0], np.cumsum(np.log(lam_n[:-1] / mu_n[:-1]))])
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    # a stream is admitted in the states whose wait is below its slack (the last state: never)
+    first_out = np.minimum(np.searchsorted(wait, slack, side="left"), n_states - 1)
+    cum_p = np.concatenate([[0.0], np.cumsum(p)])
+    cum_pw = np.concatenate([[0.0], np.cumsum(p * wait)])
+    waiting = np.concatenate([[0.0], np.cumsum(np.where(n >= workers, p, 0.0))])
+    admitted = cum_p[first_out]
+    refused = np.clip(1.0 - admitted, 0.0, 1.0)
+    safe = np.where(admitted > 0, admitted, 1.0)
+    return refused, np.where(admitted > 0, cum_pw[first_out] / safe, 0.0), np.where(admitted > 0, waiting[first_out] / safe, 0.0)

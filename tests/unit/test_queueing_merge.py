@@ -60,3 +60,29 @@ def test_full_batches_bound_the_load() -> None:
     assert math.isinf(batch_queue(np.array([1.01 * capacity]), TABLE[None, :], 4, TIMEOUT_MS).wait_ms)
     q = batch_queue(np.array([0.99 * capacity]), TABLE[None, :], 4, TIMEOUT_MS)
     assert math.isfinite(q.wait_ms) and q.utilisation < 1.0 and q.batch[0] > 6.0  # the merge fills batches
+
+
+def test_admission_without_deadlines_is_the_full_batch_wait() -> None:
+    from planner.queueing import admission
+
+    for workers, load in ((1, 0.6), (6, 0.9)):
+        rate = load * workers * 1000.0 * len(TABLE) / TABLE[-1]
+        q = batch_queue(np.array([rate]), TABLE[None, :], workers, TIMEOUT_MS)
+        refused, wait, p_wait = admission(np.array([rate]), np.array([1e6]), np.array([TABLE[-1]]), workers, len(TABLE))
+        assert refused[0] == pytest.approx(0.0, abs=1e-9)
+        assert wait[0] == pytest.approx(q.wait_ms) and p_wait[0] == pytest.approx(q.p_wait)
+
+
+def test_admission_refuses_the_requests_with_the_least_slack() -> None:
+    from planner.queueing import admission
+
+    full = np.full(3, TABLE[-1])
+    capacity = 4 * 1000.0 * len(TABLE) / TABLE[-1]
+    rates = np.full(3, 0.6 * capacity)  # 180% of capacity in all
+    refused, wait, _ = admission(rates, np.array([-1.0, 5.0, 50.0]), full, 4, len(TABLE))
+    assert refused[0] == 1.0  # no slack: refused even with a worker free
+    assert 0.0 <= refused[2] < refused[1] < 1.0
+    assert float((rates * (1.0 - refused)).sum()) < capacity  # what is admitted the workers can serve
+    assert wait[1] < 5.0 and wait[2] < 50.0 and wait[1] < wait[2]  # the admitted wait within their slack
+    more, _, _ = admission(rates, np.array([-1.0, 5.0, 50.0]), full, 5, len(TABLE))
+    assert more[1] < refused[1]  # another worker refuses fewer
