@@ -57,7 +57,7 @@ is below its slack and balks in the others, so the arrival rate falls, state by 
 as the wait passes each stream's slack. With every slack infinite this is the
 Allen-Cunneen wait above, exactly. Per stream it gives the share refused, the mean wait
 of the admitted and their chance of waiting. At 6 workers on bench.fleet's fleet at 100%
-load it reads 12.9% refused where the fleet simulator refuses 9.7% of its arrivals.
+load it reads 12.8% refused where the fleet simulator refuses 9.7% of its arrivals.
 Cutting admission by the pools' mean wait against their mean slack instead admitted
 every request and predicted a 22 ms wait at 99% of capacity, where the simulator
 waited 3.2 ms, and sized that fleet one worker too many.
