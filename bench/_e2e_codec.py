@@ -19,7 +19,7 @@ from dataclasses import replace
 from statistics import median
 from typing import Any
 
-__all__ = ["casts_on_edge"]
+__all__ = ["casts_on_edge", "timed_round_robin"]
 
 _ENCODINGS = ("fp32", "fp16", "int8")
 
@@ -29,12 +29,13 @@ def _float_mb(graph: Any, names: list[str]) -> float:
                if graph.tensor[n].dtype == "float32") / 1e6
 
 
-def _timed(edge: Any, cand: dict[str, Any], reps: int) -> dict[str, list[float]]:
-    """Encode ms of `reps` requests per encoding of `cand`, round-robin over the encodings."""
-    ms: dict[str, list[float]] = {k: [] for k in _ENCODINGS}
+def timed_round_robin(edge: Any, cand_id: str, encodings: list[str], reps: int) -> dict[str, list[float]]:
+    """Encode ms of `reps` requests per encoding at the cut `cand_id`, one request of each
+    encoding per round, as the grid sends its candidates (each after other work)."""
+    ms: dict[str, list[float]] = {k: [] for k in encodings}
     for _ in range(reps):
-        for k in _ENCODINGS:
-            r = edge.job(cand["id"], k, 1)
+        for k in encodings:
+            r = edge.job(cand_id, k, 1)
             if "error" not in r:
                 ms[k] += [x["encode_ms"] for x in r["rows"]]
     return ms
@@ -56,7 +57,7 @@ def casts_on_edge(edge: Any, graph: Any, cands: list[dict[str, Any]], known: set
     for what, cand in (("input", at_input), ("feature_map", at_map)):
         if cand is None:
             continue
-        ms = _timed(edge, cand, reps)
+        ms = timed_round_robin(edge, cand["id"], list(_ENCODINGS), reps)
         if all(ms.values()):
             seen[what] = {"cut_id": cand["id"], "tensors": len(cand["boundary"]),
                           "mb": _float_mb(graph, cand["boundary"]),

@@ -376,6 +376,7 @@ def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: 
     reads 10.7 ms."""
     from dataclasses import replace
 
+    from bench._e2e_codec import timed_round_robin
     from partitioner import make_cut
     from planner.accuracy import parse_encoding_key
 
@@ -389,17 +390,14 @@ def _codec_on_edge(edge: _Edge, graph: Any, cands: list[dict[str, Any]], table: 
             priced.append(replace(e, codec_ms=e.codec_ms * slowdown))
         elif cand is not None:
             at_input.append(e)
-    ms: dict[str, list[float]] = {e.encoding: [] for e in at_input}
-    for _ in range(reps):
-        for e in at_input:
-            r = edge.job(cand["id"], e.encoding, 1)  # type: ignore[index]
-            if "error" not in r:
-                ms[e.encoding] += [x["encode_ms"] for x in r["rows"]]
-    seen = {}
+    seen: dict[str, Any] = {}
+    if cand is None or not at_input:
+        return table.with_entries(priced), seen
+    ms = timed_round_robin(edge, cand["id"], [e.encoding for e in at_input], reps)
     for e in at_input:
         if not ms[e.encoding]:
             continue
-        edge_ms = median(ms[e.encoding]) - fixed_ms * len(cand["boundary"])  # type: ignore[index]
+        edge_ms = median(ms[e.encoding]) - fixed_ms * len(cand["boundary"])
         seen[e.encoding] = {"table_ms": e.codec_ms, "edge_ms": edge_ms}
         if edge_ms > e.codec_ms:
             priced.append(replace(e, codec_ms=edge_ms))

@@ -246,6 +246,7 @@ class _Load:
     queue: QueueState  # at the admitted rates
     admitted: float  # share of the offered requests
     delay_ms: float  # F
+    mean_wait_ms: float  # for a worker, over the admitted requests
     refused: np.ndarray  # (G, O) share of each option's requests refused
     wait_ms: np.ndarray  # (G, O) mean wait for a worker of the admitted
     p_wait: np.ndarray  # (G, O) chance that an admitted request waits for a worker
@@ -261,15 +262,15 @@ def _load(gr: _Groups, x: np.ndarray, workers: int, timeout_ms: float) -> _Load:
     zeros = np.zeros_like(per_group)
     q = batch_queue(rates, gr.table, workers, timeout_ms)
     if total <= 0:
-        return _Load(rates, q, 1.0, 0.0, zeros, zeros, zeros)
+        return _Load(rates, q, 1.0, 0.0, 0.0, zeros, zeros, zeros)
     # A request's slack for the wait: the SLO less the device's side of the trip and its batch's fill and run.
     side = np.where(np.isfinite(gr.ms), gr.slo[:, None] - (gr.ms - gr.t1[None, :]), 0.0)
     slack = side - (q.fill_ms + q.run_ms)[gr.pool][None, :]
     live = per_group > 0
     refused, wait, p_wait = zeros.copy(), zeros.copy(), zeros.copy()
     if live.any():
-        r, wt, pw = admission(per_group[live], slack[live], gr.table[gr.pool, -1][None, :].repeat(len(gr.rate), 0)[live],
-                              workers, gr.table.shape[1])
+        full = np.broadcast_to(gr.table[gr.pool, -1], per_group.shape)
+        r, wt, pw = admission(per_group[live], slack[live], full[live], workers, gr.table.shape[1])
         refused[live], wait[live], p_wait[live] = r, wt, pw
     kept = per_group * (1.0 - refused)
     admitted_rates = np.bincount(gr.pool, weights=kept.sum(axis=0), minlength=len(gr.pools))
@@ -280,7 +281,7 @@ def _load(gr: _Groups, x: np.ndarray, workers: int, timeout_ms: float) -> _Load:
     t1_pool[gr.pool] = gr.t1
     mean_wait = float((kept * wait).sum()) / max(float(kept.sum()), 1e-12)
     delay = mean_wait + float((share * (q.fill_ms + q.run_ms - t1_pool)).sum())
-    return _Load(rates, q, admitted, delay, refused, wait, p_wait)
+    return _Load(rates, q, admitted, delay, mean_wait, refused, wait, p_wait)
 
 
 def _equilibrium(gr: _Groups, workers: int, timeout_ms: float) -> tuple[np.ndarray, _Load, FixedPoint]:
@@ -475,8 +476,7 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
                                  _quantile(0.95, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]),
                                  within, within * rate, refused))
     q = ld.queue
-    kept = gr.rate[:, None] * x[:, :-1] * (1.0 - ld.refused)
-    worker_wait = float((kept * ld.wait_ms).sum()) / max(float(kept.sum()), 1e-12)
+    worker_wait = ld.mean_wait_ms
     pools = tuple(PoolPlan(name, float(ld.rates[p]), float(q.batch[p]), float(q.run_ms[p]),
                            float(q.fill_ms[p] + worker_wait)) for p, name in enumerate(gr.pools) if ld.rates[p] > 0)
     cloud = CloudPlan(c_workers, q.utilisation, q.capacity_rps, float(ld.rates.sum()), ld.admitted, worker_wait, pools)

@@ -201,23 +201,30 @@ def _first_free_ms(rates: np.ndarray, b: np.ndarray, table: np.ndarray, workers:
     return erlang_c(workers, min(erlangs, workers)) * float((w * run * run).sum()) / (2.0 * float((w * run).sum()) * workers)
 
 
-def _full_batch_wait(rates: np.ndarray, table: np.ndarray, workers: int, service_cv2: float) -> tuple[float, float]:
-    """(Wq ms, P(wait)): Allen-Cunneen at full batches ([Note: batch queue])."""
-    max_batch = table.shape[1]
+def _full_batches(rates: np.ndarray, full_ms: np.ndarray, max_batch: int, service_cv2: float) -> tuple[float, float, float]:
+    """(full batches per second, their mean run ms, Allen-Cunneen's (ca^2 + cs^2) / 2) for
+    streams offering ``rates`` to pools whose full batches run ``full_ms``."""
     lam_b = rates / max_batch
-    run = table[:, -1]
     total_b = float(lam_b.sum())
     if total_b <= 0:
+        return 0.0, 0.0, 0.0
+    w = lam_b / total_b
+    mean_s = float((w * full_ms).sum())
+    second = float((w * full_ms * full_ms).sum())
+    cs2 = max(0.0, second - mean_s * mean_s + service_cv2 * second) / (mean_s * mean_s) if mean_s > 0 else 0.0
+    return total_b, mean_s, (1.0 / max_batch + cs2) / 2.0
+
+
+def _full_batch_wait(rates: np.ndarray, table: np.ndarray, workers: int, service_cv2: float) -> tuple[float, float]:
+    """(Wq ms, P(wait)): Allen-Cunneen at full batches ([Note: batch queue])."""
+    per_s, mean_s, factor = _full_batches(rates, table[:, -1], table.shape[1], service_cv2)
+    if per_s <= 0:
         return 0.0, 0.0
-    erlangs = float((lam_b * run).sum()) / 1000.0
+    erlangs = per_s * mean_s / 1000.0
     if erlangs >= workers:
         return math.inf, 1.0
-    w = lam_b / total_b
-    mean_s = float((w * run).sum())
-    var_s = float((w * run * run).sum()) - mean_s * mean_s + service_cv2 * float((w * run * run).sum())
-    cs2 = max(0.0, var_s) / (mean_s * mean_s) if mean_s > 0 else 0.0
     pw = erlang_c(workers, erlangs)
-    return pw * mean_s / (workers - erlangs) * (1.0 / max_batch + cs2) / 2.0, pw
+    return pw * mean_s / (workers - erlangs) * factor, pw
 
 
 _MAX_QUEUE_STATES = 50_000
@@ -231,15 +238,11 @@ def admission(rates: np.ndarray, slack_ms: np.ndarray, full_ms: np.ndarray, work
     rates = np.asarray(rates, dtype=float).ravel()
     slack = np.asarray(slack_ms, dtype=float).ravel()
     full = np.asarray(full_ms, dtype=float).ravel()
-    n_streams = len(rates)
-    zero = np.zeros(n_streams)
-    lam_b = rates / max_batch
-    if lam_b.sum() <= 0:
+    zero = np.zeros(len(rates))
+    per_s, mean_s, factor = _full_batches(rates, full, max_batch, service_cv2)
+    if per_s <= 0:
         return zero, zero, zero
-    w = lam_b / lam_b.sum()
-    mean_s = float((w * full).sum())
-    var_s = float((w * full * full).sum()) - mean_s * mean_s + service_cv2 * float((w * full * full).sum())
-    factor = (1.0 / max_batch + max(0.0, var_s) / (mean_s * mean_s)) / 2.0
+    lam_b = rates / max_batch
     step_ms = factor * mean_s / workers  # the wait one more full batch ahead adds
     finite = slack[np.isfinite(slack)]
     top = float(finite.max()) if finite.size else 0.0

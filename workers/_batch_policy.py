@@ -39,10 +39,9 @@ is 0 most of the time, and a device that sends one frame every few seconds reads
 cloud as idle. What such a device can plan with is the mean: :meth:`BatcherLoad.expected_wait_at`
 gives the mean time a request spends in the pool beyond a lone batch's run, at the
 measured arrival rate, from the batch queue the fleet planner uses ([Note: batch queue]
-in planner/queueing.py, one pool): batches of b = clip(1 + rate (timeout + Wq), 1,
-max_batch) that grow until the instances keep up, the wait Wq for an instance that
-requests merging into the next batch see (Allen-Cunneen at full batches), plus the
-batch's fill, timeout (b + 1) / (2 b), plus its longer run, T(b) - T(1). At or past
+in planner/queueing.py, one pool): the wait for an instance that requests merging into
+the next batch see (Allen-Cunneen at full batches), plus the formed batch's fill, plus
+its longer run, T(b) - T(1). At or past
 capacity there is no steady state, and admission control bounds the queue by the
 deadlines instead: the figure is then the formula at ``_RHO_CAP``.
 
@@ -262,7 +261,9 @@ class BatcherLoad:
             return None if one_s is None else max(0.0, predicted_wait_s)
         capacity_rps = max_batch_size * instances / max(full_s, 1e-9)
         rate = min(arrival_rps, _RHO_CAP * capacity_rps)
-        table = np.array([[(run_s(b) or 0.0) * 1e3 for b in range(1, max_batch_size + 1)]])
+        times = [run_s(b) for b in range(1, max_batch_size + 1)]
+        assert all(t is not None for t in times)  # one size timed: every size has an estimate
+        table = np.array([[t * 1e3 for t in times]])  # type: ignore[operator]
         q = batch_queue(np.array([rate]), table, instances, timeout_s * 1e3)
         expected_s = (q.wait_ms + q.fill_ms[0] + q.run_ms[0]) / 1e3 - one_s
         return max(expected_s, predicted_wait_s)

@@ -60,7 +60,7 @@ def nodes():
         # Seen on the loaded 2-core machine: a raylet or the GCS did not write its port file
         # within Ray's wait (RuntimeError "Timed out waiting for file"), or a node did not
         # register within 30 s ("The current node timed out during startup"). A second
-        # start is a fresh session.
+        # start begins a new Ray cluster from scratch.
         if "timed out" not in str(e).lower():
             raise
         started = _start_cluster()
