@@ -224,7 +224,8 @@ class EdgeAgent:
             profile = reference_profile(cfg.emulate_device, graph)
             self.profile_source = f"emulated {cfg.emulate_device} (roofline estimate)"
             device_ms = profile_model_ms(profile, graph)
-            self.host_model_ms = time_engine_ms(models.full, clock="thread")
+            time_engine_ms(models.full, clock="thread")
+            self.host_model_ms = models.full.reference_cpu_ms() or 0.0  # what its runs are stretched from
             if device_ms > self.host_model_ms:
                 models.device.set_factor(device_ms / self.host_model_ms)
                 models.local_ms = models.device.factor * self.host_model_ms  # what a stretched run takes

@@ -16,25 +16,41 @@ in others, and whether a request of the same plan took 4 or 92 ms depended on th
 Stretching in time gives every run factor x its CPU time. What it leaves at this host's
 speed is the agent's own Python (its HTTP, gRPC and policy), which the cost model prices
 as the call's fixed cost.
+
+A run's CPU time is itself not steady on a shared virtual machine: one single-thread
+ResNet50 run here took 59-103 ms of CPU within one minute (median 80), alone on the host,
+with no hardware counters to count its work instead. Stretched 6-14x, that spread would
+make the device's time wander by hundreds of ms from run to run, and a benchmark's
+strategies would differ by which runs met a busy moment of the host's neighbours. So a
+piece of work that names itself (`key`: an engine and its input shapes) takes factor x
+its reference CPU time: the median of that key's first `REFERENCE_RUNS` runs, fixed from
+then on. The device's time per piece is then steady, as a real device's is far more than
+a shared host's; a run the host cannot finish within it still takes its wall time. Work
+without a key (an encode) is stretched from its own CPU time.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["SlowDevice", "SlowedEngine"]
+__all__ = ["REFERENCE_RUNS", "SlowDevice", "SlowedEngine"]
 
 T = TypeVar("T")
 
 _WINDOW = 256
 """Run times a slowed engine keeps for its stats (as workers.engine keeps its own)."""
+_ENGINE_IDS = itertools.count()
+REFERENCE_RUNS = 9
+"""Runs of one key whose median CPU time is its reference ([Note: time-scaled device])."""
 
 
 class SlowDevice:
@@ -42,6 +58,7 @@ class SlowDevice:
 
     def __init__(self, factor: float = 1.0) -> None:
         self._lock = threading.Lock()
+        self._cpu_s: dict[Hashable, list[float]] = {}
         self.factor = 1.0
         self.set_factor(factor)
 
@@ -54,17 +71,36 @@ class SlowDevice:
     def active(self) -> bool:
         return self.factor > 1.0
 
-    def run(self, work: Callable[[], T]) -> tuple[T, float]:
-        """`work()` and the ms it took on the emulated device (`factor` x its CPU time, or
-        its wall time where that is longer, as when the host is too busy to keep up)."""
+    def reference_cpu_ms(self, key: Hashable) -> float | None:
+        """The CPU ms that `key`'s runs are stretched from (None before its first run)."""
+        seen = self._cpu_s.get(key)
+        return statistics.median(seen) * 1e3 if seen else None
+
+    def forget_references(self) -> None:
+        """Every key's reference is taken again from its next runs."""
+        self._cpu_s.clear()
+
+    def _reference_s(self, key: Hashable | None, cpu_s: float) -> float:
+        if key is None:
+            return cpu_s
+        seen = self._cpu_s.setdefault(key, [])
+        if len(seen) < REFERENCE_RUNS:
+            seen.append(cpu_s)
+        return statistics.median(seen)
+
+    def run(self, work: Callable[[], T], key: Hashable | None = None) -> tuple[T, float]:
+        """`work()` and the ms it took on the emulated device: `factor` x the reference CPU
+        time of `key` (or of this run, without a key), or its wall time where that is
+        longer, as when the host is too busy to keep up."""
         if not self.active:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             out = work()
+            self._reference_s(key, time.thread_time() - c)
             return out, (time.perf_counter() - t) * 1e3
         with self._lock:
             t, c = time.perf_counter(), time.thread_time()
             out = work()
-            device_s = self.factor * (time.thread_time() - c)
+            device_s = self.factor * self._reference_s(key, time.thread_time() - c)
             left = device_s - (time.perf_counter() - t)
             if left > 0:
                 time.sleep(left)
@@ -79,13 +115,20 @@ class SlowedEngine:
         self._engine = engine
         self._device = device
         self._ms: list[float] = []
+        self._id = next(_ENGINE_IDS)
+        self._last_key: Hashable | None = None
 
     def run(self, inputs: Mapping[str, np.ndarray], **kw: Any) -> dict[str, np.ndarray]:
-        out, ms = self._device.run(lambda: self._engine.run(inputs, **kw))
+        self._last_key = key = (self._id, tuple((k, np.shape(v)) for k, v in sorted(inputs.items())))
+        out, ms = self._device.run(lambda: self._engine.run(inputs, **kw), key)
         self._ms.append(ms)
         if len(self._ms) > _WINDOW:
             del self._ms[: len(self._ms) - _WINDOW]
         return out
+
+    def reference_cpu_ms(self) -> float | None:
+        """The CPU ms that runs at the input shapes of the last run are stretched from."""
+        return None if self._last_key is None else self._device.reference_cpu_ms(self._last_key)
 
     def stats(self) -> Any:
         base = self._engine.stats()

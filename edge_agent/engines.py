@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_agent.cache import ArtifactCache
-from edge_agent.device import SlowDevice, SlowedEngine
+from edge_agent.device import REFERENCE_RUNS, SlowDevice, SlowedEngine
 from edge_agent.errors import ArtifactError
 from partitioner import Cut, LayerGraph, PartitionError, Splitter, save_segment
 from planner import Encoding, Frontier, LinkRange, PlannerError, Profile, frontier, make_flops_profile
@@ -255,6 +255,22 @@ class ModelSet:
                         tuple(meta["boundary"]), tuple(o for o in meta["head_outputs"] if o in outputs))
         self.cuts[cut.key] = ce
         return ce
+
+    def settle_device(self, runs: int = REFERENCE_RUNS) -> None:
+        """Takes every loaded engine's reference CPU time ([Note: time-scaled device]) afresh from
+        `runs` runs on zeros, the engines taking turns, so that a busy spell of the host falls on all
+        of them alike and a cut's head and tail keep their share of the whole model's time."""
+        engines = [self.full] + [e for ce in self.cuts.values() for e in (ce.head, ce.tail) if e is not None]
+        feeds = [_zeros(e) for e in engines]
+        factor = self.device.factor
+        self.device.set_factor(1.0)  # at this host's speed: the references are CPU times
+        self.device.forget_references()
+        try:
+            for _ in range(runs):
+                for engine, x in zip(engines, feeds):
+                    engine.run(x)
+        finally:
+            self.device.set_factor(factor)
 
     def close(self) -> None:
         for ce in self.cuts.values():

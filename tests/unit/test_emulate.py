@@ -112,6 +112,47 @@ def test_the_device_has_one_core() -> None:
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
 
 
+def test_a_keyed_piece_takes_factor_times_its_reference_not_its_own_cpu_time() -> None:
+    from edge_agent.device import REFERENCE_RUNS, SlowDevice
+
+    dev = SlowDevice(5.0)
+    for _ in range(REFERENCE_RUNS):
+        dev.run(lambda: _spin(0.004), key="k")
+    ref = dev.reference_cpu_ms("k")
+    assert ref is not None and 4 * 0.99 <= ref < 4 * 3  # the median of the first runs' CPU ms
+    _, short_ms = dev.run(lambda: _spin(0.001), key="k")  # a quick run still takes the reference's time
+    assert short_ms >= 5 * ref * 0.99
+    _, spike_ms = dev.run(lambda: _spin(0.012), key="k")  # and a slow one no more than its own wall time
+    assert short_ms * 0.99 <= spike_ms < 5 * 12
+    assert dev.reference_cpu_ms("k") == ref  # fixed after the first runs
+    _, other_ms = dev.run(lambda: _spin(0.001), key="other")  # each key has its own
+    assert other_ms < short_ms / 2
+
+
+def test_a_slowed_engine_keys_its_runs_by_engine_and_shapes(tmp_path) -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edge_agent.device import SlowDevice, SlowedEngine
+    from workers.engine import Engine, EngineConfig
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])])
+    path = str(tmp_path / "m.onnx")
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    cfg = EngineConfig(intra_op_threads=1, batch_buckets=(1, 4))
+    dev = SlowDevice(1.0)
+    a, b = SlowedEngine(Engine(path, cfg), dev), SlowedEngine(Engine(path, cfg), dev)
+    assert a.reference_cpu_ms() is None
+    a.run({"x": np.ones((1, 8), np.float32)})
+    b.run({"x": np.ones((1, 8), np.float32)})
+    a.run({"x": np.ones((3, 8), np.float32)})
+    assert len(dev._cpu_s) == 3  # two engines at one shape, one engine at two
+    assert a.reference_cpu_ms() == dev.reference_cpu_ms(a._last_key)
+
+
 @pytest.mark.parametrize("factor", [0.5, 0, -1, float("nan"), float("inf"), "2"])
 def test_a_slowdown_below_one_is_refused_with_the_fix(factor: object) -> None:
     from edge_agent.device import SlowDevice
@@ -235,3 +276,35 @@ def test_without_a_file_the_gateway_and_model_flags_are_needed() -> None:
         _load(_args(gateway="127.0.0.1:50151"))
     with pytest.raises(ConfigError, match="'emulate.uplink' is '5mbps'"):
         _load(_args(gateway="127.0.0.1:50151", model="m", emulate_link=parse_link_spec("5mbps")))
+
+
+def test_settling_the_device_takes_every_engines_reference_at_this_hosts_speed(tmp_path) -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge_agent.cache import ArtifactCache
+    from edge_agent.device import REFERENCE_RUNS, SlowDevice
+    from edge_agent.engines import ModelSet
+    from partitioner import Cut
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w"], ["y"], name="conv2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 32, 32])], initializer=[w])
+    path = str(tmp_path / "m.onnx")
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    device = SlowDevice(50.0)
+    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model="m", version="1", device=device)
+    ce = models.load_cut(Cut(frozenset({models.graph.layers[0].id})))
+    assert ce is not None and ce.head is not None
+    t = time.perf_counter()
+    models.settle_device()
+    engines = (models.full, ce.head, ce.tail)
+    runs = REFERENCE_RUNS * len(engines)
+    # unstretched (stretched 50x, the runs would take 50x their CPU time), and the factor back as it was
+    assert (time.perf_counter() - t) * 1e3 < 50 * REFERENCE_RUNS * sum(e.reference_cpu_ms() for e in engines) / 5
+    assert device.factor == 50.0
+    assert all(len(seen) == REFERENCE_RUNS for seen in device._cpu_s.values()) and len(device._cpu_s) == 3
+    assert runs == sum(len(seen) for seen in device._cpu_s.values())
