@@ -354,3 +354,29 @@ def test_a_remote_plan_is_priced_with_its_hedge_under_the_latency_objective():
     assert act.predicted_ms > 300.0  # the remote call's own mean, as the runner's correction compares it
     bare, _ = policy(est, front, health, PolicyState(), 0.0, config=PolicyConfig(slo_ms=1000.0, hedge_tail=0.0))
     assert bare.kind == LOCAL
+
+
+def test_a_hedged_plan_in_use_is_left_for_local_once_it_no_longer_beats_local_by_the_margin():
+    """Hedged, a remote plan is never dearer than local (no answer later than the local run the
+    hedge starts), so were local held to the usual hysteresis against it, an agent on the plan
+    would never leave: through a dip to 3.6 Mbit/s (cloud-only 554 ms, its uplink queue included,
+    against 400 ms local) it would race every request, the device running each one anyway. Against a hedged plan, local
+    counts at the margin by which the plan had to beat it to be chosen."""
+    front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
+    health = Health(local_ms=400.0, arrival_rps=1.6)
+    cfg = PolicyConfig(slo_ms=1000.0)
+    on_a = PolicyState(current=A.key, switched_s=-100.0)
+    dip = LinkEstimate(up_bps=3.6e6, down_bps=4e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
+                       up_hold_bps=3.6e6, spread=(0.0,) * 10)
+    act, st = policy(dip, front, health, on_a, 0.0, config=cfg)
+    assert act.switched and act.kind == LOCAL
+    # The margin both ways, and no flapping: at 10 Mbit/s (~150 ms) the plan is taken back; a plan
+    # within the margin of local (345 ms at 5 Mbit/s, its uplink queue included: 0.86 of local) is neither
+    # left nor taken.
+    fast = dataclasses.replace(dip, up_bps=10e6, up_hold_bps=10e6)
+    assert policy(fast, front, health, dataclasses.replace(st, switched_s=-100.0), 0.0, config=cfg)[0].plan_key == A.key
+    near = dataclasses.replace(dip, up_bps=5e6, up_hold_bps=5e6)
+    kept, _ = policy(near, front, health, on_a, 0.0, config=cfg)
+    assert kept.plan_key == A.key and not kept.switched
+    stay, _ = policy(near, front, health, PolicyState(current=LOCAL, switched_s=-100.0), 0.0, config=cfg)
+    assert stay.kind == LOCAL
