@@ -126,6 +126,10 @@ class SlowedEngine:
             del self._ms[: len(self._ms) - _WINDOW]
         return out
 
+    def forget_times(self) -> None:
+        """Drops the run times `stats()` reports (runs that were not the device's, as `settle_device`'s)."""
+        self._ms.clear()
+
     def reference_cpu_ms(self) -> float | None:
         """The CPU ms that runs at the input shapes of the last run are stretched from."""
         return None if self._last_key is None else self._device.reference_cpu_ms(self._last_key)

@@ -259,7 +259,8 @@ class ModelSet:
     def settle_device(self, runs: int = REFERENCE_RUNS) -> None:
         """Takes every loaded engine's reference CPU time ([Note: time-scaled device]) afresh from
         `runs` runs on zeros, the engines taking turns, so that a busy spell of the host falls on all
-        of them alike and a cut's head and tail keep their share of the whole model's time."""
+        of them alike and a cut's head and tail keep their share of the whole model's time. The
+        engines' run times (`stats()`) start afresh."""
         engines = [self.full] + [e for ce in self.cuts.values() for e in (ce.head, ce.tail) if e is not None]
         feeds = [_zeros(e) for e in engines]
         factor = self.device.factor
@@ -271,6 +272,8 @@ class ModelSet:
                     engine.run(x)
         finally:
             self.device.set_factor(factor)
+            for engine in engines:  # their times are this host's, not the device's (the hedge reads them)
+                engine.forget_times()
 
     def close(self) -> None:
         for ce in self.cuts.values():

@@ -79,7 +79,11 @@ the same margin to stay in use: against a plan so priced, local counts at that m
 cost. A hedged plan is never dearer than local, so with the usual hysteresis against it a
 device on the plan never left: through the dips of an LTE trace (ResNet50 at an rpi4's speed,
 a steady device) the agent kept cloud-only, raced 35 of 96 requests, and answers queued
-behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7 s. On the
+behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7 s. Nor does leaving
+a plan whose hedge starts at once cost a switch: it runs every request here already, and
+local drops only its bytes, its encode and the cloud's work (priced as a switch, a gain of
+at most the margin, 74 ms a request, did not pay for the third switch in a minute and
+the agent raced the requests of a 10 s dip). On the
 LTE trace (ResNet50 at an rpi4's speed, one core) cloud-only with its hedge answered at
 p50 377 ms and p95 515 ms, local at 506 and 521, and priced at its own times (a fifth of
 its transfers in dips past the local time) the agent stayed local for most requests.
@@ -370,16 +374,21 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
     return out
 
 
-def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig) -> list[float]:
-    """A remote option's times with the hedge of `hedge_delay_s` (given an SLO the local model
-    meets): none later than the local run started when the hedge starts it."""
+def _hedge_start_ms(hi_ms: float, local_ms: float, cfg: PolicyConfig) -> float | None:
+    """When the hedge of `hedge_delay_s` starts the local run of a remote option whose pessimistic
+    time is `hi_ms` (0: at once), given an SLO the local model meets; None: no hedge."""
     if cfg.slo_ms is None or not math.isfinite(local_ms) or cfg.hedge_tail <= 0:
-        return times
+        return None
     latest_ms = latest_local_start_ms(cfg.slo_ms, local_ms, cfg.hedge_margin)
     if latest_ms <= 0:
-        return times
-    start_ms = 0.0 if hi_ms >= min(latest_ms, local_ms) else latest_ms
-    return [min(t, start_ms + local_ms) for t in times]
+        return None
+    return 0.0 if hi_ms >= min(latest_ms, local_ms) else latest_ms
+
+
+def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig) -> list[float]:
+    """A remote option's times with its hedge: none later than the local run started when the hedge starts it."""
+    start_ms = _hedge_start_ms(hi_ms, local_ms, cfg)
+    return times if start_ms is None else [min(t, start_ms + local_ms) for t in times]
 
 
 def _time_at(b: Breakdown, at_bps: float, rate_bps: float, rtt_ms: float | None, remote_factor: float) -> float:
@@ -563,7 +572,10 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     switch_cost_ms = config.switch_cost_ms * (1 + len(_recent(state, now_s, config)))
     # [Note: cloud load] leaving a pool reported busy frees it for the devices that need it: no switch cost.
     leaving_busy = current.kind == OFFLOAD and current.cut_id in health.unconfirmed
-    worth = leaving_busy or _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
+    # [Note: risk] a plan whose hedge starts at once runs every request here already: no switch cost.
+    racing = target.kind == LOCAL and current.kind == OFFLOAD and not energy and _hedge_start_ms(
+        current.hi_ms, local.ms, config) == 0.0
+    worth = leaving_busy or racing or _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
     if forced or (better and (dwelt or safer) and worth):
         reason = (f"{current.key} ({current.ms:.0f} ms{_show_miss(current)}) -> {target.key} ({target.ms:.0f} ms"
                   f"{_show_miss(target)}): {why}{'; forced' if forced else ''}{_show_factors(health)} "
