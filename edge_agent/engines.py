@@ -157,7 +157,7 @@ def make_frontier(graph: LayerGraph, device: Profile, files: Mapping[str, bytes]
     # [Note: frontier at the lowest RTT]
     # A remote plan pays the link's RTT once, whatever its cut, so the RTT does not change
     # which remote plan is best at a rate: it moves only where remote beats local. The
-    # policy prices every remote option at the RTT it measures (policy._time_at), so the
+    # policy prices every remote option at the RTT it measures (policy._time_terms), so the
     # frontier must hold each remote plan that is best at some rate for any RTT the device
     # may see, and the frontier at the lowest RTT holds them all. It is then stated at the
     # registry's RTT, so that a plan is priced as the registry planned it until the first

@@ -79,11 +79,10 @@ the same margin to stay in use: against a plan so priced, local counts at that m
 cost. A hedged plan is never dearer than local, so with the usual hysteresis against it a
 device on the plan never left: through the dips of an LTE trace (ResNet50 at an rpi4's speed,
 a steady device) the agent kept cloud-only, raced 35 of 96 requests, and answers queued
-behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7 s. Nor does leaving
-a plan whose hedge starts at once cost a switch: it runs every request here already, and
-local drops only its bytes, its encode and the cloud's work (priced as a switch, a gain of
-at most the margin, 74 ms a request, did not pay for the third switch in a minute and
-the agent raced the requests of a 10 s dip). On the
+behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7 s (that run also
+started its hedges late, from a tail's time misread, since fixed). Leaving such a plan
+still pays a switch: made free (it runs every request here already), the agent left at
+every LTE dip and came back after it, 6.7 switches a minute against the 6 allowed. On the
 LTE trace (ResNet50 at an rpi4's speed, one core) cloud-only with its hedge answered at
 p50 377 ms and p95 515 ms, local at 506 and 521, and priced at its own times (a fifth of
 its transfers in dips past the local time) the agent stayed local for most requests.
@@ -358,7 +357,9 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # The cloud's own figure, so not scaled by the agent's measured/predicted ratio.
         queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
         wait_ms += queue_ms
-        times = [_time_at(b, up, r, est.rtt_ms, health.remote_factor) + wait_ms for r in rates]
+        base_ms, hop_ms = _time_terms(b, up, est.rtt_ms)
+        f = health.remote_factor
+        times = [(base_ms + hop_ms / r) * f + wait_ms for r in rates]
         ms = sum(times) / len(times)
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
@@ -391,15 +392,14 @@ def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig
     return times if start_ms is None else [min(t, start_ms + local_ms) for t in times]
 
 
-def _time_at(b: Breakdown, at_bps: float, rate_bps: float, rtt_ms: float | None, remote_factor: float) -> float:
-    """End-to-end ms, before any queue, of a plan whose breakdown `b` is priced at `at_bps`, on a
-    first hop of `rate_bps`: that hop's bytes take time inversely to the rate; see [Note: risk]."""
+def _time_terms(b: Breakdown, at_bps: float, rtt_ms: float | None) -> tuple[float, float]:
+    """(base ms, hop ms x bit/s): a plan whose breakdown `b` is priced at `at_bps` takes base +
+    hop / rate ms, before any queue and the remote factor, on a first hop of `rate` bit/s: that
+    hop's bytes take time inversely to the rate, the rest is fixed; see [Note: risk]."""
     hop_up = b.hop_up_ms[0] if b.hop_up_ms else b.uplink_ms
     hop_down = b.hop_down_ms[0] if b.hop_down_ms else b.downlink_ms
-    ms = b.total_ms + (hop_up + hop_down) * (at_bps / rate_bps - 1.0)
-    if rtt_ms is not None:
-        ms += rtt_ms - b.rtt_ms
-    return ms * remote_factor
+    base = b.total_ms - hop_up - hop_down + (0.0 if rtt_ms is None else rtt_ms - b.rtt_ms)
+    return base, (hop_up + hop_down) * at_bps
 
 
 def _local_option(health: Health, frontier: Frontier | None, energy: bool, slo: float | None) -> _Option:
@@ -481,14 +481,16 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     local = _local_option(health, frontier, energy, slo)
     remote = []
     if frontier is not None and health.remote_allowed:
-        remote = _remote_options(estimate, frontier, health, config, energy, now_s)
-        if remote and state.current == LOCAL and health.arrival_rps * local.ms / 1e3 >= _BUSY:
-            # [Note: closed loop] the device runs back to back: price the cloud at the load it would draw.
+        if state.current == LOCAL and health.arrival_rps * local.ms / 1e3 >= _BUSY:
+            # [Note: closed loop] the device runs back to back: price the cloud at the load it would draw
+            # (no less than the load of the moment, so no plan the moment's load rules out).
             unloaded = _remote_options(estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config,
                                        energy, now_s)
-            fastest = min(o.ms for o in unloaded)
+            fastest = min((o.ms for o in unloaded), default=math.inf)
             drawn = dataclasses.replace(health, arrival_rps=health.arrival_rps * max(1.0, local.ms / fastest))
-            remote = _remote_options(estimate, frontier, drawn, config, energy, now_s)
+            remote = _remote_options(estimate, frontier, drawn, config, energy, now_s) if unloaded else []
+        else:
+            remote = _remote_options(estimate, frontier, health, config, energy, now_s)
     # [Note: cloud load] a busy cut left behind returns through a trial's fresh answer, not its faded wait.
     guesses = [o for o in remote if o.cut_id in health.unconfirmed and o.key != state.current]
     remote = [o for o in remote if o not in guesses]
@@ -572,10 +574,7 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
     switch_cost_ms = config.switch_cost_ms * (1 + len(_recent(state, now_s, config)))
     # [Note: cloud load] leaving a pool reported busy frees it for the devices that need it: no switch cost.
     leaving_busy = current.kind == OFFLOAD and current.cut_id in health.unconfirmed
-    # [Note: risk] a plan whose hedge starts at once runs every request here already: no switch cost.
-    racing = target.kind == LOCAL and current.kind == OFFLOAD and not energy and _hedge_start_ms(
-        current.hi_ms, local.ms, config) == 0.0
-    worth = leaving_busy or racing or _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
+    worth = leaving_busy or _gain_ms(current, target, slo, energy) * requests > switch_cost_ms
     if forced or (better and (dwelt or safer) and worth):
         reason = (f"{current.key} ({current.ms:.0f} ms{_show_miss(current)}) -> {target.key} ({target.ms:.0f} ms"
                   f"{_show_miss(target)}): {why}{'; forced' if forced else ''}{_show_factors(health)} "

@@ -370,10 +370,10 @@ def test_a_hedged_plan_in_use_is_left_for_local_once_it_no_longer_beats_local_by
                        up_hold_bps=3.6e6, spread=(0.0,) * 10)
     act, st = policy(dip, front, health, on_a, 0.0, config=cfg)
     assert act.switched and act.kind == LOCAL
-    # Its hedge starts at once (it runs every request here already), so leaving it costs no switch:
-    # after two switches this minute a gain of 60 ms a request would not pay for a third.
+    # Leaving it still pays a switch: after two switches this minute, 60 ms a request does not pay a third.
     busy = dataclasses.replace(on_a, recent_s=(-20.0, -10.0))
-    assert policy(dip, front, health, busy, 0.0, config=cfg)[0].kind == LOCAL
+    held, _ = policy(dip, front, health, busy, 0.0, config=cfg)
+    assert held.plan_key == A.key and "saves less than a switch costs" in held.reason
     # The margin both ways, and no flapping: at 10 Mbit/s (~150 ms) the plan is taken back; a plan
     # within the margin of local (345 ms at 5 Mbit/s, its uplink queue included: 0.86 of local) is neither
     # left nor taken.
