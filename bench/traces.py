@@ -41,8 +41,9 @@ shared traces takes about 45 minutes; 0: whole traces).
 [Note: emulated device]
 The device is a reference device of `planner.devices` (`--device`, default `rpi4`): its
 whole-model time is that device's roofline time for the model (ResNet50 on an rpi4: 493 ms,
-14x the 35 ms CPU time that one core of this host takes; real phones and Raspberry Pis are
-10-30x slower than a server core at ResNet50), and the device profile the agent plans with
+5.6x the 88 ms of CPU time one core of this shared host took on one day, 14x the 35 ms on
+another; real phones and Raspberry Pis are 10-30x slower than a server core at ResNet50),
+and the device profile the agent plans with
 says so. At that speed offloading beats local on good stretches of an LTE trace (a 150 kB
 int8 input at 8 Mbit/s is 150 ms on the link) and not on a 1 Mbit/s UMTS one. The device is
 `edge_agent.device.SlowDevice`, as in the demo: one core, on which each piece of the device's
