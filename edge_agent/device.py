@@ -19,7 +19,7 @@ as the call's fixed cost.
 
 A run's CPU time is itself not steady on a shared virtual machine: one single-thread
 ResNet50 run here took 59-103 ms of CPU within one minute (median 80), alone on the host,
-with no hardware counters to count its work instead. Stretched 6-14x, that spread would
+with no hardware counters to count its work instead. Stretched 5-14x, that spread would
 make the device's time wander by hundreds of ms from run to run, and a benchmark's
 strategies would differ by which runs met a busy moment of the host's neighbours. So a
 piece of work that names itself (`key`: an engine and its input shapes) takes factor x
