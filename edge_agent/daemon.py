@@ -303,6 +303,7 @@ class EdgeAgent:
         lines += [f"# TYPE {p}failed_total counter", f"{p}failed_total {c.failed}",
                   f"# TYPE {p}late_dropped_total counter", f"{p}late_dropped_total {c.late_dropped}",
                   f"# TYPE {p}local_dropped_total counter", f"{p}local_dropped_total {c.local_dropped}",
+                  f"# TYPE {p}local_cancelled_total counter", f"{p}local_cancelled_total {c.local_cancelled}",
                   f"# TYPE {p}hedges_total counter", f"{p}hedges_total {c.hedges}",
                   f"# TYPE {p}switches_total counter", f"{p}switches_total {c.switches}",
                   f"# TYPE {p}probes_total counter", f"{p}probes_total {c.probes}",

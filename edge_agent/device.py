@@ -26,7 +26,8 @@ piece of work that names itself (`key`: an engine and its input shapes) takes fa
 its reference CPU time: the median of that key's first `REFERENCE_RUNS` runs, fixed from
 then on. The device's time per piece is then steady, as a real device's is far more than
 a shared host's; a run the host cannot finish within it still takes its wall time. Work
-without a key (an encode) is stretched from its own CPU time.
+without a key (an encode) is stretched from its own CPU time. A cancelled piece
+(`workers.engine.RunCancel`) gives the device back at once, in its work or its stretch.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
+
+from workers.engine import RunCancel
 
 __all__ = ["REFERENCE_RUNS", "SlowDevice", "SlowedEngine"]
 
@@ -88,22 +91,30 @@ class SlowDevice:
             seen.append(cpu_s)
         return statistics.median(seen)
 
-    def run(self, work: Callable[[], T], key: Hashable | None = None) -> tuple[T, float]:
+    def run(self, work: Callable[[], T], key: Hashable | None = None,
+            cancel: RunCancel | None = None) -> tuple[T, float]:
         """`work()` and the ms it took on the emulated device: `factor` x the reference CPU
         time of `key` (or of this run, without a key), or its wall time where that is
-        longer, as when the host is too busy to keep up."""
+        longer, as when the host is too busy to keep up. `cancel` (also `work`'s to honour)
+        frees the device at once: a cancelled run raises `RunCancelledError` while it waits
+        for the device or takes its time, and leaves the reference as it was."""
         if not self.active:
             t, c = time.perf_counter(), time.thread_time()
             out = work()
             self._reference_s(key, time.thread_time() - c)
             return out, (time.perf_counter() - t) * 1e3
         with self._lock:
+            if cancel is not None:
+                cancel.check("the device's work")
             t, c = time.perf_counter(), time.thread_time()
             out = work()
             device_s = self.factor * self._reference_s(key, time.thread_time() - c)
             left = device_s - (time.perf_counter() - t)
             if left > 0:
-                time.sleep(left)
+                if cancel is None:
+                    time.sleep(left)
+                elif cancel.wait(left):
+                    cancel.check("the device's work")
             return out, (time.perf_counter() - t) * 1e3
 
 
@@ -118,9 +129,10 @@ class SlowedEngine:
         self._id = next(_ENGINE_IDS)
         self._last_key: Hashable | None = None
 
-    def run(self, inputs: Mapping[str, np.ndarray], **kw: Any) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], *, cancel: RunCancel | None = None,
+            **kw: Any) -> dict[str, np.ndarray]:
         self._last_key = key = (self._id, tuple((k, np.shape(v)) for k, v in sorted(inputs.items())))
-        out, ms = self._device.run(lambda: self._engine.run(inputs, **kw), key)
+        out, ms = self._device.run(lambda: self._engine.run(inputs, cancel=cancel, **kw), key, cancel)
         self._ms.append(ms)
         if len(self._ms) > _WINDOW:
             del self._ms[: len(self._ms) - _WINDOW]

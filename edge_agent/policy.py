@@ -143,10 +143,15 @@ runner's remote-error, outage and overload tests, the hedge answering first).
 Under an SLO, a local run that lands in time but not with the whole margin keeps what is left
 of it (an rpi4, ResNet50 in 493 ms, under a 600 ms SLO never hedged: slow calls missed it).
 Where the local run cannot land in time even started at once, there is no hedge: the
-remote budget alone decides when to give up on the cloud. The remote call is not
-cancelled: the first valid answer is the request's, the other is dropped and counted
-(`late_dropped`, `local_dropped`), so a request is never answered twice and never left
-without an answer. The hedge is what lets the plan ignore short dips: the few requests
+remote budget alone decides when to give up on the cloud. The hedge starts the tail no
+sooner than the request was sent (`Health.send_ms`: the head and the encode run on the
+device first), so a hedged request answers by the send time plus the tail's time: with
+ResNet50 at an rpi4's speed, int8 of the input took the device 37 ms that the profile's
+figures for a desktop core put at 0.5, and the hedged requests that lost the race answered
+in 531 ms against the local model's 494. The remote call is not cancelled: the first
+valid answer is the request's, the other is dropped and counted (`late_dropped`), or the
+local tail is cancelled (`local_cancelled`; runner.py [Note: local runs cancelled]), so a
+request is never answered twice and never left without an answer. The hedge is what lets the plan ignore short dips: the few requests
 inside a dip are rescued one by one, and the plan moves only for a drop that lasts.
 
 [Note: cloud load]
@@ -241,6 +246,10 @@ class Health:
     inflight: int = 0
     """Requests in flight with this one (0: unknown). A request waits for at most this many less one
     uploads ahead of it; see [Note: closed loop]."""
+    send_ms: Mapping[str, float] = field(default_factory=dict)
+    """Measured ms from a request's start until it was sent, per plan key: the device's head and
+    encode, before which its hedge cannot start the local tail ([Note: hedge]); a missing plan: the
+    profile's head and encode times, scaled as local answers are."""
 
 
 @dataclass(frozen=True)
@@ -364,7 +373,11 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
         if not energy:
-            times = _hedged(times, hi_ms, health.local_ms, cfg)
+            head_ms = b.edge_ms * health.local_factor
+            send_ms = health.send_ms.get(plan.key)
+            if send_ms is None:
+                send_ms = head_ms + (b.tier_codec_ms[0] if b.tier_codec_ms else b.encode_ms) * health.local_factor
+            times = _hedged(times, hi_ms, health.local_ms, cfg, send_ms, head_ms)
         slo = cfg.slo_ms
         miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)
         # [Note: risk] under the latency objective, the hedged requests' mean unless the cloud reported
@@ -386,10 +399,16 @@ def _hedge_start_ms(hi_ms: float, local_ms: float, cfg: PolicyConfig) -> float |
     return 0.0 if hi_ms >= min(latest_ms, local_ms) else latest_ms
 
 
-def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig) -> list[float]:
-    """A remote option's times with its hedge: none later than the local run started when the hedge starts it."""
+def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig, send_ms: float = 0.0,
+            head_ms: float = 0.0) -> list[float]:
+    """A remote option's times with its hedge: none later than its local tail (the whole model's
+    `local_ms` less the head's `head_ms`) started when the hedge starts it, and not before the
+    request was sent (`send_ms`): a hedge at once answers at the send time plus the tail's."""
     start_ms = _hedge_start_ms(hi_ms, local_ms, cfg)
-    return times if start_ms is None else [min(t, start_ms + local_ms) for t in times]
+    if start_ms is None:
+        return times
+    latest = max(start_ms, send_ms) + max(0.0, local_ms - head_ms)
+    return [min(t, latest) for t in times]
 
 
 def _time_terms(b: Breakdown, at_bps: float, rtt_ms: float | None) -> tuple[float, float]:

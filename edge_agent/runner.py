@@ -39,6 +39,19 @@ not a link failure: the gateway answered, quickly, so the breaker records a succ
 (the round trip has no server time to subtract, and a refusal is not a timeout). Counting
 it as a breaker failure would open the breaker for `open_s` instead of the gateway's own
 hint, and would cut the link off on a device whose link is fine.
+
+[Note: local runs cancelled]
+The device runs one thing at a time, so a local run nobody needs delays the next request.
+Two kinds are cancelled (`workers.engine.RunCancel`, [Note: cancelled runs] there):
+* A local tail whose remote answer won the race stops when that answer is delivered. Left
+  to finish, on the LTE trace (ResNet50 at an rpi4's speed) 96 of 108 hedged tails ran on
+  after their remote answer, each holding the device for up to a whole model's time.
+* While the plan in use is local, the whole model starts before the policy decides, so the
+  decision's time (0.1-0.4 ms here on a two-plan frontier; more on a slower CPU and a larger
+  frontier) overlaps the run instead of preceding it; if the policy sends the request to the
+  cloud after all (a switch, a trial or a probe) the run is cancelled before the head starts.
+Either way `local_cancelled` counts it; a tail that finished before its cancel is
+`local_dropped`.
 """
 
 from __future__ import annotations
@@ -50,7 +63,6 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +74,7 @@ from cluster.protocol.lossy import IMAGE_FORMATS, ImageNorm
 from cluster.protocol.messages import InferRequest
 from cluster.protocol.tensors import EncodedTensor
 from edge_agent import breaker as B
+from edge_agent.answers import Answer, Counters
 from edge_agent.cloud_load import CloudLoad
 from edge_agent.config import EdgeConfig
 from edge_agent.engines import DEFAULT_LINK_RANGE, CutEngines, ModelSet
@@ -82,69 +95,18 @@ from edge_agent.policy import (
 from edge_agent.probing import LinkProbing
 from planner import Encoding, Frontier
 from planner.costmodel import remote_budget_ms
-from workers.errors import InputError, WorkerError
+from workers.engine import RunCancel
+from workers.errors import InputError, RunCancelledError, WorkerError
 
 __all__ = ["Answer", "Counters", "Runner"]
 
 logger = logging.getLogger(__name__)
-_WINDOW = 2048
 _STALL_CHECK_S = 0.2
 """How often an overdue transfer re-checks whether it bounds the link rate."""
 _RECORD = 32
 """Remote answers per plan the hedge's record keeps."""
 _FACTOR_ALPHA = 0.3
 _FACTOR_RANGE = {"local": (0.5, 4.0), "remote": (0.5, 3.0)}
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What the app gets back."""
-
-    request_id: str
-    outputs: Mapping[str, np.ndarray]
-    served_by: str
-    """'remote', 'local' (whole model) or 'local_tail' (head here, tail here after a remote failure)."""
-    cut_id: str
-    """The cut used ('' when the whole model ran locally)."""
-    latency_ms: float
-    fallback_reason: str = ""
-    """Why a request planned for the cloud finished locally."""
-    encoding: str = "fp32"
-    """How the boundary crossed the link (`planner.Encoding.key`) when the cloud answered;
-    fp32 otherwise (a local tail reads the head's own output)."""
-
-
-@dataclass
-class Counters:
-    requests: int = 0
-    answered: int = 0
-    failed: int = 0
-    remote: int = 0
-    local: int = 0
-    local_tail: int = 0
-    late_dropped: int = 0
-    """Remote answers that came after the local one."""
-    local_dropped: int = 0
-    """Local tails whose remote answer won the race."""
-    hedges: int = 0
-    """Requests whose local tail started beside a late remote call (see [Note: hedge] in policy.py)."""
-    remote_errors: dict[str, int] = field(default_factory=dict)
-    switches: int = 0
-    probes: int = 0
-    trials: int = 0
-    """Requests sent remote as trials while local was the plan."""
-    reachability_failures: int = 0
-    """Idle-link health checks that got no answer."""
-    inflight: int = 0
-    latency_ms: dict[str, collections.deque] = field(default_factory=dict)
-
-    def observe(self, served_by: str, ms: float) -> None:
-        self.latency_ms.setdefault(served_by, collections.deque(maxlen=_WINDOW)).append(ms)
-
-    def to_dict(self) -> dict[str, Any]:
-        lat = {k: {"count": len(v), "p50_ms": float(np.percentile(v, 50)), "p90_ms": float(np.percentile(v, 90))}
-               for k, v in self.latency_ms.items() if v}
-        return {k: v for k, v in vars(self).items() if k != "latency_ms"} | {"latency": lat}
 
 
 def _error_kind(e: BaseException) -> str:
@@ -221,6 +183,9 @@ class Runner(LinkProbing):
         """Bandwidth probes in a row that left the plan local; see [Note: probing and the device]."""
         self._answered_ms: dict[str, collections.deque[float]] = {}
         """Measured ms of recent remote answers per plan, for the hedge's record."""
+        self._sent_ms: dict[str, collections.deque[float]] = {}
+        self.send_ms: dict[str, float] = {}
+        """Median ms from a request's start until it was sent, per plan (`Health.send_ms`)."""
         self.offload_enabled = True
         """False: every request runs the whole model here and the link is left alone (no probes or
         checks): the agent as a plain local model server, e.g. as a benchmark's local baseline."""
@@ -275,7 +240,7 @@ class Runner(LinkProbing):
                         local_factor=self.factors["local"], request=request,
                         queue_ms=self.cloud.queue_ms(now_s), refused_until_s=self.cloud.refused_until_s(now_s),
                         unconfirmed=self.cloud.busy_cuts(now_s),
-                        inflight=self.counters.inflight + (0 if request else 1))
+                        inflight=self.counters.inflight + (0 if request else 1), send_ms=self.send_ms)
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)
         if action.switched:
@@ -332,9 +297,10 @@ class Runner(LinkProbing):
         except InputError as e:
             raise RequestError(reason=str(e), fix="match the model's input dtypes and shapes") from e
 
-    async def _run_engine(self, engine: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def _run_engine(self, engine: Any, inputs: Mapping[str, np.ndarray],
+                          cancel: RunCancel | None = None) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: engine.run(inputs, copy=True))
+        return await loop.run_in_executor(self._executor, lambda: engine.run(inputs, copy=True, cancel=cancel))
 
     async def infer(self, inputs: Mapping[str, np.ndarray], *, request_id: str) -> Answer:
         """Answers one request exactly once (an Answer, or the error that is its answer)."""
@@ -343,6 +309,7 @@ class Runner(LinkProbing):
         self.last_activity_s = start
         self.counters.requests += 1
         self.counters.inflight += 1
+        early = self._start_local_early(inputs)
         try:
             action = self.decide(start)
             # Before any await moves the factor; the cloud's queue wait is not scaled by it.
@@ -351,19 +318,42 @@ class Runner(LinkProbing):
             flow = RequestFlow(request_id, fallback_local=self.config.fallback == "local")
             if ce is None:
                 flow.fire("local")
-                return await self._finish_local(flow, inputs, start)
+                return await self._finish_local(flow, inputs, start, None if early is None else early[0])
+            if early is not None:
+                early[1].cancel()
             flow.fire("offload")
             return await self._offload(flow, action, ce, inputs, start, raw_predicted_ms)
         except BaseException:
+            if early is not None:
+                early[1].cancel()
             self.counters.failed += 1
             raise
         finally:
             self.counters.inflight -= 1
             self.last_activity_s = time.monotonic()
 
-    async def _finish_local(self, flow: RequestFlow, inputs: Mapping[str, np.ndarray], start: float) -> Answer:
+    def _start_local_early(self, inputs: Mapping[str, np.ndarray]
+                           ) -> tuple[asyncio.Future[dict[str, np.ndarray]], RunCancel] | None:
+        """While the plan in use is local, the whole model's run, started before the policy decides
+        and cancelled if it sends the request to the cloud ([Note: local runs cancelled])."""
+        if self.last_action is None or self.last_action.kind != LOCAL:
+            return None
+        cancel = RunCancel()
+        engine = self.models.full
+        run = asyncio.get_running_loop().run_in_executor(
+            self._executor, lambda: engine.run(inputs, copy=True, cancel=cancel))
+
+        def settled(f: asyncio.Future[dict[str, np.ndarray]]) -> None:
+            if not f.cancelled() and isinstance(f.exception(), RunCancelledError):
+                self.counters.local_cancelled += 1
+
+        run.add_done_callback(settled)
+        return run, cancel
+
+    async def _finish_local(self, flow: RequestFlow, inputs: Mapping[str, np.ndarray], start: float,
+                            running: asyncio.Future[dict[str, np.ndarray]] | None = None) -> Answer:
         try:
-            out = await self._run_engine(self.models.full, inputs)
+            out = await (running if running is not None else self._run_engine(self.models.full, inputs))
         except InputError as e:
             flow.fire("local_error")
             raise RequestError(reason=str(e), fix="match the model's input names, dtypes and shapes") from e
@@ -435,12 +425,16 @@ class Runner(LinkProbing):
                     enc = action.encoding.key if by == "remote" else "fp32"
                     answer.set_result(self._answered(rid, {**kept, **value}, by, ce.cut_id, start, why, enc))
 
+        tail_cancel = RunCancel()  # [Note: local runs cancelled] once the remote answer wins
+
         def start_local_tail(why: str) -> None:
             async def tail() -> None:
                 try:
-                    out = await self._run_engine(ce.tail, boundary)
+                    out = await self._run_engine(ce.tail, boundary, tail_cancel)
                 except Exception as e:  # noqa: BLE001 - becomes this request's answer
-                    deliver(flow.fire("local_error"), e, "local_tail")
+                    if isinstance(e, RunCancelledError):
+                        self.counters.local_cancelled += 1
+                    deliver(flow.fire("local_error"), e, "local_tail")  # cancelled: answered already
                     return
                 step = flow.fire("local_done")
                 if step.late:
@@ -461,6 +455,9 @@ class Runner(LinkProbing):
         flow.fire("head_done")
         self._last_request = request
         sent_s = time.monotonic()
+        sent = self._sent_ms.setdefault(action.plan_key, collections.deque(maxlen=_RECORD))
+        sent.append((sent_s - start) * 1e3)
+        self.send_ms[action.plan_key] = float(np.median(sent))
         share = self._sharing(sent_s)
         assert self.remote is not None
 
@@ -518,6 +515,8 @@ class Runner(LinkProbing):
                 if step.late:
                     self.counters.late_dropped += 1
                 deliver(step, outs, "remote")
+                if step.delivers:
+                    tail_cancel.cancel()
                 self._answered_ms.setdefault(action.plan_key, collections.deque(maxlen=_RECORD)).append(
                     (now - start) * 1e3)
                 self._observe_latency("remote", (now - start) * 1e3, raw_predicted_ms)

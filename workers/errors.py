@@ -14,6 +14,7 @@ __all__ = [
     "EngineLoadError",
     "EngineRunError",
     "InputError",
+    "RunCancelledError",
     "WorkerError",
 ]
 
@@ -111,6 +112,11 @@ class EngineRunError(WorkerError):
     ) -> None:
         super().__init__(message, model=model, detail=detail)
         self.batch = batch
+
+
+class RunCancelledError(WorkerError):
+    """The run was cancelled (`workers.engine.RunCancel`) before it finished: its caller no
+    longer needs the answer. Not a fault of the model, the device or the request."""
 
 
 # ---------------------------------------------------------------------------------------

@@ -384,3 +384,19 @@ def test_a_hedged_plan_in_use_is_left_for_local_once_it_no_longer_beats_local_by
     assert kept.plan_key == A.key and not kept.switched
     stay, _ = policy(near, front, health, PolicyState(current=LOCAL, switched_s=-100.0), 0.0, config=cfg)
     assert stay.kind == LOCAL
+
+
+def test_a_hedge_is_priced_from_when_the_request_was_sent():
+    """The hedge starts the local tail no sooner than the request was sent: on the device the
+    encode comes first. Cloud-only at 10 Mbit/s half the time (~150 ms) and 1 Mbit/s the other
+    half (~1.2 s, raced at once by the 400 ms local run): sent at once, its raced requests
+    answer at 400 ms, a mean of 275 that beats local by the margin. Sent after 150 ms of
+    encoding, they answer at 550 ms, a mean of 350 that does not (the margin is 15 %)."""
+    est = LinkEstimate(up_bps=10e6, down_bps=40e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
+                       up_hold_bps=10e6, spread=(0.0,) * 5 + (math.log(0.1),) * 5)
+    front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
+    cfg = PolicyConfig(slo_ms=1000.0)
+    quick, _ = policy(est, front, Health(local_ms=400.0), PolicyState(), 0.0, config=cfg)
+    assert quick.plan_key == A.key and "remote 275 ms" in quick.reason
+    slow, _ = policy(est, front, Health(local_ms=400.0, send_ms={A.key: 150.0}), PolicyState(), 0.0, config=cfg)
+    assert slow.kind == LOCAL and "remote 350 ms" in slow.reason

@@ -129,6 +129,41 @@ def test_a_keyed_piece_takes_factor_times_its_reference_not_its_own_cpu_time() -
     assert other_ms < short_ms / 2
 
 
+def test_a_cancelled_piece_frees_the_device_at_once_and_leaves_the_reference() -> None:
+    import threading
+
+    from edge_agent.device import REFERENCE_RUNS, SlowDevice
+    from workers.engine import RunCancel
+    from workers.errors import RunCancelledError
+
+    dev = SlowDevice(1.0)
+    for _ in range(REFERENCE_RUNS):
+        dev.run(lambda: _spin(0.002), key="k")
+    ref = dev.reference_cpu_ms("k")
+    dev.set_factor(60_000.0)  # a piece of "k" now takes minutes
+    started, cancel, raised = threading.Event(), RunCancel(), []
+
+    def piece() -> None:
+        try:
+            dev.run(lambda: started.set(), key="k", cancel=cancel)
+        except RunCancelledError as e:
+            raised.append(e)
+
+    th = threading.Thread(target=piece)
+    th.start()
+    assert started.wait(10)
+    cancel.cancel()
+    th.join(30)
+    assert not th.is_alive() and len(raised) == 1  # out of its stretch, with the cancel's error
+    assert dev.reference_cpu_ms("k") == ref
+    ran = []
+    with pytest.raises(RunCancelledError):  # cancelled before it starts: the work never runs
+        dev.run(lambda: ran.append(1), key="k", cancel=cancel)
+    assert ran == []
+    dev.set_factor(1.0)
+    assert dev.run(lambda: "next", key="k")[0] == "next"  # the device is free
+
+
 def test_a_slowed_engine_keys_its_runs_by_engine_and_shapes(tmp_path) -> None:
     import numpy as np
     import onnx

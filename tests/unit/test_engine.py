@@ -399,3 +399,44 @@ def test_shared_weights_are_released_with_the_last_engine(tmp_path):
     del a, b
     gc.collect()
     assert live_weight_sets() == before
+
+
+# -- cancelled runs ([Note: cancelled runs]) ----------------------------------------------
+
+
+def _slow_matmul_model(path: str, *, rows: int = 512, width: int = 1024, depth: int = 12) -> None:
+    """A chain of `depth` [rows, width] x [width, width] products: seconds of one thread's work."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((width, width), 1.0 / width, np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}" if i < depth - 1 else "y"])
+             for i in range(depth)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def test_a_cancelled_run_stops_in_progress_and_the_engine_serves_on(tmp_path, cache_dir) -> None:
+    import threading
+
+    from workers.engine import RunCancel
+    from workers.errors import RunCancelledError
+
+    path = str(tmp_path / "chain.onnx")
+    _slow_matmul_model(path)
+    eng = Engine(path, EngineConfig(intra_op_threads=1, batch_buckets=(1,), dynamic_batch=False, warmup_runs=0,
+                                    cache_dir=cache_dir))
+    try:
+        x = {"x": np.ones((512, 1024), np.float32)}
+        cancel = RunCancel()
+        timer = threading.Timer(0.03, cancel.cancel)  # well inside a run of 6 GMAC on one thread
+        timer.start()
+        with pytest.raises(RunCancelledError, match="cancelled"):
+            eng.run(x, cancel=cancel)
+        timer.join()
+        with pytest.raises(RunCancelledError):  # a run whose cancel is set never starts
+            eng.run(x, cancel=cancel)
+        out = eng.run({"x": np.ones((512, 1024), np.float32)}, cancel=RunCancel())  # and the engine runs on
+        np.testing.assert_allclose(out["y"], 1.0, rtol=1e-4)
+    finally:
+        eng.close()
