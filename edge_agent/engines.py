@@ -234,6 +234,12 @@ class ModelSet:
             return None
         if cut.key in self.cuts:
             return self.cuts[cut.key]
+        if not cut.device:
+            # The empty cut's tail is the whole model, already loaded: one copy of its weights, and
+            # one reference time on the emulated device ([Note: time-scaled device]).
+            ce = CutEngines(cut.key, None, self.full, self.input_names, ())
+            self.cuts[cut.key] = ce
+            return ce
         paths = {k: self.cache.segment_path(self.model, self.version, cut.key, k) for k in ("head", "tail")}
         meta_path = os.path.join(os.path.dirname(paths["tail"]), "cut.json")
         if not (os.path.exists(paths["tail"]) and os.path.exists(meta_path)):
@@ -261,7 +267,8 @@ class ModelSet:
         `runs` runs on zeros, the engines taking turns, so that a busy spell of the host falls on all
         of them alike and a cut's head and tail keep their share of the whole model's time. The
         engines' run times (`stats()`) start afresh."""
-        engines = [self.full] + [e for ce in self.cuts.values() for e in (ce.head, ce.tail) if e is not None]
+        engines = list({id(e): e for ce in self.cuts.values() for e in (self.full, ce.head, ce.tail)
+                        if e is not None}.values()) or [self.full]
         feeds = [_zeros(e) for e in engines]
         factor = self.device.factor
         self.device.set_factor(1.0)  # at this host's speed: the references are CPU times
@@ -279,5 +286,6 @@ class ModelSet:
         for ce in self.cuts.values():
             if ce.head is not None:
                 ce.head.close()
-            ce.tail.close()
+            if ce.tail is not self.full:
+                ce.tail.close()
         self.full.close()

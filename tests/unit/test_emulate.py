@@ -334,6 +334,10 @@ def test_settling_the_device_takes_every_engines_reference_at_this_hosts_speed(t
     models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model="m", version="1", device=device)
     ce = models.load_cut(Cut(frozenset({models.graph.layers[0].id})))
     assert ce is not None and ce.head is not None
+    # The empty cut's tail is the whole model's engine: one copy of the weights, one reference time.
+    cloud_only = models.load_cut(Cut(frozenset()))
+    assert cloud_only is not None and cloud_only.head is None and cloud_only.tail is models.full
+    assert cloud_only.boundary == models.input_names and cloud_only.head_model_outputs == ()
     t = time.perf_counter()
     models.settle_device()
     engines = (models.full, ce.head, ce.tail)
