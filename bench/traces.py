@@ -312,7 +312,7 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
     from edge_agent.engines import time_engine_ms
     from splitinfer.netem import load_mahimahi_trace
 
-    trace_up = load_mahimahi_trace(up)
+    trace_up, trace_down = load_mahimahi_trace(up), load_mahimahi_trace(down)
     seconds = args.seconds or trace_up.period_ms / 1e3
     cloud = CloudProcess(root, up, down, args.rtt_ms)  # [Note: the cloud's process]; the model installs fast
     cfg = {"gateway": f"127.0.0.1:{cloud.port}", "model": f"{args.model}@1", "apiPort": 0,
