@@ -107,6 +107,8 @@ class RunCancel:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._options: ort.RunOptions | None = None
+        self.started = threading.Event()
+        """Set as the run enters ONNX Runtime, where it no longer holds Python's interpreter lock."""
 
     def cancel(self) -> None:
         with self._lock:
@@ -131,6 +133,7 @@ class RunCancel:
         with self._lock:
             self.check(name)
             self._options = ort.RunOptions()
+            self.started.set()
             return self._options
 
 
