@@ -330,8 +330,9 @@ class Runner(LinkProbing):
         self.last_activity_s = start
         self.counters.requests += 1
         self.counters.inflight += 1
-        early = self._start_local_early(inputs)
+        early = None
         try:
+            early = self._start_local_early(inputs)
             action = self.decide(start)
             # Before any await moves the factor; the cloud's queue wait is not scaled by it.
             raw_predicted_ms = (action.predicted_ms - action.queue_ms) / self.factors["remote"] + action.queue_ms
