@@ -6,17 +6,7 @@ Every `NAME.up`/`NAME.down` pair in `--trace-dir` (default the recorded traces i
 `../shared/traces` next to the checkout, GPL-3.0 data that stays there) is replayed by
 the link emulator (Mahimahi delivery opportunities, `--rtt-ms` added) between an edge
 agent and the real gateway on 127.0.0.1, with an emulated device (a reference device's
-time per run, see [Note: the cloud's process]
-The gateway and the link emulator run in a process of their own (bench/_trace_cloud.py), as
-the cloud and the network are not the device's work: in the agent's process they shared its
-event loop, so every remote call's packets, one callback per delivery opportunity, and the
-gateway's handling of it held up the answers of the requests running locally meanwhile. On
-the LTE trace ours' local answers took 494.5 ms at the median against edge-only's 494.2, the
-same model on the same emulated device. The agent reaches the emulator over loopback TCP as
-it would a network; between turns the bench drives the link through the emulator's control
-API.
-
-[Note: emulated device]). An open-loop app sends one frame every
+time per run, see [Note: emulated device]). An open-loop app sends one frame every
 1/fps s, fps being 80 % of what the emulated device sustains locally (`--fps` sets it).
 Strategies take turns on the same trace window (the traces restart at time 0 for each,
 and each turn begins as the daemon does, with one link probe, on a fresh runner), so they
@@ -47,6 +37,17 @@ each of ours' requests with its decision (plan, predicted and pessimistic ms, pr
 chance of a miss), to read its tail against what was predicted. `--seconds N` cuts each
 trace to its first N seconds (default 60, times 3 rounds: a default run over the three
 shared traces takes about 45 minutes; 0: whole traces).
+
+[Note: the cloud's process]
+The gateway and the link emulator run in a process of their own (bench/_trace_cloud.py), as
+the cloud and the network are not the device's work: in the agent's process they shared its
+event loop and its interpreter lock, so every remote call's packets (one callback per
+delivery opportunity) and the gateway's handling of it ran between the agent's own steps.
+That was not what made ours' local answers slower than edge-only's (0.27 ms at the median
+on LTE, the same with the cloud moved out: the decision ran before the local run; see
+[Note: local runs cancelled] in edge_agent/runner.py), but no strategy now pays for the
+cloud's work in the device's time. The agent reaches the emulator over loopback TCP as it
+would a network; between turns the bench drives the link through the emulator's control API.
 
 [Note: emulated device]
 The device is a reference device of `planner.devices` (`--device`, default `rpi4`): its

@@ -20,8 +20,9 @@ place], [Note: outputs placed]), through bindings that the bucket keeps beside i
 A run given a :class:`RunCancel` stops when another thread cancels it: ONNX Runtime's
 ``RunOptions.terminate`` ends a run in progress within a kernel (a ResNet50 run cancelled
 20 ms in returned after 21-22 ms), and a run not yet started never starts. It raises
-:class:`RunCancelledError`. The edge agent cancels the local run of a request that the
-cloud has answered first, so the device is free for the next one.
+:class:`RunCancelledError`. The edge agent cancels a local run nobody needs (a tail whose
+remote answer came first, a run started before the policy sent its request to the cloud),
+so the device is free for the next request.
 
 [Note: dynamic batching]
 Batch dimension 0 is made symbolic offline and Reshape constants with a hard-coded
