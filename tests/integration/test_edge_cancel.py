@@ -32,6 +32,14 @@ def _setup(tmp_path):
     return path, models, cut, x, ref
 
 
+def _runner(tmp_path, models, cut, path, remote_timeout_ms: float):
+    """A runner over a 100 Mbit/s link to a tail backend; the whole model claimed at 1 s, so it offloads."""
+    return runner_over_link(models, fixed_frontier(models.graph, cut), path, cut.key, tmp_path / "server-cache",
+                            LinkSetting.from_mbps(100, 100, 2),
+                            {"model": f"{MODEL}@{VERSION}", "remoteTimeoutMs": remote_timeout_ms,
+                             "cacheDir": str(tmp_path / "cache"), "breakerFailures": 100}, local_ms=1000.0)
+
+
 async def _settled(counters: Counters, name: str) -> int:
     for _ in range(250):
         if getattr(counters, name):
@@ -48,11 +56,7 @@ def test_a_local_tail_is_cancelled_when_the_remote_answer_wins(tmp_path):
         ce.tail.run({n: head[n] for n in ce.boundary}, copy=True)
 
     async def go():
-        async with runner_over_link(models, fixed_frontier(models.graph, cut), path, cut.key,
-                                    tmp_path / "server-cache", LinkSetting.from_mbps(100, 100, 2),
-                                    {"model": f"{MODEL}@{VERSION}", "remoteTimeoutMs": 200,
-                                     "cacheDir": str(tmp_path / "cache"), "breakerFailures": 100},
-                                    local_ms=1000.0) as (runner, backend, _):
+        async with _runner(tmp_path, models, cut, path, 200) as (runner, backend, _):
             await runner.infer({"x": x}, request_id="warm")
             runner.counters = Counters()
             # Every device run now takes TAIL_DEVICE_MS / the tail's reference CPU time x its own reference.
@@ -75,11 +79,7 @@ def test_an_early_local_run_is_cancelled_when_the_policy_offloads(tmp_path):
     path, models, cut, x, ref = _setup(tmp_path)
 
     async def go():
-        async with runner_over_link(models, fixed_frontier(models.graph, cut), path, cut.key,
-                                    tmp_path / "server-cache", LinkSetting.from_mbps(100, 100, 2),
-                                    {"model": f"{MODEL}@{VERSION}", "remoteTimeoutMs": 5000,
-                                     "cacheDir": str(tmp_path / "cache"), "breakerFailures": 100},
-                                    local_ms=1000.0) as (runner, backend, _):
+        async with _runner(tmp_path, models, cut, path, 5000) as (runner, _, _):
             runner.offload_enabled = False  # the plan in use becomes local
             local = await runner.infer({"x": x}, request_id="local")
             early_after_local = runner.counters.local_cancelled
