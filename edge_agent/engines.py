@@ -267,8 +267,8 @@ class ModelSet:
         `runs` runs on zeros, the engines taking turns, so that a busy spell of the host falls on all
         of them alike and a cut's head and tail keep their share of the whole model's time. The
         engines' run times (`stats()`) start afresh."""
-        engines = list({id(e): e for ce in self.cuts.values() for e in (self.full, ce.head, ce.tail)
-                        if e is not None}.values()) or [self.full]
+        engines = [self.full]  # the empty cut's tail is this one ([Note: time-scaled device])
+        engines += [e for ce in self.cuts.values() for e in (ce.head, ce.tail) if e is not None and e is not self.full]
         feeds = [_zeros(e) for e in engines]
         factor = self.device.factor
         self.device.set_factor(1.0)  # at this host's speed: the references are CPU times

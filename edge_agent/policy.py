@@ -151,8 +151,9 @@ figures for a desktop core put at 0.5, and the hedged requests that lost the rac
 in 531 ms against the local model's 494. The remote call is not cancelled: the first
 valid answer is the request's, the other is dropped and counted (`late_dropped`), or the
 local tail is cancelled (`local_cancelled`; runner.py [Note: local runs cancelled]), so a
-request is never answered twice and never left without an answer. The hedge is what lets the plan ignore short dips: the few requests
-inside a dip are rescued one by one, and the plan moves only for a drop that lasts.
+request is never answered twice and never left without an answer. The hedge is what lets
+the plan ignore short dips: the few requests inside a dip are rescued one by one, and the
+plan moves only for a drop that lasts.
 
 [Note: cloud load]
 A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in its own

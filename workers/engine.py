@@ -117,10 +117,6 @@ class RunCancel:
             if self._options is not None:
                 self._options.terminate = True
 
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
     def wait(self, timeout_s: float) -> bool:
         """Sleeps up to `timeout_s`, or until cancelled; True if cancelled."""
         return self._event.wait(timeout_s)
@@ -353,14 +349,9 @@ class Engine:
     def _execute(self, bucket: Bucket, binding: ort.IOBinding | None = None, cancel: RunCancel | None = None) -> None:
         t = time.perf_counter()
         bucket.push_inputs()
+        options = None if cancel is None else cancel.run_options(self.name)
         try:
-            if cancel is None:
-                self._session.run_with_iobinding(bucket.binding if binding is None else binding)
-            else:
-                self._session.run_with_iobinding(bucket.binding if binding is None else binding,
-                                                 cancel.run_options(self.name))
-        except RunCancelledError:
-            raise
+            self._session.run_with_iobinding(bucket.binding if binding is None else binding, options)
         except Exception as e:  # noqa: BLE001
             if cancel is not None:
                 cancel.check(self.name)  # terminated by its cancel: not a fault
@@ -544,11 +535,9 @@ class Engine:
         with self._lock:
             self._check_open()
             t = time.perf_counter()
+            options = None if cancel is None else cancel.run_options(self.name)
             try:
-                outs = self._session.run(self._output_names, feed,
-                                         None if cancel is None else cancel.run_options(self.name))
-            except RunCancelledError:
-                raise
+                outs = self._session.run(self._output_names, feed, options)
             except Exception as e:  # noqa: BLE001 - ORT's error types are not public
                 if cancel is not None:
                     cancel.check(self.name)  # terminated by its cancel: not a fault

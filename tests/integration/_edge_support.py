@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from cluster.errors import Unauthenticated, UnknownModelError, Unavailable
 from cluster.gateway import Gateway, LocalPoolFactory
@@ -24,11 +25,13 @@ from cluster.protocol.messages import ArtifactsResponse, InferRequest, InferResp
 from cluster.protocol.tensors import EncodedTensor
 from cluster.registry import Registry
 from cluster.server import serve
+from edge_agent.cache import ArtifactCache
 from edge_agent.config import config_from_dict
 from edge_agent.daemon import EdgeAgent
+from edge_agent.engines import ModelSet
 from edge_agent.runner import Runner
 from edge_agent.transport import connect
-from partitioner import Cut, Splitter, boundary, candidate_cuts
+from partitioner import Cut, Splitter, boundary, candidate_cuts, prefix_cut
 from planner import Encoding, Frontier, FrontierEntry, Link, LinkRange, Objective, Plan, evaluate, make_flops_profile
 from splitinfer.netem import LinkEmulator
 from tests.onnx_models import conv_bn_relu_chain, write
@@ -39,6 +42,18 @@ MODEL, VERSION = "chain", "1"
 
 def write_model(tmp_path) -> str:
     return write(conv_bn_relu_chain(3), os.path.join(str(tmp_path), "model.onnx"))
+
+
+def one_cut(tmp_path) -> tuple[str, Any, Cut, np.ndarray, np.ndarray]:
+    """The chain model written under `tmp_path`, a ModelSet of it with its one-layer cut loaded, an
+    input and ONNX Runtime's output for it: (path, models, cut, x, reference y)."""
+    path = write_model(tmp_path)
+    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model=MODEL, version=VERSION)
+    cut = prefix_cut(models.graph, 1)
+    models.load_cut(cut)
+    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return path, models, cut, x, ref
 
 
 class TailBackend:

@@ -6,30 +6,16 @@ answer either way, the cloud's."""
 import asyncio
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-from edge_agent.cache import ArtifactCache
-from edge_agent.engines import ModelSet
 from edge_agent.runner import Counters
-from partitioner import prefix_cut
 from splitinfer.netem import LinkSetting
-from tests.integration._edge_support import MODEL, VERSION, fixed_frontier, runner_over_link, write_model
+from tests.integration._edge_support import MODEL, VERSION, fixed_frontier, one_cut, runner_over_link
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
 
 TAIL_DEVICE_MS = 2000.0
 """What the emulated device takes for the cut's tail: far longer than the cloud's answer."""
-
-
-def _setup(tmp_path):
-    path = write_model(tmp_path)
-    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model=MODEL, version=VERSION)
-    cut = prefix_cut(models.graph, 1)
-    models.load_cut(cut)
-    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
-    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    return path, models, cut, x, ref
 
 
 def _runner(tmp_path, models, cut, path, remote_timeout_ms: float):
@@ -49,7 +35,7 @@ async def _settled(counters: Counters, name: str) -> int:
 
 
 def test_a_local_tail_is_cancelled_when_the_remote_answer_wins(tmp_path):
-    path, models, cut, x, ref = _setup(tmp_path)
+    path, models, cut, x, ref = one_cut(tmp_path)
     ce = models.cuts[cut.key]
     for _ in range(9):  # the head's and the tail's reference times at this host's speed
         head = ce.head.run({"x": x}, copy=True)
@@ -76,7 +62,7 @@ def test_a_local_tail_is_cancelled_when_the_remote_answer_wins(tmp_path):
 
 
 def test_an_early_local_run_is_cancelled_when_the_policy_offloads(tmp_path):
-    path, models, cut, x, ref = _setup(tmp_path)
+    path, models, cut, x, ref = one_cut(tmp_path)
 
     async def go():
         async with _runner(tmp_path, models, cut, path, 5000) as (runner, _, _):

@@ -5,7 +5,6 @@ is dropped and counted; exactly one answer either way."""
 import asyncio
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from cluster.protocol.tensors import EncodedTensor
@@ -15,7 +14,7 @@ from edge_agent.engines import ModelSet
 from edge_agent.runner import Counters, Runner
 from partitioner import prefix_cut
 from splitinfer.netem import LinkSetting
-from tests.integration._edge_support import MODEL, VERSION, fixed_frontier, runner_over_link, write_model
+from tests.integration._edge_support import MODEL, VERSION, fixed_frontier, one_cut, runner_over_link, write_model
 
 pytestmark = [pytest.mark.grpc, pytest.mark.timeout(120)]
 
@@ -23,11 +22,7 @@ SLO_MS = 400.0
 
 
 def test_a_late_remote_answer_is_raced_by_the_local_tail_before_the_deadline(tmp_path):
-    path = write_model(tmp_path)
-    models = ModelSet(path, cache=ArtifactCache(str(tmp_path / "cache")), model=MODEL, version=VERSION)
-    cut = prefix_cut(models.graph, 1)
-    models.load_cut(cut)
-    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    path, models, cut, x, ref = one_cut(tmp_path)
     # The local tail's measured time (what the hedge and the budget count on): a few ms here, while
     # the whole model is claimed at 1 s so that the policy offloads.
     ce = models.cuts[cut.key]
@@ -35,7 +30,6 @@ def test_a_late_remote_answer_is_raced_by_the_local_tail_before_the_deadline(tmp
     for _ in range(3):
         ce.tail.run({n: head[n] for n in ce.boundary}, copy=True)
     assert ce.tail.stats().median_ms < 100
-    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
     async def go():
         async with runner_over_link(models, fixed_frontier(models.graph, cut), path, cut.key,
