@@ -283,6 +283,10 @@ class Action:
     (the hedge starts the local run when the remote answer is later); see [Note: hedge]."""
     miss: float = 0.0
     """Predicted chance that this option misses the SLO; see [Note: risk]."""
+    model_ms: float = math.inf
+    """The remote option's mean ms at the link's measured level (not the held rate) before
+    `Health.remote_factor`: what that factor is learnt against (runner.py [Note: measured
+    correction]); inf for local."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -335,6 +339,7 @@ class _Option:
     queue_ms: float = 0.0
     hi_ms: float = math.inf
     miss: float = 0.0
+    model_ms: float = math.inf
 
 
 def _refused(health: Health, cut_id: str, now_s: float) -> bool:
@@ -371,6 +376,8 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         f = health.remote_factor
         times = [(base_ms + hop_ms / r) * f + wait_ms for r in rates]
         ms = sum(times) / len(times)
+        level = (est.up_bps or up) / up  # below 1 while a drop is held ([Note: held rate and spread])
+        model_ms = sum(base_ms + hop_ms / (r * level) for r in rates) / len(rates) + wait_ms
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
         if not energy:
@@ -385,7 +392,7 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # this cut's pool busy; then the plan's own mean (a hedge at once would also load that pool).
         priced = times if cut_id not in health.unconfirmed else own
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else sum(priced) / len(priced)
-        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss))
+        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss, model_ms))
     return out
 
 
@@ -522,7 +529,7 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
 
     def act(o: _Option, reason: str, switched: bool, probe: bool = False, trial: bool = False) -> Action:
         return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe, trial,
-                      o.queue_ms, o.hi_ms, o.miss)
+                      o.queue_ms, o.hi_ms, o.miss, o.model_ms)
 
     if health.probe and health.request and best_remote is not None and (
             not math.isfinite(local.ms) or best_remote.cost <= local.cost):

@@ -24,10 +24,18 @@ The policy's predictions come from profiles, and the agent's own work per reques
 (the CPU quota shared by requests in flight, decoding, gRPC) is not in them: measured
 local answers took about twice the profile's time in the demo. So the runner keeps,
 per path, an EWMA of measured/predicted latency (local: whole-model answers against
-the profile's time; remote: remote answers against the action's prediction) and the
-policy scales its predictions by them. The remote ratio restarts at 1 when the link
-monitor detects a step, so the lag of the estimate behind a step is not learnt as a
-bias and then counted twice.
+the profile's time; remote: remote answers against `Action.model_ms`) and the policy
+scales its predictions by them. The remote ratio restarts at 1 when the link monitor
+detects a step, so the lag of the estimate behind a step is not learnt as a bias and
+then counted twice. For the same reason `model_ms` prices the plan at the link's
+measured level, not at the rate the policy plans with: that rate holds a drop off for
+`hold_s` (see [Note: held rate and spread] in edge_agent/monitor.py), and remote answers
+measured against it learnt the drop as the cloud path's own slowness, which then stayed
+in every remote time after the hold ended. In the demo a probe during the model's
+download read 50 Mbit/s; at the trace's 18.9 the step was detected within a second, but
+the held rate priced the 3-layer cut at 52 ms for the next 2 s while it answered in 110:
+the ratio reached 1.9, and the agent left the split, priced then at 159 ms against local's
+135, in 6 of 9 runs.
 
 [Note: refusal]
 A RESOURCE_EXHAUSTED from the gateway is its admission control refusing load, at once:
@@ -334,8 +342,6 @@ class Runner(LinkProbing):
         try:
             early = self._start_local_early(inputs)
             action = self.decide(start)
-            # Before any await moves the factor; the cloud's queue wait is not scaled by it.
-            raw_predicted_ms = (action.predicted_ms - action.queue_ms) / self.factors["remote"] + action.queue_ms
             ce = self.models.cuts.get(action.cut_id) if action.kind != LOCAL else None
             flow = RequestFlow(request_id, fallback_local=self.config.fallback == "local")
             if ce is None:
@@ -344,7 +350,7 @@ class Runner(LinkProbing):
             if early is not None:
                 early[1].cancel()
             flow.fire("offload")
-            return await self._offload(flow, action, ce, inputs, start, raw_predicted_ms)
+            return await self._offload(flow, action, ce, inputs, start)
         except BaseException:
             if early is not None:
                 early[1].cancel()
@@ -418,7 +424,7 @@ class Runner(LinkProbing):
                             device_id=self._device_id)
 
     async def _offload(self, flow: RequestFlow, action: Action, ce: CutEngines,
-                       inputs: Mapping[str, np.ndarray], start: float, raw_predicted_ms: float) -> Answer:
+                       inputs: Mapping[str, np.ndarray], start: float) -> Answer:
         rid = flow.request_id
         if ce.head is not None:
             try:
@@ -542,7 +548,7 @@ class Runner(LinkProbing):
                     tail_cancel.cancel()
                 self._answered_ms.setdefault(action.plan_key, collections.deque(maxlen=_RECORD)).append(
                     (now - start) * 1e3)
-                self._observe_latency("remote", (now - start) * 1e3, raw_predicted_ms)
+                self._observe_latency("remote", (now - start) * 1e3, action.model_ms)
                 if action.trial:
                     self._trial_answered((now - start) * 1e3, step.late)
                 self._estimate_moved()

@@ -351,7 +351,8 @@ def test_a_remote_plan_is_priced_with_its_hedge_under_the_latency_objective():
     front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
     act, _ = policy(est, front, health, PolicyState(), 0.0, config=PolicyConfig(slo_ms=1000.0))
     assert act.plan_key == A.key and act.miss == 0.0
-    assert act.predicted_ms > 300.0  # the remote call's own mean, as the runner's correction compares it
+    assert act.predicted_ms > 300.0  # the remote call's own mean
+    assert act.model_ms == pytest.approx(act.predicted_ms)  # what the runner's correction compares with
     bare, _ = policy(est, front, health, PolicyState(), 0.0, config=PolicyConfig(slo_ms=1000.0, hedge_tail=0.0))
     assert bare.kind == LOCAL
 
@@ -400,3 +401,21 @@ def test_a_hedge_is_priced_from_when_the_request_was_sent():
     assert quick.plan_key == A.key and "remote 275 ms" in quick.reason
     slow, _ = policy(est, front, Health(local_ms=400.0, send_ms={A.key: 150.0}), PolicyState(), 0.0, config=cfg)
     assert slow.kind == LOCAL and "remote 350 ms" in slow.reason
+
+
+def test_the_remote_correction_is_learnt_against_the_level_not_the_held_rate():
+    """The policy plans cloud-only at the held 10 Mbit/s (~150 ms) through a drop to 5 Mbit/s
+    shorter than `hold_s`; its answers then take ~270 ms. Learnt against the held rate's 150 ms,
+    the drop would stay in the remote factor (x1.8) after the hold ends; `model_ms` prices the
+    plan at the level the monitor measures, so the factor sees no error."""
+    est = LinkEstimate(up_bps=5e6, down_bps=20e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
+                       up_hold_bps=10e6, spread=(0.0,) * 10)
+    front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
+    act, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5), PolicyState(), 0.0,
+                    config=PolicyConfig(slo_ms=1000.0))
+    assert act.plan_key == A.key
+    assert act.predicted_ms == pytest.approx(1.5 * (120.0 + 20.0 + 10.0), rel=0.01)  # held, and scaled
+    assert act.model_ms == pytest.approx(240.0 + 20.0 + 10.0, rel=0.01)  # the level, unscaled
+    steady = dataclasses.replace(est, up_bps=10e6)
+    assert policy(steady, front, Health(local_ms=400.0), PolicyState(), 0.0,
+                  config=PolicyConfig(slo_ms=1000.0))[0].model_ms == pytest.approx(150.0, rel=0.01)
