@@ -44,8 +44,9 @@ A decision with `Health.request` False is a re-evaluation without a request (on 
 timer, or when the estimate moved): it may switch, so a step reaches the plan as soon
 as it is detected, but it takes no trial and no breaker probe.
 Predictions are corrected by measurement: `Health.local_ms` is the profile's time times
-the agent's measured/predicted ratio of local answers, and every remote option's time is
-multiplied by `Health.remote_factor`, the same ratio of remote answers.
+the agent's measured/predicted ratio of local answers; a remote option's time is its
+measured send (see [Note: measured send]) and the rest multiplied by `Health.remote_factor`,
+the same ratio of remote answers after their send.
 The cloud's load is in every remote option (see [Note: cloud load]).
 A half-open breaker lets one probe through: that request goes remote without moving
 the state, so recovery is tried without committing to it; but only when the remote plan
@@ -155,6 +156,17 @@ request is never answered twice and never left without an answer. The hedge is w
 the plan ignore short dips: the few requests inside a dip are rescued one by one, and the
 plan moves only for a drop that lasts.
 
+[Note: measured send]
+A remote option's time is the device's part, until the request is sent (the head and the
+boundary's encode), then the rest: the link, the cloud and the answer's decode. The device's
+part is measured per plan (`Health.send_ms`, the median of its recent requests); a plan not
+yet used takes the profile's head and encode, scaled as local answers are. The rest is the
+cost model's, scaled by `Health.remote_factor`, which the runner learns from the time after
+the send only (`Action.model_ms`). Profiles time layers, and a device's codec is priced from
+a desktop core's figures: on an emulated rpi4 the int8 encode of ResNet50's input took 37
+ms where the profile says 0.5. Scaled into the remote factor, such an error also scaled
+every plan's transfer and cloud time, the plans that send no input included.
+
 [Note: cloud load]
 A loaded cloud is seen two ways, per cut (the gateway batches each model@cut in its own
 pool). `Health.queue_ms` is the predicted queue wait of a request sent now at that cut
@@ -249,8 +261,9 @@ class Health:
     uploads ahead of it; see [Note: closed loop]."""
     send_ms: Mapping[str, float] = field(default_factory=dict)
     """Measured ms from a request's start until it was sent, per plan key: the device's head and
-    encode, before which its hedge cannot start the local tail ([Note: hedge]); a missing plan: the
-    profile's head and encode times, scaled as local answers are."""
+    encode, the first part of the plan's time ([Note: measured send]) and before which its hedge
+    cannot start the local tail ([Note: hedge]); a missing plan: the profile's head and encode
+    times, scaled as local answers are."""
 
 
 @dataclass(frozen=True)
@@ -284,9 +297,9 @@ class Action:
     miss: float = 0.0
     """Predicted chance that this option misses the SLO; see [Note: risk]."""
     model_ms: float = math.inf
-    """The remote option's mean ms at the link's measured level (not the held rate) before
-    `Health.remote_factor`: what that factor is learnt against (runner.py [Note: measured
-    correction]); inf for local."""
+    """The remote option's mean ms from the request's send to its answer, at the link's measured
+    level (not the held rate) and before `Health.remote_factor`: what that factor is learnt
+    against (runner.py [Note: measured correction]); inf for local."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -373,18 +386,19 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
         wait_ms += queue_ms
         base_ms, hop_ms = _time_terms(b, up, est.rtt_ms)
+        # [Note: measured send] the device's part, measured; the rest, scaled by the remote factor.
+        head_ms = b.edge_ms * health.local_factor
+        pre_ms = b.edge_ms + (b.tier_codec_ms[0] if b.tier_codec_ms else b.encode_ms)
+        send_ms = health.send_ms.get(plan.key, pre_ms * health.local_factor)
+        after_ms = max(0.0, base_ms - pre_ms)
         f = health.remote_factor
-        times = [(base_ms + hop_ms / r) * f + wait_ms for r in rates]
+        times = [send_ms + (after_ms + hop_ms / r) * f + wait_ms for r in rates]
         ms = sum(times) / len(times)
         level = (est.up_bps or up) / up  # below 1 while a drop is held ([Note: held rate and spread])
-        model_ms = sum(base_ms + hop_ms / (r * level) for r in rates) / len(rates) + wait_ms
+        model_ms = sum(after_ms + hop_ms / (r * level) for r in rates) / len(rates) + wait_ms
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
         if not energy:
-            head_ms = b.edge_ms * health.local_factor
-            send_ms = health.send_ms.get(plan.key)
-            if send_ms is None:
-                send_ms = head_ms + (b.tier_codec_ms[0] if b.tier_codec_ms else b.encode_ms) * health.local_factor
             times = _hedged(times, hi_ms, health.local_ms, cfg, send_ms, head_ms)
         slo = cfg.slo_ms
         miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)

@@ -24,8 +24,9 @@ The policy's predictions come from profiles, and the agent's own work per reques
 (the CPU quota shared by requests in flight, decoding, gRPC) is not in them: measured
 local answers took about twice the profile's time in the demo. So the runner keeps,
 per path, an EWMA of measured/predicted latency (local: whole-model answers against
-the profile's time; remote: remote answers against `Action.model_ms`) and the policy
-scales its predictions by them. The remote ratio restarts at 1 when the link monitor
+the profile's time; remote: the time from a request's send to its answer against
+`Action.model_ms`, the device's own part being measured per plan, see [Note: measured
+send] in policy.py) and the policy scales its predictions by them. The remote ratio restarts at 1 when the link monitor
 detects a step, so the lag of the estimate behind a step is not learnt as a bias and
 then counted twice. For the same reason `model_ms` prices the plan at the link's
 measured level, not at the rate the policy plans with: that rate holds a drop off for
@@ -548,7 +549,7 @@ class Runner(LinkProbing):
                     tail_cancel.cancel()
                 self._answered_ms.setdefault(action.plan_key, collections.deque(maxlen=_RECORD)).append(
                     (now - start) * 1e3)
-                self._observe_latency("remote", (now - start) * 1e3, action.model_ms)
+                self._observe_latency("remote", (now - sent_s) * 1e3, action.model_ms)
                 if action.trial:
                     self._trial_answered((now - start) * 1e3, step.late)
                 self._estimate_moved()
@@ -688,7 +689,7 @@ class Runner(LinkProbing):
             "breaker": self.breaker.state, "offload_enabled": self.offload_enabled,
             "cloud": self.cloud.to_dict(time.monotonic()),
             "local_ms": self.local_ms, "measured_local_ms": self.models.local_ms,
-            "latency_factors": dict(self.factors),
+            "latency_factors": dict(self.factors), "send_ms": dict(self.send_ms),
             "warm_cuts": sorted(k for k in self.models.cuts if k not in self.unusable_cuts),
             "counters": self.counters.to_dict(),
         }

@@ -392,7 +392,8 @@ def test_a_hedge_is_priced_from_when_the_request_was_sent():
     encode comes first. Cloud-only at 10 Mbit/s half the time (~150 ms) and 1 Mbit/s the other
     half (~1.2 s, raced at once by the 400 ms local run): sent at once, its raced requests
     answer at 400 ms, a mean of 275 that beats local by the margin. Sent after 150 ms of
-    encoding, they answer at 550 ms, a mean of 350 that does not (the margin is 15 %)."""
+    encoding, the fast half answers at 300 ms and the raced half at 550 ms, a mean of 425 that
+    does not."""
     est = LinkEstimate(up_bps=10e6, down_bps=40e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
                        up_hold_bps=10e6, spread=(0.0,) * 5 + (math.log(0.1),) * 5)
     front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
@@ -400,7 +401,7 @@ def test_a_hedge_is_priced_from_when_the_request_was_sent():
     quick, _ = policy(est, front, Health(local_ms=400.0), PolicyState(), 0.0, config=cfg)
     assert quick.plan_key == A.key and "remote 275 ms" in quick.reason
     slow, _ = policy(est, front, Health(local_ms=400.0, send_ms={A.key: 150.0}), PolicyState(), 0.0, config=cfg)
-    assert slow.kind == LOCAL and "remote 350 ms" in slow.reason
+    assert slow.kind == LOCAL and "remote 425 ms" in slow.reason
 
 
 def test_the_remote_correction_is_learnt_against_the_level_not_the_held_rate():
@@ -416,6 +417,11 @@ def test_the_remote_correction_is_learnt_against_the_level_not_the_held_rate():
     assert act.plan_key == A.key
     assert act.predicted_ms == pytest.approx(1.5 * (120.0 + 20.0 + 10.0), rel=0.01)  # held, and scaled
     assert act.model_ms == pytest.approx(240.0 + 20.0 + 10.0, rel=0.01)  # the level, unscaled
+    # The device's part is measured ([Note: measured send]): neither scaled nor in `model_ms`.
+    sent, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5, send_ms={A.key: 30.0}), PolicyState(),
+                     0.0, config=PolicyConfig(slo_ms=1000.0))
+    assert sent.predicted_ms == pytest.approx(30.0 + 1.5 * 150.0, rel=0.01)
+    assert sent.model_ms == pytest.approx(act.model_ms)
     steady = dataclasses.replace(est, up_bps=10e6)
     assert policy(steady, front, Health(local_ms=400.0), PolicyState(), 0.0,
                   config=PolicyConfig(slo_ms=1000.0))[0].model_ms == pytest.approx(150.0, rel=0.01)
