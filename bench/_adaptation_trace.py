@@ -10,6 +10,7 @@ import collections
 import contextvars
 import gc
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -22,9 +23,9 @@ RID: contextvars.ContextVar[str] = contextvars.ContextVar("adaptation_request_id
 class Tracer:
     """Per request: where its time went, to tell the agent's own work from the device's queue.
 
-    It wraps, on the runner instance only, the engine dispatch (the time a run waits for an
-    executor thread, its CPU part and its emulated sleep, and the time from its end until the
-    app has the answer), the agent's link work (reachability checks, RTT checks, bandwidth
+    It wraps, on the runner instance only, the device's work (the time each piece waits for an
+    executor thread, its CPU part and its emulated sleep, the engine it ran, and the time from
+    its end until the app has the answer), the agent's link work (reachability checks, RTT checks, bandwidth
     probes, policy evaluations), and samples the event loop's lag and the collector's pauses.
     """
 
@@ -39,28 +40,45 @@ class Tracer:
         self._install(runner)
 
     def _install(self, runner: Any) -> None:
-        loop_executor = runner._executor
+        # Every piece of the device's work goes through `Runner._on_device` (engine runs, the early
+        # local run, the hedge's tail, the boundary's encode); an engine's run names itself.
+        on_device = runner._on_device
+        named = threading.local()
+        models = runner.models
+        engines = {id(e): e for c in models.cuts.values() for e in (c.head, c.tail) if e is not None}
+        engines[id(models.full)] = models.full
+        for engine in engines.values():
+            name = self._names.get(id(engine), "?")
 
-        async def run_engine(engine: Any, inputs: Any) -> Any:
-            rec: dict[str, Any] = {"engine": self._names.get(id(engine), "?"), "call_s": time.monotonic()}
+            def run(*a: Any, _run: Any = engine.run, _name: str = name, **k: Any) -> Any:
+                named.engine = _name
+                return _run(*a, **k)
+
+            engine.run = run
+
+        def traced(work: Any) -> Any:
+            rec: dict[str, Any] = {"engine": "encode", "call_s": time.monotonic()}
             self.runs[RID.get()].append(rec)
 
             def job() -> Any:
+                named.engine = "encode"
                 rec["start_s"] = time.monotonic()
                 cpu_s = time.thread_time()
-                out = engine.run(inputs, copy=True)
-                rec["end_s"] = time.monotonic()
-                # The device's wall time, the CPU time here, and the rest: the stretch and the wait
-                # for the device's one core ([Note: device emulation] in bench.adaptation).
-                run_ms, cpu_ms = (rec["end_s"] - rec["start_s"]) * 1e3, (time.thread_time() - cpu_s) * 1e3
-                rec["run_ms"], rec["cpu_ms"], rec["sleep_ms"] = run_ms, cpu_ms, max(0.0, run_ms - cpu_ms)
-                return out
+                try:
+                    return work()
+                finally:
+                    rec["end_s"] = time.monotonic()
+                    rec["engine"] = named.engine
+                    # The device's wall time, the CPU time here, and the rest: the stretch and the wait
+                    # for the device's one core ([Note: device emulation] in bench.adaptation).
+                    run_ms, cpu_ms = (rec["end_s"] - rec["start_s"]) * 1e3, (time.thread_time() - cpu_s) * 1e3
+                    rec["run_ms"], rec["cpu_ms"], rec["sleep_ms"] = run_ms, cpu_ms, max(0.0, run_ms - cpu_ms)
 
-            out = await asyncio.get_running_loop().run_in_executor(loop_executor, job)
-            rec["resumed_s"] = time.monotonic()
-            return out
+            fut = on_device(job)
+            fut.add_done_callback(lambda _: rec.__setitem__("resumed_s", time.monotonic()))
+            return fut
 
-        runner._run_engine = run_engine
+        runner._on_device = traced
         for name in ("probe", "probe_rtt", "check_reachable"):
             orig = getattr(runner, name)
 
