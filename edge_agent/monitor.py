@@ -128,6 +128,11 @@ class LinkEstimate:
     """Log prediction errors (log rate - log level) of recent transfers, oldest first; empty: a
     point estimate."""
 
+    @property
+    def holding(self) -> bool:
+        """A drop is held: the level is below `up_hold_bps`, the rate plans use."""
+        return self.up_bps is not None and self.up_hold_bps is not None and self.up_bps < self.up_hold_bps
+
     def rates_bps(self) -> tuple[float, ...]:
         """The distribution of the rate the next transfer sees: `up_hold_bps` times each recent
         prediction error; `(up_bps,)` without a spread; () before the first sample."""

@@ -154,7 +154,13 @@ valid answer is the request's, the other is dropped and counted (`late_dropped`)
 local tail is cancelled (`local_cancelled`; runner.py [Note: local runs cancelled]), so a
 request is never answered twice and never left without an answer. The hedge is what lets
 the plan ignore short dips: the few requests inside a dip are rescued one by one, and the
-plan moves only for a drop that lasts.
+plan moves only for a drop that lasts. While a drop is held (the link's level below the rate
+the plan is priced at), a request whose rest after the send, priced at the level, would
+answer after its local run started now races at once: the plan's record predates the drop,
+and without an SLO the last safe moment is the remote budget's. Left to it, on the demo
+trace's step from 18.88 to 1.1 Mbit/s (ResNet50, 222 ms locally, no SLO, a 1.5 s budget)
+the 5 requests sent before the agent left the cloud ran their local runs after 1.2 s each,
+one after the other, and answered in 1.4-2.1 s.
 
 [Note: measured send]
 A remote option's time is the device's part, until the request is sent (the head and the
@@ -658,16 +664,20 @@ def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:
 
 
 def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, local_ms: float,
-                  record_ms: Sequence[float] = (), config: PolicyConfig = PolicyConfig()) -> float:
+                  record_ms: Sequence[float] = (), held_ms: float | None = None,
+                  config: PolicyConfig = PolicyConfig()) -> float:
     """Seconds from now until the local run starts beside the remote call of `action`, for a request
     `elapsed_ms` old whose answer is due `deadline_ms` after its start, when the rest of the model
-    takes `local_ms` here; `record_ms` are recent measured times of remote answers of the same plan.
-    0: at once; inf: no hedge (the local run could not land in time: the remote budget decides).
-    See [Note: hedge]."""
+    takes `local_ms` here; `record_ms` are recent measured times of remote answers of the same plan;
+    `held_ms`, while the link's level is below the held rate, the rest of the request (after its
+    send) priced at that level. 0: at once; inf: no hedge (the local run could not land in time:
+    the remote budget decides). See [Note: hedge]."""
     now_ms = elapsed_ms if config.slo_ms is not None else -math.inf  # a timeout is no promise to race for
     latest_ms = latest_local_start_ms(deadline_ms, local_ms, config.hedge_margin, now_ms)
     if latest_ms <= elapsed_ms:
         return math.inf
+    if held_ms is not None and held_ms >= local_ms:
+        return 0.0  # a held drop: at the link's level the answer comes after a local run started now
     near = config.hedge_tail > 0 and action.hi_ms >= latest_ms
     if near and len(record_ms) >= _HEDGE_RECORD:
         # The plan's own recent answers must agree: a prediction alone may be off (a profile's

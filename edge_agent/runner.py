@@ -31,12 +31,11 @@ restarts at 1 when the link monitor detects a step, so the lag of the estimate b
 step is not learnt as a bias and then counted twice. For the same reason `model_ms` prices the plan at the link's
 measured level, not at the rate the policy plans with: that rate holds a drop off for
 `hold_s` (see [Note: held rate and spread] in edge_agent/monitor.py), and remote answers
-measured against it learnt the drop as the cloud path's own slowness, which then stayed
-in every remote time after the hold ended. In the demo a probe during the model's
-download read 50 Mbit/s; at the trace's 18.9 the step was detected within a second, but
-the held rate priced the 3-layer cut at 52 ms for the next 2 s while it answered in 110:
-the ratio reached 1.9, and the agent left the split, priced then at 159 ms against local's
-135. In 5 of 7 runs the fast phase was served locally after its first 2 s.
+measured against it learnt the drop as the cloud path's own slowness, which stayed in
+every remote time after the hold. In the demo a probe during the model's download read
+50 Mbit/s; at the trace's 18.9 the held rate priced the 3-layer cut at 52 ms for 2 s while
+it answered in 110: the ratio reached 1.9, and the agent left the split (159 ms against
+local's 135). In 5 of 7 runs the fast phase was served locally after its first 2 s.
 
 [Note: refusal]
 A RESOURCE_EXHAUSTED from the gateway is its admission control refusing load, at once:
@@ -588,8 +587,10 @@ class Runner(LinkProbing):
         slo_ms = self.policy_config.slo_ms
         deadline_ms = self.config.remote_timeout_ms if slo_ms is None else slo_ms
         tail_ms = ce.tail.stats().median_ms or self.local_ms * self.factors["local"]
+        held = self.monitor.estimate().holding
         return hedge_delay_s(action, elapsed_ms=(time.monotonic() - start_s) * 1e3, deadline_ms=deadline_ms,
                              local_ms=tail_ms, record_ms=self._answered_ms.get(action.plan_key, ()),
+                             held_ms=action.model_ms * self.factors["remote"] if held else None,
                              config=self.policy_config)
 
     def _trial_answered(self, measured_ms: float, late: bool) -> None:

@@ -50,13 +50,15 @@ def _with_dips(rng, seconds, mean_bps=5.85e6, dip_bps=0.5e6, every_s=5.0, dip_s=
 
 def test_the_held_rate_does_not_chase_one_second_dips_but_the_level_does():
     mon, rng = LinkMonitor(), random.Random(4)
-    held, level = [], []
+    held, level, holding = [], [], []
     for t, r in _with_dips(rng, 30.0):
         mon.observe_rate(r, t)
         est = mon.estimate(t)
         if t >= 2.0:
             held.append(est.up_hold_bps)
             level.append(est.up_bps)
+            holding.append(est.holding)
+    assert holding == [lv < h for lv, h in zip(level, held)] and any(holding)
     assert min(level) < 0.2 * 5.85e6  # the level follows each dip within a sample or two
     assert min(held) > 0.5 * 5.85e6 and max(held) < 2.0 * 5.85e6  # the rate plans use does not
 
@@ -201,6 +203,18 @@ def test_hedge_starts_at_once_when_the_remote_time_nears_the_deadline_else_at_th
     assert hedge_delay_s(risky, elapsed_ms=60.0, deadline_ms=300.0, local_ms=250.0, config=cfg) == math.inf
     # without an SLO the deadline is a timeout: the whole margin or no hedge
     assert hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=PolicyConfig()) == math.inf
+
+
+def test_a_request_sent_into_a_held_drop_races_at_once_when_the_level_makes_it_later_than_local():
+    """No SLO, a 1500 ms remote budget, a 220 ms local tail: normally the hedge waits for the last
+    safe moment (1225 ms), and the plan's fast record (before the drop) would veto a race. While a
+    drop is held, the rest of the request priced at the link's level decides: past the local
+    tail's time it races at once; under it, nothing changes."""
+    act = Action("offload", "c", predicted_ms=120.0, hi_ms=150.0)
+    kw = dict(elapsed_ms=10.0, deadline_ms=1500.0, local_ms=220.0, record_ms=[110.0] * 5, config=PolicyConfig())
+    assert hedge_delay_s(act, **kw) == pytest.approx(1.215)
+    assert hedge_delay_s(act, held_ms=1100.0, **kw) == 0.0
+    assert hedge_delay_s(act, held_ms=150.0, **kw) == pytest.approx(1.215)
 
 
 def test_a_hedged_request_is_answered_once_before_its_deadline_whichever_answer_comes_first():
