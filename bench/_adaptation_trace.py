@@ -25,8 +25,9 @@ class Tracer:
 
     It wraps, on the runner instance only, the device's work (the time each piece waits for an
     executor thread, its CPU part and its emulated sleep, the engine it ran, and the time from
-    its end until the app has the answer), the agent's link work (reachability checks, RTT checks, bandwidth
-    probes, policy evaluations), and samples the event loop's lag and the collector's pauses.
+    its end until the app has the answer), the agent's link work (reachability checks, RTT
+    checks, bandwidth probes, policy evaluations), and samples the event loop's lag and the
+    collector's pauses.
     """
 
     def __init__(self, runner: Any, engine_names: dict[int, str]) -> None:
