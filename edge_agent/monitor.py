@@ -62,9 +62,10 @@ The level follows the link within a sample or two, dips included: on a cellular 
 the 1-second rate moves 5-10x between its 10th and 90th percentiles, and a plan that
 followed every dip would switch every few seconds. So the estimate has two more
 figures, for the policy. `up_hold_bps` is the level, or the level `hold_s` ago where
-that was higher: a drop shorter than `hold_s` is never planned for (the requests
-inside it are covered by the hedge, see [Note: hedge] in edge_agent/policy.py), and a
-step is planned for `hold_s` after the level shows it. A rise is planned for at once.
+that was higher: a drop shorter than `hold_s` never moves the plan in use (the requests
+inside it are covered by the hedge, see [Note: hedge] in edge_agent/policy.py; plans not in
+use are priced at the level, see [Note: risk] there), and a step is planned for `hold_s`
+after the level shows it. A rise is planned for at once.
 `spread` is the log prediction error of each recent transfer (its rate over the level
 just before it: the delivery record of the last `window_s`, at most `window_samples`),
 so `up_hold_bps * exp(spread)` is the distribution of the rate the next transfer will

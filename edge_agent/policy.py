@@ -54,46 +54,48 @@ is predicted to beat local at the estimated link (otherwise the request would pa
 timeout and a local tail for nothing, and the agent's idle link probe tests the link).
 
 [Note: risk]
-A link that varies is a distribution, not a rate. The estimate carries the rate plans
-use (`LinkEstimate.up_hold_bps`, which does not follow drops shorter than the monitor's
-`hold_s`) and the recent transfers' prediction errors (`spread`); see [Note: held rate
-and spread] in edge_agent/monitor.py. Each remote option is priced at every rate of
-`LinkEstimate.rates_bps()`: its first hop's bytes take time inversely to the rate, the
-rest is fixed (the uplink's queue is priced once, at the held rate: a queue forms over
-many transfers). That gives the option's mean time (`ms`, what the objective compares),
-its chance of missing the SLO (`miss`: the share of rates at which it would) and a
-pessimistic time (`hi_ms`: all but `hedge_tail` of its times are shorter, the point at
-which the hedge starts the local run; see [Note: hedge]). Under the latency objective,
-with an SLO the local run can meet, the chance is that of the request with its hedge: no
-time is later than the local run started where the hedge would start it (at once when
-`hi_ms` is past the local time or the last safe moment, else at that moment). Priced
-without it, a plan whose link dips a fifth of the time "missed" a fifth of the SLOs that
-its hedge meets, and on the LTE trace (ResNet50 at an rpi4's speed) the agent stayed
-local, p50 491 ms, where the cloud-only plan with its hedge answered in 308 ms. The cost
-(`cost`, what the objective compares) is a mean time, and which times depends on the
-cloud's load. Unless the cloud reported the cut's pool busy (`Health.unconfirmed`), its
-work is spare (a reported wait is in the times): the plan is priced as the requests its
-hedge makes of it (none later than the local run started where the hedge starts it), and
-with an SLO it must beat local by the `hysteresis` margin to be the target (a hedge that
-starts at once runs the device anyway; the cloud's work is worth a clear gain only), and by
-the same margin to stay in use: against a plan so priced, local counts at that margin of its
-cost. A hedged plan is never dearer than local, so with the usual hysteresis against it a
-device on the plan never left: through the dips of an LTE trace (ResNet50 at an rpi4's speed,
-a steady device) the agent kept cloud-only, raced 35 of 96 requests, and answers queued
-behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7 s (that run also
-started its hedges late, from a tail's time misread, since fixed). Leaving such a plan
-still pays a switch: made free (it runs every request here already), the agent left at
-every LTE dip and came back after it, 6.7 switches a minute against the 6 allowed. On the
-LTE trace (ResNet50 at an rpi4's speed, one core) cloud-only with its hedge answered at
-p50 377 ms and p95 515 ms, local at 506 and 521, and priced at its own times (a fifth of
-its transfers in dips past the local time) the agent stayed local for most requests.
-While the pool is reported busy, the plan costs its own mean: a hedge that
-starts at once is a local run that also loads the pool; priced as the hedged request, a
-busy pool's remote plans cost no more than local, and a fleet's fast devices (phones,
-72 ms locally) kept offloading to the pool that the slow ones need. Local execution is a
-point: it misses always or never. The target is the option with the least chance of a miss, and
-among those within `risk_tie` of it, the cheapest by the objective. With a point estimate
-(no spread) every chance is 0 or 1 and this is rule 1 above.
+A link that varies is a distribution, not a rate. The estimate carries the rate plans use
+(`LinkEstimate.up_hold_bps`, which does not follow drops shorter than the monitor's
+`hold_s`) and the recent transfers' prediction errors (`spread`); see [Note: held rate and
+spread] in edge_agent/monitor.py. The held rate keeps the plan in use through a drop;
+every other remote option is priced at the level (times the same errors). A drop is no
+reason to leave a plan, nor to take one up: priced at the held rate, in bench.adaptation's
+5.85 Mbit/s phase (level 5.8, held at 11.9) cloud-only drew the agent from local (199 ms
+against 261), raced every request sent into the drop, and went back 4 s later. Each remote
+option is priced at every rate of `LinkEstimate.rates_bps()` (so scaled): its first hop's
+bytes take time inversely to the rate, the rest is fixed (the uplink's queue is priced
+once, at the option's rate: a queue forms over many transfers). That gives the option's
+mean time (`ms`, what the objective compares), its chance of missing the SLO (`miss`: the
+share of rates at which it would) and a pessimistic time (`hi_ms`: all but `hedge_tail` of
+its times are shorter, the point at which the hedge starts the local run; see [Note:
+hedge]). Under the latency objective, with an SLO the local run can meet, the chance is
+that of the request with its hedge: no time is later than the local run started where the
+hedge would start it (at once when `hi_ms` is past the local time or the last safe moment,
+else at that moment). Priced without it, a plan whose link dips a fifth of the time
+"missed" a fifth of the SLOs that its hedge meets, and on the LTE trace (ResNet50 at an
+rpi4's speed) the agent stayed local, p50 491 ms, where the cloud-only plan with its hedge
+answered in 308 ms. The cost (`cost`, what the objective compares) is a mean time, and
+which times depends on the cloud's load. Unless the cloud reported the cut's pool busy
+(`Health.unconfirmed`), its work is spare (a reported wait is in the times): the plan is
+priced as the requests its hedge makes of it (none later than the local run started where
+the hedge starts it), and with an SLO it must beat local by the `hysteresis` margin to be
+the target (a hedge that starts at once runs the device anyway; the cloud's work is worth
+a clear gain only), and by the same margin to stay in use: against a plan so priced, local
+counts at that margin of its cost. A hedged plan is never dearer than local, so with the
+usual hysteresis against it a device on the plan never left: through the dips of an LTE
+trace (ResNet50 at an rpi4's speed) the agent kept cloud-only, raced 35 of 96 requests,
+and answers queued behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7
+s. Leaving such a plan still pays a switch: made free, the agent left at every LTE dip and
+came back after it, 6.7 switches a minute against the 6 allowed. Priced at its own times
+(a fifth of its transfers in dips past the local time), cloud-only with its hedge (p50 377
+ms, p95 515; local 506 and 521) lost to local for most requests. While the pool is
+reported busy, the plan costs its own mean: a hedge that starts at once is a local run
+that also loads the pool; priced as the hedged request, a busy pool's remote plans cost no
+more than local, and a fleet's fast devices (phones, 72 ms locally) kept offloading to the
+pool that the slow ones need. Local execution is a point: it misses always or never. The
+target is the option with the least chance of a miss, and among those within `risk_tie` of
+it, the cheapest by the objective. With a point estimate (no spread) every chance is 0 or
+1 and this is rule 1 above.
 Switching is priced in the same terms: a candidate replaces the current option only if
 what it saves over the requests of one dwell (`arrival_rps * dwell_s`, at least one;
 per request its mean ms, plus `slo_ms` per miss avoided) exceeds `switch_cost_ms`
@@ -366,10 +368,11 @@ def _refused(health: Health, cut_id: str, now_s: float) -> bool:
 
 
 def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: PolicyConfig,
-                    energy: bool, now_s: float) -> list[_Option]:
+                    energy: bool, now_s: float, current: str) -> list[_Option]:
     lr = front.link_range
     up = est.up_hold_bps or est.up_bps or cfg.initial_up_bps or math.sqrt(lr.up_lo_bps * lr.up_hi_bps)
     rates = est.rates_bps() or (up,)
+    level = (est.up_bps or up) / up  # below 1 while a drop is held ([Note: held rate and spread])
     out = []
     for entry in front.entries:
         plan = entry.plan
@@ -378,11 +381,14 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         cut_id = plan.cut.key
         if health.warm_cuts is not None and cut_id not in health.warm_cuts or _refused(health, cut_id, now_s):
             continue
+        # [Note: risk] the held rate keeps the plan in use; any other is priced at the level.
+        k = 1.0 if plan.key == current else level
+        at = up * k
         # A one-entry frontier rescales this plan's own breakdown to the estimated link.
-        p = dataclasses.replace(front, entries=(entry,)).plan_at(up)
+        p = dataclasses.replace(front, entries=(entry,)).plan_at(at)
         b = p.breakdown
         # The uplink serves every request's boundary in turn: an M/D/1 queue at this load, at the
-        # held rate (a queue forms over many transfers, so over the rate they share).
+        # plan's rate (a queue forms over many transfers, so over the rate they share).
         util = health.arrival_rps * b.uplink_ms / 1e3
         ahead_ms = (health.inflight - 1) * b.uplink_ms if health.inflight > 0 else math.inf  # [Note: closed loop]
         if util >= _MAX_UTILISATION and not math.isfinite(ahead_ms):
@@ -391,16 +397,15 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # The cloud's own figure, so not scaled by the agent's measured/predicted ratio.
         queue_ms = max(0.0, health.queue_ms.get(cut_id, 0.0) - b.queue_ms)  # [Note: cloud load]
         wait_ms += queue_ms
-        base_ms, hop_ms = _time_terms(b, up, est.rtt_ms)
+        base_ms, hop_ms = _time_terms(b, at, est.rtt_ms)
         # [Note: measured send] the device's part, measured; the rest, scaled by the remote factor.
         head_ms = b.edge_ms * health.local_factor
         pre_ms = b.edge_ms + (b.tier_codec_ms[0] if b.tier_codec_ms else b.encode_ms)
         send_ms = health.send_ms.get(plan.key, pre_ms * health.local_factor)
         after_ms = max(0.0, base_ms - pre_ms)
         f = health.remote_factor
-        times = [send_ms + (after_ms + hop_ms / r) * f + wait_ms for r in rates]
+        times = [send_ms + (after_ms + hop_ms / (r * k)) * f + wait_ms for r in rates]
         ms = sum(times) / len(times)
-        level = (est.up_bps or up) / up  # below 1 while a drop is held ([Note: held rate and spread])
         model_ms = sum(after_ms + hop_ms / (r * level) for r in rates) / len(rates) + wait_ms
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
@@ -532,12 +537,13 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
             # [Note: closed loop] the device runs back to back: price the cloud at the load it would draw
             # (no less than the load of the moment, so no plan the moment's load rules out).
             unloaded = _remote_options(estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config,
-                                       energy, now_s)
+                                       energy, now_s, state.current)
             fastest = min((o.ms for o in unloaded), default=math.inf)
             drawn = dataclasses.replace(health, arrival_rps=health.arrival_rps * max(1.0, local.ms / fastest))
-            remote = _remote_options(estimate, frontier, drawn, config, energy, now_s) if unloaded else []
+            remote = (_remote_options(estimate, frontier, drawn, config, energy, now_s, state.current)
+                      if unloaded else [])
         else:
-            remote = _remote_options(estimate, frontier, health, config, energy, now_s)
+            remote = _remote_options(estimate, frontier, health, config, energy, now_s, state.current)
     # [Note: cloud load] a busy cut left behind returns through a trial's fresh answer, not its faded wait.
     guesses = [o for o in remote if o.cut_id in health.unconfirmed and o.key != state.current]
     remote = [o for o in remote if o not in guesses]
@@ -562,12 +568,13 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
             why = "breaker " + health.breaker
         elif frontier is not None and any(t > now_s for t in health.refused_until_s.values()) and _remote_options(
                 estimate, frontier, dataclasses.replace(health, refused_until_s={}, arrival_rps=0.0), config,
-                energy, now_s):
+                energy, now_s, state.current):
             why = "the cloud refused every warm plan for load"
         elif guesses:
             why = "the cloud reported every warm plan's pool busy"
         elif frontier is not None and health.arrival_rps > 0 and _remote_options(
-                estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config, energy, now_s):
+                estimate, frontier, dataclasses.replace(health, arrival_rps=0.0), config, energy, now_s,
+                state.current):
             why = f"the uplink cannot carry {health.arrival_rps:.1f} req/s of any warm plan"
         else:
             why = "no warm remote plan"
@@ -648,9 +655,8 @@ def _busy_trial(guesses: list[_Option], current: _Option, state: PolicyState, he
     """While local, the cheapest cut left busy whose faded wait makes it `trial_ratio` times faster
     than local, once per `cloud_load_tau_s` (a load lasts): its answer reports the pool's load
     afresh; see [Note: cloud load]."""
-    if not (guesses and health.request and current.kind == LOCAL and state.current == LOCAL):
-        return None
-    if state.trial_s is not None and now_s - state.trial_s < max(cfg.trial_every_s, cfg.cloud_load_tau_s):
+    if not (guesses and health.request and current.kind == LOCAL and state.current == LOCAL) or (
+            state.trial_s is not None and now_s - state.trial_s < max(cfg.trial_every_s, cfg.cloud_load_tau_s)):
         return None
     best = min(guesses, key=lambda o: o.cost)
     return best if best.cost * cfg.trial_ratio <= current.cost else None
@@ -669,9 +675,8 @@ def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, loca
     """Seconds from now until the local run starts beside the remote call of `action`, for a request
     `elapsed_ms` old whose answer is due `deadline_ms` after its start, when the rest of the model
     takes `local_ms` here; `record_ms` are recent measured times of remote answers of the same plan;
-    `held_ms`, while the link's level is below the held rate, the rest of the request (after its
-    send) priced at that level. 0: at once; inf: no hedge (the local run could not land in time:
-    the remote budget decides). See [Note: hedge]."""
+    `held_ms`, while a drop is held, the rest of the request (after its send) priced at the level.
+    0: at once; inf: no hedge (the local run could not land in time: the remote budget decides)."""
     now_ms = elapsed_ms if config.slo_ms is not None else -math.inf  # a timeout is no promise to race for
     latest_ms = latest_local_start_ms(deadline_ms, local_ms, config.hedge_margin, now_ms)
     if latest_ms <= elapsed_ms:

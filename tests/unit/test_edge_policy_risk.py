@@ -426,16 +426,44 @@ def test_the_remote_correction_is_learnt_against_the_level_not_the_held_rate():
     est = LinkEstimate(up_bps=5e6, down_bps=20e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
                        up_hold_bps=10e6, spread=(0.0,) * 10)
     front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
-    act, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5), PolicyState(), 0.0,
+    on_a = PolicyState(current=A.key, switched_s=-100.0)
+    act, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5), on_a, 0.0,
                     config=PolicyConfig(slo_ms=1000.0))
     assert act.plan_key == A.key
     assert act.predicted_ms == pytest.approx(1.5 * (120.0 + 20.0 + 10.0), rel=0.01)  # held, and scaled
     assert act.model_ms == pytest.approx(240.0 + 20.0 + 10.0, rel=0.01)  # the level, unscaled
     # The device's part is measured ([Note: measured send]): neither scaled nor in `model_ms`.
-    sent, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5, send_ms={A.key: 30.0}), PolicyState(),
+    sent, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5, send_ms={A.key: 30.0}), on_a,
                      0.0, config=PolicyConfig(slo_ms=1000.0))
     assert sent.predicted_ms == pytest.approx(30.0 + 1.5 * 150.0, rel=0.01)
     assert sent.model_ms == pytest.approx(act.model_ms)
     steady = dataclasses.replace(est, up_bps=10e6)
     assert policy(steady, front, Health(local_ms=400.0), PolicyState(), 0.0,
                   config=PolicyConfig(slo_ms=1000.0))[0].model_ms == pytest.approx(150.0, rel=0.01)
+
+
+def test_a_held_drop_keeps_the_plan_in_use_but_takes_no_plan_up():
+    """The level has fallen to 3 Mbit/s and the rate is held at 10 (the drop is younger than
+    `hold_s`). Cloud-only in use stays in use, priced at the held rate (~160 ms at 1 req/s, its
+    uplink queue included). From local, cloud-only is priced at the level (~560 ms against 400 ms
+    local): it is not taken up, nor tried; at the held rate it would be. Once the level is back,
+    it is."""
+    est = LinkEstimate(up_bps=3e6, down_bps=12e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
+                       up_hold_bps=10e6, spread=(0.0,) * 10)
+    assert est.holding
+    front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
+    health = Health(local_ms=400.0, arrival_rps=1.0)
+    cfg = PolicyConfig()
+    kept, _ = policy(est, front, health, PolicyState(current=A.key, switched_s=-100.0), 0.0, config=cfg)
+    assert kept.plan_key == A.key and not kept.switched
+    assert kept.predicted_ms == pytest.approx(158.0, rel=0.02)
+    local = PolicyState(current=LOCAL, switched_s=-100.0)
+    stay, _ = policy(est, front, health, local, 0.0, config=cfg)
+    assert stay.kind == LOCAL and not stay.switched and not stay.trial
+    assert "remote 563 ms vs local 400 ms" in stay.reason, stay.reason  # cloud-only priced at the level
+    with_slo, _ = policy(est, front, health, local, 0.0, config=PolicyConfig(slo_ms=1000.0))
+    assert with_slo.kind == LOCAL and not with_slo.switched and not with_slo.trial
+    back = dataclasses.replace(est, up_bps=10e6)
+    assert not back.holding
+    taken, _ = policy(back, front, health, local, 0.0, config=cfg)
+    assert taken.plan_key == A.key and taken.switched
