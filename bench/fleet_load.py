@@ -129,7 +129,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
             flow.fire("head_done")
             slo_s = SLO_MS / 1e3
             budget_s = remote_budget_ms(SLO_MS, head_s * 1e3, tail_s * 1e3) / 1e3
-            # the runner's hedge ([Note: hedge] in edge_agent/policy.py), on this device's record
+            # the runner's hedge ([Note: hedge] in edge_agent/hedge.py), on this device's record
             hedge_s = hedge_delay_s(action, elapsed_ms=(time.monotonic() - start) * 1e3, deadline_ms=SLO_MS,
                                     local_ms=tail_s * 1e3, record_ms=answered[d], config=cfg)
 

@@ -49,7 +49,7 @@ class Counters:
     """Local runs stopped unfinished: tails whose remote answer won, and whole-model runs started
     before the policy sent their request to the cloud ([Note: local runs cancelled])."""
     hedges: int = 0
-    """Requests whose local tail started beside a late remote call (see [Note: hedge] in policy.py)."""
+    """Requests whose local tail started beside a late remote call (see [Note: hedge] in hedge.py)."""
     remote_errors: dict[str, int] = field(default_factory=dict)
     switches: int = 0
     probes: int = 0

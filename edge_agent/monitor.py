@@ -63,7 +63,7 @@ the 1-second rate moves 5-10x between its 10th and 90th percentiles, and a plan 
 followed every dip would switch every few seconds. So the estimate has two more
 figures, for the policy. `up_hold_bps` is the level, or the level `hold_s` ago where
 that was higher: a drop shorter than `hold_s` never moves the plan in use (the requests
-inside it are covered by the hedge, see [Note: hedge] in edge_agent/policy.py; plans not in
+inside it are covered by the hedge, see [Note: hedge] in edge_agent/hedge.py; plans not in
 use are priced at the level, see [Note: risk] there), and a step is planned for `hold_s`
 after the level shows it. A rise is planned for at once.
 `spread` is the log prediction error of each recent transfer (its rate over the level

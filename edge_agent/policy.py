@@ -68,7 +68,7 @@ once, at the option's rate: a queue forms over many transfers). That gives the o
 mean time (`ms`, what the objective compares), its chance of missing the SLO (`miss`: the
 share of rates at which it would) and a pessimistic time (`hi_ms`: all but `hedge_tail` of
 its times are shorter, the point at which the hedge starts the local run; see [Note:
-hedge]). Under the latency objective, with an SLO the local run can meet, the chance is
+hedge] in edge_agent/hedge.py). Under the latency objective, with an SLO the local run can meet, the chance is
 that of the request with its hedge: no time is later than the local run started where the
 hedge would start it (at once when `hi_ms` is past the local time or the last safe moment,
 else at that moment). Priced without it, a plan whose link dips a fifth of the time
@@ -129,41 +129,6 @@ ahead of it, so a plan whose uplink the app keeps full (utilisation past 0.9, wh
 M/D/1 wait has no bound) is still an option, priced at that bound: a full uplink
 answering the window in 0.8 s beats a device that answers it in 2 s.
 
-[Note: hedge]
-A request sent to the cloud has a deadline: `slo_ms`, or `remote_timeout_ms` without
-one. `hedge_delay_s` says when the device starts its own run of the rest of the model
-beside the remote call (the cut's tail from the head's output). Normally that is the
-latest moment at which the local run still lands in time with `hedge_margin` of its own
-time to spare: a remote answer still missing then is late enough to race. But when the
-remote time predicted for the request nears the deadline (its pessimistic time
-`Action.hi_ms`, all but `hedge_tail` of its predicted times, is past that moment; and,
-once the plan has three measured answers, the same quantile of them agrees), the local
-run starts at once: waiting for the last safe moment would only make its answer later.
-A race costs the device a run, and a remote time past the local run's own is no reason
-for one: the policy offloads such a plan only where its mean beats local, and racing
-every such request at once ran the device for nearly every request (it failed the
-runner's remote-error, outage and overload tests, the hedge answering first).
-Under an SLO, a local run that lands in time but not with the whole margin keeps what is left
-of it (an rpi4, ResNet50 in 493 ms, under a 600 ms SLO never hedged: slow calls missed it).
-Where the local run cannot land in time even started at once, there is no hedge: the
-remote budget alone decides when to give up on the cloud. The hedge starts the tail no
-sooner than the request was sent (`Health.send_ms`: the head and the encode run on the
-device first), so a hedged request answers by the send time plus the tail's time: with
-ResNet50 at an rpi4's speed, int8 of the input took the device 37 ms that the profile's
-figures for a desktop core put at 0.5, and the hedged requests that lost the race answered
-in 531 ms against the local model's 494. The remote call is not cancelled: the first
-valid answer is the request's, the other is dropped and counted (`late_dropped`), or the
-local tail is cancelled (`local_cancelled`; runner.py [Note: local runs cancelled]), so a
-request is never answered twice and never left without an answer. The hedge is what lets
-the plan ignore short dips: the few requests inside a dip are rescued one by one, and the
-plan moves only for a drop that lasts. While a drop is held (the link's level below the rate
-the plan is priced at), a request whose rest after the send, priced at the level, would
-answer after its local run started now races at once: the plan's record predates the drop,
-and without an SLO the last safe moment is the remote budget's. Left to it, on the demo
-trace's step from 18.88 to 1.1 Mbit/s (ResNet50, 222 ms locally, no SLO, a 1.5 s budget)
-the 5 requests sent before the agent left the cloud ran their local runs after 1.2 s each,
-one after the other, and answered in 1.4-2.1 s.
-
 [Note: measured send]
 A remote option's time is the device's part, until the request is sent (the head and the
 boundary's encode), then the rest: the link, the cloud and the answer's decode. The device's
@@ -214,10 +179,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from edge_agent.hedge import hedge_delay_s, hedged_times
 from edge_agent.monitor import LinkEstimate, quantile
 from edge_agent.policy_config import OBJECTIVES, PolicyConfig
 from planner import Breakdown, Encoding, Frontier, Objective
-from planner.costmodel import latest_local_start_ms
 
 __all__ = ["OBJECTIVES", "Action", "Health", "PolicyConfig", "PolicyState", "policy", "after_trial", "hedge_delay_s",
            "arrival_rps", "LOAD_WINDOWS_S", "LOCAL", "OFFLOAD"]
@@ -229,8 +194,6 @@ LOAD_WINDOWS_S = (2.0, 10.0)
 _BUSY = 0.6
 """Share of the time the device runs local requests from which their rate is taken as held down by
 their latency; see [Note: closed loop]."""
-_HEDGE_RECORD = 3
-"""Measured answers of a plan from which they must agree with a prediction to hedge at once."""
 
 
 @dataclass(frozen=True)
@@ -270,7 +233,7 @@ class Health:
     send_ms: Mapping[str, float] = field(default_factory=dict)
     """Measured ms from a request's start until it was sent, per plan key: the device's head and
     encode, the first part of the plan's time ([Note: measured send]) and before which its hedge
-    cannot start the local tail ([Note: hedge]); a missing plan: the profile's head and encode
+    cannot start the local tail ([Note: hedge] in edge_agent/hedge.py); a missing plan: the profile's head and encode
     times, scaled as local answers are."""
 
 
@@ -301,7 +264,7 @@ class Action:
     scaled by `Health.remote_factor`); see [Note: cloud load]."""
     hi_ms: float = math.inf
     """Pessimistic end-to-end ms: all but `hedge_tail` of the option's predicted times are shorter
-    (the hedge starts the local run when the remote answer is later); see [Note: hedge]."""
+    (the hedge starts the local run when the remote answer is later); see [Note: hedge] in edge_agent/hedge.py."""
     miss: float = 0.0
     """Predicted chance that this option misses the SLO; see [Note: risk]."""
     model_ms: float = math.inf
@@ -410,7 +373,7 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
         if not energy:
-            times = _hedged(times, hi_ms, health.local_ms, cfg, send_ms, head_ms)
+            times = hedged_times(times, hi_ms, health.local_ms, cfg, send_ms, head_ms)
         slo = cfg.slo_ms
         miss = 0.0 if slo is None else sum(t > slo for t in times) / len(times)
         # [Note: risk] under the latency objective, the hedged requests' mean unless the cloud reported
@@ -419,29 +382,6 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else sum(priced) / len(priced)
         out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss, model_ms))
     return out
-
-
-def _hedge_start_ms(hi_ms: float, local_ms: float, cfg: PolicyConfig) -> float | None:
-    """When the hedge of `hedge_delay_s` starts the local run of a remote option whose pessimistic
-    time is `hi_ms` (0: at once), given an SLO the local model meets; None: no hedge."""
-    if cfg.slo_ms is None or not math.isfinite(local_ms) or cfg.hedge_tail <= 0:
-        return None
-    latest_ms = latest_local_start_ms(cfg.slo_ms, local_ms, cfg.hedge_margin)
-    if latest_ms <= 0:
-        return None
-    return 0.0 if hi_ms >= min(latest_ms, local_ms) else latest_ms
-
-
-def _hedged(times: list[float], hi_ms: float, local_ms: float, cfg: PolicyConfig, send_ms: float = 0.0,
-            head_ms: float = 0.0) -> list[float]:
-    """A remote option's times with its hedge: none later than its local tail (the whole model's
-    `local_ms` less the head's `head_ms`) started when the hedge starts it, and not before the
-    request was sent (`send_ms`): a hedge at once answers at the send time plus the tail's."""
-    start_ms = _hedge_start_ms(hi_ms, local_ms, cfg)
-    if start_ms is None:
-        return times
-    latest = max(start_ms, send_ms) + max(0.0, local_ms - head_ms)
-    return [min(t, latest) for t in times]
 
 
 def _time_terms(b: Breakdown, at_bps: float, rtt_ms: float | None) -> tuple[float, float]:
@@ -667,28 +607,6 @@ def arrival_rps(arrivals_s: Sequence[float], now_s: float) -> float:
     `now_s`, over the whole window (a burst of five in 2 s is 2.5/s, not 500). A rise shows within
     2 s; a fall takes 10 s, because the fall is often the plan's own doing; see [Note: closed loop]."""
     return max(sum(1 for t in arrivals_s if 0 <= now_s - t <= w) / w for w in LOAD_WINDOWS_S)
-
-
-def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, local_ms: float,
-                  record_ms: Sequence[float] = (), held_ms: float | None = None,
-                  config: PolicyConfig = PolicyConfig()) -> float:
-    """Seconds from now until the local run starts beside the remote call of `action`, for a request
-    `elapsed_ms` old whose answer is due `deadline_ms` after its start, when the rest of the model
-    takes `local_ms` here; `record_ms` are recent measured times of remote answers of the same plan;
-    `held_ms`, while a drop is held, the rest of the request (after its send) priced at the level.
-    0: at once; inf: no hedge (the local run could not land in time: the remote budget decides)."""
-    now_ms = elapsed_ms if config.slo_ms is not None else -math.inf  # a timeout is no promise to race for
-    latest_ms = latest_local_start_ms(deadline_ms, local_ms, config.hedge_margin, now_ms)
-    if latest_ms <= elapsed_ms:
-        return math.inf
-    if held_ms is not None and held_ms >= local_ms:
-        return 0.0  # a held drop: at the link's level the answer comes after a local run started now
-    near = config.hedge_tail > 0 and action.hi_ms >= latest_ms
-    if near and len(record_ms) >= _HEDGE_RECORD:
-        # The plan's own recent answers must agree: a prediction alone may be off (a profile's
-        # fixed costs, gRPC on a small model), and a race costs the device a run.
-        near = quantile(record_ms, 1.0 - config.hedge_tail) >= latest_ms
-    return 0.0 if near else (latest_ms - elapsed_ms) / 1e3
 
 
 def after_trial(state: PolicyState, measured_ms: float, local_ms: float, *,

@@ -1,5 +1,5 @@
 """The policy's knobs: edge.yaml's `policy:` section, checked as it is read. What each knob
-does is in edge_agent/policy.py ([Note: policy], [Note: risk], [Note: hedge])."""
+does is in edge_agent/policy.py ([Note: policy], [Note: risk]) and edge_agent/hedge.py ([Note: hedge])."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class PolicyConfig:
     """Chances of missing the SLO within this of the best count as equal; the objective decides."""
     hedge_tail: float = 0.1
     """A request whose remote time, all but this share of its predicted times, nears the deadline
-    starts its local run at once (0: only at the last safe moment). See [Note: hedge]."""
+    starts its local run at once (0: only at the last safe moment). See [Note: hedge] in edge_agent/hedge.py."""
     hedge_margin: float = HEDGE_MARGIN
     """The local run starts, at the latest, this fraction of its own time before the last moment at
     which it still meets the deadline."""

@@ -13,7 +13,7 @@ already spent minus the local tail's measured time (so the fallback still lands 
 time); without, `remote_timeout_ms`. The gRPC deadline is twice the budget (at least
 one second more): the call is not cancelled at the budget, so a late answer can still
 arrive, be dropped and be measured. The local tail usually starts before the budget,
-beside the remote call: the hedge (see [Note: hedge] in policy.py) starts it once the
+beside the remote call: the hedge (see [Note: hedge] in hedge.py) starts it once the
 remote answer is later than its pessimistic prediction, or once waiting longer would
 make the local answer late. The flow sees that as a `remote_timeout` (the remote is
 late by its own prediction); the budget's timer then only counts the timeout for the
@@ -510,7 +510,7 @@ class Runner(LinkProbing):
         hedge_s = self._hedge_delay_s(action, ce, start) if flow.fallback_local else math.inf
 
         def on_hedge() -> None:
-            # [Note: hedge] in policy.py: the remote call goes on; the first answer wins.
+            # [Note: hedge] in hedge.py: the remote call goes on; the first answer wins.
             if flow.state != "remote":
                 return
             flow.fire("remote_timeout")  # late by its own prediction: the same path to the local tail
@@ -583,7 +583,7 @@ class Runner(LinkProbing):
         return await answer
 
     def _hedge_delay_s(self, action: Action, ce: CutEngines, start_s: float) -> float:
-        """When this request's local tail starts beside its remote call; see [Note: hedge] in policy.py."""
+        """When this request's local tail starts beside its remote call; see [Note: hedge] in hedge.py."""
         slo_ms = self.policy_config.slo_ms
         deadline_ms = self.config.remote_timeout_ms if slo_ms is None else slo_ms
         tail_ms = ce.tail.stats().median_ms or self.local_ms * self.factors["local"]

@@ -64,7 +64,7 @@ __all__ = ["HEDGE_MARGIN", "evaluate", "labels_of", "cuts_of", "tier_names", "ho
 
 HEDGE_MARGIN = 0.25
 """The share of its own time a local fallback keeps to spare before its deadline: the edge
-policy's default ``hedge_margin`` and the fleet planner's ([Note: hedge] in edge_agent/policy.py)."""
+policy's default ``hedge_margin`` and the fleet planner's ([Note: hedge] in edge_agent/hedge.py)."""
 
 
 def latest_local_start_ms(deadline_ms: float, local_ms: float, margin: float = HEDGE_MARGIN,

@@ -35,7 +35,7 @@ device gains by another choice at the wait that the choices make.
 A remote request's answer comes by the agent's remote budget at the latest ([Note: remote
 budget] in edge_agent/runner.py): if the cloud has not answered once the head is done plus
 max(SLO - head - tail, 0.3 SLO), the local tail runs, so the latency is the smaller of the
-cloud's and that. The agent's hedge ([Note: hedge] in edge_agent/policy.py) starts the tail
+cloud's and that. The agent's hedge ([Note: hedge] in edge_agent/hedge.py) starts the tail
 earlier where it still lands by the SLO: at the last moment with the default
 `planner.costmodel.HEDGE_MARGIN` of its time to spare, or with what is left of it, if that moment comes after the head (the policy
 may start it sooner; planned at that moment the answer is no earlier than the agent's).
