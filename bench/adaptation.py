@@ -314,6 +314,7 @@ async def _run(args: argparse.Namespace, root: str, model: str, fps: float, slow
         "max_inflight": inflight[1],
         "late_dropped": counters["late_dropped"], "local_dropped": counters["local_dropped"],
         "switches": counters["switches"], "trials": counters["trials"], "probes": counters["probes"],
+        "held_local": counters["held_local"],
         "reachability_failures": counters["reachability_failures"], "remote_errors": counters["remote_errors"],
         "per_step": per_step,
         "max_adaptation_s": max(s["adaptation_s"] for s in per_step),

@@ -285,7 +285,6 @@ async def _turn(agent: Any, cloud: Any, strategy: str, *, fps: float, seconds: f
         n += 1
     await asyncio.gather(*tasks)
     sampler.cancel()
-    counters = runner.counters.to_dict()
     cloud.fast()
     await asyncio.sleep(grace_s)  # late remote answers arrive, are dropped and counted, before the next turn
     counters_after = runner.counters.to_dict()
@@ -295,7 +294,7 @@ async def _turn(agent: Any, cloud: Any, strategy: str, *, fps: float, seconds: f
     return {"records": records, "sent": n, "answers": answers, "switches": switches,
             "bytes_up": cloud.bytes_up() - bytes_before, "plans": plans,
             "counters": {k: counters_after[k] for k in ("late_dropped", "local_dropped", "local_cancelled", "hedges",
-                                                        "trials", "remote_errors", "switches")}}
+                                                        "trials", "held_local", "remote_errors", "switches")}}
 
 
 def turn_order(rounds: int) -> list[tuple[int, str]]:

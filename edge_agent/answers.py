@@ -55,6 +55,8 @@ class Counters:
     probes: int = 0
     trials: int = 0
     """Requests sent remote as trials while local was the plan."""
+    held_local: int = 0
+    """Requests run here in a held drop while a remote plan stayed in use ([Note: risk] in policy.py)."""
     reachability_failures: int = 0
     """Idle-link health checks that got no answer."""
     inflight: int = 0

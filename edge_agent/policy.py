@@ -61,7 +61,12 @@ spread] in edge_agent/monitor.py. The held rate keeps the plan in use through a 
 every other remote option is priced at the level (times the same errors). A drop is no
 reason to leave a plan, nor to take one up: priced at the held rate, in bench.adaptation's
 5.85 Mbit/s phase (level 5.8, held at 11.9) cloud-only drew the agent from local (199 ms
-against 261), raced every request sent into the drop, and went back 4 s later. Each remote
+against 261), raced every request sent into the drop, and went back 4 s later. And a request that
+the plan in use, priced at the level, would answer no sooner than local runs here
+(`Action.held`): the plan stays in use, with no switch. Sent, its hedge would race it at
+once, and a lost race answers at the send time plus the local run: the device's part of the
+send (ResNet50's int8 input, 5-40 ms on an emulated rpi4) on top of local, for nothing. The
+link is measured meanwhile by the idle link's probes. Each remote
 option is priced at every rate of `LinkEstimate.rates_bps()` (so scaled): its first hop's
 bytes take time inversely to the rate, the rest is fixed (the uplink's queue is priced
 once, at the option's rate: a queue forms over many transfers). That gives the option's
@@ -271,6 +276,8 @@ class Action:
     """The remote option's mean ms from the request's send to its answer, at the link's measured
     level (not the held rate) and before `Health.remote_factor`: what that factor is learnt
     against (runner.py [Note: measured correction]); inf for local."""
+    held: bool = False
+    """Local for this request only: the plan in use stays (see [Note: risk], a held drop)."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -324,6 +331,8 @@ class _Option:
     hi_ms: float = math.inf
     miss: float = 0.0
     model_ms: float = math.inf
+    level_ms: float = math.inf
+    """Mean end-to-end ms at the link's level (`ms` is at the held rate for the plan in use)."""
 
 
 def _refused(health: Health, cut_id: str, now_s: float) -> bool:
@@ -380,7 +389,9 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # this cut's pool busy; then the plan's own mean (a hedge at once would also load that pool).
         priced = times if cut_id not in health.unconfirmed else own
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else sum(priced) / len(priced)
-        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss, model_ms))
+        level_ms = send_ms + (model_ms - wait_ms) * f + wait_ms
+        out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss, model_ms,
+                           level_ms))
     return out
 
 
@@ -494,8 +505,14 @@ def policy(estimate: LinkEstimate, frontier: Frontier | None, health: Health, st
         options[LOCAL] = local
 
     def act(o: _Option, reason: str, switched: bool, probe: bool = False, trial: bool = False) -> Action:
+        held = (o.key == state.current and o.kind == OFFLOAD and health.request and estimate.holding and not energy
+                and not (switched or probe or trial) and o.level_ms >= local.ms)
+        if held:  # [Note: risk] a held drop: the plan stays in use, and this request runs here
+            reason = (f"{o.key} kept; this request here: {o.level_ms:.0f} ms at the link's level vs local "
+                      f"{local.ms:.0f} ms ({_show(estimate, health, now_s)})")
+            o = local
         return Action(o.kind, o.cut_id, o.encoding, o.key, o.ms, health.local_ms, reason, switched, probe, trial,
-                      o.queue_ms, o.hi_ms, o.miss, o.model_ms)
+                      o.queue_ms, o.hi_ms, o.miss, o.model_ms, held)
 
     if health.probe and health.request and best_remote is not None and (
             not math.isfinite(local.ms) or best_remote.cost <= local.cost):

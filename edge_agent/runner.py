@@ -225,8 +225,8 @@ class Runner(LinkProbing):
             # The policy kept this request local (the link as estimated does not pay): the
             # probe slot stays free, and the idle link probe tests the link instead.
             self.breaker = unprobed
-        if action.probe:
-            self.counters.probes += 1
+        self.counters.probes += action.probe
+        self.counters.held_local += action.held
         if action.trial:
             self.counters.trials += 1
             logger.info("remote trial: %s", action.reason)

@@ -427,13 +427,13 @@ def test_the_remote_correction_is_learnt_against_the_level_not_the_held_rate():
                        up_hold_bps=10e6, spread=(0.0,) * 10)
     front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
     on_a = PolicyState(current=A.key, switched_s=-100.0)
-    act, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5), on_a, 0.0,
+    act, _ = policy(est, front, Health(local_ms=600.0, remote_factor=1.5), on_a, 0.0,
                     config=PolicyConfig(slo_ms=1000.0))
     assert act.plan_key == A.key
     assert act.predicted_ms == pytest.approx(1.5 * (120.0 + 20.0 + 10.0), rel=0.01)  # held, and scaled
     assert act.model_ms == pytest.approx(240.0 + 20.0 + 10.0, rel=0.01)  # the level, unscaled
     # The device's part is measured ([Note: measured send]): neither scaled nor in `model_ms`.
-    sent, _ = policy(est, front, Health(local_ms=400.0, remote_factor=1.5, send_ms={A.key: 30.0}), on_a,
+    sent, _ = policy(est, front, Health(local_ms=600.0, remote_factor=1.5, send_ms={A.key: 30.0}), on_a,
                      0.0, config=PolicyConfig(slo_ms=1000.0))
     assert sent.predicted_ms == pytest.approx(30.0 + 1.5 * 150.0, rel=0.01)
     assert sent.model_ms == pytest.approx(act.model_ms)
@@ -445,7 +445,7 @@ def test_the_remote_correction_is_learnt_against_the_level_not_the_held_rate():
 def test_a_held_drop_keeps_the_plan_in_use_but_takes_no_plan_up():
     """The level has fallen to 3 Mbit/s and the rate is held at 10 (the drop is younger than
     `hold_s`). Cloud-only in use stays in use, priced at the held rate (~160 ms at 1 req/s, its
-    uplink queue included). From local, cloud-only is priced at the level (~560 ms against 400 ms
+    uplink queue included; a request meanwhile runs here, see the next test). From local, cloud-only is priced at the level (~560 ms against 400 ms
     local): it is not taken up, nor tried; at the held rate it would be. Once the level is back,
     it is."""
     est = LinkEstimate(up_bps=3e6, down_bps=12e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
@@ -454,7 +454,8 @@ def test_a_held_drop_keeps_the_plan_in_use_but_takes_no_plan_up():
     front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
     health = Health(local_ms=400.0, arrival_rps=1.0)
     cfg = PolicyConfig()
-    kept, _ = policy(est, front, health, PolicyState(current=A.key, switched_s=-100.0), 0.0, config=cfg)
+    kept, _ = policy(est, front, dataclasses.replace(health, request=False), PolicyState(current=A.key, switched_s=-100.0),
+                     0.0, config=cfg)
     assert kept.plan_key == A.key and not kept.switched
     assert kept.predicted_ms == pytest.approx(158.0, rel=0.02)
     local = PolicyState(current=LOCAL, switched_s=-100.0)
@@ -467,3 +468,30 @@ def test_a_held_drop_keeps_the_plan_in_use_but_takes_no_plan_up():
     assert not back.holding
     taken, _ = policy(back, front, health, local, 0.0, config=cfg)
     assert taken.plan_key == A.key and taken.switched
+
+
+def test_in_a_held_drop_a_request_the_plan_would_answer_later_than_local_runs_here_and_the_plan_stays():
+    """Cloud-only in use, the rate held at 10 Mbit/s, the level at 2: at the level the plan takes
+    ~630 ms, local 400. The request runs here (`held`), with no switch: the state still holds the
+    plan, which a re-evaluation (no request) keeps. At a level of 8 Mbit/s (~180 ms) the request
+    goes to the cloud. A trial or a breaker probe is never made local this way."""
+    est = LinkEstimate(up_bps=2e6, down_bps=8e6, rtt_ms=20.0, samples=10, last_sample_s=0.0, last_change_s=None,
+                       up_hold_bps=10e6, spread=(0.0,) * 10)
+    front = dataclasses.replace(FRONT, entries=(FrontierEntry(0.5e6, 1e9, A),))
+    health = Health(local_ms=400.0)
+    on_a = PolicyState(current=A.key, switched_s=-100.0)
+    for cfg in (PolicyConfig(), PolicyConfig(slo_ms=1000.0)):
+        act, st = policy(est, front, health, on_a, 0.0, config=cfg)
+        assert act.kind == LOCAL and act.held and not act.switched
+        assert st == on_a
+        assert "kept; this request here: 630 ms at the link's level vs local 400 ms" in act.reason
+        tick, _ = policy(est, front, dataclasses.replace(health, request=False), on_a, 0.0, config=cfg)
+        assert tick.plan_key == A.key and not tick.held
+        near = dataclasses.replace(est, up_bps=8e6)
+        sent, _ = policy(near, front, health, on_a, 0.0, config=cfg)
+        assert sent.plan_key == A.key and not sent.held
+    probe, _ = policy(est, front, dataclasses.replace(health, probe=True), on_a, 0.0, config=PolicyConfig())
+    assert probe.plan_key == A.key and probe.probe and not probe.held
+    # No plan in use to keep: from local, the plan is priced at the level and not taken up.
+    fresh, _ = policy(est, front, health, PolicyState(current=LOCAL, switched_s=-100.0), 0.0, config=PolicyConfig())
+    assert fresh.kind == LOCAL and not fresh.held and not fresh.switched
