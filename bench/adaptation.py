@@ -52,7 +52,8 @@ and collector pauses), summarised per phase in `where_outage_time_goes` and
 Measured per step: the time from the step until the plan the agent settles on for the
 new link is in use by requests (`adaptation_s`: the first request from which every
 request uses it) and until the agent switched to it (`decision_s`: its switch log,
-from a request or a re-evaluation without one); the requests served meanwhile on
+from a request or a re-evaluation without one; in a held drop requests may use it before
+the switch); the requests served meanwhile on
 another plan (`stale_requests`); the latency during the outage (p50 and max) against
 the local baseline's and the local engine's (`outage_readings`, see [Note: local
 baseline]); lost and doubled answers (must be 0).
@@ -151,9 +152,12 @@ def _analyse(records: list[dict[str, Any]], steps: list[tuple[float, str]], end_
         if first is None:  # never fully settled: first request on the settled plan
             first = next(j for j, r in enumerate(seg) if _plan_of(r) == settled)
         # The agent's own switch to the settled plan: the last one into it at or before the first
-        # settled request (a re-evaluation may switch before any request uses it).
-        into = [t for t, key in switches if _key_plan(key) == settled and t <= seg[first]["sent_s"] + 1e-3]
-        into_step = [t for t in into if t >= t0]
+        # settled request (a re-evaluation may switch before any request uses it), else the first
+        # after it (in a held drop requests run locally before the plan is left: [Note: risk] in
+        # edge_agent/policy.py).
+        into_step = [t for t, key in switches if _key_plan(key) == settled and t0 <= t < t1]
+        before = [t for t in into_step if t <= seg[first]["sent_s"] + 1e-3]
+        decided = before[-1] if before else into_step[0] if into_step else None
         lat = [r["latency_ms"] for r in seg]
         # Already on the plan the new link wants (e.g. local from the slow link into the outage),
         # with every request after the step on it: nothing to adapt.
@@ -161,7 +165,7 @@ def _analyse(records: list[dict[str, Any]], steps: list[tuple[float, str]], end_
         out.append({
             "step_s": t0, "link": label, "settled_plan": settled, "requests": len(seg),
             "adaptation_s": seg[first]["sent_s"] - t0 if i and not kept else 0.0,
-            "decision_s": (into_step[-1] - t0 if into_step else 0.0) if i else 0.0,
+            "decision_s": (decided - t0 if decided is not None else 0.0) if i else 0.0,
             "already_on_plan": kept,
             "stale_requests": first if i else 0,
             "served_by": dict(collections.Counter(r["served_by"] for r in seg)),
