@@ -66,43 +66,43 @@ request that the plan in use, priced at the level, would answer no sooner than l
 here (`Action.held`): the plan stays in use, with no switch. Sent, its hedge would race it
 at once, and a lost race answers at the send time plus the local run: the device's part of
 the send (ResNet50's int8 input, 5-40 ms on an emulated rpi4) on top of local, for nothing
-(on the shared LTE trace replayed at 1.5 times its rate, ours' p95 went from 501.6 ms,
-cloud-only's, to 494.1, edge-only's 494.2). The link is measured meanwhile by the idle
-link's probes. Each remote option is priced at every rate of `LinkEstimate.rates_bps()`
-(so scaled): its first hop's bytes take time inversely to the rate, the rest is fixed (the
-uplink's queue is priced once, at the option's rate: a queue forms over many transfers).
-That gives the option's mean time (`ms`, what the objective compares), its chance of
-missing the SLO (`miss`: the share of rates at which it would) and a pessimistic time
-(`hi_ms`: all but `hedge_tail` of its times are shorter, the point at which the hedge
-starts the local run; see [Note: hedge] in edge_agent/hedge.py). Under the latency
-objective, with an SLO the local run can meet, the chance is that of the request with its
-hedge: no time is later than the local run started where the hedge would start it (at once
-when `hi_ms` is past the local time or the last safe moment, else at that moment). Priced
-without it, a plan whose link dips a fifth of the time "missed" a fifth of the SLOs that
-its hedge meets, and on the LTE trace (ResNet50 at an rpi4's speed) the agent stayed
-local, p50 491 ms, where the cloud-only plan with its hedge answered in 308 ms. The cost
-(`cost`, what the objective compares) is a mean time, and which times depends on the
-cloud's load. Unless the cloud reported the cut's pool busy (`Health.unconfirmed`), its
-work is spare (a reported wait is in the times): the plan is priced as the requests its
-hedge makes of it (none later than the local run started where the hedge starts it), and
-with an SLO it must beat local by the `hysteresis` margin to be the target (a hedge that
-starts at once runs the device anyway; the cloud's work is worth a clear gain only), and
-by the same margin to stay in use: against a plan so priced, local counts at that margin
-of its cost. A hedged plan is never dearer than local, so with the usual hysteresis
-against it a device on the plan never left: through the dips of an LTE trace (ResNet50 at
-an rpi4's speed) the agent kept cloud-only, raced 35 of 96 requests, and answers queued
-behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7 s. Leaving such a
-plan still pays a switch: made free, the agent left at every LTE dip and came back after
-it, 6.7 switches a minute against the 6 allowed. Priced at its own times (a fifth of its
-transfers in dips past the local time), cloud-only with its hedge (p50 377 ms, p95 515;
-local 506 and 521) lost to local for most requests. While the pool is reported busy, the
-plan costs its own mean: a hedge that starts at once is a local run that also loads the
-pool; priced as the hedged request, a busy pool's remote plans cost no more than local,
-and a fleet's fast devices (phones, 72 ms locally) kept offloading to the pool that the
-slow ones need. Local execution is a point: it misses always or never. The target is the
-option with the least chance of a miss, and among those within `risk_tie` of it, the
-cheapest by the objective. With a point estimate (no spread) every chance is 0 or 1 and
-this is rule 1 above.
+(on the shared LTE trace replayed at 1.5 times its rate, ours' p95 went from 501.6 ms
+(cloud-only's 502.0) to 494.1 (edge-only's 494.2)). The link is measured meanwhile by the
+idle link's probes. Each remote option is priced at every rate of
+`LinkEstimate.rates_bps()` (so scaled): its first hop's bytes take time inversely to the
+rate, the rest is fixed (the uplink's queue is priced once, at the option's rate: a queue
+forms over many transfers). That gives the option's mean time (`ms`, what the objective
+compares), its chance of missing the SLO (`miss`: the share of rates at which it would)
+and a pessimistic time (`hi_ms`: all but `hedge_tail` of its times are shorter, the point
+at which the hedge starts the local run; see [Note: hedge] in edge_agent/hedge.py). Under
+the latency objective, with an SLO the local run can meet, the chance is that of the
+request with its hedge: no time is later than the local run started where the hedge would
+start it (at once when `hi_ms` is past the local time or the last safe moment, else at
+that moment). Priced without it, a plan whose link dips a fifth of the time "missed" a
+fifth of the SLOs that its hedge meets, and on the LTE trace (ResNet50 at an rpi4's speed)
+the agent stayed local, p50 491 ms, where the cloud-only plan with its hedge answered in
+308 ms. The cost (`cost`, what the objective compares) is a mean time, and which times
+depends on the cloud's load. Unless the cloud reported the cut's pool busy
+(`Health.unconfirmed`), its work is spare (a reported wait is in the times): the plan is
+priced as the requests its hedge makes of it (none later than the local run started where
+the hedge starts it), and with an SLO it must beat local by the `hysteresis` margin to be
+the target (a hedge that starts at once runs the device anyway; the cloud's work is worth
+a clear gain only), and by the same margin to stay in use: against a plan so priced, local
+counts at that margin of its cost. A hedged plan is never dearer than local, so with the
+usual hysteresis against it a device on the plan never left: through the dips of an LTE
+trace (ResNet50 at an rpi4's speed) the agent kept cloud-only, raced 35 of 96 requests,
+and answers queued behind each other's local runs to 1.3 s, where cloud-only's p99 was 0.7
+s. Leaving such a plan still pays a switch: made free, the agent left at every LTE dip and
+came back after it, 6.7 switches a minute against the 6 allowed. Priced at its own times
+(a fifth of its transfers in dips past the local time), cloud-only with its hedge (p50 377
+ms, p95 515; local 506 and 521) lost to local for most requests. While the pool is
+reported busy, the plan costs its own mean: a hedge that starts at once is a local run
+that also loads the pool; priced as the hedged request, a busy pool's remote plans cost no
+more than local, and a fleet's fast devices (phones, 72 ms locally) kept offloading to the
+pool that the slow ones need. Local execution is a point: it misses always or never. The
+target is the option with the least chance of a miss, and among those within `risk_tie` of
+it, the cheapest by the objective. With a point estimate (no spread) every chance is 0 or
+1 and this is rule 1 above.
 Switching is priced in the same terms: a candidate replaces the current option only if
 what it saves over the requests of one dwell (`arrival_rps * dwell_s`, at least one;
 per request its mean ms, plus `slo_ms` per miss avoided) exceeds `switch_cost_ms`
