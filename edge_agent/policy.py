@@ -67,7 +67,7 @@ here (`Action.held`): the plan stays in use, with no switch. Sent, its hedge wou
 at once, and a lost race answers at the send time plus the local run: the device's part of
 the send (ResNet50's int8 input, 5-40 ms on an emulated rpi4) on top of local, for nothing
 (on the shared LTE trace replayed at 1.5 times its rate, ours' p95 went from 501.6 ms
-(cloud-only's 502.0) to 494.1 (edge-only's 494.2)). The link is measured meanwhile by the
+(cloud-only's 502.2) to 494.1 (edge-only's 494.2)). The link is measured meanwhile by the
 idle link's probes. Each remote option is priced at every rate of
 `LinkEstimate.rates_bps()` (so scaled): its first hop's bytes take time inversely to the
 rate, the rest is fixed (the uplink's queue is priced once, at the option's rate: a queue
