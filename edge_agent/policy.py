@@ -380,7 +380,8 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         f = health.remote_factor
         times = [send_ms + (after_ms + hop_ms / (r * k)) * f + wait_ms for r in rates]
         ms = sum(times) / len(times)
-        model_ms = sum(after_ms + hop_ms / (r * level) for r in rates) / len(rates) + wait_ms
+        at_level_ms = sum(after_ms + hop_ms / (r * level) for r in rates) / len(rates)  # after the send
+        model_ms = at_level_ms + wait_ms
         hi_ms = quantile(times, 1.0 - cfg.hedge_tail)
         own = times
         if not energy:
@@ -391,7 +392,7 @@ def _remote_options(est: LinkEstimate, front: Frontier, health: Health, cfg: Pol
         # this cut's pool busy; then the plan's own mean (a hedge at once would also load that pool).
         priced = times if cut_id not in health.unconfirmed else own
         cost = b.energy_j + front.idle_w * queue_ms / 1e3 if energy else sum(priced) / len(priced)
-        level_ms = send_ms + (model_ms - wait_ms) * f + wait_ms
+        level_ms = send_ms + at_level_ms * f + wait_ms
         out.append(_Option(plan.key, OFFLOAD, ms, cost, cut_id, plan.encoding, queue_ms, hi_ms, miss, model_ms,
                            level_ms))
     return out
