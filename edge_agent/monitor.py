@@ -28,7 +28,11 @@ its server time and sharing are guesses. But a transfer that began before the bo
 was set cannot lift it: it averages in the link from before the step (one lifted the
 benchmark's bound to 8 Mbit/s 0.2 s into its 1.1 Mbit/s phase). One above the bound by
 more than the dead band is a step up (the link came back) and counts as a change, one below only refines the
-step down the bound already reported.
+step down the bound already reported. A transfer begun before the bound and slower than it is a
+tighter bound, not a measurement: its rate averages the dip with the faster link before it, so
+the rate now is at most that, and the first transfer sent since still sets the level either
+side. Taken as the level, such a transfer held the link at 1.8 Mbit/s for 2.4 s after it came
+back at 20 (a single sample 11x above a level needs the CUSUM's second one).
 Silence is evidence too: while nothing is offloaded, a reachability check (a health
 check on an otherwise idle link) that gets no answer divides the level by
 `outage_decay` (down to `floor_bps`) and makes it a bound, so during an outage the
@@ -297,10 +301,15 @@ class LinkMonitor:
 
     def _observe_rate(self, bps: float, now_s: float, started_s: float | None, weight: float = 1.0) -> bool:
         x = math.log(bps)
-        if (self._bounded and started_s is not None and started_s < self._bound_s
-                and self._level is not None and x > self._level + self.config.delta):
+        if self._bounded and started_s is not None and started_s < self._bound_s and self._level is not None:
             # Begun before the bound's evidence, it averages in the faster link from before the
-            # step: it cannot lift the bound (a transfer sent since, or a probe, will).
+            # step: it cannot lift the bound (a transfer sent since, or a probe, will), and one
+            # below it is a tighter ceiling, not a level.
+            if x >= self._level:
+                return False
+            self._samples += 1
+            self._last_sample_s = now_s
+            self._level = x
             return False
         self._samples += 1
         self._last_sample_s = now_s

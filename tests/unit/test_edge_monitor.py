@@ -281,3 +281,21 @@ def test_a_transfer_begun_before_the_bound_cannot_lift_it_but_a_later_one_can():
     # One sent after the bound measures the link as it is now, either side of the bound.
     mon.observe_transfer(BOUNDARY_BYTES, 4000, 8 * BOUNDARY_BYTES / 5.85e6 + 0.36, 340.0, 16.0)
     assert mon.estimate().up_bps == pytest.approx(5.85e6, rel=0.05)
+
+
+def test_a_transfer_begun_before_the_bound_and_slower_tightens_it_and_the_next_one_sets_the_level():
+    """A dip from 8 to 1.1 Mbit/s: the stalled upload bounds the rate; the call sent before the
+    dip then completes at a rate that averages both sides. It is a tighter bound, so the first
+    call sent after the link came back at 20 Mbit/s sets the level in one sample."""
+    mon = _demo_monitor()
+    mon.observe_stall(BOUNDARY_BYTES, 3.0, 13.0)
+    bound = mon.estimate().up_bps
+    changes = mon.estimate().changes
+    # Sent at t=11, it completes at 14 averaging 1.6 Mbit/s: below the bound.
+    assert mon.observe_transfer(BOUNDARY_BYTES, 4000, 8 * BOUNDARY_BYTES / 1.6e6 + 0.36, 340.0, 14.0) is False
+    tighter = mon.estimate()
+    assert tighter.up_bps < bound and tighter.up_bps == pytest.approx(1.6e6, rel=0.1)
+    assert tighter.changes == changes
+    assert mon.observe_transfer(BOUNDARY_BYTES, 4000, 8 * BOUNDARY_BYTES / 20e6 + 0.36, 340.0, 15.0) is True
+    assert mon.estimate().up_bps == pytest.approx(20e6, rel=0.05)
+    assert mon.estimate().changes == changes + 1
