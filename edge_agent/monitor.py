@@ -37,7 +37,12 @@ Silence is evidence too: while nothing is offloaded, a reachability check (a hea
 check on an otherwise idle link) that gets no answer divides the level by
 `outage_decay` (down to `floor_bps`) and makes it a bound, so during an outage the
 estimate falls towards 0 instead of staying at the last bound (a blackhole yields no
-sample at all); the first answered check or transfer ends the run of failures.
+sample at all); the first answered check or transfer ends the run of failures. That check
+is no RTT sample (the runner checks again and keeps the second): sent into the outage, it
+waited for the link's return, and after an outage longer than `rtt_max_age_s` it would be
+the window's only sample. In the demo's 10 s outage one read 179 ms on a 50 ms link; the
+bandwidth probe that follows the first answer was then priced as RTT-dominated, and its
+floor (4x its bytes' mean rate) taken as the level: 12.9 Mbit/s on a 5.85 Mbit/s link.
 The RTT is the windowed minimum of health-check round trips and of the calls that
 moved almost no bytes (less their bytes' time): a reconnect or a queue only adds
 delay, as in BBR's min_rtt. Jitter within the dead band never accumulates; a single

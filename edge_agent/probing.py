@@ -152,11 +152,14 @@ class LinkProbing:
         """A health check as an RTT sample; False when the gateway did not answer.
 
         Before the first sample it checks twice and keeps the second: the first also
-        pays the connection set-up, which is not the link's RTT.
+        pays the connection set-up, which is not the link's RTT. So it does after failed
+        checks: the first answer may have waited for the link to come back (see [Note: link
+        estimation] in monitor.py).
         """
         if self.remote is None:
             return False
-        for i in range(2 if self.monitor.estimate().rtt_ms is None else 1):
+        est = self.monitor.estimate()
+        for i in range(2 if est.rtt_ms is None or est.unreachable > 0 else 1):
             t0 = time.monotonic()
             try:
                 await self.remote.health(timeout_s=timeout_s)

@@ -189,6 +189,35 @@ def test_outage_through_the_emulator_is_answered_locally_once(model_dir, mode):
     assert c.answered == 4 and c.requests == 4 and c.failed == 0
 
 
+def test_the_check_that_ends_an_outage_is_no_rtt_sample(model_dir):
+    """A check sent into a blackhole and answered when the link returns waited for the return:
+    it ends the run of failures, and the RTT sample is a second check's. Older RTT samples age
+    out fast here, as they do over an outage longer than `rtt_max_age_s`, so a wait taken as
+    the RTT would be the estimate's RTT."""
+    from edge_agent.monitor import LinkMonitor, MonitorConfig
+
+    async def go():
+        async with _stack(model_dir) as (runner, backend, emu):
+            runner.monitor = LinkMonitor(MonitorConfig(rtt_max_age_s=0.2))
+            assert await runner.probe_rtt()
+            rtt_before = runner.monitor.estimate().rtt_ms
+            emu.set(up=False)
+            assert await runner.check_reachable() is False  # blackholed: no answer within its timeout
+            failed = runner.monitor.estimate().unreachable
+            check = asyncio.ensure_future(runner.probe_rtt(timeout_s=10.0))
+            await asyncio.sleep(0.6)
+            t_back = time.monotonic()
+            emu.set(up=True)
+            assert await check
+            waited_ms = (time.monotonic() - t_back) * 1e3 + 600.0
+            return rtt_before, failed, waited_ms, runner.monitor.estimate()
+
+    rtt_before, failed, waited_ms, est = asyncio.run(go())
+    assert failed == 1 and est.unreachable == 0
+    assert waited_ms >= 600.0 > 2 * rtt_before
+    assert est.rtt_ms < waited_ms / 2  # the link's 2 ms and the host's delays, not the wait
+
+
 def test_the_first_call_over_a_long_rtt_link_waits_for_the_handshake(model_dir):
     """A connection whose handshake (TCP, then HTTP/2 SETTINGS: about two RTTs) takes longer
     than the reconnect back-off still opens: the first call waits for it instead of failing
