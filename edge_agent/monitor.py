@@ -306,19 +306,18 @@ class LinkMonitor:
 
     def _observe_rate(self, bps: float, now_s: float, started_s: float | None, weight: float = 1.0) -> bool:
         x = math.log(bps)
-        if self._bounded and started_s is not None and started_s < self._bound_s and self._level is not None:
-            # Begun before the bound's evidence, it averages in the faster link from before the
-            # step: it cannot lift the bound (a transfer sent since, or a probe, will), and one
-            # below it is a tighter ceiling, not a level.
-            if x >= self._level:
-                return False
-            self._samples += 1
-            self._last_sample_s = now_s
-            self._level = x
+        # Begun before the bound's evidence, it averages in the faster link from before the step:
+        # it cannot lift the bound (a transfer sent since, or a probe, will), and one below it is
+        # a tighter ceiling, not a level.
+        stale = self._bounded and started_s is not None and started_s < self._bound_s and self._level is not None
+        if stale and x >= self._level:
             return False
         self._samples += 1
         self._last_sample_s = now_s
         self._unreachable = 0
+        if stale:
+            self._level = x
+            return False
         if self._level is None:
             self._level = x
             return False
