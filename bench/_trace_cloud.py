@@ -23,6 +23,9 @@ from typing import Any
 
 _FAST_MBPS = 1000.0
 """The link between turns and while the agent installs the model: a turn's leftovers drain fast."""
+_NICE = 10
+"""How much lower than the agent's this process's CPU priority is; see [Note: the cloud's process]
+in bench/traces.py."""
 
 
 class CloudProcess:
@@ -99,6 +102,7 @@ async def _serve(root: str, up: str, down: str, rtt_ms: float) -> None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s cloud %(name)s: %(message)s")
     root, up, down, rtt = argv
+    os.nice(_NICE)  # the cloud's work never delays the device's: [Note: the cloud's process]
     asyncio.run(_serve(root, up, down, float(rtt)))
     return 0
 

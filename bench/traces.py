@@ -46,8 +46,14 @@ delivery opportunity) and the gateway's handling of it ran between the agent's o
 That was not what made ours' local answers slower than edge-only's (0.27 ms at the median
 on LTE, the same with the cloud moved out: the decision ran before the local run; see
 [Note: local runs cancelled] in edge_agent/runner.py), but no strategy now pays for the
-cloud's work in the device's time. The agent reaches the emulator over loopback TCP as it
-would a network; between turns the bench drives the link through the emulator's control API.
+cloud's work in the device's time. Nor in the device's CPU time: the process runs at a lower
+priority than the agent's (`nice` 10), as the cloud and the device are different machines. The
+emulated device sleeps out each run's time, and on this 2-core host a sleeping thread woke 3.6 ms
+late at the 95th percentile while another process at the same priority ran ORT on both cores
+(0.16 ms with that process at nice 10); so every probe, trial or hedge whose tail the cloud ran
+could delay a local answer, and edge-only, which sends nothing, was never delayed. The agent
+reaches the emulator over loopback TCP as it would a network; between turns the bench drives the
+link through the emulator's control API.
 
 [Note: emulated device]
 The device is a reference device of `planner.devices` (`--device`, default `rpi4`): its
