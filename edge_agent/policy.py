@@ -22,8 +22,7 @@ flight bound the queue (see [Note: closed loop]).
 3. Hysteresis, switch cost and dwell: the target replaces the current option only if it
    is at least `hysteresis` cheaper (or `risk_tie` safer), saves more than a switch costs
    over one dwell (see [Note: risk]), and `dwell_s` passed since the last switch (a
-   safer target need not wait; the first choice is no switch, and it rests on one probe,
-   so it starts no dwell), unless the current option became unavailable (breaker
+   safer target need not wait), unless the current option became unavailable (breaker
    open, engine gone), misses the SLO at least half the time more than the target, or
    costs over 1/`urgent_ratio` times the target. So jitter never flaps the cut and a
    real step switches at once.
@@ -299,7 +298,7 @@ class PolicyState:
     current: str = ""
     """plan_key of the option in use; '' before the first decision."""
     switched_s: float | None = None
-    """When the current option was switched to; None for the first choice, which starts no dwell."""
+    """When the current option was chosen."""
     switches: int = 0
     """Switches so far."""
     previous: str = ""
@@ -471,9 +470,8 @@ def _switch(state: PolicyState, to: str, now_s: float, cfg: PolicyConfig) -> Pol
     flip = bool(state.current) and to == state.previous and held_s < cfg.flap_window_s
     reversals = _reversals(state, now_s, cfg) + (1 if flip else 0)
     recent = _recent(state, now_s, cfg) + ((now_s,) if state.current else ())
-    # The first choice is no switch, and it rests on the first probe alone: no dwell holds it.
-    return PolicyState(to, now_s if state.current else None, state.switches + (1 if state.current else 0),
-                       state.current, reversals, state.trial_s, recent)
+    return PolicyState(to, now_s, state.switches + (1 if state.current else 0), state.current, reversals,
+                       state.trial_s, recent)
 
 
 def _recent(state: PolicyState, now_s: float, cfg: PolicyConfig) -> tuple[float, ...]:

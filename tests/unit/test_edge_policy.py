@@ -83,17 +83,6 @@ def test_dwell_holds_a_small_win_but_not_after_it():
     assert a.plan_key == A.key and a.switched
 
 
-def test_the_first_choice_starts_no_dwell_but_a_switch_does():
-    """The first plan rests on one probe: the next estimate may move it at once, then the dwell holds."""
-    cfg = dataclasses.replace(CFG, dwell_s=10.0, urgent_ratio=0.0)
-    a, state = policy(_est(18.88e6), FRONT, HEALTH, PolicyState(), 0.0, config=cfg)
-    assert a.plan_key == A.key and state.switches == 0
-    a, state = policy(_est(1.1e6), FRONT, HEALTH, state, 0.1, config=cfg)
-    assert a.plan_key == B.key and a.switched and "forced" not in a.reason and state.switches == 1
-    a, state = policy(_est(18.88e6), FRONT, HEALTH, state, 0.2, config=cfg)
-    assert a.plan_key == B.key and not a.switched and "dwell 10 s" in a.reason
-
-
 def test_slo_forces_a_switch_inside_the_dwell():
     cfg = PolicyConfig(slo_ms=150.0, dwell_s=10.0, urgent_ratio=0.0)
     state = PolicyState()
