@@ -350,6 +350,12 @@ class LinkMonitor:
         self._level += c.alpha * weight * dev
         return False
 
+    @property
+    def rising(self) -> bool:
+        """A sample above the level by more than the dead band has begun a step up that no step
+        has completed yet: the next samples confirm it or wear it down."""
+        return self._up > 0
+
     def observe_rtt(self, rtt_ms: float, now_s: float) -> None:
         """An RTT sample (a health probe, or a call that moved almost no bytes)."""
         if not rtt_ms >= 0 or not math.isfinite(rtt_ms):

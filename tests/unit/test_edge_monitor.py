@@ -299,3 +299,15 @@ def test_a_transfer_begun_before_the_bound_and_slower_tightens_it_and_the_next_o
     assert mon.observe_transfer(BOUNDARY_BYTES, 4000, 8 * BOUNDARY_BYTES / 20e6 + 0.36, 340.0, 15.0) is True
     assert mon.estimate().up_bps == pytest.approx(20e6, rel=0.05)
     assert mon.estimate().changes == changes + 1
+
+
+def test_a_sample_past_the_dead_band_begins_a_rise_until_a_step_completes_it():
+    mon = LinkMonitor()
+    _feed(mon, [2e6] * 10)
+    mon.observe_rate(2.4e6, 1.0)  # log 1.2 = 0.18: within the dead band
+    assert not mon.rising
+    mon.observe_rate(16e6, 1.1)  # 8x: begun, not yet a step
+    assert mon.rising and mon.estimate().changes == 0
+    mon.observe_rate(16e6, 1.2)  # the second completes it
+    assert not mon.rising and mon.estimate().changes == 1
+    assert mon.estimate().up_bps == pytest.approx(16e6)

@@ -306,7 +306,7 @@ def test_a_busy_device_prices_the_cloud_at_the_load_it_would_draw():
     assert act.kind == "offload" and act.switched
 
 
-def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_outage():
+def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_outage_nor_after_a_rise():
     import concurrent.futures
     import time
 
@@ -331,6 +331,14 @@ def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_out
         r.breaker = dataclasses.replace(r.breaker, state=B.OPEN)  # an outage: no back-off
         assert r.link_idle()
         r._unreachable()  # a check that gets no answer starts again from the shortest wait
+        assert r._quiet_probes == 0
+        r.breaker = dataclasses.replace(r.breaker, state=B.CLOSED)
+        for i in range(10):
+            r.monitor.observe_rate(2e6, i * 0.1)
+        r._probed()  # a probe at the level: the plan stays local, the wait doubles
+        assert r._quiet_probes == 1
+        r.monitor.observe_rate(16e6, 1.0)  # a probe 8x above the level: a rise the next sample confirms
+        r._probed()
         assert r._quiet_probes == 0
 
 
