@@ -84,6 +84,8 @@ class LinkProbing:
     last_remote_s: float
     offload_enabled: bool
     _remote_tasks: set[asyncio.Task[InferResult]]
+    _probing: bool = False
+    """A probe is on the link (see `probe`)."""
     _last_request: InferRequest | None
     _last_check_s: float
     _probe_ok: bool | None
@@ -103,10 +105,11 @@ class LinkProbing:
         return (a is not None and a.kind == LOCAL) or self.breaker.state != B.CLOSED
 
     def _uploading(self) -> bool:
-        return any(not t.done() for t in self._remote_tasks)
+        """A request's remote call or a probe is on the link."""
+        return self._probing or any(not t.done() for t in self._remote_tasks)
 
     def link_idle(self) -> bool:
-        """No remote call in flight and none for `probe_interval_s`: a probe competes with nothing.
+        """No remote call or probe in flight and none for `probe_interval_s`: a probe competes with nothing.
 
         While requests run locally (or the breaker is open) probes are the only samples of the
         link, and how soon a recovery is seen depends on them: the quiet time is then halved.
@@ -182,7 +185,18 @@ class LinkProbing:
 
         Its outcome also moves an open or half-open breaker: while requests run locally
         (breaker open, or no plan fits the link) only a probe can show the link is back.
+        A probe while another is in flight returns at once: the two would share the link and
+        each read it at part of its rate.
         """
+        if self._probing:
+            return
+        self._probing = True
+        try:
+            await self._probe(check)
+        finally:
+            self._probing = False
+
+    async def _probe(self, check: bool) -> None:
         # Before any RTT is known the check also sets up the connection: give it time.
         first = self.monitor.estimate().rtt_ms is None
         if check and not await self.probe_rtt(timeout_s=2.0 if first else self._check_timeout_s()):

@@ -268,6 +268,35 @@ def test_offload_disabled_runs_locally_and_leaves_the_link_alone(model_dir):
     assert calls_on == 1
 
 
+def test_a_probe_on_the_link_keeps_it_busy_and_a_second_probe_sends_nothing(model_dir):
+    """While a probe is in flight the link is not idle (the daemon's loop starts none beside it),
+    and a probe asked for meanwhile returns without sending: two would share the link and each
+    read it at part of its rate. Once it is done, the next probe sends again."""
+    d, path, models, cut = model_dir
+
+    async def go():
+        async with runner_over_link(
+                models, fixed_frontier(models.graph, cut), path, cut.key, d / "server-cache",
+                LinkSetting.from_mbps(100, 100, 300), {"model": f"{MODEL}@{VERSION}", "cacheDir": str(d / "cache")},
+                local_ms=1000.0) as (runner, backend, _):
+            runner.last_action = None
+            runner.last_remote_s = 0.0  # quiet for ages: a probe is due
+            idle_before = runner.link_idle()
+            first = asyncio.ensure_future(runner.probe())
+            await asyncio.sleep(0.1)  # inside its health check or its boundary (RTT 300 ms)
+            idle_during = runner.link_idle(), runner.wants_reachability_check(1e9)
+            await runner.probe()
+            calls_beside = backend.calls
+            await first
+            calls_after_first = backend.calls
+            await runner.probe()
+            return idle_before, idle_during, calls_beside, calls_after_first, backend.calls, runner.counters.probes
+
+    idle_before, idle_during, beside, after_first, after_next, probes = asyncio.run(go())
+    assert idle_before and idle_during == (False, False)
+    assert beside == 0 and after_first == 1 and after_next == 2 and probes == 2
+
+
 def test_fallback_none_returns_the_error(model_dir):
     async def go():
         async with _stack(model_dir, fallback="none") as (runner, backend, _):
