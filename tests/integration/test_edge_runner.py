@@ -50,11 +50,11 @@ def _ref(path, x):
 
 @contextlib.asynccontextmanager
 async def _stack(model_dir, *, remote_timeout_ms=400.0, outage_mode=OutageMode.BLACKHOLE, fallback="local",
-                 slo_ms=None, encoding=Encoding()):
+                 slo_ms=None, encoding=Encoding(), rtt_ms=2):
     d, path, models, cut = model_dir
     async with runner_over_link(
             models, fixed_frontier(models.graph, cut, encoding=encoding), path, cut.key, d / "server-cache",
-            LinkSetting.from_mbps(100, 100, 2),
+            LinkSetting.from_mbps(100, 100, rtt_ms),
             {"model": f"{MODEL}@{VERSION}", "remoteTimeoutMs": remote_timeout_ms, "fallback": fallback,
              "sloMs": slo_ms, "cacheDir": str(d / "cache"), "breakerFailures": 100},
             local_ms=1000.0, outage_mode=outage_mode) as (runner, backend, emu):
@@ -272,13 +272,8 @@ def test_a_probe_on_the_link_keeps_it_busy_and_a_second_probe_sends_nothing(mode
     """While a probe is in flight the link is not idle (the daemon's loop starts none beside it),
     and a probe asked for meanwhile returns without sending: two would share the link and each
     read it at part of its rate. Once it is done, the next probe sends again."""
-    d, path, models, cut = model_dir
-
     async def go():
-        async with runner_over_link(
-                models, fixed_frontier(models.graph, cut), path, cut.key, d / "server-cache",
-                LinkSetting.from_mbps(100, 100, 300), {"model": f"{MODEL}@{VERSION}", "cacheDir": str(d / "cache")},
-                local_ms=1000.0) as (runner, backend, _):
+        async with _stack(model_dir, rtt_ms=300) as (runner, backend, _):
             runner.last_action = None
             runner.last_remote_s = 0.0  # quiet for ages: a probe is due
             idle_before = runner.link_idle()
