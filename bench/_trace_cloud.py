@@ -2,7 +2,7 @@
 the gateway (in-process pools) on the registry under ROOT, behind the link emulator replaying a
 Mahimahi trace pair, with its HTTP control API on loopback.
 
-    python -m bench._trace_cloud ROOT TRACE.up TRACE.down RTT_MS
+    python -m bench._trace_cloud ROOT TRACE.up TRACE.down RTT_MS RATE_SCALE
 
 Prints one JSON line once serving, `{"port": the emulator's port, "control": its control port}`,
 with the link fast (`_FAST_MBPS` each way) until a `POST /replay`; stops when stdin closes.
@@ -32,12 +32,12 @@ class CloudProcess:
     """The child process of this module, and its link's control API (blocking calls of a few ms,
     made between turns)."""
 
-    def __init__(self, root: str, up: Path, down: Path, rtt_ms: float) -> None:
+    def __init__(self, root: str, up: Path, down: Path, rtt_ms: float, rate_scale: float = 1.0) -> None:
         repo = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
         self.rtt_ms = rtt_ms
         self._proc = subprocess.Popen([sys.executable, "-m", "bench._trace_cloud", root, str(up), str(down),
-                                       str(rtt_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                       str(rtt_ms), str(rate_scale)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                       cwd=repo, text=True)
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
@@ -76,7 +76,7 @@ class CloudProcess:
             self._proc.wait(10)
 
 
-async def _serve(root: str, up: str, down: str, rtt_ms: float) -> None:
+async def _serve(root: str, up: str, down: str, rtt_ms: float, rate_scale: float) -> None:
     from cluster.gateway import Gateway, LocalPoolFactory
     from cluster.registry import Registry
     from cluster.server import serve
@@ -86,8 +86,9 @@ async def _serve(root: str, up: str, down: str, rtt_ms: float) -> None:
     gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(root, "ort")))
     await gateway.start()
     server = await serve(gateway)
-    emu = LinkEmulator(upstream=("127.0.0.1", server.port), trace_up=load_mahimahi_trace(up),
-                       trace_down=load_mahimahi_trace(down), rtt_ms=rtt_ms, control=("127.0.0.1", 0))
+    emu = LinkEmulator(upstream=("127.0.0.1", server.port), trace_up=load_mahimahi_trace(up).scaled(rate_scale),
+                       trace_down=load_mahimahi_trace(down).scaled(rate_scale), rtt_ms=rtt_ms,
+                       control=("127.0.0.1", 0))
     await emu.start()
     emu.set(LinkSetting.from_mbps(_FAST_MBPS, _FAST_MBPS, rtt_ms))
     try:
@@ -101,9 +102,9 @@ async def _serve(root: str, up: str, down: str, rtt_ms: float) -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s cloud %(name)s: %(message)s")
-    root, up, down, rtt = argv
+    root, up, down, rtt, rate_scale = argv
     os.nice(_NICE)  # the cloud's work never delays the device's: [Note: the cloud's process]
-    asyncio.run(_serve(root, up, down, float(rtt)))
+    asyncio.run(_serve(root, up, down, float(rtt), float(rate_scale)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Real links: the edge agent on recorded cellular traces, against static plans and a bound.
 
     python -m bench.traces [--trace-dir DIR] [--out FILE] [--model M] [--slo-ms S] [--seconds N] [--rounds R]
+                           [--rate-scale K] [--only NAME]
 
 Every `NAME.up`/`NAME.down` pair in `--trace-dir` (default the recorded traces in
 `../shared/traces` next to the checkout, GPL-3.0 data that stays there) is replayed by
@@ -36,7 +37,11 @@ used in each round, and each request's latency per strategy; `timeline.ours_requ
 each of ours' requests with its decision (plan, predicted and pessimistic ms, predicted
 chance of a miss), to read its tail against what was predicted. `--seconds N` cuts each
 trace to its first N seconds (default 60, times 3 rounds: a default run over the three
-shared traces takes about 45 minutes; 0: whole traces).
+shared traces takes about 45 minutes; 0: whole traces). `--rate-scale K` replays every trace
+at K times its rate, its dips and outages in place ([Note: scaled traces] in
+splitinfer/netem/mahimahi.py), under the name `NAME-xK`: the same recording as a faster (or
+slower) network, where the shared traces leave offloading a near thing. Every trace file is
+read before the first turn, so a malformed one stops the run at once.
 
 [Note: the cloud's process]
 The gateway and the link emulator run in a process of their own (bench/_trace_cloud.py), as
@@ -311,16 +316,15 @@ def turn_order(rounds: int) -> list[tuple[int, str]]:
 
 
 async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], name: str, up: Path,
-                    down: Path) -> dict[str, Any]:
+                    down: Path, traces: tuple[Any, Any]) -> dict[str, Any]:
     from bench._trace_cloud import CloudProcess
     from edge_agent.config import config_from_dict
     from edge_agent.daemon import EdgeAgent
     from edge_agent.engines import time_engine_ms
-    from splitinfer.netem import load_mahimahi_trace
 
-    trace_up, trace_down = load_mahimahi_trace(up), load_mahimahi_trace(down)
+    trace_up, trace_down = traces  # scaled by --rate-scale
     seconds = args.seconds or trace_up.period_ms / 1e3
-    cloud = CloudProcess(root, up, down, args.rtt_ms)  # [Note: the cloud's process]; the model installs fast
+    cloud = CloudProcess(root, up, down, args.rtt_ms, args.rate_scale)  # [Note: the cloud's process]; the model installs fast
     cfg = {"gateway": f"127.0.0.1:{cloud.port}", "model": f"{args.model}@1", "apiPort": 0,
            "deviceProfile": setup["device_profile"], "cacheDir": os.path.join(root, "edge-cache"),
            "intraOpThreads": 1, "startupTimeoutS": 120, "encodings": args.encodings.split(","),
@@ -379,7 +383,7 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
     return {
         "strategies": out,
         "trace": {"up": up.name, "down": down.name, "seconds": seconds, "mean_up_bps": trace_up.mean_bps,
-                  "mean_down_bps": trace_down.mean_bps, "rtt_ms": args.rtt_ms},
+                  "mean_down_bps": trace_down.mean_bps, "rtt_ms": args.rtt_ms, "rate_scale": args.rate_scale},
         "fps": fps, "slo_ms": slo_ms, "rounds": args.rounds, "local_engine_ms": local_ms, "host_load": loads,
         "plans": {"cloud_only": cloud_only.key if cloud_only else None, "static": static.key if static else None},
         "timeline": {"rate_mbps": rate_per_second(trace_up, seconds),
@@ -490,12 +494,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--remote-timeout-ms", type=float, default=1500.0)
     p.add_argument("--encodings", default="fp32,fp16,int8", help="boundary encodings the agent may plan with")
     p.add_argument("--only", action="append", help="run only this trace NAME (repeatable)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="replay every trace at this many times its rate (its dips in place; results and PNGs "
+                        "named NAME-xK); default 1")
     args = p.parse_args(argv)
     for flag, v, ok in (("--seconds", args.seconds, args.seconds >= 0), ("--slo-ms", args.slo_ms, args.slo_ms >= 0),
-                        ("--fps", args.fps, args.fps >= 0),
+                        ("--fps", args.fps, args.fps >= 0), ("--rate-scale", args.rate_scale, args.rate_scale > 0),
                         ("--slowdown", args.slowdown, args.slowdown == 0 or args.slowdown >= 1)):
         if not (math.isfinite(v) and ok):
-            p.error(f"{flag} is {v!r}; it must be a number >= {'1, or 0' if flag == '--slowdown' else 0}")
+            least = {"--slowdown": ">= 1, or 0", "--rate-scale": "> 0"}.get(flag, ">= 0")
+            p.error(f"{flag} is {v!r}; it must be a number {least}")
     if args.rounds < 1:
         p.error(f"--rounds is {args.rounds!r}; it must be an integer >= 1")
     from planner.devices import DEVICES
@@ -504,7 +512,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--device is {args.device!r}; it must be one of {sorted(DEVICES)}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
-    pairs = [pr for pr in find_pairs(args.trace_dir) if not args.only or pr[0] in args.only]
+    found = find_pairs(args.trace_dir)
+    pairs = [pr for pr in found if not args.only or pr[0] in args.only]
+    missing = sorted(set(args.only or ()) - {name for name, _, _ in found})
+    if missing:
+        p.error(f"--only {', '.join(missing)}: no such pair in {str(args.trace_dir)!r}; it has "
+                f"{', '.join(name for name, _, _ in found)}")
+    from splitinfer.netem import NetemError, load_mahimahi_trace
+
+    try:  # every file read before the first turn: a bad one fails now, not after an hour of others
+        traces = {name: (load_mahimahi_trace(up).scaled(args.rate_scale),
+                         load_mahimahi_trace(down).scaled(args.rate_scale)) for name, up, down in pairs}
+    except NetemError as e:
+        raise SystemExit(f"bench.traces: {e}") from None
+    suffix = "" if args.rate_scale == 1 else f"-x{args.rate_scale:g}"
     from bench.adaptation import _setup_registry
 
     results: dict[str, Any] = {"traces": {}}
@@ -518,10 +539,12 @@ def main(argv: list[str] | None = None) -> int:
                             "single_thread_cpu_ms": setup["cpu_ms"], "slowdown": setup["slowdown"],
                             "rounds": args.rounds, "rtt_ms": args.rtt_ms, "seconds": args.seconds,
                             "encodings": args.encodings, "remote_timeout_ms": args.remote_timeout_ms,
+                            "rate_scale": args.rate_scale,
                             "trace_dir": args.trace_dir.name}
-        for name, up, down in pairs:
+        for stem, up, down in pairs:
             t = time.monotonic()
-            results["traces"][name] = r = asyncio.run(run_trace(args, root, setup, name, up, down))
+            name = stem + suffix
+            results["traces"][name] = r = asyncio.run(run_trace(args, root, setup, name, up, down, traces[stem]))
             logger.info("%s done in %.0f s", name, time.monotonic() - t)
             out_dir = os.path.dirname(os.path.abspath(args.out))
             os.makedirs(out_dir, exist_ok=True)

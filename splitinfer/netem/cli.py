@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import sys
 from typing import Any
@@ -51,6 +52,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="Mahimahi trace of the uplink (one line per 1500-byte delivery opportunity, "
                              "a time in ms; it repeats); needs --trace-down")
     parser.add_argument("--trace-down", metavar="FILE", help="Mahimahi trace of the downlink; needs --trace-up")
+    parser.add_argument("--rate-scale", type=float, default=1.0, metavar="K",
+                        help="replay the Mahimahi traces at K times their rate, dips and outages in place "
+                             "(default 1)")
     queue = parser.add_mutually_exclusive_group()
     queue.add_argument("--queue-bytes", type=int, metavar="BYTES",
                        help=f"drop-tail queue per direction on Mahimahi traces; when full the emulator stops "
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                      "drop --trace, --up, --down and --loop (a Mahimahi trace always repeats)")
     if mahimahi and (args.trace_up is None or args.trace_down is None):
         parser.error("give both --trace-up FILE and --trace-down FILE")
+    if not (math.isfinite(args.rate_scale) and args.rate_scale > 0):
+        parser.error(f"--rate-scale is {args.rate_scale!r}; it must be a number > 0 (e.g. 3: three times the rate)")
+    if not mahimahi and args.rate_scale != 1.0:
+        parser.error("--rate-scale scales Mahimahi traces only; add --trace-up and --trace-down")
     if not mahimahi and (args.queue_bytes is not None or args.queue_packets is not None):
         parser.error("--queue-bytes/--queue-packets shape Mahimahi traces only; add --trace-up and --trace-down")
     queue_bytes = DEFAULT_QUEUE_BYTES
@@ -100,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, Any] = {}
     try:
         if mahimahi:
-            extra = {"trace_up": load_mahimahi_trace(args.trace_up), "trace_down": load_mahimahi_trace(args.trace_down),
+            extra = {"trace_up": load_mahimahi_trace(args.trace_up).scaled(args.rate_scale),
+                     "trace_down": load_mahimahi_trace(args.trace_down).scaled(args.rate_scale),
                      "rtt_ms": args.rtt, "queue_bytes": queue_bytes}
         elif args.trace:
             trace = load_trace(args.trace)

@@ -21,6 +21,14 @@ so the proxy treats a full queue as a full router buffer that TCP's congestion c
 would back off from: it stops reading from the sender until there is room (the sender's
 socket buffers fill and its writes block). The bound caps the queueing delay inside the
 link at the time the trace takes to deliver that many bytes.
+
+[Note: scaled traces]
+`MahimahiTrace.scaled(k)` replays a recording as a link k times as fast (or slow): every
+instant that had an opportunity keeps its place, and by any time the scaled trace has
+delivered k times the original's opportunities, rounded down. The dips, outages and bursts
+stay where they were and keep their shape; only their depth in bytes changes. That tests an
+agent on a faster network of the same kind (a 3x replay of a 4G drive is closer to a good
+LTE cell than to 5G, whose variation has a different shape), not on another recording.
 """
 
 from __future__ import annotations
@@ -71,6 +79,22 @@ class MahimahiTrace:
     def count_between(self, start_ms: float, end_ms: float) -> int:
         """Opportunities at times t with start_ms <= t < end_ms, counting the repeats."""
         return _index_at(self.opportunities_ms, end_ms) - _index_at(self.opportunities_ms, start_ms)
+
+    def scaled(self, factor: float) -> MahimahiTrace:
+        """The same trace at `factor` times its rate: the same instants and period, each carrying
+        `factor` times as many opportunities (cumulatively rounded down, so the count by any time is
+        within one opportunity of `factor` times the original's); see [Note: scaled traces]."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise NetemError(f"a Mahimahi trace's rate factor must be a number > 0, got {factor!r}",
+                             fix="scale by e.g. 0.5 (half the rate) or 3 (three times)")
+        if factor == 1:
+            return self
+        times: list[int] = []
+        for n, t_ms in enumerate(self.opportunities_ms, start=1):
+            times.extend([t_ms] * (math.floor(n * factor + 1e-9) - len(times)))
+        if not times or times[-1] != self.period_ms:
+            times.append(self.period_ms)  # the period is the last time: keep one opportunity there
+        return MahimahiTrace(path=f"{self.path} x{factor:g}", opportunities_ms=tuple(times))
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "opportunities": len(self.opportunities_ms), "period_ms": self.period_ms,

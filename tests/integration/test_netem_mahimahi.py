@@ -162,14 +162,15 @@ def test_connections_share_one_link_per_direction():
     assert per_second[2] == pytest.approx(300 * 1500, rel=0.05)
 
 
-def test_netem_command_applies_the_queue_bound_and_reports_it_on_the_control_api(tmp_path):
+@pytest.mark.parametrize("scale", [1, 3])
+def test_netem_command_applies_the_queue_bound_and_reports_it_on_the_control_api(tmp_path, scale):
     up, down = tmp_path / "x.up", tmp_path / "x.down"
     up.write_text("".join(f"{t}\n" for t in range(10, 1010, 10)))
     down.write_text("".join(f"{t}\n" for t in range(5, 1005, 5)))
     process = subprocess.Popen(
         [sys.executable, "-m", "splitinfer.netem", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9",
          "--trace-up", str(up), "--trace-down", str(down), "--rtt", "30ms", "--queue-packets", "50",
-         "--control", "127.0.0.1:0"],
+         "--control", "127.0.0.1:0"] + (["--rate-scale", str(scale)] if scale != 1 else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
@@ -180,5 +181,5 @@ def test_netem_command_applies_the_queue_bound_and_reports_it_on_the_control_api
         process.terminate()
         process.communicate(timeout=10)
     assert state["mahimahi"]["queue_bytes"] == 50 * 1500 and state["mahimahi"]["shaping"] is True
-    assert state["mahimahi"]["up"]["opportunities"] == 100 and state["mahimahi"]["down"]["period_ms"] == 1000
-    assert state["setting"]["up_mbps"] == pytest.approx(1.2) and state["setting"]["rtt_ms"] == 30.0
+    assert state["mahimahi"]["up"]["opportunities"] == 100 * scale and state["mahimahi"]["down"]["period_ms"] == 1000
+    assert state["setting"]["up_mbps"] == pytest.approx(1.2 * scale) and state["setting"]["rtt_ms"] == 30.0

@@ -4,7 +4,17 @@ import collections
 
 import pytest
 
-from bench.traces import STRATEGIES, find_pairs, hindsight, pooled, pooled_hindsight, rate_per_second, summarise, turn_order
+from bench.traces import (
+    STRATEGIES,
+    find_pairs,
+    hindsight,
+    main,
+    pooled,
+    pooled_hindsight,
+    rate_per_second,
+    summarise,
+    turn_order,
+)
 from splitinfer.netem import load_mahimahi_trace
 
 
@@ -16,6 +26,21 @@ def test_pairs_are_the_up_files_with_a_down_beside_them(tmp_path):
         find_pairs(_empty(tmp_path))
     with pytest.raises(SystemExit, match="is not a folder"):
         find_pairs(tmp_path / "missing")
+
+
+def test_a_bad_trace_or_an_unknown_name_stops_the_run_before_any_turn(tmp_path, capsys):
+    for name, text in (("good", "1\n2\n"), ("bad", "1\nabc\n")):
+        (tmp_path / f"{name}.up").write_text(text)
+        (tmp_path / f"{name}.down").write_text("1\n")
+    with pytest.raises(SystemExit, match=r"bad\.up:2: .*\(got 'abc'\); write one whole number"):
+        main(["--trace-dir", str(tmp_path), "--out", str(tmp_path / "out.json")])
+    with pytest.raises(SystemExit) as info:
+        main(["--trace-dir", str(tmp_path), "--only", "nope"])
+    assert info.value.code == 2 and "--only nope: no such pair" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--trace-dir", str(tmp_path), "--rate-scale", "-2"])
+    assert "--rate-scale is -2.0; it must be a number > 0" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
 
 
 def _empty(tmp_path):

@@ -62,6 +62,26 @@ def test_load_missing_file_says_so(tmp_path):
         load_mahimahi_trace(tmp_path / "nope.up")
 
 
+def test_a_scaled_trace_keeps_its_instants_and_carries_k_times_the_opportunities():
+    trace = _trace(0, 0, 7, 400, 400, 400, 1000)   # 2, 1, 3 and 1 opportunities at four instants
+    fast = trace.scaled(3)
+    assert fast.opportunities_ms == (0,) * 6 + (7,) * 3 + (400,) * 9 + (1000,) * 3
+    assert fast.period_ms == trace.period_ms and fast.mean_bps == pytest.approx(3 * trace.mean_bps)
+    half = trace.scaled(0.5)   # by each instant, half the original's count, rounded down
+    assert half.opportunities_ms == (0, 400, 400, 1000) and half.period_ms == trace.period_ms
+    assert set(trace.scaled(1.5).opportunities_ms) == set(trace.opportunities_ms)
+    # A second without opportunities stays empty: an outage is an outage at any rate.
+    gap = _trace(*([0] * 10 + [2500] * 10 + [3000]))
+    assert gap.scaled(4).count_between(1000, 2000) == 0 and gap.scaled(4).count_between(2000, 3000) == 40
+    assert trace.scaled(1) is trace
+
+
+@pytest.mark.parametrize("factor", [0, -1, float("nan"), float("inf")])
+def test_a_trace_scaled_by_no_positive_number_is_refused(factor):
+    with pytest.raises(NetemError, match="rate factor must be a number > 0"):
+        _trace(0, 10).scaled(factor)
+
+
 def test_count_between_counts_the_repeats():
     trace = _trace(0, 0, 5, 10)  # period 10 ms, 4 opportunities per period
     assert trace.count_between(0, 10) == 3  # the one at 10 ms is outside [0, 10)
@@ -176,6 +196,8 @@ def test_emulator_rejects_bad_mahimahi_arguments(kwargs, text):
         (["--trace-up", "{up}", "--trace-down", "{up}", "--queue-packets", "0"], "at least one packet"),
         (["--trace-up", "{up}", "--trace-down", "{up}", "--queue-bytes", "1", "--queue-packets", "2"],
          "not allowed with"),
+        (["--trace-up", "{up}", "--trace-down", "{up}", "--rate-scale", "0"], "--rate-scale is 0.0; it must be"),
+        (["--up", "1mbit", "--rate-scale", "2"], "--rate-scale scales Mahimahi traces only"),
     ],
 )
 def test_netem_command_rejects_bad_mahimahi_options(tmp_path, capsys, extra, text):
