@@ -64,7 +64,8 @@ _CHECK_TIMEOUT_S = 0.5
 outage; a blackholed check still completes if the link returns while it waits."""
 
 
-def _error_kind(e: BaseException) -> str:
+def error_kind(e: BaseException) -> str:
+    """The exception's class name, as failures are counted and logged (e.g. `DeadlineExceeded`)."""
     return type(e).__name__
 
 
@@ -224,7 +225,7 @@ class LinkProbing:
             self.monitor.observe_timeout(req.tensor_bytes(), now - t0, now)
             if self.breaker.state == B.HALF_OPEN:
                 self.breaker = B.on_failure(self.breaker, now, self.breaker_config)
-            self._probe_outcome(False, f"{_error_kind(e)} after {(now - t0) * 1e3:.0f} ms")
+            self._probe_outcome(False, f"{error_kind(e)} after {(now - t0) * 1e3:.0f} ms")
             self._quiet_probes = 0
             self._estimate_moved()
             return

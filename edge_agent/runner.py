@@ -105,7 +105,7 @@ from edge_agent.policy import (
     hedge_delay_s,
     policy,
 )
-from edge_agent.probing import LinkProbing
+from edge_agent.probing import LinkProbing, error_kind
 from planner import Encoding, Frontier
 from planner.costmodel import remote_budget_ms
 from workers.engine import RunCancel
@@ -124,10 +124,6 @@ _EARLY_START_S = 0.002
 ([Note: local runs cancelled]); the run's checks and the input's copy take ~0.1 ms here."""
 _FACTOR_ALPHA = 0.3
 _FACTOR_RANGE = {"local": (0.5, 4.0), "remote": (0.5, 3.0)}
-
-
-def _error_kind(e: BaseException) -> str:
-    return type(e).__name__
 
 
 def encode_boundary(enc: Encoding, names: Sequence[str], boundary: Mapping[str, np.ndarray],
@@ -253,7 +249,10 @@ class Runner(LinkProbing):
         est = self.monitor.estimate(now_s)
         if est.changes != self._changes_seen:
             self._changes_seen = est.changes
-            self.factors["remote"] = 1.0
+            if abs(self._logged_factors["remote"] - 1.0) > 0.1:  # the scaling was announced: so is its end
+                logger.info("the link stepped: remote predictions are unscaled again (were x%.2f)",
+                            self.factors["remote"])
+            self.factors["remote"] = self._logged_factors["remote"] = 1.0
         health = Health(remote_ok, probe, self.breaker.state, self.local_ms * self.factors["local"], warm,
                         self._arrival_rps(now_s, count=request), remote_factor=self.factors["remote"],
                         local_factor=self.factors["local"], request=request,
@@ -558,8 +557,8 @@ class Runner(LinkProbing):
             if isinstance(exc, ResourceExhausted):
                 self._refused(action, exc, now, timed_out)
             elif not timed_out:
-                self._remote_failed(_error_kind(exc), action, request.tensor_bytes() * share, now - sent_s, exc)
-            elif _error_kind(exc) == "DeadlineExceeded":
+                self._remote_failed(error_kind(exc), action, request.tensor_bytes() * share, now - sent_s, exc)
+            elif error_kind(exc) == "DeadlineExceeded":
                 # Still unanswered at its gRPC deadline, well past the budget: a tighter bound.
                 self.monitor.observe_timeout(request.tensor_bytes() * share, now - sent_s, now)
             self._estimate_moved()
@@ -570,7 +569,7 @@ class Runner(LinkProbing):
             if step.delivers:
                 deliver(step, exc, "remote")
             else:
-                start_local_tail(f"remote {_error_kind(exc)}: {exc}")
+                start_local_tail(f"remote {error_kind(exc)}: {exc}")
 
         task = loop.create_task(self.remote.infer_counted(request, timeout_s=call_s))
         self._remote_tasks.add(task)

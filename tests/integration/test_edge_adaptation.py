@@ -156,6 +156,31 @@ def test_measured_local_time_corrects_the_profile_and_is_reported(tmp_path):
     assert runner.status()["latency_factors"]["remote"] == 1.0
 
 
+def test_a_step_of_the_link_restarts_the_remote_correction_and_says_so(tmp_path, caplog):
+    """Remote answers 1.6x their predictions scale the remote plans; a detected step of the link
+    restarts the ratio at 1, and the log, which announced the scaling, announces its end."""
+    _, models, _, _ = _stack_parts(tmp_path)
+    cfg = config_from_dict({"gateway": "127.0.0.1:1", "model": "chain@1", "cacheDir": str(tmp_path / "cache")})
+    runner = Runner(models, None, None, cfg, local_ms=10.0)
+    try:
+        with caplog.at_level("INFO", logger="edge_agent.runner"):
+            for _ in range(10):
+                runner._observe_latency("remote", 160.0, 100.0)
+            assert runner.factors["remote"] == pytest.approx(1.6, rel=0.05)
+            runner.decide(1.0)
+            assert runner.factors["remote"] == pytest.approx(1.6, rel=0.05)  # no step yet: it stays
+            t, changes = 1.0, runner.monitor.estimate(1.0).changes
+            for rate in [20e6] * 4 + [2e6] * 10:
+                t += 0.2
+                runner.monitor.observe_rate(rate, t)
+            assert runner.monitor.estimate(t).changes > changes
+            runner.decide(t)
+        assert runner.factors["remote"] == 1.0
+        assert "remote predictions are unscaled again (were x1.5" in caplog.text
+    finally:
+        runner.close()
+
+
 def test_after_an_outage_the_agent_sees_the_link_back_and_offloads_again_without_a_request(tmp_path):
     """The whole daemon (its probe loop included) behind the real emulator and a real gRPC backend:
     during a blackhole outage the requests run locally, the idle-link checks fail and the estimate
