@@ -554,8 +554,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<24} {s:<10} p50 {v['p50_ms']:7.0f} p95 {v['p95_ms']:7.0f} p99 {v['p99_ms']:7.0f} ms  "
                       f"miss {v['slo_miss_rate']:.3f}  lost {v['lost']} doubled {v['doubled']}  switches/min "
                       f"{'-' if per_min is None else round(per_min, 1)}  bytes up {v['bytes_up']}", flush=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(results, fh, indent=1, default=str)
+            with open(args.out, "w", encoding="utf-8") as fh:  # after each trace: a stopped run keeps those done
+                json.dump(results, fh, indent=1, default=str)
     print(f"wrote {args.out}")
     return 0
 
