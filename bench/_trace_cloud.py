@@ -37,8 +37,8 @@ class CloudProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
         self.rtt_ms = rtt_ms
         self._proc = subprocess.Popen([sys.executable, "-m", "bench._trace_cloud", root, str(up), str(down),
-                                       str(rtt_ms), str(rate_scale)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                      cwd=repo, text=True)
+                                       str(rtt_ms), str(rate_scale)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=repo, text=True)
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:

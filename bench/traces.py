@@ -324,7 +324,8 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
 
     trace_up, trace_down = traces  # scaled by --rate-scale
     seconds = args.seconds or trace_up.period_ms / 1e3
-    cloud = CloudProcess(root, up, down, args.rtt_ms, args.rate_scale)  # [Note: the cloud's process]; the model installs fast
+    # [Note: the cloud's process]; the model installs fast
+    cloud = CloudProcess(root, up, down, args.rtt_ms, args.rate_scale)
     cfg = {"gateway": f"127.0.0.1:{cloud.port}", "model": f"{args.model}@1", "apiPort": 0,
            "deviceProfile": setup["device_profile"], "cacheDir": os.path.join(root, "edge-cache"),
            "intraOpThreads": 1, "startupTimeoutS": 120, "encodings": args.encodings.split(","),
