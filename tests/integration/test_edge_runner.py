@@ -189,6 +189,31 @@ def test_outage_through_the_emulator_is_answered_locally_once(model_dir, mode):
     assert c.answered == 4 and c.requests == 4 and c.failed == 0
 
 
+def test_a_device_that_starts_where_the_link_does_not_answer_runs_its_first_request_here(model_dir, caplog):
+    """The start's probe gets no answer: the estimate is the floor, not the rate assumed before
+    any sample, so the first request runs locally at once instead of waiting for its hedge."""
+    from edge_agent.monitor import LinkMonitor
+
+    path = model_dir[1]
+    caplog.set_level("INFO", logger="edge_agent.probing")
+
+    async def go():
+        async with _stack(model_dir) as (runner, backend, emu):
+            runner.monitor = LinkMonitor()
+            emu.set(up=False)
+            await runner.probe()  # as the daemon starts: a health check, then a boundary
+            est = runner.monitor.estimate()
+            ans = await runner.infer({"x": _x(2)}, request_id="first")
+            emu.set(up=True)
+            return est, ans, backend.calls, runner.counters
+
+    est, ans, calls, c = asyncio.run(go())
+    assert est.unreachable == 1 and est.up_bps == pytest.approx(1e3)
+    _check_one(ans, path, _x(2), "local")
+    assert calls == 0 and c.answered == 1 and c.local_tail == 0
+    assert "no answer before any measurement; the estimate starts at the floor" in caplog.text
+
+
 def test_the_check_that_ends_an_outage_is_no_rtt_sample(model_dir):
     """A check sent into a blackhole and answered when the link returns waited for the return:
     it ends the run of failures, and the RTT sample is a second check's. Older RTT samples age

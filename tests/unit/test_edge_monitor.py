@@ -232,6 +232,20 @@ def test_silence_on_an_idle_link_decays_the_estimate_towards_zero_and_the_return
     assert est.up_bps == pytest.approx(5.85e6) and est.changes == before.changes + 2 and est.last_change_s == 34.4
 
 
+def test_a_link_that_fails_its_first_check_starts_at_the_floor_and_its_first_measurement_replaces_it():
+    mon = LinkMonitor()
+    assert mon.estimate().up_bps is None
+    assert mon.observe_unreachable(0.5) is True  # the silence began: a change
+    est = mon.estimate()
+    assert est.up_bps == pytest.approx(MonitorConfig().floor_bps) and est.unreachable == 1
+    assert est.rates_bps() == pytest.approx((MonitorConfig().floor_bps,))
+    mon.observe_unreachable(1.0)
+    assert mon.estimate().up_bps == pytest.approx(MonitorConfig().floor_bps)  # no lower than the floor
+    mon.observe_rtt(50.0, 12.0)
+    assert mon.observe_rate(8e6, 12.4) is True  # the link came: a step up from the bound
+    assert mon.estimate().up_bps == pytest.approx(8e6)
+
+
 def test_a_measurement_below_a_bound_refines_it_without_a_new_change():
     mon = _demo_monitor()
     mon.observe_timeout(2 * BOUNDARY_BYTES, 2.0, 12.0)

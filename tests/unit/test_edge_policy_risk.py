@@ -317,6 +317,8 @@ def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_out
     cfg = config_from_dict({"gateway": "127.0.0.1:1", "model": "m@1", "probe_interval_s": 2.0})
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         r = Runner(None, None, None, cfg, executor=pool, local_ms=5.0)  # type: ignore[arg-type]
+        reevaluated = []
+        r.reevaluate = lambda: reevaluated.append(r.monitor.estimate().changes)  # no models to plan with here
         r.last_action = Action(LOCAL)
         r.last_remote_s = time.monotonic() - 1.5  # quiet for 1.5 s: past half the interval (1 s)
         assert r.link_idle()
@@ -332,6 +334,7 @@ def test_probes_back_off_while_the_agent_stays_local_by_choice_but_not_in_an_out
         assert r.link_idle()
         r._unreachable()  # a check that gets no answer starts again from the shortest wait
         assert r._quiet_probes == 0
+        assert reevaluated == [1]  # the silence began (the estimate is the floor): a re-plan at once
         r.breaker = dataclasses.replace(r.breaker, state=B.CLOSED)
         for i in range(10):
             r.monitor.observe_rate(2e6, i * 0.1)
