@@ -154,14 +154,14 @@ class LinkProbing:
     def _unreachable(self) -> None:
         self.counters.reachability_failures += 1
         self._quiet_probes = 0
-        measured = self.monitor.estimate().up_bps is not None
+        before_bps = self.monitor.estimate().up_bps
         if self.monitor.observe_unreachable(time.monotonic()):
-            if measured:
-                logger.info("link: no answer on an idle link; the estimate (%.3g Mbit/s before) decays while it lasts",
-                            (self.monitor.estimate().up_bps or 0.0) / 1e6 * self.monitor.config.outage_decay)
-            else:
+            if before_bps is None:
                 logger.info("link: no answer before any measurement; the estimate starts at the floor (%.3g Mbit/s) "
                             "until the link answers", self.monitor.config.floor_bps / 1e6)
+            else:
+                logger.info("link: no answer on an idle link; the estimate (%.3g Mbit/s before) decays while it lasts",
+                            before_bps / 1e6)
         self._estimate_moved()
 
     async def probe_rtt(self, timeout_s: float = 2.0) -> bool:
