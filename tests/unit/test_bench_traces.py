@@ -9,6 +9,7 @@ from bench.traces import (
     find_pairs,
     hindsight,
     main,
+    p95_gaps,
     pooled,
     pooled_hindsight,
     rate_per_second,
@@ -109,3 +110,44 @@ def test_the_hindsight_bound_is_taken_within_each_round_then_pooled():
     h = pooled_hindsight([r0, r1], [4, 4], slo_ms=150.0, half_width=0)
     assert h["requests"] == 8 and h["slo_miss_rate"] == 0.5
     assert [r["p50_ms"] for r in h["rounds"]] == [100.0, 200.0]
+
+
+def _timeline(fn, seconds=60, per_s=2, rounds=3):
+    return [(i / per_s, fn(r, i / per_s), "local") for r in range(rounds) for i in range(seconds * per_s)]
+
+
+def test_a_strategy_slower_everywhere_has_a_gap_whose_interval_excludes_zero():
+    tl = {"ours": _timeline(lambda r, t: 300.0 + (t % 7)), "static": _timeline(lambda r, t: 400.0 + (t % 7))}
+    g = p95_gaps(tl)["static"]
+    assert g["gap_ms"] == pytest.approx(-100.0)
+    assert g["interval_ms"][1] < 0 and g["interval_ms"][0] == pytest.approx(-100.0, abs=1.0)
+    assert g["blocks"] == 12 and g["resamples"] > 0
+
+
+def test_strategies_that_differ_by_noise_have_an_interval_around_zero():
+    import numpy as np
+
+    noise = np.random.default_rng(1)
+    # Both see the same link moments (a slow block every 15 s); only their own jitter differs.
+    link = lambda t: 900.0 if int(t // 5) % 3 == 0 else 300.0  # noqa: E731
+    tl = {s: _timeline(lambda r, t: link(t) + noise.normal(0, 2)) for s in ("ours", "edge_only")}
+    g = p95_gaps(tl)["edge_only"]
+    lo, hi = g["interval_ms"]
+    assert lo < 0 < hi and abs(g["gap_ms"]) < 10
+    # The same link for ours moved 50 ms up is a gap the run tells apart.
+    tl["ours"] = [(t, ms + 50.0, by) for t, ms, by in tl["ours"]]
+    assert p95_gaps(tl)["edge_only"]["interval_ms"][0] > 0
+
+
+def test_gaps_are_added_to_an_earlier_result_and_a_bad_file_is_named(tmp_path):
+    import json
+
+    tl = {"ours": _timeline(lambda r, t: 250.0), "edge_only": _timeline(lambda r, t: 494.0)}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"traces": {"A": {"strategies": {}, "timeline": {"latency_ms": tl}}}}))
+    assert main(["--gaps-of", str(path)]) == 0
+    assert json.loads(path.read_text())["traces"]["A"]["p95_gaps"]["edge_only"]["gap_ms"] == pytest.approx(-244.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traces": {"A": {}}}')
+    with pytest.raises(SystemExit, match=r"--gaps-of .*bad\.json.*KeyError.*give a result this bench wrote"):
+        main(["--gaps-of", str(bad)])
