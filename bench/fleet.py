@@ -31,7 +31,8 @@ bench/results/fleet_cloud_heavy.json and .png by default.
    N - 1 workers, with devices following the plan ('planned') and running the agent
    ('ours'): whether the SLO target holds in each.
 Writes bench/results/fleet.json and bench/results/fleet.png; the real load test's keys
-(``sim_vs_measured_p95_rel_error``, ``lost``, ``doubled``, ``burst_within_slo``) are copied from
+(``sim_vs_measured_p95_rel_error``, ``sim_vs_measured_rel_error``, ``lost``, ``doubled``,
+``burst_within_slo``) are copied from
 bench/results/fleet_load.json (``python -m bench.fleet_load``, run first).
 """
 
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _real_load() -> dict[str, Any]:
     """The real load test's keys (bench/fleet_load.py writes them; run it first), or nulls."""
     path = os.path.join(RESULTS_DIR, "fleet_load.json")
-    keys = ("sim_vs_measured_p95_rel_error", "lost", "doubled", "burst_within_slo", "devices")
+    keys = ("sim_vs_measured_p95_rel_error", "sim_vs_measured_rel_error", "lost", "doubled", "burst_within_slo",
+            "devices")
     try:
         with open(path) as f:
             d = json.load(f)

@@ -97,6 +97,16 @@ def test_request_overhead_adds_to_remote_answers(fleet) -> None:
     a = simulate(spec, models, cfg)
     b = simulate(spec, models, dataclasses.replace(cfg, request_overhead_ms=20.0))
     assert b.p50_ms == pytest.approx(a.p50_ms + 20.0, abs=2.0)
+    assert b.remote_p50_ms == pytest.approx(a.remote_p50_ms + 20.0, abs=2.0)
+
+
+def test_the_clouds_quantiles_leave_the_local_answers_out(fleet) -> None:
+    spec, models = fleet
+    edge = simulate(spec, models, SimConfig(strategy="edge-only", seconds=2.0, warmup_s=0.5))
+    assert edge.remote_p50_ms is None and edge.remote_p95_ms is None and edge.p95_ms > 0
+    # Every Pi answering locally takes its own fixed time; the cloud's answers are all faster.
+    ours = simulate(spec, models, SimConfig(seconds=2.0, warmup_s=0.5, workers=8))
+    assert 0 < ours.remote_p50_ms <= ours.remote_p95_ms < models[0].local_ms
 
 
 def test_told_the_pool_is_busy_the_phones_leave_it_to_the_pis(fleet) -> None:
