@@ -86,6 +86,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
     from cluster.protocol.client import InferenceClient, make_request
     from edge_agent.cloud_load import CloudLoad
     from edge_agent.flow import RequestFlow
+    from edge_agent.hedge import urgent_priority
     from edge_agent.monitor import LinkEstimate
     from edge_agent.policy import Health, PolicyConfig, PolicyState, hedge_delay_s, policy
     from planner import Frontier
@@ -144,12 +145,15 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
             # the runner's hedge ([Note: hedge] in edge_agent/hedge.py), on this device's record
             hedge_s = hedge_delay_s(action, elapsed_ms=(time.monotonic() - start) * 1e3, deadline_ms=SLO_MS,
                                     local_ms=tail_s * 1e3, record_ms=answered[d], config=cfg)
+            priority = urgent_priority(SLO_MS, hedge_s)  # as the runner: [Note: priority under overload]
+            rec["urgent"] = bool(priority)
 
             async def remote() -> str:
                 await asyncio.sleep(RTT_MS / 2e3)
                 left = slo_s - (time.monotonic() - start)
                 try:
-                    resp = await client.infer(make_request("net", "1", cut_id, x, timeout_s=max(left, 0.01)))
+                    resp = await client.infer(make_request("net", "1", cut_id, x, timeout_s=max(left, 0.01),
+                                                           priority=priority))
                 except ResourceExhausted as e:
                     rec["refused"] = True
                     await asyncio.sleep(RTT_MS / 2e3)
@@ -238,6 +242,7 @@ def _summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
             "hedged": sum(bool(r.get("hedged")) for r in recs),
             "answered_by": dict(collections.Counter(r["answer"] for r in recs if "answer" in r)),
             "plans": dict(collections.Counter(r["plan"] for r in recs if "plan" in r)),
+            "urgent": sum(bool(r.get("urgent")) for r in recs),
             "missed_plans": dict(collections.Counter(r["plan"] for r in recs if "plan" in r and r.get("ms", 0.0) > SLO_MS)),
             "missed_by": dict(collections.Counter(f"{'hedged' if r.get('hedged') else r['how'] or 'local'}/"
                                                   f"{r['answer']}" for r in recs

@@ -38,6 +38,18 @@ edge_agent/policy.py. The race covers trials, probes and plans taken up in the d
 trace's step from 18.88 to 1.1 Mbit/s (ResNet50, 222 ms locally, no SLO, a 1.5 s budget)
 the 5 requests sent before the agent left the cloud ran their local runs after 1.2 s each,
 one after the other, and answered in 1.4-2.1 s.
+
+[Note: priority under overload]
+A request that the hedge would not race (its local run could not land by the SLO even
+started now, or there is no local fallback) has no answer in time but the cloud's, and
+one the cloud refuses misses its SLO for certain; a request that the hedge covers still
+answers in time. So under an SLO the first goes to the cloud with priority 1
+(`urgent_priority`), the second with 0: the gateway's batcher serves the higher priority
+first and counts only the requests of its priority or higher as ahead of a new one when
+it decides whether to refuse it (workers/batcher.py), so under overload the refusals
+fall on the requests that can still answer here. With an rpi4 (ResNet50 in 493 ms) under
+a 600 ms SLO, a request whose upload took past 107 ms is such a request: in the fleet
+load test's 3x burst, the refused ones were these, and each missed the SLO.
 """
 
 from __future__ import annotations
@@ -53,8 +65,10 @@ from planner.costmodel import latest_local_start_ms
 if TYPE_CHECKING:
     from edge_agent.policy import Action
 
-__all__ = ["hedge_delay_s", "hedged_times"]
+__all__ = ["URGENT", "hedge_delay_s", "hedged_times", "urgent_priority"]
 
+URGENT = 1
+"""The priority of a request whose only answer in time is the cloud's ([Note: priority under overload])."""
 _HEDGE_RECORD = 3
 """Measured answers of a plan from which they must agree with a prediction to hedge at once."""
 
@@ -102,3 +116,9 @@ def hedge_delay_s(action: Action, *, elapsed_ms: float, deadline_ms: float, loca
         # fixed costs, gRPC on a small model), and a race costs the device a run.
         near = quantile(record_ms, 1.0 - config.hedge_tail) >= latest_ms
     return 0.0 if near else (latest_ms - elapsed_ms) / 1e3
+
+
+def urgent_priority(slo_ms: float | None, hedge_s: float) -> int:
+    """The cloud priority of a request whose hedge starts in `hedge_s` (inf: never): `URGENT` under
+    an SLO when no local run can answer it in time, else 0; see [Note: priority under overload]."""
+    return URGENT if slo_ms is not None and not math.isfinite(hedge_s) else 0

@@ -93,6 +93,7 @@ from edge_agent.config import EdgeConfig
 from edge_agent.engines import DEFAULT_LINK_RANGE, CutEngines, ModelSet
 from edge_agent.errors import RequestError
 from edge_agent.flow import RequestFlow, Step
+from edge_agent.hedge import urgent_priority
 from edge_agent.monitor import LinkMonitor
 from edge_agent.policy import (
     LOAD_WINDOWS_S,
@@ -414,13 +415,13 @@ class Runner(LinkProbing):
         return tensors
 
     def _make_request(self, action: Action, ce: CutEngines, boundary: Mapping[str, np.ndarray], rid: str,
-                      timeout_s: float, *, tensors: dict[str, Any] | None = None) -> InferRequest:
+                      timeout_s: float, *, tensors: dict[str, Any] | None = None, priority: int = 0) -> InferRequest:
         """The request for `boundary`, encoded here unless `tensors` holds it encoded (`_encoded`)."""
         if tensors is None:
             tensors = encode_boundary(action.encoding, ce.boundary, boundary, self.image_norm)
         return InferRequest(request_id=rid, model=self.models.model, version=self.models.version, cut_id=ce.cut_id,
                             deadline_unix_ms=int((time.time() + timeout_s) * 1000), tensors=tensors,
-                            device_id=self._device_id)
+                            priority=priority, device_id=self._device_id)
 
     async def _offload(self, flow: RequestFlow, action: Action, ce: CutEngines,
                        inputs: Mapping[str, np.ndarray], start: float) -> Answer:
@@ -475,7 +476,9 @@ class Runner(LinkProbing):
 
         try:
             tensors = await self._encoded(action, ce, boundary)
-            request = self._make_request(action, ce, boundary, rid, call_s, tensors=tensors)
+            hedge_s = self._hedge_delay_s(action, ce, start) if flow.fallback_local else math.inf
+            urgent = urgent_priority(self.policy_config.slo_ms, hedge_s)  # [Note: priority under overload]
+            request = self._make_request(action, ce, boundary, rid, call_s, tensors=tensors, priority=urgent)
         except EncodingError as e:
             flow.fire("encode_error")
             start_local_tail(f"encoding failed: {e}")
@@ -506,7 +509,6 @@ class Runner(LinkProbing):
                 start_local_tail(f"no remote answer within {budget_s * 1e3:.0f} ms")
 
         timer = loop.call_later(budget_s, on_timeout)
-        hedge_s = self._hedge_delay_s(action, ce, start) if flow.fallback_local else math.inf
 
         def on_hedge() -> None:
             # [Note: hedge] in hedge.py: the remote call goes on; the first answer wins.
@@ -583,8 +585,7 @@ class Runner(LinkProbing):
 
     def _hedge_delay_s(self, action: Action, ce: CutEngines, start_s: float) -> float:
         """When this request's local tail starts beside its remote call; see [Note: hedge] in hedge.py."""
-        slo_ms = self.policy_config.slo_ms
-        deadline_ms = self.config.remote_timeout_ms if slo_ms is None else slo_ms
+        deadline_ms = self.config.remote_timeout_ms if self.policy_config.slo_ms is None else self.policy_config.slo_ms
         tail_ms = ce.tail.stats().median_ms or self.local_ms * self.factors["local"]
         held = self.monitor.estimate().holding
         return hedge_delay_s(action, elapsed_ms=(time.monotonic() - start_s) * 1e3, deadline_ms=deadline_ms,

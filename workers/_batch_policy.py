@@ -467,6 +467,14 @@ def queue_wait_s(now_s: float, depth: int, batch_ends_s: Sequence[float], batch_
     return free[ahead % instances] + (ahead // instances) * batch_s - now_s
 
 
+def depth_from(queues: Queues, priority: int, depth: int) -> int:
+    """How many of the `depth` queued requests a new one of `priority` waits behind: those of its
+    priority or higher, which go first ([Note: priority under overload] in edge_agent/hedge.py)."""
+    if priority <= min((q[-1].priority for q in queues.values() if q), default=priority):
+        return depth  # each queue ends with its least urgent request
+    return sum(1 for q in queues.values() for r in q if r.priority >= priority)
+
+
 def _earliest_deadline_wait(queues: Queues, now_s: float) -> float | None:
     deadlines = [r.deadline_s for q in queues.values() for r in q if r.deadline_s is not None]
     if not deadlines:

@@ -42,6 +42,7 @@ from workers._batch_policy import (
     _earliest_deadline_wait,
     _next_batch,
     _Request,
+    depth_from,
     queue_wait_s,
 )
 from workers._batcher_config import BatcherConfig, BatcherStats
@@ -184,18 +185,19 @@ class Batcher:
                            predicted_wait_s=self.predicted_wait_s(now_s), batch_run_s=full_s, capacity_rps=capacity,
                            arrival_rps=self._arrivals.rps)
 
-    def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None) -> float | None:
+    def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None,
+                         depth: int | None = None) -> float | None:
         """How long a request arriving now would wait for its batch to start: what is
         left of the running batches once every instance is busy, plus the batches of
-        ``batch_size`` (default :meth:`ahead_batch_size`) queued ahead of it,
-        ``max_concurrent_batches`` at a time. None before any batch was timed."""
+        ``batch_size`` (default :meth:`ahead_batch_size`) queued ahead of it (``depth``
+        requests, default all), ``max_concurrent_batches`` at a time. None before any timing."""
         size = self.ahead_batch_size() if batch_size is None else batch_size
         batch_s = self.run_times.estimate_s(size)
         if batch_s is None:
             return None
         now_s = self._clock() if now_s is None else now_s
-        return queue_wait_s(now_s, self._depth, tuple(self._batch_ends.values()), batch_s, size,
-                                 self._config.max_concurrent_batches)
+        return queue_wait_s(now_s, self._depth if depth is None else depth, tuple(self._batch_ends.values()),
+                            batch_s, size, self._config.max_concurrent_batches)
 
     def ahead_batch_size(self) -> int:
         """The size of the batches that queued requests form: the size batches have formed
@@ -290,7 +292,7 @@ class Batcher:
                 retry_after_s=retry_s,
             )
         if deadline_s is not None:
-            self._refuse_if_late(now_s, deadline_s, shape_key)
+            self._refuse_if_late(now_s, deadline_s, shape_key, priority)
         request = _Request(
             seq=next(self._seq),
             payload=payload,
@@ -308,27 +310,28 @@ class Batcher:
         self._wakeup.set()
         return request
 
-    def _refuse_if_late(self, now_s: float, deadline_s: float, shape_key: Hashable = None) -> None:
+    def _refuse_if_late(self, now_s: float, deadline_s: float, shape_key: Hashable = None, priority: int = 0) -> None:
         """Refuses a new request whose predicted wait and run end after its deadline.
 
         The batches ahead of it are taken to be as large as its own deadline allows
         (what :func:`_fit` forms), at least one request, and no larger than the batches
         that form under a queue ([Note: batches ahead]); its own batch takes what batches
-        of its shape take."""
+        of its shape take. Only the requests of its priority or higher are ahead of it."""
         est = self._times.upper_of(shape_key)
         one_s = est(1)
         if one_s is None:
             return
+        depth = depth_from(self._queues, priority, self._depth)
         budget_s = deadline_s - now_s
-        if one_s <= budget_s and self._depth == 0 and len(self._batch_tasks) < self._config.max_concurrent_batches:
+        if one_s <= budget_s and depth == 0 and len(self._batch_tasks) < self._config.max_concurrent_batches:
             return  # an idle instance runs it alone at once: the lone request's path stays short
         size = 1
         while size < self._config.max_batch_size and est(size + 1) <= budget_s:  # type: ignore[operator]
             size += 1
         ahead = min(size, self.ahead_batch_size())
-        wait_s = self.predicted_wait_s(now_s, batch_size=ahead)
+        wait_s = self.predicted_wait_s(now_s, batch_size=ahead, depth=depth)
         assert wait_s is not None
-        run_s = est(self._depth % ahead + 1)  # its own batch: what the batches ahead leave, and itself
+        run_s = est(depth % ahead + 1)  # its own batch: what the batches ahead leave, and itself
         assert run_s is not None
         finish_s = now_s + wait_s + run_s
         if finish_s <= deadline_s:
@@ -337,7 +340,7 @@ class Batcher:
         retry_s = self._retry_after_s(now_s, wait_s=wait_s, batch_size=size)
         raise OverloadedError(
             f"refused at once: predicted to finish {(finish_s - now_s) * 1e3:.1f} ms from now "
-            f"({wait_s * 1e3:.1f} ms queued behind {self._depth} requests + {run_s * 1e3:.1f} ms run), "
+            f"({wait_s * 1e3:.1f} ms queued behind {depth} requests + {run_s * 1e3:.1f} ms run), "
             f"after its deadline {(deadline_s - now_s) * 1e3:.1f} ms from now; retry after "
             f"{retry_s * 1e3:.0f} ms, send a later deadline or add capacity",
             reason=_REJECT_PREDICTED_WAIT, predicted_finish_s=finish_s, deadline_s=deadline_s,

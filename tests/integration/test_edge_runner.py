@@ -385,3 +385,26 @@ def test_idle_probe_closes_an_open_breaker_and_measures_the_link(model_dir):
     opened, before, (state, samples), ans = asyncio.run(go())
     assert opened == "open" and state == "closed" and samples > before  # the probe's transfer was seen
     assert ans.served_by == "remote"
+
+
+@pytest.mark.parametrize("slo_ms, fallback, priority", [(500.0, "none", 1), (500.0, "local", 0), (None, "none", 0)])
+def test_a_request_that_only_the_cloud_answers_in_time_goes_with_priority(model_dir, slo_ms, fallback, priority):
+    """[Note: priority under overload]: under an SLO, a request with no local answer (fallback
+    'none') asks the cloud for priority; one whose local tail lands in time does not, nor does
+    one without an SLO."""
+    async def go():
+        async with _stack(model_dir, slo_ms=slo_ms, fallback=fallback) as (runner, backend, _):
+            sent = []
+            call = runner.remote.infer_counted
+
+            async def spy(request, **kw):
+                sent.append(request.priority)
+                return await call(request, **kw)
+
+            runner.remote.infer_counted = spy
+            ans = await runner.infer({"x": _x(4)}, request_id="prio")
+            return ans, sent, backend.served
+
+    ans, sent, served = asyncio.run(go())
+    _check_one(ans, model_dir[1], _x(4), "remote")
+    assert sent == [priority] and served == 1

@@ -244,6 +244,35 @@ def test_a_request_predicted_to_miss_its_deadline_is_refused_on_arrival():
     assert stats.rejected == {"predicted_wait": 1}
 
 
+def test_a_request_of_higher_priority_waits_only_behind_its_own_and_is_admitted_where_others_are_refused():
+    """[Note: priority under overload] in edge_agent/hedge.py: a request with no local answer in
+    time (priority 1) goes ahead of the queued ones that have one, so its deadline is judged
+    against them alone; the same deadline at priority 0 is refused."""
+    async def main():
+        clock = _Clock()
+        b, gate = _timed_batcher(clock, 0.1, max_batch_size=2, num_priority_levels=2)
+        assert await b.submit(1) == 10
+        gate.clear()
+        running = [asyncio.ensure_future(b.submit(i)) for i in (2, 3)]
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(b.submit(i)) for i in (4, 5)]  # priority 0, no deadline
+        await asyncio.sleep(0)
+        with pytest.raises(OverloadedError) as info:
+            await b.submit(6, deadline_s=clock.now_s + 0.35)
+        urgent = asyncio.ensure_future(b.submit(7, deadline_s=clock.now_s + 0.35, priority=1))
+        await asyncio.sleep(0)
+        gate.set()
+        first = await urgent
+        results = await asyncio.gather(*running, *queued)
+        return info.value, first, results, b.stats()
+
+    err, first, results, stats = _run(main())
+    # Behind the running batch alone: starts in 0.2 s and runs 0.1; behind the queued two as well, 0.4 + 0.1.
+    assert err.reason == "predicted_wait" and "queued behind 2 requests" in str(err)
+    assert first == 70 and results == [20, 30, 40, 50]
+    assert stats.rejected == {"predicted_wait": 1}
+
+
 def test_a_request_that_its_batch_would_finish_late_is_refused_when_the_batch_forms():
     async def main():
         clock = _Clock()

@@ -205,6 +205,18 @@ def test_hedge_starts_at_once_when_the_remote_time_nears_the_deadline_else_at_th
     assert hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=PolicyConfig()) == math.inf
 
 
+def test_a_request_that_only_the_cloud_can_answer_in_time_asks_for_priority():
+    from edge_agent.hedge import URGENT, urgent_priority
+
+    cfg = PolicyConfig(slo_ms=300.0)
+    risky = Action("offload", "c", predicted_ms=200.0, hi_ms=280.0)
+    late = hedge_delay_s(risky, elapsed_ms=60.0, deadline_ms=300.0, local_ms=250.0, config=cfg)  # no hedge
+    covered = hedge_delay_s(risky, elapsed_ms=10.0, deadline_ms=300.0, local_ms=250.0, config=cfg)  # at once
+    assert urgent_priority(300.0, late) == URGENT == 1
+    assert urgent_priority(300.0, covered) == 0
+    assert urgent_priority(None, math.inf) == 0  # a timeout is no promise: no priority
+
+
 def test_a_request_sent_into_a_held_drop_races_at_once_when_the_level_makes_it_later_than_local():
     """No SLO, a 1500 ms remote budget, a 220 ms local tail: normally the hedge waits for the last
     safe moment (1225 ms), and the plan's fast record (before the drop) would veto a race. While a
