@@ -20,21 +20,25 @@ planner's frontier and cost model, as on a device. What is modelled:
   option's pessimistic time and the device's record of answers) starts it; the first
   result wins, the other is dropped. The baselines' pessimistic time is their plan's own
   at batch 1. A hedged local run is one more run on the device, not modelled beyond its time.
-* the cloud: c workers shared by every model@cut pool, each running one batch at a time
-  for T_pool(b) ms (`planner.queueing.run_ms_table`'s curve, as the planner uses;
-  ``service='exponential'`` draws it exponential with that mean instead). The batcher
-  waits ``batch_timeout_ms`` for company while a worker is free, takes up to
-  ``max_batch`` when one frees, oldest pool first, and leaves out a request that cannot
-  finish before its deadline (refused: deadline-aware batching). Admission: a request
-  whose predicted wait (the batcher's own: `workers.batcher.queue_wait_s`, with the batches
-  ahead at the size batches form at while others wait, `AheadSize`) and its own batch end
-  past its deadline, or that finds 1024 queued, is refused with RESOURCE_EXHAUSTED and
-  retry-after = that wait. Every answer carries the predicted wait at the time it is sent,
-  as the gateway's `timings_ms['predicted_wait']` does, and the gateway's load keys: the
-  utilisation (the last second's arrivals, admitted or not, times their pool's full-batch
-  time per request, over the workers) and the expected wait at it
-  (`workers.batcher.BatcherLoad.expected_wait_at`, the gateway's own formula, on the
-  answer's pool), which the device's `CloudLoad` keeps with its decay.
+* the cloud: c workers shared by every model@cut pool, each running one batch at a time for
+  T_pool(b) ms (`planner.queueing.run_ms_table`'s curve, as the planner uses;
+  ``service='exponential'`` draws it exponential with that mean instead). The batcher waits
+  ``batch_timeout_ms`` for company while a worker is free, takes up to ``max_batch`` when one
+  frees, oldest pool first, and leaves out a request that cannot finish before its deadline
+  (refused: deadline-aware batching). Admission: a request whose predicted wait (the batcher's
+  own: `workers.batcher.queue_wait_s`, with the batches ahead at the size batches form at
+  while others wait, `AheadSize`) and its own batch end past its deadline, or that finds 1024
+  queued, is refused with RESOURCE_EXHAUSTED and retry-after = that wait. A request that no
+  local run can land in time (the hedge would not start) is urgent, as the runner marks it: it
+  queues ahead of the others and only the urgent ones count as ahead of it
+  ([Note: priority under overload] in edge_agent/hedge.py; ``priority=False`` serves in
+  arrival order). Every
+  answer carries the predicted wait at the time it is sent, as the gateway's
+  `timings_ms['predicted_wait']` does, and the gateway's load keys: the utilisation (the last
+  second's arrivals, admitted or not, times their pool's full-batch time per request, over the
+  workers) and the expected wait at it (`workers.batcher.BatcherLoad.expected_wait_at`, the
+  gateway's own formula, on the answer's pool), which the device's `CloudLoad` keeps with its
+  decay.
 Strategies: 'ours' (the policy with the cloud's load), 'planned' (each device follows the
 fleet plan's equilibrium choice for its class and link point, `planner.fleet.planned_choices`,
 drawn by its shares), 'dads' (each device's load-blind
@@ -59,6 +63,7 @@ import numpy as np
 from edge_agent.cloud_load import CloudLoad
 from edge_agent.flow import RequestFlow
 from edge_agent.monitor import LinkEstimate
+from edge_agent.hedge import URGENT, urgent_priority
 from edge_agent.policy import Action, Health, PolicyConfig, PolicyState, after_trial, hedge_delay_s, policy
 from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
@@ -97,6 +102,9 @@ class SimConfig:
     request_overhead_ms: float = 0.0
     """The cloud's per-request time outside the batch run (decoding, encoding, the transport), added
     to every remote answer; a measured gateway's figure, 0 for the cost model alone."""
+    priority: bool = True
+    """The cloud serves first the requests that no local run can answer in time, as the gateway
+    does ([Note: priority under overload] in edge_agent/hedge.py); False: in arrival order."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -170,6 +178,8 @@ class _Req:
     answer: float = math.nan
     how: str = ""
     hedged: bool = False
+    urgent: bool = False
+    """No local run lands it in time: sent with priority ([Note: priority under overload] in edge_agent/hedge.py)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,6 +223,8 @@ class _Sim:
         self.fixed = self._fixed_choices() if cfg.strategy in ("planned", "dads", "cloud-only") else None
         # cloud
         self.queues: list[deque[_Req]] = [deque() for _ in pool_names]
+        self.urgent_n = [0] * len(pool_names)
+        """Urgent requests at the front of each queue."""
         self.busy_until = [0.0] * self.workers
         self.free = self.workers
         self.ahead = AheadSize()
@@ -307,6 +319,7 @@ class _Sim:
                               elapsed_ms=head_s * 1e3, deadline_ms=slo_s * 1e3, local_ms=r.tail_ms,
                               record_ms=self.answered[d], config=self.configs[c])
         req.hedged = hedge < budget
+        req.urgent = self.cfg.priority and urgent_priority(slo_s * 1e3, hedge) == URGENT
         self.push(now + r.pre_ms / 1e3, _ARRIVE, req)
         self.push(now + head_s + min(budget, hedge), _TIMER, req)
 
@@ -349,10 +362,11 @@ class _Sim:
         ms = float(self.tables[pool][b - 1])
         return ms * self.rng.exponential() if self.cfg.service == "exponential" else ms
 
-    def predicted_wait_s(self, pool: int, now: float) -> float:
-        """The batcher's own estimate (`Batcher.predicted_wait_s`) on the workers' state."""
+    def predicted_wait_s(self, pool: int, now: float, urgent: bool = False) -> float:
+        """The batcher's own estimate (`Batcher.predicted_wait_s`) on the workers' state; for an
+        urgent request, behind the urgent requests queued only."""
         size = self.ahead.size(self.max_batch)
-        depth = sum(len(q) for q in self.queues)
+        depth = sum(self.urgent_n) if urgent else sum(len(q) for q in self.queues)
         return queue_wait_s(now, depth, self.busy_until, float(self.tables[pool][size - 1]) / 1e3, size,
                             self.workers)
 
@@ -383,12 +397,17 @@ class _Sim:
         self.recent.append((now, work_s))
         self.recent_work_s += work_s
         q = self.queues[req.pool]
-        wait = self.predicted_wait_s(req.pool, now)
-        own = float(self.tables[req.pool][min(len(q), self.max_batch - 1)]) / 1e3
+        wait = self.predicted_wait_s(req.pool, now, req.urgent)
+        ahead = self.urgent_n[req.pool] if req.urgent else len(q)
+        own = float(self.tables[req.pool][min(ahead, self.max_batch - 1)]) / 1e3
         if len(q) >= _MAX_QUEUE or now + wait + own > req.deadline:
             self.push(now + self.rtt[req.device] / 2e3, _REFUSED, (req, wait))
             return
-        q.append(req)
+        if req.urgent:  # the queue serves priority first, then arrival ([Note: priority under overload])
+            q.insert(self.urgent_n[req.pool], req)
+            self.urgent_n[req.pool] += 1
+        else:
+            q.append(req)
         self.dispatch(now)
 
     def dispatch(self, now: float) -> None:
@@ -398,7 +417,8 @@ class _Sim:
             for p, q in enumerate(self.queues):
                 if not q:
                     continue
-                head = q[0].arrive
+                n = self.urgent_n[p]  # the oldest request: the first urgent one or the first of the rest
+                head = min(q[0].arrive, q[n].arrive) if n < len(q) else q[0].arrive
                 if len(q) >= self.max_batch or now >= head + self.timeout - 1e-12:
                     if head < oldest:
                         ready, oldest = p, head
@@ -411,6 +431,7 @@ class _Sim:
                 return
             q = self.queues[ready]
             take = [q.popleft() for _ in range(min(self.max_batch, len(q)))]
+            self.urgent_n[ready] -= sum(r.urgent for r in take)
             run_s = self.run_ms(ready, len(take)) / 1e3
             batch = []
             for r in take:  # deadline-aware batching: one that cannot finish in time is refused now

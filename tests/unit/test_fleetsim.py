@@ -110,14 +110,19 @@ def test_the_clouds_quantiles_leave_the_local_answers_out(fleet) -> None:
 
 
 def test_told_the_pool_is_busy_the_phones_leave_it_to_the_pis(fleet) -> None:
-    # One worker, 300 devices at 1 fps: DADS offloads every request and the queue makes the Pis
-    # miss; the agents read the answers' utilisation and expected wait, and the phones (72 ms
-    # locally, within the SLO) leave the worker to the Pis (493 ms locally, no SLO without it).
+    # One worker, 300 devices at 1 fps: DADS offloads every request and the queue builds; the
+    # agents read the answers' utilisation and expected wait, and the phones (72 ms locally,
+    # within the SLO) leave the worker to the Pis (493 ms locally, no SLO without it).
     spec, models = fleet
-    ours, dads = (simulate(spec, models, SimConfig(strategy=s, seconds=8.0, warmup_s=2.0, workers=1))
-                  for s in ("ours", "dads"))
-    assert dads.offloaded == 1.0 and dads.within_slo < 0.9
-    assert ours.offloaded < 0.8 and ours.within_slo > 0.98 and ours.worker_wait_ms < dads.worker_wait_ms / 3
+    cfg = SimConfig(seconds=8.0, warmup_s=2.0, workers=1)
+    ours, dads, fifo = (simulate(spec, models, dataclasses.replace(cfg, strategy=s, priority=p))
+                        for s, p in (("ours", True), ("dads", True), ("dads", False)))
+    assert dads.offloaded == 1.0 and ours.offloaded < 0.8
+    assert ours.within_slo > 0.98 and ours.worker_wait_ms < dads.worker_wait_ms / 3
+    # [Note: priority under overload]: the Pis' requests, with no local answer in time, go first,
+    # so DADS's Pis meet the SLO too, the phones answering by their hedge; served in arrival
+    # order, the queue made the Pis miss.
+    assert dads.class_within_slo["pi4"] > 0.98 and fifo.class_within_slo["pi4"] < 0.8
     assert ours.lost == 0 and ours.doubled == 0
 
 
