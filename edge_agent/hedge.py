@@ -51,8 +51,11 @@ fall on the requests that can still answer here. With an rpi4 (ResNet50 in 493 m
 a 600 ms SLO, a request whose upload took past 107 ms is such a request: in the fleet
 load test's 3x burst (bench.fleet_load, 200 devices), the refused ones were these, and each
 missed the SLO; 2 to 5 a burst over seven runs (94.4-98.0 % within the SLO), and 1 to 2
-over five with the priority (96.9-99.0 %). A client may claim it falsely; the agent claims
-it only where its own hedge says so.
+over six with the priority (96.9-99.0 %). A client may claim it falsely; the agent claims
+it only where its own hedge says so. The load that answers report (`timings_ms`) is still
+the wait of a priority-0 request, which the policy prices every remote option at, urgent or
+not: in the simulated cloud-heavy fleet at 120 % load that moved rpi5s on 4G off a cloud
+that would have served them first (docs/fleet.md).
 """
 
 from __future__ import annotations
