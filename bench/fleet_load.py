@@ -216,25 +216,21 @@ def _gateway_profile(graph: Any, run_s: dict[int, float]) -> Any:
     return dataclasses.replace(p, batch_ms={b: sec * 1e3 for b, sec in run_s.items()})
 
 
-def _late(recs: list[dict[str, Any]]) -> dict[str, float | None]:
-    late = [r["late_ms"] for r in recs if "late_ms" in r]
-    missed = [r["late_ms"] for r in recs if "late_ms" in r and r.get("ms", 0.0) > SLO_MS]
-    return {"p50": float(np.percentile(late, 50)) if late else None,
-            "p95": float(np.percentile(late, 95)) if late else None,
-            "max": max(late) if late else None, "of_misses": sorted(missed)}
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
 
 
 def _summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
     ms = [r["ms"] for r in recs if "ms" in r]
     remote = [r["ms"] for r in recs if r.get("answer") == "remote"]
-    within = [r["ms"] <= SLO_MS for r in recs if "ms" in r]
-    return {"requests": len(recs), "within_slo": statistics.fmean(within) if within else None,
-            "p50_ms": float(np.percentile(ms, 50)) if ms else None,
-            "p95_ms": float(np.percentile(ms, 95)) if ms else None,
-            "remote_p50_ms": float(np.percentile(remote, 50)) if remote else None,
-            "remote_p95_ms": float(np.percentile(remote, 95)) if remote else None,
+    late = [r["late_ms"] for r in recs if "late_ms" in r]
+    missed = [r for r in recs if r.get("ms", 0.0) > SLO_MS]
+    return {"requests": len(recs), "within_slo": statistics.fmean(x <= SLO_MS for x in ms) if ms else None,
+            "p50_ms": _pct(ms, 50), "p95_ms": _pct(ms, 95),
+            "remote_p50_ms": _pct(remote, 50), "remote_p95_ms": _pct(remote, 95),
             # [Note: what the comparison sees] the emulation's own delay, at the send of offloaded requests
-            "late_ms": _late(recs),
+            "late_ms": {"p50": _pct(late, 50), "p95": _pct(late, 95), "max": max(late, default=None),
+                        "of_misses": sorted(r["late_ms"] for r in missed if "late_ms" in r)},
             "offloaded": statistics.fmean([r["offload"] for r in recs]) if recs else None,
             "refused": sum(bool(r.get("refused")) for r in recs),
             # the local tail started at the budget, or beside the call by the hedge
@@ -243,10 +239,9 @@ def _summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
             "answered_by": dict(collections.Counter(r["answer"] for r in recs if "answer" in r)),
             "plans": dict(collections.Counter(r["plan"] for r in recs if "plan" in r)),
             "urgent": sum(bool(r.get("urgent")) for r in recs),
-            "missed_plans": dict(collections.Counter(r["plan"] for r in recs if "plan" in r and r.get("ms", 0.0) > SLO_MS)),
+            "missed_plans": dict(collections.Counter(r["plan"] for r in missed if "plan" in r)),
             "missed_by": dict(collections.Counter(f"{'hedged' if r.get('hedged') else r['how'] or 'local'}/"
-                                                  f"{r['answer']}" for r in recs
-                                                  if r.get("ms", 0.0) > SLO_MS))}
+                                                  f"{r['answer']}" for r in missed))}
 
 
 def _rel_errors(sim: Any, measured: dict[str, Any]) -> dict[str, float | None]:

@@ -436,8 +436,8 @@ async def run_trace(args: argparse.Namespace, root: str, setup: dict[str, Any], 
                                         half_width=max(0, round(fps / 2)))
     timeline = {"rate_mbps": rate_per_second(trace_up, seconds),
                 "ours_plans": [r["plans"] for r in runs["ours"]],
-                "latency_ms": {s: [(x["sent_s"], x["latency_ms"], x["served_by"]) for r in runs[s] for x in r["records"]]
-                               for s in runs},
+                "latency_ms": {s: [(x["sent_s"], x["latency_ms"], x["served_by"])
+                                   for r in runs[s] for x in r["records"]] for s in runs},
                 "ours_requests": [[{k: x.get(k) for k in ("index", "latency_ms", "served_by", "plan", "predicted_ms",
                                                         "hi_ms", "miss", "trial")} for x in r["records"]]
                                   for r in runs["ours"]]}

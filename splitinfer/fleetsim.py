@@ -32,13 +32,12 @@ planner's frontier and cost model, as on a device. What is modelled:
   local run can land in time (the hedge would not start) is urgent, as the runner marks it: it
   queues ahead of the others and only the urgent ones count as ahead of it
   ([Note: priority under overload] in edge_agent/hedge.py; ``priority=False`` serves in
-  arrival order). Every
-  answer carries the predicted wait at the time it is sent, as the gateway's
-  `timings_ms['predicted_wait']` does, and the gateway's load keys: the utilisation (the last
-  second's arrivals, admitted or not, times their pool's full-batch time per request, over the
-  workers) and the expected wait at it (`workers.batcher.BatcherLoad.expected_wait_at`, the
-  gateway's own formula, on the answer's pool), which the device's `CloudLoad` keeps with its
-  decay.
+  arrival order). Every answer carries the predicted wait at the time it is sent, as the
+  gateway's `timings_ms['predicted_wait']` does, and the gateway's load keys: the utilisation
+  (the last second's arrivals, admitted or not, times their pool's full-batch time per
+  request, over the workers) and the expected wait at it
+  (`workers.batcher.BatcherLoad.expected_wait_at`, the gateway's own formula, on the answer's
+  pool), which the device's `CloudLoad` keeps with its decay.
 Strategies: 'ours' (the policy with the cloud's load), 'planned' (each device follows the
 fleet plan's equilibrium choice for its class and link point, `planner.fleet.planned_choices`,
 drawn by its shares), 'dads' (each device's load-blind
