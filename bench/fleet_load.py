@@ -123,6 +123,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
 
             est = LinkEstimate(float(ups[d]), float(ups[d]), RTT_MS, 100, start, None)
             health = Health(local_ms=local_ms, arrival_rps=fps, queue_ms=loads[d].queue_ms(start),
+                            urgent_queue_ms=loads[d].queue_ms(start, urgent=True),
                             refused_until_s=loads[d].refused_until_s(start), unconfirmed=loads[d].busy_cuts(start))
             action, states[d] = policy(est, front, health, states[d], start, config=cfg)
             if action.kind != "offload":

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
+
+if TYPE_CHECKING:
+    from workers.batcher import ExpectedLoad
 
 __all__ = ["DEFAULT_POOL_START_TIMEOUT_S", "PRIORITY_LEVELS", "AnswerLoad", "LocalPool", "LocalPoolFactory", "Pool",
            "PoolFactory", "PoolKey", "PoolResult", "bucket_sizes"]
@@ -99,7 +102,8 @@ class AnswerLoad:
     share of the arrivals (least-loaded routing spreads them evenly), and never below the
     recent answers' own wait, which stands where the in-process pool has its predicted
     wait: the gateway does not see the workers' queues, but past capacity the answers wait
-    what those queues hold.
+    what those queues hold. The urgent figure is the same at the urgent share of the
+    arrivals and over the urgent answers (priority above 0) alone.
     """
 
     def __init__(self, *, max_batch_size: int, replicas: int, instances: int, timeout_s: float,
@@ -113,15 +117,17 @@ class AnswerLoad:
         self.in_flight = 0
         """Requests sent and not yet answered."""
         self._arrivals = ArrivalRate()
-        self._beyond_s: float | None = None
-        self._cached: tuple[float, float, float] = (-1.0, -float("inf"), 0.0)
+        self._beyond_s: list[float | None] = [None, None]
+        """EWMA of the answers' time beyond a lone batch's run: priority 0, urgent."""
+        self._cached: tuple[float, float, tuple[float, float]] = (-1.0, -float("inf"), (0.0, 0.0))
 
-    def arrived(self, now_s: float) -> None:
-        self._arrivals.count(now_s)
+    def arrived(self, now_s: float, urgent: bool = False) -> None:
+        self._arrivals.count(now_s, urgent=urgent)
         self.in_flight += 1
 
-    def answered(self, result: PoolResult, first_in_batch: bool) -> None:
-        """Counts an answer (``result.queue_s``: all but its batch's run, on the gateway's clock)."""
+    def answered(self, result: PoolResult, first_in_batch: bool, urgent: bool = False) -> None:
+        """Counts an answer (``result.queue_s``: all but its batch's run, on the gateway's clock) to a
+        request of priority 0 (an urgent one)."""
         self.in_flight -= 1
         if first_in_batch:
             self.run_times.observe(result.batch_size, result.compute_s)
@@ -129,8 +135,8 @@ class AnswerLoad:
         if one_s is None:
             return
         beyond_s = max(0.0, result.queue_s + result.compute_s - one_s)
-        prev = self._beyond_s
-        self._beyond_s = beyond_s if prev is None else prev + self.alpha * (beyond_s - prev)
+        prev = self._beyond_s[urgent]
+        self._beyond_s[urgent] = beyond_s if prev is None else prev + self.alpha * (beyond_s - prev)
 
     def failed(self) -> None:
         self.in_flight -= 1
@@ -144,21 +150,25 @@ class AnswerLoad:
         full_s = self.run_times.estimate_s(self.max_batch_size)
         return None if not full_s else self.max_batch_size * self.instances * self.replicas / full_s
 
-    def expected_load(self, now_s: float) -> tuple[float, float] | None:
-        """(utilisation, expected wait s); None before a batch was timed."""
-        from workers.batcher import BatcherLoad
+    def expected_load(self, now_s: float) -> ExpectedLoad | None:
+        """The load keys now; None before a batch was timed."""
+        from workers.batcher import BatcherLoad, ExpectedLoad
 
         capacity = self.capacity_rps()
         if capacity is None:
             return None
         rate = self.arrival_rps(now_s)
-        rps, at_s, wait_s = self._cached
+        rps, at_s, waits = self._cached
         if rate != rps or now_s - at_s >= 1.0:  # the formula iterates; the rate changes once a second
-            wait_s = BatcherLoad.expected_wait_at(rate / self.replicas, self.run_times.estimate_s,
-                                                  max_batch_size=self.max_batch_size, instances=self.instances,
-                                                  timeout_s=self.timeout_s) or 0.0
-            self._cached = (rate, now_s, wait_s)
-        return rate / capacity, max(wait_s, self._beyond_s or 0.0)
+            urgent = self._arrivals.urgent_rps / rate if rate > 0 else 0.0
+            w0, w1 = (BatcherLoad.expected_wait_at(rate / self.replicas, self.run_times.estimate_s,
+                                                   max_batch_size=self.max_batch_size, instances=self.instances,
+                                                   timeout_s=self.timeout_s, ahead_share=share) or 0.0
+                      for share in (1.0, urgent))
+            waits = (w0, w1)
+            self._cached = (rate, now_s, waits)
+        return ExpectedLoad(rate / capacity, max(waits[0], self._beyond_s[0] or 0.0),
+                            max(waits[1], self._beyond_s[1] or 0.0))
 
 
 class LocalPool:
@@ -218,11 +228,12 @@ class LocalPool:
         return (load.queue_depth, load.predicted_wait_s, load.capacity_rps, self.batcher.stats().discarded,
                 load.arrival_rps)
 
-    def predicted_wait_s(self) -> float | None:
-        return self.batcher.predicted_wait_s()
+    def predicted_wait_s(self, priority: int = 0) -> float | None:
+        """The batcher's predicted wait of a request of `priority` arriving now (behind its priority or higher)."""
+        return self.batcher.predicted_wait_s(priority=priority)
 
-    def expected_load(self) -> tuple[float, float] | None:
-        """(utilisation, expected wait s) now (workers.segment.HostedSegment.expected_load)."""
+    def expected_load(self) -> ExpectedLoad | None:
+        """The load keys now (workers.segment.HostedSegment.expected_load)."""
         return self.segment.expected_load()
 
     async def close(self) -> None:

@@ -37,7 +37,9 @@ response's `timings_ms['utilisation']`, arrivals over capacity, and
 `timings_ms['expected_wait']`, the mean wait at that rate ([Note: expected wait] in
 workers/_batch_policy.py; a Ray pool estimates both from its answers, cluster._pools.AnswerLoad;
 keys an older agent ignores), and, where the pool runs its batcher here,
-`timings_ms['predicted_wait']`, the wait of a request arriving now, and
+`timings_ms['predicted_wait']`, the wait of a request arriving now; the same of a request of
+priority 1, which the batcher serves first (`urgent_expected_wait`, `urgent_predicted_wait`:
+[Note: priority under overload] in edge_agent/hedge.py); and
 `/readyz?load=1` shows every pool's load and reports the gateway overloaded for
 `overload_window_s` after a refusal for load.
 """
@@ -553,13 +555,15 @@ class Gateway:
             timings_ms = {"queue": result.queue_s * 1e3, "compute": result.compute_s * 1e3,
                           "decode_tensors": decode_s * 1e3, "batch_size": float(result.batch_size)}
             predicted = getattr(pool, "predicted_wait_s", None)
-            wait_s = predicted() if predicted is not None else None
-            if wait_s is not None:
-                timings_ms["predicted_wait"] = wait_s * 1e3
+            if predicted is not None:  # the wait of priority 0 and 1: [Note: priority under overload]
+                for key, wait_s in (("predicted_wait", predicted()), ("urgent_predicted_wait", predicted(1))):
+                    if wait_s is not None:
+                        timings_ms[key] = wait_s * 1e3
             expected = getattr(pool, "expected_load", None)
             load = expected() if expected is not None else None
             if load is not None:  # [Note: expected wait] in workers/_batch_policy.py
-                timings_ms["utilisation"], timings_ms["expected_wait"] = load[0], load[1] * 1e3
+                timings_ms["utilisation"], timings_ms["expected_wait"] = load.utilisation, load.wait_s * 1e3
+                timings_ms["urgent_expected_wait"] = load.urgent_wait_s * 1e3
             return InferResponse(request_id=request.request_id, outputs=outputs, timings_ms=timings_ms,
                                  served_by=lv.key)
         except asyncio.CancelledError:

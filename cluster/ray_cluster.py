@@ -37,6 +37,7 @@ from cluster.registry import ModelConfig
 
 if TYPE_CHECKING:
     from workers.actors import PoolConfig
+    from workers.batcher import ExpectedLoad
 
 __all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory", "pool_config"]
 
@@ -185,7 +186,8 @@ class RayPool:
         if deadline_s is not None:
             deadline_unix_ms = (time.time() + (deadline_s - time.monotonic())) * 1e3
         t0 = time.monotonic()
-        self.answers.arrived(t0)
+        urgent = priority > 0
+        self.answers.arrived(t0, urgent)
         try:
             out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
                                                       priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
@@ -195,18 +197,18 @@ class RayPool:
         total_s = time.monotonic() - t0
         if timing is None:  # a worker that does not report timings: all of it counts as compute
             result = PoolResult(out, 0.0, total_s, 1)
-            self.answers.answered(result, False)
+            self.answers.answered(result, False, urgent)
             return result
         if timing.first_in_batch and self._metrics is not None:
             self._metrics.observe_batch(timing.batch_size)
         # Everything but the batch's run is waiting: the caller-side batcher, the actor
         # call's transport and the worker's queue (the worker's share is timing.queue_s).
         result = PoolResult(out, max(0.0, total_s - timing.compute_s), timing.compute_s, timing.batch_size)
-        self.answers.answered(result, timing.first_in_batch)
+        self.answers.answered(result, timing.first_in_batch, urgent)
         return result
 
-    def expected_load(self) -> tuple[float, float] | None:
-        """(utilisation, expected wait s) now, from the answers (:class:`cluster._pools.AnswerLoad`)."""
+    def expected_load(self) -> ExpectedLoad | None:
+        """The load keys now, from the answers (:class:`cluster._pools.AnswerLoad`)."""
         return self.answers.expected_load(time.monotonic())
 
     def load(self) -> tuple[int, float | None, float | None, int, float | None]:

@@ -22,7 +22,15 @@ wait and decays it by exp(-age / `tau_s`), so a device that sends rarely still k
 cloud is busy, and one that moved off the cloud (and so hears nothing more) comes back
 after a few time constants, when its next answer or trial reports the load again. The
 wait the policy prices is the larger of the two. Answers from a gateway without these
-keys leave only the instantaneous wait. Time is passed in (monotonic seconds).
+keys leave only the instantaneous wait.
+
+The gateway serves urgent requests first ([Note: priority under overload] in
+edge_agent/hedge.py), so it reports both figures for them too
+(`timings_ms['urgent_predicted_wait']` and `['urgent_expected_wait']`), which `CloudLoad`
+keeps alike: `queue_ms(now_s, urgent=True)` is what the policy prices a remote option at
+whose requests would go urgent. A cut with no urgent figures (an older gateway, a pool
+that cannot tell) gives the priority-0 figure there, the longer. Time is passed in
+(monotonic seconds).
 """
 
 from __future__ import annotations
@@ -57,36 +65,46 @@ class CloudLoad:
             raise ValueError(f"cloud_load_tau_s={tau_s!r} must be a finite number of seconds > 0 "
                              f"(default {DEFAULT_TAU_S})")
         self.tau_s = float(tau_s)
-        self._waits: dict[str, tuple[float, float]] = {}
-        """cut id -> (reported wait ms, reported at s)."""
-        self._loads: dict[str, tuple[float, float, float]] = {}
-        """cut id -> (expected wait ms, utilisation, reported at s)."""
+        self._waits: dict[tuple[str, bool], tuple[float, float]] = {}
+        """(cut id, urgent) -> (reported wait ms, reported at s)."""
+        self._loads: dict[tuple[str, bool], tuple[float, float, float]] = {}
+        """(cut id, urgent) -> (expected wait ms, utilisation, reported at s)."""
+        self._urgent_told: set[str] = set()
+        """Cut ids that reported urgent figures."""
         self._refused_until: dict[str, float] = {}
         self.refusals = 0
         """Refusals for load so far."""
 
-    def observe_wait(self, cut_id: str, wait_ms: float, now_s: float) -> None:
-        """An answer at `cut_id` reported this predicted queue wait; a bad figure is ignored."""
+    def observe_wait(self, cut_id: str, wait_ms: float, now_s: float, *, urgent: bool = False) -> None:
+        """An answer at `cut_id` reported this predicted queue wait (of an urgent request); a bad figure
+        is ignored."""
         if isinstance(wait_ms, (int, float)) and math.isfinite(wait_ms) and wait_ms >= 0:
-            self._waits[cut_id] = (float(wait_ms), now_s)
+            self._waits[cut_id, urgent] = (float(wait_ms), now_s)
+            if urgent:
+                self._urgent_told.add(cut_id)
 
-    def observe_load(self, cut_id: str, expected_wait_ms: float, utilisation: float | None, now_s: float) -> None:
-        """An answer at `cut_id` reported this expected wait and utilisation; a bad figure is ignored."""
+    def observe_load(self, cut_id: str, expected_wait_ms: float, utilisation: float | None, now_s: float, *,
+                     urgent: bool = False) -> None:
+        """An answer at `cut_id` reported this expected wait (of an urgent request) and utilisation; a
+        bad figure is ignored."""
         if not (isinstance(expected_wait_ms, (int, float)) and math.isfinite(expected_wait_ms)
                 and expected_wait_ms >= 0):
             return
         ok = isinstance(utilisation, (int, float)) and math.isfinite(utilisation) and utilisation >= 0
         util = float(utilisation) if ok else math.nan  # type: ignore[arg-type]
-        self._loads[cut_id] = (float(expected_wait_ms), util, now_s)
+        self._loads[cut_id, urgent] = (float(expected_wait_ms), util, now_s)
+        if urgent:
+            self._urgent_told.add(cut_id)
 
     def observe_timings(self, cut_id: str, timings_ms: Mapping[str, float], now_s: float) -> None:
         """Reads the load keys of a gateway answer's `timings_ms`; an older gateway's lack them."""
-        wait_ms = timings_ms.get("predicted_wait")
-        if wait_ms is not None:
-            self.observe_wait(cut_id, wait_ms, now_s)
-        expected_ms = timings_ms.get("expected_wait")
-        if expected_ms is not None:
-            self.observe_load(cut_id, expected_ms, timings_ms.get("utilisation"), now_s)
+        for urgent, prefix in ((False, ""), (True, "urgent_")):
+            wait_ms = timings_ms.get(prefix + "predicted_wait")
+            if wait_ms is not None:
+                self.observe_wait(cut_id, wait_ms, now_s, urgent=urgent)
+            expected_ms = timings_ms.get(prefix + "expected_wait")
+            if expected_ms is not None:
+                self.observe_load(cut_id, expected_ms, timings_ms.get("utilisation"), now_s, urgent=urgent)
 
     def refuse(self, cut_id: str, retry_after_ms: float | None, now_s: float) -> float:
         """The cloud refused a request at `cut_id` for load; returns the hold-off in ms."""
@@ -97,34 +115,36 @@ class CloudLoad:
         self.observe_wait(cut_id, max(hold_ms, self.queue_ms(now_s).get(cut_id, 0.0)), now_s)
         return hold_ms
 
-    def queue_ms(self, now_s: float) -> dict[str, float]:
-        """Predicted queue wait per cut for a request sent at `now_s`: the larger of the instantaneous
-        wait drained since its report and the expected wait decayed since its report."""
-        out = {}
-        for cut_id, (wait_ms, at_s) in list(self._waits.items()):
+    def queue_ms(self, now_s: float, *, urgent: bool = False) -> dict[str, float]:
+        """Predicted queue wait per cut for a request sent at `now_s` (an urgent one: where the cut
+        reported urgent figures): the larger of the instantaneous wait drained since its report and
+        the expected wait decayed since its report."""
+        out: dict[tuple[str, bool], float] = {}
+        for key, (wait_ms, at_s) in list(self._waits.items()):
             left = wait_ms - max(0.0, now_s - at_s) * 1e3
             if left > 0:
-                out[cut_id] = left
+                out[key] = left
             else:
-                del self._waits[cut_id]
-        for cut_id, (expected_ms, _, at_s) in list(self._loads.items()):
+                del self._waits[key]
+        for key, (expected_ms, _, at_s) in list(self._loads.items()):
             share = self._share(at_s, now_s)
             if share < _FORGET:
-                del self._loads[cut_id]
-            elif expected_ms * share > out.get(cut_id, 0.0):
-                out[cut_id] = expected_ms * share
-        return out
+                del self._loads[key]
+            elif expected_ms * share > out.get(key, 0.0):
+                out[key] = expected_ms * share
+        told = self._urgent_told if urgent else set()
+        return {cut_id: ms for (cut_id, u), ms in out.items() if u == (cut_id in told)}
 
     def utilisation(self, now_s: float) -> dict[str, float]:
         """The reported utilisation per cut, decayed as the expected wait is."""
-        return {k: u * self._share(at_s, now_s) for k, (_, u, at_s) in self._loads.items()
-                if math.isfinite(u) and self._share(at_s, now_s) >= _FORGET}
+        return {k: u * self._share(at_s, now_s) for (k, urgent), (_, u, at_s) in self._loads.items()
+                if not urgent and math.isfinite(u) and self._share(at_s, now_s) >= _FORGET}
 
     def busy_cuts(self, now_s: float) -> frozenset[str]:
         """Cuts whose latest remembered load report had a utilisation of at least `BUSY_UTILISATION`
         (the policy's `Health.unconfirmed`)."""
-        return frozenset(k for k, (_, u, at_s) in self._loads.items()
-                         if u >= BUSY_UTILISATION and self._share(at_s, now_s) >= _FORGET)
+        return frozenset(k for (k, urgent), (_, u, at_s) in self._loads.items()
+                         if not urgent and u >= BUSY_UTILISATION and self._share(at_s, now_s) >= _FORGET)
 
     def _share(self, at_s: float, now_s: float) -> float:
         return math.exp(-max(0.0, now_s - at_s) / self.tau_s)

@@ -47,15 +47,15 @@ answers in time. So under an SLO the first goes to the cloud with priority 1
 (`urgent_priority`), the second with 0: the gateway's batcher serves the higher priority
 first and counts only the requests of its priority or higher as ahead of a new one when
 it decides whether to refuse it (workers/batcher.py), so under overload the refusals
-fall on the requests that can still answer here. With an rpi4 (ResNet50 in 493 ms) under
-a 600 ms SLO, a request whose upload took past 107 ms is such a request: in the fleet
-load test's 3x burst (bench.fleet_load, 200 devices), the refused ones were these, and each
-missed the SLO; 2 to 5 a burst over seven runs (94.4-98.0 % within the SLO), and 1 to 2
-over six with the priority (96.9-99.0 %). A client may claim it falsely; the agent claims
-it only where its own hedge says so. The load that answers report (`timings_ms`) is still
-the wait of a priority-0 request, which the policy prices every remote option at, urgent or
-not: in the simulated cloud-heavy fleet at 120 % load that moved rpi5s on 4G off a cloud
-that would have served them first (docs/fleet.md).
+fall on the requests that can still answer here. With an rpi4 (ResNet50 in 493 ms)
+under a 600 ms SLO, a request whose upload took past 107 ms is such a request: in the
+fleet load test's 3x burst (bench.fleet_load, 200 devices), the refused ones were these,
+and each missed the SLO; 2 to 5 a burst over seven runs (94.4-98.0 % within the SLO),
+and 1 to 2 over six with the priority (96.9-99.0 %). A client may claim it falsely; the
+agent claims it only where its own hedge says so. The answers report the waits of both
+priorities (cluster/gateway.py), and the policy prices a remote option whose requests
+would go urgent (`goes_urgent`, the hedge's own test) at the urgent ones ([Note: cloud
+load] in edge_agent/policy.py).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from planner.costmodel import latest_local_start_ms
 if TYPE_CHECKING:
     from edge_agent.policy import Action
 
-__all__ = ["URGENT", "hedge_delay_s", "hedged_times", "urgent_priority"]
+__all__ = ["URGENT", "goes_urgent", "hedge_delay_s", "hedged_times", "urgent_priority"]
 
 URGENT = 1
 """The priority of a request whose only answer in time is the cloud's ([Note: priority under overload])."""
@@ -128,3 +128,10 @@ def urgent_priority(slo_ms: float | None, hedge_s: float) -> int:
     """The cloud priority of a request whose hedge starts in `hedge_s` (inf: never): `URGENT` under
     an SLO when no local run can answer it in time, else 0; see [Note: priority under overload]."""
     return URGENT if slo_ms is not None and not math.isfinite(hedge_s) else 0
+
+
+def goes_urgent(slo_ms: float | None, send_ms: float, tail_ms: float) -> bool:
+    """Whether a request sent `send_ms` after its start, whose local tail takes `tail_ms` (inf: none),
+    goes with `URGENT`: under an SLO, its tail started at the send lands at or after the SLO, so
+    `hedge_delay_s` says no hedge. The policy prices such a request's cloud wait at the urgent one."""
+    return slo_ms is not None and send_ms + tail_ms >= slo_ms

@@ -257,8 +257,8 @@ class Runner(LinkProbing):
         health = Health(remote_ok, probe, self.breaker.state, self.local_ms * self.factors["local"], warm,
                         self._arrival_rps(now_s, count=request), remote_factor=self.factors["remote"],
                         local_factor=self.factors["local"], request=request,
-                        queue_ms=self.cloud.queue_ms(now_s), refused_until_s=self.cloud.refused_until_s(now_s),
-                        unconfirmed=self.cloud.busy_cuts(now_s),
+                        queue_ms=self.cloud.queue_ms(now_s), urgent_queue_ms=self.cloud.queue_ms(now_s, urgent=True),
+                        refused_until_s=self.cloud.refused_until_s(now_s), unconfirmed=self.cloud.busy_cuts(now_s),
                         inflight=self.counters.inflight + (0 if request else 1), send_ms=self.send_ms)
         action, self.state = policy(est, self.frontier, health, self.state, now_s,
                                     config=self.policy_config)

@@ -37,7 +37,9 @@ planner's frontier and cost model, as on a device. What is modelled:
   (the last second's arrivals, admitted or not, times their pool's full-batch time per
   request, over the workers) and the expected wait at it
   (`workers.batcher.BatcherLoad.expected_wait_at`, the gateway's own formula, on the answer's
-  pool), which the device's `CloudLoad` keeps with its decay.
+  pool), which the device's `CloudLoad` keeps with its decay; and, with the priority, both
+  waits of an urgent request (behind the urgent ones queued; the formula at the urgent share
+  of the last second's arrivals), at which the policy prices a plan whose requests go urgent.
 Strategies: 'ours' (the policy with the cloud's load), 'planned' (each device follows the
 fleet plan's equilibrium choice for its class and link point, `planner.fleet.planned_choices`,
 drawn by its shares), 'dads' (each device's load-blind
@@ -234,9 +236,10 @@ class _Sim:
         self.doubled = 0
         self.counted_started = 0
         self.last_run_end = 0.0
-        self.recent: deque[tuple[float, float]] = deque()
+        self.recent: deque[tuple[float, float, bool]] = deque()
         """(arrival s, its pool's full-batch seconds per request) over the last second."""
         self.recent_work_s = 0.0
+        self.recent_urgent_s = 0.0
         self._expected: dict[tuple[int, int], float] = {}
 
     # -- plumbing ---------------------------------------------------------------------
@@ -336,7 +339,8 @@ class _Sim:
         up, rtt = float(self.up[d]), float(self.rtt[d])
         est = LinkEstimate(up, up * m.cls.down_ratio, rtt, 100, now, None)
         health = Health(local_ms=m.local_ms, arrival_rps=m.cls.fps * self.cfg.fps_scale,
-                        queue_ms=cl.queue_ms(now), refused_until_s=cl.refused_until_s(now),
+                        queue_ms=cl.queue_ms(now), urgent_queue_ms=cl.queue_ms(now, urgent=True),
+                        refused_until_s=cl.refused_until_s(now),
                         unconfirmed=cl.busy_cuts(now))
         action, self.states[d] = policy(est, m.frontier, health, self.states[d], now, config=self.configs[c])
         if action.kind != "offload":
@@ -372,29 +376,35 @@ class _Sim:
     def utilisation(self, now: float) -> float:
         """The last second's arrivals (admitted or not) in full-batch work, over the workers."""
         while self.recent and self.recent[0][0] <= now - 1.0:
-            self.recent_work_s -= self.recent.popleft()[1]
+            _, work_s, urgent = self.recent.popleft()
+            self.recent_work_s -= work_s
+            self.recent_urgent_s -= work_s * urgent
         return max(0.0, self.recent_work_s) / self.workers
 
-    def expected_wait_ms(self, pool: int, util: float, now: float) -> float:
-        """The gateway's expected wait ([Note: expected wait] in workers/_batch_policy.py) at `pool`."""
+    def expected_wait_ms(self, pool: int, util: float, now: float, urgent: bool = False) -> float:
+        """The gateway's expected wait ([Note: expected wait] in workers/_batch_policy.py) at `pool`, of
+        an urgent request: at the urgent share of the last second's arrivals."""
         full_s = float(self.tables[pool][-1]) / 1e3
         rate = util * self.workers * self.max_batch / full_s
-        predicted_s = self.predicted_wait_s(pool, now)
-        key = (pool, round(rate), round(predicted_s * 1e3))
+        predicted_s = self.predicted_wait_s(pool, now, urgent)
+        share = min(1.0, self.recent_urgent_s / self.recent_work_s) if urgent and self.recent_work_s > 0 else 1.0
+        key = (pool, round(rate), round(predicted_s * 1e3), round(share, 2))
         got = self._expected.get(key)
         if got is None:
             table = self.tables[pool]
             wait_s = BatcherLoad.expected_wait_at(rate, lambda b: float(table[b - 1]) / 1e3,
                                                   max_batch_size=self.max_batch, instances=self.workers,
-                                                  timeout_s=self.timeout, predicted_wait_s=predicted_s)
+                                                  timeout_s=self.timeout, predicted_wait_s=predicted_s,
+                                                  ahead_share=round(share, 2))
             got = self._expected[key] = (wait_s or 0.0) * 1e3
         return got
 
     def arrive(self, req: _Req, now: float) -> None:
         req.arrive = now
         work_s = float(self.tables[req.pool][-1]) / 1e3 / self.max_batch
-        self.recent.append((now, work_s))
+        self.recent.append((now, work_s, req.urgent))
         self.recent_work_s += work_s
+        self.recent_urgent_s += work_s * req.urgent
         q = self.queues[req.pool]
         wait = self.predicted_wait_s(req.pool, now, req.urgent)
         ahead = self.urgent_n[req.pool] if req.urgent else len(q)
@@ -457,6 +467,9 @@ class _Sim:
         util = self.utilisation(now)
         timings = {"predicted_wait": wait_ms, "utilisation": util,
                    "expected_wait": self.expected_wait_ms(pool, util, now)}
+        if self.cfg.priority:  # the gateway's urgent figures ([Note: priority under overload])
+            timings["urgent_predicted_wait"] = self.predicted_wait_s(pool, now, True) * 1e3
+            timings["urgent_expected_wait"] = self.expected_wait_ms(pool, util, now, True)
         for r in batch:
             self.push(now + r.post_ms / 1e3, _ANSWER, (r, timings))
         self.dispatch(now)

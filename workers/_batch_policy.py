@@ -45,6 +45,15 @@ its longer run, T(b) - T(1). At or past
 capacity there is no steady state, and admission control bounds the queue by the
 deadlines instead: the figure is then the formula at ``_RHO_CAP``.
 
+A request of a higher priority ([Note: priority under overload] in edge_agent/hedge.py)
+waits for an instance behind its own class only: by Cobham's formula for a queue served by
+priority without preemption, the highest class's mean wait is the residual work, W0,
+over 1 - rho_1 (its own utilisation), where arrival order's is W0 over 1 - rho. So the
+instance wait at arrival order is scaled by (1 - rho) / (1 - rho * share), share being
+the class's part of the arrivals (``ahead_share``): at 99 % busy with 10 % of the
+arrivals urgent, an urgent request waits 1 % of a priority-0 request's wait for an
+instance, and the same fill and batch run.
+
 The figure is never below the predicted wait: a request arriving now waits at least
 that long, whatever the mean. The arrival rate is the last whole second's, so in the
 first second of a burst it is the quiet second's rate while the queue is already long,
@@ -67,7 +76,7 @@ from planner.queueing import batch_queue
 from workers._batcher_config import BatcherConfig
 from workers.errors import BatcherConfigError
 
-__all__ = ["ArrivalRate", "BatcherLoad", "RunTimes", "ShapeRunTimes"]
+__all__ = ["ArrivalRate", "BatcherLoad", "ExpectedLoad", "RunTimes", "ShapeRunTimes"]
 
 RUN_SPREADS = 2.0
 """A request's own batch is priced at this many mean absolute deviations over its mean run
@@ -153,22 +162,27 @@ class RunTimes:
 class ArrivalRate:
     """Arrivals per second over the last whole second, time passed in: the rate of a window
     of at least a second, read when the next one starts; a window of two seconds or more
-    with nothing read in between reads 0 (the arrivals it counted are that old)."""
+    with nothing read in between reads 0 (the arrivals it counted are that old). The urgent
+    ones (priority above 0) are also counted apart."""
 
-    __slots__ = ("rps", "_start_s", "_count")
+    __slots__ = ("rps", "urgent_rps", "_start_s", "_count", "_urgent")
 
     def __init__(self) -> None:
-        self.rps = 0.0
+        self.rps = self.urgent_rps = 0.0
         self._start_s = float("-inf")
-        self._count = 0
+        self._count = self._urgent = 0
 
-    def count(self, now_s: float, n: int = 1) -> None:
-        """Counts ``n`` arrivals at ``now_s`` (0: only brings the window up to ``now_s``)."""
+    def count(self, now_s: float, n: int = 1, *, urgent: bool = False) -> None:
+        """Counts ``n`` arrivals (urgent ones) at ``now_s`` (0: only brings the window up to ``now_s``)."""
         if now_s - self._start_s >= 1.0:
             elapsed_s = now_s - self._start_s
-            self.rps = self._count / elapsed_s if elapsed_s < 2.0 else 0.0
-            self._start_s, self._count = now_s, 0
+            recent = elapsed_s < 2.0
+            self.rps = self._count / elapsed_s if recent else 0.0
+            self.urgent_rps = self._urgent / elapsed_s if recent else 0.0
+            self._start_s, self._count, self._urgent = now_s, 0, 0
         self._count += n
+        if urgent:
+            self._urgent += n
 
 
 _NO_SHAPE = object()
@@ -220,6 +234,16 @@ class ShapeRunTimes:
         return times.upper_s if times is not None else self.overall.upper_s
 
 
+class ExpectedLoad(NamedTuple):
+    """A pool's load keys now ([Note: expected wait])."""
+
+    utilisation: float
+    wait_s: float
+    """The expected wait of a request of priority 0."""
+    urgent_wait_s: float
+    """That of a request of priority 1, which waits behind its own class only."""
+
+
 @dataclass(frozen=True)
 class BatcherLoad:
     """How loaded a batcher is now (the gateway's gauges and ``/readyz?load=1``)."""
@@ -238,6 +262,10 @@ class BatcherLoad:
     can answer. None before any run."""
     arrival_rps: float = 0.0
     """Requests that arrived per second (admitted or not) over the last whole second."""
+    urgent_arrival_rps: float = 0.0
+    """Those of them with a priority above 0."""
+    urgent_predicted_wait_s: float | None = None
+    """`predicted_wait_s` for a request of priority 1: behind those of priority 1 or higher."""
 
     @property
     def headroom_rps(self) -> float | None:
@@ -252,10 +280,13 @@ class BatcherLoad:
 
     @staticmethod
     def expected_wait_at(arrival_rps: float, run_s: Callable[[int], float | None], *, max_batch_size: int,
-                         instances: int, timeout_s: float, predicted_wait_s: float = 0.0) -> float | None:
+                         instances: int, timeout_s: float, predicted_wait_s: float = 0.0,
+                         ahead_share: float = 1.0) -> float | None:
         """Mean seconds a request spends in a pool receiving ``arrival_rps`` beyond a lone batch's
         run, where ``run_s(size)`` is a batch's run time, and at least ``predicted_wait_s`` (the
-        wait of a request arriving now); None before any run. Pure; see [Note: expected wait]."""
+        wait of a request arriving now); None before any run. ``ahead_share``: the share of the
+        arrivals served before or with the request (its priority or higher), 1 for the lowest
+        priority. Pure; see [Note: expected wait]."""
         one_s, full_s = run_s(1), run_s(max_batch_size)
         if one_s is None or full_s is None or not math.isfinite(arrival_rps) or arrival_rps <= 0:
             return None if one_s is None else max(0.0, predicted_wait_s)
@@ -265,7 +296,9 @@ class BatcherLoad:
         assert all(t is not None for t in times)  # one size timed: every size has an estimate
         table = np.array([[t * 1e3 for t in times]])  # type: ignore[operator]
         q = batch_queue(np.array([rate]), table, instances, timeout_s * 1e3)
-        expected_s = (q.wait_ms + q.fill_ms[0] + q.run_ms[0]) / 1e3 - one_s
+        rho = min(q.utilisation, _RHO_CAP)
+        wait_ms = q.wait_ms * (1.0 - rho) / (1.0 - rho * min(max(ahead_share, 0.0), 1.0))  # Cobham
+        expected_s = (wait_ms + q.fill_ms[0] + q.run_ms[0]) / 1e3 - one_s
         return max(expected_s, predicted_wait_s)
 
 

@@ -35,6 +35,7 @@ from workers._batch_policy import (
     AheadSize,
     ArrivalRate,
     BatcherLoad,
+    ExpectedLoad,
     RunTimes,
     ShapeRunTimes,
     _batch_size,
@@ -70,6 +71,7 @@ __all__ = [
     "BatcherLoad",
     "BatcherStats",
     "DeadlineExceededError",
+    "ExpectedLoad",
     "NOT_NOW",
     "OverloadedError",
     "QueueFullError",
@@ -112,13 +114,8 @@ class Batcher:
     ``clock`` (seconds, monotonic) is injectable for tests; deadlines use the same clock.
     """
 
-    def __init__(
-        self,
-        run_batch: RunBatch,
-        config: BatcherConfig | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, run_batch: RunBatch, config: BatcherConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._run_batch = run_batch
         self._config = config if config is not None else BatcherConfig()
         self._clock = clock
@@ -183,20 +180,23 @@ class Batcher:
         self._arrivals.count(now_s, 0)
         return BatcherLoad(queue_depth=self._depth, running_batches=len(self._batch_tasks),
                            predicted_wait_s=self.predicted_wait_s(now_s), batch_run_s=full_s, capacity_rps=capacity,
-                           arrival_rps=self._arrivals.rps)
+                           arrival_rps=self._arrivals.rps, urgent_arrival_rps=self._arrivals.urgent_rps,
+                           urgent_predicted_wait_s=self.predicted_wait_s(now_s, priority=1))
 
     def predicted_wait_s(self, now_s: float | None = None, *, batch_size: int | None = None,
-                         depth: int | None = None) -> float | None:
+                         depth: int | None = None, priority: int = 0) -> float | None:
         """How long a request arriving now would wait for its batch to start: what is
         left of the running batches once every instance is busy, plus the batches of
         ``batch_size`` (default :meth:`ahead_batch_size`) queued ahead of it (``depth``
-        requests, default all), ``max_concurrent_batches`` at a time. None before any timing."""
+        requests, default all of ``priority`` or higher), ``max_concurrent_batches`` at a time.
+        None before any timing."""
         size = self.ahead_batch_size() if batch_size is None else batch_size
         batch_s = self.run_times.estimate_s(size)
         if batch_s is None:
             return None
         now_s = self._clock() if now_s is None else now_s
-        return queue_wait_s(now_s, self._depth if depth is None else depth, tuple(self._batch_ends.values()),
+        depth = depth_from(self._queues, priority, self._depth) if depth is None else depth
+        return queue_wait_s(now_s, depth, tuple(self._batch_ends.values()),
                             batch_s, size, self._config.max_concurrent_batches)
 
     def ahead_batch_size(self) -> int:
@@ -439,7 +439,7 @@ class Batcher:
                 value=repr(shape_key),
             ) from e
         now_s = self._clock()
-        self._arrivals.count(now_s)
+        self._arrivals.count(now_s, urgent=priority > 0)
         if deadline_s is not None and deadline_s <= now_s:
             self._rejected[_REJECT_DEADLINE] += 1
             raise DeadlineExceededError(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from workers._pool import RequestTiming, SegmentStats, new_timing
-from workers.batcher import Batcher, BatcherConfig
+from workers.batcher import Batcher, BatcherConfig, ExpectedLoad
 from workers.engine import Engine, EngineConfig
 
 __all__ = ["HostedSegment", "TimedInputs", "load_segment"]
@@ -108,7 +108,7 @@ class HostedSegment:
         self.completed = 0
         self.input_errors = 0
         self.failed = 0
-        self._expected_rps, self._expected_at_s, self._expected_s = -1.0, -float("inf"), 0.0
+        self._expected_rps, self._expected_at_s, self._expected_s = -1.0, -float("inf"), (0.0, 0.0)
 
     @property
     def engines(self) -> tuple[Engine, ...]:
@@ -150,9 +150,9 @@ class HostedSegment:
     per-sample shapes and dtypes, so that one that does not fit batches apart and fails
     alone (InputError from its engine run), with no check of its own on the way."""
 
-    def expected_load(self) -> tuple[float, float] | None:
-        """(utilisation, expected wait s) now, from the batcher's arrival rate and batch times
-        ([Note: expected wait] in workers/_batch_policy.py); None before any batch was timed."""
+    def expected_load(self) -> ExpectedLoad | None:
+        """The load keys now, from the batcher's arrival rates and batch times ([Note: expected wait]
+        in workers/_batch_policy.py); None before any batch was timed."""
         load = self.batcher.load()
         if load.utilisation is None:
             return None
@@ -160,12 +160,15 @@ class HostedSegment:
         # The formula iterates (about 40 us); the arrival rate it reads changes once a second.
         if load.arrival_rps != self._expected_rps or now_s - self._expected_at_s >= 1.0:
             cfg = self.batcher.config
-            wait_s = load.expected_wait_at(load.arrival_rps, self.batcher.run_times.estimate_s,
-                                           max_batch_size=cfg.max_batch_size, instances=cfg.max_concurrent_batches,
-                                           timeout_s=cfg.max_queue_delay_ms / 1e3)
-            self._expected_rps, self._expected_at_s, self._expected_s = load.arrival_rps, now_s, wait_s or 0.0
+            urgent = load.urgent_arrival_rps / load.arrival_rps if load.arrival_rps > 0 else 0.0
+            wait_s, urgent_s = (load.expected_wait_at(
+                load.arrival_rps, self.batcher.run_times.estimate_s, max_batch_size=cfg.max_batch_size,
+                instances=cfg.max_concurrent_batches, timeout_s=cfg.max_queue_delay_ms / 1e3, ahead_share=share)
+                or 0.0 for share in (1.0, urgent))
+            self._expected_rps, self._expected_at_s, self._expected_s = load.arrival_rps, now_s, (wait_s, urgent_s)
         # At least what a request arriving now waits: the rate read lags a burst.
-        return load.utilisation, max(self._expected_s, load.predicted_wait_s or 0.0)
+        return ExpectedLoad(load.utilisation, max(self._expected_s[0], load.predicted_wait_s or 0.0),
+                            max(self._expected_s[1], load.urgent_predicted_wait_s or 0.0))
 
     def stats(self) -> SegmentStats:
         b = self.batcher.stats()

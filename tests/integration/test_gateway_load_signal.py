@@ -1,6 +1,7 @@
 """The gateway's load keys over real gRPC on 127.0.0.1 with an in-process pool (real ONNX
 Runtime): an answer carries `timings_ms['utilisation']` and `timings_ms['expected_wait']`
-beside `predicted_wait`, and the agent's `CloudLoad` reads them from the decoded answer."""
+beside `predicted_wait`, the same of a priority-1 request, and the agent's `CloudLoad` reads
+them from the decoded answer."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def test_every_answer_carries_the_pools_utilisation_and_expected_wait(tmp_path):
     last = results[-1].timings_ms
     assert {"predicted_wait", "utilisation", "expected_wait"} <= set(last), last
     assert last["utilisation"] >= 0 and last["expected_wait"] >= 0
+    # The same for a request of priority 1, which waits behind its own class only: never longer.
+    assert 0 <= last["urgent_predicted_wait"] <= last["predicted_wait"]
+    assert 0 <= last["urgent_expected_wait"] <= last["expected_wait"]
     load = CloudLoad()
     load.observe_timings(cut.cut_id, last, 0.0)
     assert load.queue_ms(0.0).get(cut.cut_id, 0.0) == pytest.approx(max(last["expected_wait"], last["predicted_wait"]))

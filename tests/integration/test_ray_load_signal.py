@@ -50,6 +50,8 @@ def test_ray_pool_answers_carry_utilisation_and_expected_wait(tmp_path, ray_loca
     for t in (quiet, busy):
         assert {"utilisation", "expected_wait"} <= set(t), t
         assert t["utilisation"] >= 0 and t["expected_wait"] >= 0
+        # No urgent request came: the urgent figure is the formula with none of the arrivals ahead.
+        assert 0 <= t["urgent_expected_wait"] <= t["expected_wait"]
     # The paced phase's last answer counts a whole second of its arrivals.
     assert quiet["utilisation"] > 0
     # 32 requests at once queue behind each other on one replica: the answers say so.

@@ -32,7 +32,7 @@ def test_the_figures_are_the_batch_queue_of_one_replica_at_its_share():
     for k in range(150):  # 150 arrivals in the second from 1.0
         load.arrived(1.0 + k / 150)
         load.answered(_answer(0.0, 0.010, 1), first_in_batch=False)
-    util, wait_s = load.expected_load(2.0)
+    util, wait_s, _ = load.expected_load(2.0)
     capacity = 4 * 2 * 2 / 0.024
     assert load.capacity_rps() == pytest.approx(capacity)
     rate = 150 / 1.0
@@ -58,7 +58,7 @@ def test_the_figure_is_at_least_what_the_answers_waited():
     for k in range(10):  # 10 req/s against a capacity of 2 / 0.09 = 22, but each answer queued 300 ms
         load.arrived(1.0 + k / 10)
         load.answered(_answer(0.300, 0.090, 2), first_in_batch=k % 2 == 0)
-    util, wait_s = load.expected_load(2.0)
+    util, wait_s, _ = load.expected_load(2.0)
     assert util == pytest.approx(10 / (2 / 0.090), rel=0.02)
     quiet = BatcherLoad.expected_wait_at(10.0, load.run_times.estimate_s, max_batch_size=2, instances=1, timeout_s=0.0)
     assert quiet < 0.1
