@@ -11,11 +11,12 @@ the agent's own code: `edge_agent.policy.policy` with its `CloudLoad` (the gatew
 load keys of every answer, RESOURCE_EXHAUSTED with its retry-after) and an
 `edge_agent.flow.RequestFlow`, and the real `InferenceClient`. What a device would compute
 or send is emulated by sleeping the plan's times at its link (an rpi4 reference profile):
-the head, encode and upload, then half the RTT, the real call with the input tensor, half
-the RTT and the download; the local model and the local tail likewise. The remote budget
-is the simulator's ([Note: fleet simulator] in splitinfer/fleetsim.py), the hedge is the
-runner's (`edge_agent.policy.hedge_delay_s` on the device's record of answers), and the gRPC
-deadline is what is left of the SLO. Phases: ``--seconds`` steady at 60% of the measured
+the head and encode, then the upload and half the RTT, the real call with the input tensor,
+half the RTT and the download; the local model and the local tail likewise. The remote
+budget is the simulator's ([Note: fleet simulator] in splitinfer/fleetsim.py), the hedge is
+the runner's (`edge_agent.policy.hedge_delay_s` on the device's record of answers), both
+timed from the send as the runner does (the upload is part of the remote call), and the
+gRPC deadline is what is left of the SLO. Phases: ``--seconds`` steady at 60% of the measured
 capacity (the first 5 s not counted), then ``--burst-seconds`` at 3x that rate.
 
 The simulator then runs the same fleet (same N, rates, links, SLO) with a cloud calibrated
@@ -134,15 +135,16 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
             rec["offload"], rec["plan"] = True, action.plan_key
             k = next(i for i, e in enumerate(front.entries) if e.plan.key == action.plan_key)
             _, b = remote_ms(front, k, float(ups[d]), RTT_MS, 0.0)
-            head_s = (b.edge_ms + b.encode_ms + b.uplink_ms) / 1e3
+            send_s = (b.edge_ms + b.encode_ms) / 1e3
             tail_s = max(0.0, local_ms - b.edge_ms) / 1e3
             flow.fire("offload")
-            await asyncio.sleep(head_s)
-            # how late this process ran the device's head and upload: it shares the host's cores with the gateway
-            rec["late_ms"] = ((time.monotonic() - start) - head_s) * 1e3
+            await asyncio.sleep(send_s)
+            # how late this process ran the device's head: it shares the host's cores with the gateway
+            rec["late_ms"] = ((time.monotonic() - start) - send_s) * 1e3
             flow.fire("head_done")
             slo_s = SLO_MS / 1e3
-            budget_s = remote_budget_ms(SLO_MS, head_s * 1e3, tail_s * 1e3) / 1e3
+            # The runner's timers, from the send: the upload is part of the remote call.
+            budget_s = remote_budget_ms(SLO_MS, b.edge_ms, tail_s * 1e3) / 1e3
             # the runner's hedge ([Note: hedge] in edge_agent/hedge.py), on this device's record
             hedge_s = hedge_delay_s(action, elapsed_ms=(time.monotonic() - start) * 1e3, deadline_ms=SLO_MS,
                                     local_ms=tail_s * 1e3, record_ms=answered[d], config=cfg)
@@ -150,7 +152,7 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
             rec["urgent"] = bool(priority)
 
             async def remote() -> str:
-                await asyncio.sleep(RTT_MS / 2e3)
+                await asyncio.sleep((b.uplink_ms + RTT_MS / 2) / 1e3)
                 left = slo_s - (time.monotonic() - start)
                 try:
                     resp = await client.infer(make_request("net", "1", cut_id, x, timeout_s=max(left, 0.01),

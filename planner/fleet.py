@@ -33,11 +33,13 @@ choice sets are mixed: a share theta of the switching groups moves, theta found 
 second bisection so that F equals W. This is the Wardrop equilibrium of the fleet: no
 device gains by another choice at the wait that the choices make.
 A remote request's answer comes by the agent's remote budget at the latest ([Note: remote
-budget] in edge_agent/runner.py): if the cloud has not answered once the head is done plus
-max(SLO - head - tail, 0.3 SLO), the local tail runs, so the latency is the smaller of the
-cloud's and that. The agent's hedge ([Note: hedge] in edge_agent/hedge.py) starts the tail
-earlier where it still lands by the SLO: at the last moment with the default
-`planner.costmodel.HEDGE_MARGIN` of its time to spare, or with what is left of it, if that moment comes after the head (the policy
+budget] in edge_agent/runner.py): if the cloud has not answered once the request is sent
+(the head and its encode done: the upload is part of the remote call, and the device's
+core is free for the tail meanwhile) plus max(SLO - head - tail, 0.3 SLO), the local
+tail runs, so the latency is the smaller of the cloud's and that. The agent's hedge
+([Note: hedge] in edge_agent/hedge.py) starts the tail earlier where it still lands by
+the SLO: at the last moment with the default `planner.costmodel.HEDGE_MARGIN` of its time
+to spare, or with what is left of it, if that moment comes after the send (the policy
 may start it sooner; planned at that moment the answer is no earlier than the agent's).
 Where the local tail fits the SLO, a long cloud wait costs goodput only through the
 capacity it takes.
@@ -198,11 +200,11 @@ def _groups(spec: FleetSpec, models: Sequence[ClassModel]) -> _Groups:
                                                      spec.cloud.max_batch)[0])
                     pre = ms - b.cloud_ms - b.downlink_ms
                     tail_ms = max(0.0, m.local_ms - b.edge_ms)
-                    head_ms = b.edge_ms + b.encode_ms + b.uplink_ms
+                    send_ms = b.edge_ms + b.encode_ms  # the upload is the remote call's: the timers run from here
                     # the agent's remote budget: the local tail starts then if nothing came back
-                    cap = head_ms + remote_budget_ms(slo, head_ms, tail_ms) + tail_ms
-                    hedge_ms = latest_local_start_ms(slo, tail_ms, now_ms=head_ms)  # [Note: fleet fixed point]
-                    if hedge_ms > head_ms:
+                    cap = send_ms + remote_budget_ms(slo, b.edge_ms, tail_ms) + tail_ms
+                    hedge_ms = latest_local_start_ms(slo, tail_ms, now_ms=send_ms)  # [Note: fleet fixed point]
+                    if hedge_ms > send_ms:
                         cap = min(cap, hedge_ms + tail_ms)
                     opts[o] = (ms, pre, tail_ms, cap)
                 rows.append((i, c.count * c.fps * pu * pr, slo, m.local_ms, opts))

@@ -15,7 +15,9 @@ planner's frontier and cost model, as on a device. What is modelled:
   download. Device compute and uplink contention between a device's own requests are
   not modelled (the policy's uplink queue term stays in its choice).
 * the remote budget ([Note: remote budget] in edge_agent/runner.py): the local tail
-  starts once the head is done plus max(SLO - head - tail, 0.3 SLO) if nothing came back,
+  starts at the send (the head and encode done; the upload is part of the remote call, and
+  the device's core is free for the tail meanwhile, as in the runner) plus
+  max(SLO - head - tail, 0.3 SLO) if nothing came back,
   or earlier where the runner's hedge (`edge_agent.policy.hedge_delay_s`, on the
   option's pessimistic time and the device's record of answers) starts it; the first
   result wins, the other is dropped. The baselines' pessimistic time is their plan's own
@@ -188,9 +190,13 @@ class _Route:
     """One remote option at one device's link."""
 
     pre_ms: float
+    """From the request's start to its arrival at the cloud: head, encode, upload, half the RTT."""
     post_ms: float
     tail_ms: float
     pool: int
+    head_ms: float
+    send_ms: float
+    """From the request's start to its send: head and encode (the upload is the remote call's)."""
 
 
 class _Sim:
@@ -257,7 +263,7 @@ class _Sim:
             pool = self.pool_names.index(f"{m.cls.model}@{entry.plan.cut.key or 'whole'}")
             r = _Route(b.edge_ms + b.encode_ms + b.uplink_ms + rtt / 2,
                        rtt / 2 + b.downlink_ms + self.cfg.request_overhead_ms,
-                       max(0.0, m.local_ms - b.edge_ms), pool)
+                       max(0.0, m.local_ms - b.edge_ms), pool, b.edge_ms, b.edge_ms + b.encode_ms)
             self.routes[d][key] = r
         return r
 
@@ -313,17 +319,17 @@ class _Sim:
         req.post_ms, req.tail_ms = r.post_ms, r.tail_ms
         slo_s = self.slo_s[c]
         req.deadline = now + slo_s
-        head_s = (r.pre_ms - self.rtt[d] / 2) / 1e3
-        budget = remote_budget_ms(slo_s * 1e3, head_s * 1e3, r.tail_ms) / 1e3
+        send_s = r.send_ms / 1e3  # the runner's timers start at the send: the upload is the remote call's
+        budget = remote_budget_ms(slo_s * 1e3, r.head_ms, r.tail_ms) / 1e3  # as the runner, once the head is done
         if hi_ms is None:  # a baseline: its plan's own time at batch 1
             hi_ms = r.pre_ms + float(self.tables[r.pool][0]) + r.post_ms
         hedge = hedge_delay_s(Action("offload", req.cut_id, predicted_ms=hi_ms, hi_ms=hi_ms),
-                              elapsed_ms=head_s * 1e3, deadline_ms=slo_s * 1e3, local_ms=r.tail_ms,
+                              elapsed_ms=r.send_ms, deadline_ms=slo_s * 1e3, local_ms=r.tail_ms,
                               record_ms=self.answered[d], config=self.configs[c])
         req.hedged = hedge < budget
         req.urgent = self.cfg.priority and urgent_priority(slo_s * 1e3, hedge) == URGENT
         self.push(now + r.pre_ms / 1e3, _ARRIVE, req)
-        self.push(now + head_s + min(budget, hedge), _TIMER, req)
+        self.push(now + send_s + min(budget, hedge), _TIMER, req)
 
     def choose(self, d: int, now: float) -> tuple[str, FrontierEntry, Frontier, bool, float | None] | None:
         """The option of device `d` now: its plan, whether it is a trial, and its pessimistic
