@@ -138,7 +138,8 @@ class SimResult:
     offloaded: float
     """Share sent to the cloud (trials included)."""
     refused: float
-    """Share refused by the cloud (admission or deadline-aware batching) and answered locally."""
+    """Share refused by the cloud (admission or deadline-aware batching) and answered locally (some by
+    a tail that the budget or the hedge started before the refusal came: those count in `fallbacks` too)."""
     fallbacks: float
     """Share answered by the local tail after the budget ran out or the hedge started it."""
     hedged: float
@@ -181,6 +182,8 @@ class _Req:
     answer: float = math.nan
     how: str = ""
     hedged: bool = False
+    refused: bool = False
+    """The cloud refused it (its local tail may have started already, by the budget or the hedge)."""
     urgent: bool = False
     """No local run lands it in time: sent with priority ([Note: priority under overload] in edge_agent/hedge.py)."""
 
@@ -505,6 +508,7 @@ class _Sim:
                 self.deliver(req, "remote_ok", now)
             elif kind == _REFUSED:
                 req, wait_s = data
+                req.refused = True
                 self.loads[req.device].refuse(req.cut_id, wait_s * 1e3, now)
                 if req.flow.state == "remote":
                     req.flow.fire("remote_error")
@@ -540,7 +544,7 @@ class _Sim:
             strategy=self.cfg.strategy, devices=len(self.cls), workers=self.workers, requests=n,
             within_slo=float(ok.mean()) if n else 1.0, goodput_rps=float(ok.sum()) / span, p50_ms=p50, p95_ms=p95,
             offloaded=sum(1 for r in counted if r.pool >= 0) / max(1, n),
-            refused=sum(1 for r in counted if r.how == "refused") / max(1, n),
+            refused=sum(1 for r in counted if r.refused) / max(1, n),
             fallbacks=sum(1 for r in counted if r.how == "fallback") / max(1, n),
             hedged=sum(1 for r in counted if r.how == "fallback" and r.hedged) / max(1, n),
             lost=self.counted_started - started, doubled=self.doubled,
