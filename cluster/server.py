@@ -317,6 +317,8 @@ class _Service:
         self.chunk_bytes = chunk_bytes
         self.deadlines = _Deadlines()
         self._observe_refusal = getattr(backend, "observe_refusal", None)
+        self.calls: set[asyncio.Task[Any]] = set()
+        """Tasks running the backend or an InferStream now ([Note: calls outlive stop])."""
 
     def _refused(self, model: str, exc: BaseException, reason: str) -> None:
         """Tells the backend of a request answered without it (its counts include them)."""
@@ -359,6 +361,7 @@ class _Service:
         assert task is not None  # handlers always run in a task
         base = task.cancelling()
         entry = self.deadlines.add(deadline, task)
+        self.calls.add(task)
         try:
             resp = await self.backend.infer(req, ctx)
         except asyncio.CancelledError as e:
@@ -369,6 +372,7 @@ class _Service:
             raise
         finally:
             self.deadlines.done(entry)
+            self.calls.discard(task)
         if not isinstance(resp, InferResponse):
             raise TypeError(f"backend.infer returned {type(resp).__name__}, not InferResponse")
         return resp
@@ -417,18 +421,22 @@ class _Service:
         except Exception as e:  # noqa: BLE001 - becomes this frame's error frame
             return StreamFrame(seq=seq, error=_error_info(e, "InferStream")).to_msgpack()
 
-    async def infer_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def infer_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # handlers always run in a task
+        self.calls.add(task)
         try:
+            # Written here, not yielded to grpc: a cancellation while writing also closes `answers`.
             async with contextlib.aclosing(windowed_answers(
                     requests, self.window, lambda raw: self._stream_one(raw, context))) as answers:
                 async for answer in answers:
-                    yield answer
-        except asyncio.CancelledError:
-            raise
-        except grpc.aio.AbortError:
+                    await context.write(answer)
+        except (asyncio.CancelledError, grpc.aio.BaseError):  # grpc's own: the call ended or was aborted
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
             await abort_with_status(context, e, "InferStream")
+        finally:
+            self.calls.discard(task)
 
     async def _call_optional(self, method: str, attr: str, req: Any, context: grpc.aio.ServicerContext,
                              received: float, answer_type: type) -> Any:
@@ -495,14 +503,30 @@ class RunningServer:
     host: str
     health: Health
     _health_servicer: health.aio.HealthServicer
+    _service: _Service
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     async def stop(self, grace_s: float | None = 1.0) -> None:
+        """Refuses new calls, lets those running finish for `grace_s`, then cancels them.
+
+        [Note: calls outlive stop] grpc.aio's `server.stop(grace)` cancels the calls left at
+        the end of the grace in its core and returns; their handlers learn of it later, from
+        the loop. A stream whose requests wait in a pool then outlives the server: the gateway
+        closes the pool under it (they fail there) and ends the loop, whose cancelling of
+        grpc's task for the call, left waiting on the handler, grpc logs with a traceback.
+        Cancelled here, handlers end quietly (grpc logs that at debug level) before stop returns."""
         await self._health_servicer.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        left = [task for task in self._service.calls if not task.done()]
+        for task in left:
+            task.cancel()
+        if left:  # a cancelled handler ends within a loop turn or two
+            _, pending = await asyncio.wait(left, timeout=1.0)
+            logger.info("server stopped: cancelled %d calls still running (%d not ended within 1 s)",
+                        len(left), len(pending))
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
@@ -567,7 +591,8 @@ async def serve(
     if callable(bind):
         bind(h)
     logger.info("serving %s on %s:%d (tls=%s, window=%d)", SERVICE_NAME, host, bound, credentials is not None, stream_window)
-    return RunningServer(server=server, port=bound, host=host, health=h, _health_servicer=servicer)
+    return RunningServer(server=server, port=bound, host=host, health=h, _health_servicer=servicer,
+                         _service=service)
 
 
 async def _collect() -> None:
