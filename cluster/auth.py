@@ -10,12 +10,20 @@ same file)::
         models: [resnet50]         # optional allow-list; absent means every model
         rate_limit_rps: 20         # optional; requests per second per device
         burst: 40                  # optional; bucket size (default: max(1, rate))
+        max_priority: 0            # optional; 0-3, the highest priority its requests get
 
 [Note: one place for auth] The gateway calls `Authorizer.authorize` first thing in
 each method, before routing: the model a request names is only known once its frame
 is decoded, and a per-model allow-list needs it. So a rejected call never reaches a
 worker pool. Tokens are compared in constant time (by their SHA-256 digests) and are
 never logged or put in an error: principals are logged by name.
+
+[Note: priority claims] A request's priority is the client's claim: the edge agent
+claims 1 for a request that no local run can answer in time ([Note: priority under
+overload] in edge_agent/hedge.py), and the batcher serves it first and refuses the others
+first. A token's `max_priority` caps what its requests get: a higher claim is served at
+the cap, not refused (the request is still valid; only its place in the queue is the
+operator's to give). Without it a token's claims stand, as they do with auth off.
 """
 
 from __future__ import annotations
@@ -135,6 +143,8 @@ class TokenEntry:
     """Requests per second per device; None: unlimited."""
     burst: float | None = None
     """Bucket size; None: max(1, rate_limit_rps)."""
+    max_priority: int | None = None
+    """The highest priority its requests are served at ([Note: priority claims]); None: as claimed."""
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -182,10 +192,10 @@ class TokenTable:
             where = f"tokens[{i}]"
             if not isinstance(d, dict):
                 raise AuthConfigError(path=path, reason=f"{where} is not a mapping", fix="give name and token")
-            unknown = sorted(set(d) - {"name", "token", "models", "rate_limit_rps", "burst"})
+            unknown = sorted(set(d) - {"name", "token", "models", "rate_limit_rps", "burst", "max_priority"})
             if unknown:
                 raise AuthConfigError(path=path, reason=f"{where} has unknown field(s) {unknown}",
-                                      fix="use name, token, models, rate_limit_rps, burst")
+                                      fix="use name, token, models, rate_limit_rps, burst, max_priority")
             name, token = d.get("name"), d.get("token")
             if not isinstance(name, str) or not name:
                 raise AuthConfigError(path=path, reason=f"{where}.name is missing or not a string",
@@ -204,9 +214,13 @@ class TokenTable:
                                         or not math.isfinite(val) or val <= 0):
                     raise AuthConfigError(path=path, reason=f"{where} ({name}) {fname}={val!r} must be a positive number",
                                           fix=f"set {fname} > 0 or leave it out")
+            top = d.get("max_priority")
+            if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 3):
+                raise AuthConfigError(path=path, reason=f"{where} ({name}) max_priority={top!r} must be an integer 0-3",
+                                      fix="set max_priority: 0 to serve its requests in arrival order, or leave it out")
             entries.append(TokenEntry(name, token, tuple(models) if models is not None else None,
                                       float(rate) if rate is not None else None,
-                                      float(burst) if burst is not None else None))
+                                      float(burst) if burst is not None else None, top))
         return cls(entries)
 
     @classmethod
@@ -252,6 +266,12 @@ class Principal:
 
     name: str
     models: tuple[str, ...] | None = None
+    max_priority: int | None = None
+    """The highest priority its requests are served at ([Note: priority claims]); None: as claimed."""
+
+    def priority(self, claimed: int) -> int:
+        """The priority a request of this principal claiming `claimed` is served at."""
+        return claimed if self.max_priority is None else min(claimed, self.max_priority)
 
 
 ANONYMOUS = Principal("anonymous")
@@ -293,7 +313,7 @@ class Authorizer:
         if entry is None:
             self.rejected["unauthenticated"] += 1
             raise Unauthenticated(reason="the token is not known")
-        return Principal(entry.name, entry.models), entry
+        return Principal(entry.name, entry.models, entry.max_priority), entry
 
     def authorize(self, metadata: Mapping[str, str], *, model: str | None, device_id: str = "",
                   action: str = "infer") -> Principal:

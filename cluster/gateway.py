@@ -530,7 +530,8 @@ class Gateway:
                 if counted is not None:
                     self._in_pool[counted] = self._in_pool.get(counted, 0) + 1
                 try:
-                    result = await pool.run(inputs, deadline_s=context.deadline_monotonic_s, priority=request.priority)
+                    result = await pool.run(inputs, deadline_s=context.deadline_monotonic_s,
+                                            priority=principal.priority(request.priority))  # [Note: priority claims]
                 except ClusterError:
                     raise
                 except Exception as e:  # noqa: BLE001 - worker errors become cluster errors here

@@ -52,7 +52,8 @@ under a 600 ms SLO, a request whose upload took past 107 ms is such a request: i
 fleet load test's 3x burst (bench.fleet_load, 200 devices), the refused ones were these,
 and each missed the SLO; 2 to 5 a burst over seven runs (94.4-98.0 % within the SLO),
 and 1 to 2 over six with the priority (96.9-99.0 %). A client may claim it falsely; the
-agent claims it only where its own hedge says so. The answers report the waits of both
+agent claims it only where its own hedge says so, and a token's `max_priority` caps what
+the gateway grants ([Note: priority claims] in cluster/auth.py). The answers report the waits of both
 priorities (cluster/gateway.py), and the policy prices a remote option whose requests
 would go urgent (`goes_urgent`, the hedge's own test) at the urgent ones ([Note: cloud
 load] in edge_agent/policy.py).

@@ -222,3 +222,40 @@ def test_server_only_tls_with_token(tmp_path, pki):
                 c.infer(request(registry))
     finally:
         stop(server, gateway)
+
+
+class _Recording(LocalPoolFactory):
+    """Real in-process pools that also record the priority each request is run at."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.priorities: list[int] = []
+
+    def create(self, key, tail_path, config, metrics, *, sample_inputs=None):
+        pool = super().create(key, tail_path, config, metrics, sample_inputs=sample_inputs)
+        run, seen = pool.run, self.priorities
+
+        async def recorded(inputs, *, deadline_s, priority):
+            seen.append(priority)
+            return await run(inputs, deadline_s=deadline_s, priority=priority)
+
+        pool.run = recorded
+        return pool
+
+
+def test_a_tokens_max_priority_caps_the_priority_its_requests_are_run_at(tmp_path):
+    """[Note: priority claims] in cluster/auth.py: the claim of a token capped at 0 is run at 0."""
+    registry = Registry(make_repo(tmp_path / "repo"))
+    table = TokenTable.from_dicts([{"name": "cam", "token": CAM, "max_priority": 0}, {"name": "ops", "token": OPS}])
+    pools = _Recording(cache_dir=str(tmp_path / "ort"))
+    gateway = Gateway(registry, pools, authorizer=Authorizer(table))
+    registry.load_all()
+    server = serve_in_thread(gateway)
+    try:
+        for token in (CAM, OPS):
+            with SyncInferenceClient(server.address, token=token) as c:
+                for claimed in (1, 0):
+                    assert c.infer(request(registry, priority=claimed)).served_by == "m@1"
+    finally:
+        stop(server, gateway)
+    assert pools.priorities == [0, 0, 1, 0]

@@ -61,6 +61,18 @@ def test_tokens_file_loads_names_models_and_rates(table):
     assert CAM_TOKEN not in repr(table) and CAM_TOKEN not in repr(cam)
 
 
+def test_a_tokens_max_priority_caps_what_its_requests_claim():
+    """[Note: priority claims] in cluster/auth.py."""
+    table = TokenTable.from_dicts([{"name": "cam", "token": CAM_TOKEN, "max_priority": 0},
+                                   {"name": "ops", "token": OPS_TOKEN}])
+    auth = Authorizer(table)
+    cam = auth.authorize(bearer(CAM_TOKEN), model="m")
+    ops = auth.authorize(bearer(OPS_TOKEN), model="m")
+    assert cam.max_priority == 0 and [cam.priority(p) for p in (0, 1, 3)] == [0, 0, 0]
+    assert ops.max_priority is None and [ops.priority(p) for p in (0, 1, 3)] == [0, 1, 3]
+    assert ANONYMOUS.priority(1) == 1  # auth off: claims stand
+
+
 def test_no_token_wrong_token_and_wrong_scheme_are_unauthenticated(table):
     auth = Authorizer(table)
     with pytest.raises(Unauthenticated, match="no authorization metadata"):
@@ -126,6 +138,8 @@ def test_auth_off_is_anonymous_with_an_optional_default_rate():
         (f"tokens: [{{name: a, token: {CAM_TOKEN}, models: resnet50}}]\n", "models must be a list"),
         (f"tokens: [{{name: a, token: {CAM_TOKEN}, rate_limit_rps: -1}}]\n", "rate_limit_rps=-1 must be a positive"),
         (f"tokens: [{{name: a, token: {CAM_TOKEN}, scope: all}}]\n", r"unknown field\(s\) \['scope'\]"),
+        (f"tokens: [{{name: a, token: {CAM_TOKEN}, max_priority: 4}}]\n", "max_priority=4 must be an integer 0-3"),
+        (f"tokens: [{{name: a, token: {CAM_TOKEN}, max_priority: true}}]\n", "max_priority=True must be"),
         (f"tokens: [{{name: a, token: '{CAM_TOKEN}\n", "is not valid YAML"),
     ],
 )
