@@ -45,7 +45,8 @@ from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, OipModels, Sig
 from cluster._oip_pb import oip_pb2 as pb
 from cluster.errors import ProtocolError
 from cluster.protocol import status as _status
-from cluster.server import InferRunner, ServiceFactory, abort_with_status, string_metadata, windowed_answers
+from cluster._streams import windowed_answers, write_answer
+from cluster.server import InferRunner, ServiceFactory, abort_with_status, string_metadata
 
 __all__ = ["SERVICE_NAME", "STREAM_WINDOW", "OipGrpc", "oip_service"]
 
@@ -222,15 +223,14 @@ class OipGrpc:
             resp = pb.ModelStreamInferResponse(error_message=f"{code.name}: {message}")
         return resp.SerializeToString()
 
-    async def model_stream_infer(self, requests: AsyncIterator[bytes],
-                                 context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        # As the native InferStream ([Note: stream window] in cluster/server.py).
+    async def model_stream_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        # As the native InferStream ([Note: stream window] in cluster/_streams.py).
         try:
             async with contextlib.aclosing(windowed_answers(
                     requests, self.stream_window, lambda raw: self._stream_one(raw, context))) as answers:
                 async for answer in answers:
-                    yield answer
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+                    await write_answer(context, answer)  # [Note: failed writes] in cluster/_streams.py
+        except (asyncio.CancelledError, grpc.aio.BaseError):  # grpc's own: the call ended or was aborted
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
             await abort_with_status(context, e, "ModelStreamInfer")

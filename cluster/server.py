@@ -20,7 +20,6 @@ deadline already passed), so the backend's request counts include them.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import gc
 import heapq
@@ -36,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from cluster._streams import windowed_answers, write_answer
 from cluster.errors import DeadlineExceeded, NotSupported, ProtocolError
 from cluster.protocol import status as _status
 from cluster.protocol.messages import (
@@ -163,56 +163,6 @@ class Health:
 
 def _health_status(serving: bool) -> int:
     return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Marks a finished task's outcome as seen: a stream's leftover tasks end unread on shutdown."""
-    if not task.cancelled():
-        task.exception()
-
-
-async def windowed_answers(requests: AsyncIterator[bytes], window: int,
-                           answer: Callable[[bytes], Awaitable[bytes]]) -> AsyncIterator[bytes]:
-    """`answer(request)` of each message of a stream, in arrival order.
-
-    [Note: stream window] At most `window` messages are read and unanswered at a
-    time: the next one is only read when a slot is free, so a fast client is held
-    back by HTTP/2 flow control rather than by server memory. Answers leave in
-    arrival order even when later ones finish first. Used by InferStream and the
-    OIP door's ModelStreamInfer; `answer` should turn its errors into an answer of
-    their own, since one that raises ends the stream."""
-    pending: collections.deque[asyncio.Task[bytes]] = collections.deque()
-    reader: asyncio.Task[bytes] | None = None
-    it = requests.__aiter__()
-    eof = False
-    try:
-        while True:
-            if reader is None and not eof and len(pending) < window:
-                reader = asyncio.ensure_future(it.__anext__())
-            waits: set[asyncio.Future[Any]] = set()
-            if reader is not None:
-                waits.add(reader)
-            if pending:
-                waits.add(pending[0])
-            if not waits:
-                return
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if reader is not None and reader in done:
-                try:
-                    raw = reader.result()
-                    pending.append(asyncio.ensure_future(answer(raw)))
-                except StopAsyncIteration:
-                    eof = True
-                reader = None
-            while pending and pending[0].done():
-                yield pending.popleft().result()
-    finally:
-        for task in (reader, *pending):
-            if task is not None:
-                # A reader that ended with StopAsyncIteration as the call was cancelled
-                # would otherwise be logged as "Task exception was never retrieved".
-                task.add_done_callback(_retrieve)
-                task.cancel()
 
 
 async def abort_with_status(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
@@ -426,11 +376,10 @@ class _Service:
         assert task is not None  # handlers always run in a task
         self.calls.add(task)
         try:
-            # Written here, not yielded to grpc: a cancellation while writing also closes `answers`.
             async with contextlib.aclosing(windowed_answers(
                     requests, self.window, lambda raw: self._stream_one(raw, context))) as answers:
                 async for answer in answers:
-                    await context.write(answer)
+                    await write_answer(context, answer)  # [Note: failed writes] in cluster/_streams.py
         except (asyncio.CancelledError, grpc.aio.BaseError):  # grpc's own: the call ended or was aborted
             raise
         except Exception as e:  # noqa: BLE001 - a broken stream still ends with a status
