@@ -144,25 +144,28 @@ def _assert_quiet(capfd, caplog) -> None:
     assert not loud, [r.getMessage() for r in loud]
 
 
-def test_a_client_that_cancels_during_a_write_cancels_the_requests_in_the_pool(tmp_path, capfd, caplog):
+def check_cancel_during_write(tmp_path, capfd, caplog, services, client) -> None:
+    """A stream of two answered requests and one held, whose client reads nothing and cancels once
+    the server's first 1 MiB write waits on it, takes the held request with it, quietly, in every
+    round. `services(gateway)`: the doors served beside the native one; `client(address, signs,
+    cancel)`: such a stream of one request per sign, cancelled at `cancel`, and its status."""
     ended: list[grpc.StatusCode] = []
 
     async def one_round(pools: _HeldPools, gateway: Gateway) -> None:
-        running = await serve(gateway, services=[oip_service(OipModels(gateway))])
+        running = await serve(gateway, services=services(gateway))
         try:
             pools.arrived.clear()
             answered, held = pools.answered + 2, len(pools.held) + 1
             cancel = threading.Event()
-            client = asyncio.ensure_future(asyncio.to_thread(
-                _stream, running.address, [1.0, 1.0, -1.0], cancel, read=False))
-            await _wait_until(lambda: client.done() or (pools.answered >= answered and len(pools.held) >= held),
+            call = asyncio.ensure_future(asyncio.to_thread(client, running.address, [1.0, 1.0, -1.0], cancel))
+            await _wait_until(lambda: call.done() or (pools.answered >= answered and len(pools.held) >= held),
                               "the stream's requests did not reach the pool")
-            assert not client.done(), client.result()
-            await asyncio.sleep(0.2)  # the door reaches its first write, which waits on the client
+            assert not call.done(), call.result()
+            await asyncio.sleep(0.2)  # the server reaches its first write, which waits on the client
             cancel.set()
             await _wait_until(pools.held[-1].done, "the held request still runs after its call was cancelled")
             assert pools.held[-1].cancelled()
-            ended.append(await client)
+            ended.append(await call)
         finally:
             await running.stop(grace_s=0.2)
 
@@ -171,6 +174,11 @@ def test_a_client_that_cancels_during_a_write_cancels_the_requests_in_the_pool(t
     _assert_quiet(capfd, caplog)
     assert len(pools.held) == ROUNDS
     assert ended == [grpc.StatusCode.CANCELLED] * ROUNDS
+
+
+def test_a_client_that_cancels_during_a_write_cancels_the_requests_in_the_pool(tmp_path, capfd, caplog):
+    check_cancel_during_write(tmp_path, capfd, caplog, lambda gateway: [oip_service(OipModels(gateway))],
+                              lambda address, signs, cancel: _stream(address, signs, cancel, read=False))
 
 
 def test_stop_ends_the_streams_whose_requests_wait_in_a_pool(tmp_path, capfd, caplog):
