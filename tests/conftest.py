@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 
@@ -23,3 +25,29 @@ def _grpc_aio_stays_initialised():
         return
     cygrpc.init_grpc_aio()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Put the root logger's handlers and level back after each test.
+
+    A command's `main` run in-process sets up logging (`logging.basicConfig`, or the
+    gateway's `configure_logging`, which replaces the root's handlers), with a handler that
+    writes to the sys.stderr of that moment: pytest's capture of that test, closed when it
+    ends. Left on the root logger, it turns every later record into a 'Logging error'
+    traceback on stderr, and a later test that checks stderr for tracebacks fails on it.
+    pytest's own capture handlers come and go with each phase and are left to it.
+    """
+    def foreign(h: logging.Handler) -> bool:
+        return not type(h).__module__.startswith("_pytest")
+
+    root = logging.getLogger()
+    handlers, level = [h for h in root.handlers if foreign(h)], root.level
+    yield
+    for h in root.handlers[:]:
+        if foreign(h) and h not in handlers:
+            root.removeHandler(h)
+    for h in handlers:
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)
