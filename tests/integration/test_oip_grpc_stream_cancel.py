@@ -86,19 +86,19 @@ def _request(sign: float) -> pb.ModelInferRequest:
     return req
 
 
-def _stream(address: str, signs: list[float], until: threading.Event, *, read: bool) -> grpc.StatusCode:
-    """A ModelStreamInfer call of one request per sign, kept open until `until`; where it does not
+def stream_call(address: str, method: str, messages: list, until: threading.Event, *, read: bool,
+                serializer=None, deserializer=None) -> grpc.StatusCode:
+    """A stream call of `method` sending `messages`, kept open until `until`; where it does not
     `read`, it reads no answer and cancels the call at `until`. The status the call ended with."""
 
     def requests():
-        yield from map(_request, signs)
+        yield from messages
         until.wait(60)
 
     # Without BDP probing the receive window stays at HTTP/2's default 64 KiB.
     with grpc.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
-        stream = channel.stream_stream(_STREAM, request_serializer=pb.ModelInferRequest.SerializeToString,
-                                       response_deserializer=pb.ModelStreamInferResponse.FromString)
-        call = stream(requests(), timeout=60)
+        call = channel.stream_stream(method, request_serializer=serializer,
+                                     response_deserializer=deserializer)(requests(), timeout=60)
         if not read:
             until.wait(60)
             call.cancel()
@@ -108,6 +108,13 @@ def _stream(address: str, signs: list[float], until: threading.Event, *, read: b
         except grpc.RpcError as e:
             return e.code()
         return grpc.StatusCode.OK
+
+
+def _stream(address: str, signs: list[float], until: threading.Event, *, read: bool) -> grpc.StatusCode:
+    """A ModelStreamInfer call of one request per sign (`stream_call`)."""
+    return stream_call(address, _STREAM, [_request(sign) for sign in signs], until, read=read,
+                       serializer=pb.ModelInferRequest.SerializeToString,
+                       deserializer=pb.ModelStreamInferResponse.FromString)
 
 
 async def _wait_until(done, what: str, timeout_s: float = 30.0) -> None:

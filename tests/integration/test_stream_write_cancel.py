@@ -16,7 +16,7 @@ import pytest
 from cluster.protocol.client import make_request
 from cluster.protocol.messages import StreamFrame
 from cluster.server import SERVICE_NAME
-from tests.integration.test_oip_grpc_stream_cancel import SHAPE, check_cancel_during_write
+from tests.integration.test_oip_grpc_stream_cancel import SHAPE, check_cancel_during_write, stream_call
 
 pytestmark = pytest.mark.grpc
 
@@ -31,22 +31,7 @@ def _frame(seq: int, sign: float) -> bytes:
 def _cancelled_stream(address: str, signs: list[float], cancel: threading.Event) -> grpc.StatusCode:
     """An InferStream call of one frame per sign that reads no answer and is cancelled at `cancel`:
     the status the call ended with."""
-
-    def frames():
-        yield from (_frame(seq, sign) for seq, sign in enumerate(signs))
-        cancel.wait(60)
-
-    # Without BDP probing the receive window stays at HTTP/2's default 64 KiB.
-    with grpc.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
-        call = channel.stream_stream(_STREAM)(frames(), timeout=60)
-        cancel.wait(60)
-        call.cancel()
-        try:
-            for _ in call:
-                pass
-        except grpc.RpcError as e:
-            return e.code()
-        return grpc.StatusCode.OK
+    return stream_call(address, _STREAM, [_frame(seq, sign) for seq, sign in enumerate(signs)], cancel, read=False)
 
 
 def test_a_client_that_cancels_during_a_write_cancels_the_requests_in_the_pool(tmp_path, capfd, caplog):
