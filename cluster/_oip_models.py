@@ -25,7 +25,7 @@ from cluster.errors import UnknownCutError, UnknownModelError
 from cluster.protocol.messages import InferRequest
 
 __all__ = ["WHOLE_MODEL_CUT", "TAIL_MARK", "DEFAULT_TIMEOUT_S", "EXTENSIONS", "Signature", "OipStats", "OipModels",
-           "read_signature", "package_version"]
+           "read_signature", "package_version", "native_priority", "PRIORITY_HINT"]
 
 WHOLE_MODEL_CUT = "L"
 """The empty cut: the device runs nothing and the cloud runs the whole model."""
@@ -38,6 +38,23 @@ MAX_TIMEOUT_S = 86_400.0
 int64's range, in microseconds, is past any clock's range: the REST door answered it 500)."""
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 """The OIP extensions the doors serve (ServerMetadata / GET /v2)."""
+
+
+PRIORITY_HINT = "send 0 (the default) or 1-3 (1 the highest), as Triton's priority parameter"
+
+
+def native_priority(priority: object) -> int | None:
+    """The native priority (larger first, 0-3) of Triton's `priority` request parameter, or None
+    where it is not one.
+
+    [Note: OIP priority] Triton's priority is 0 for the default level and otherwise 1 for the
+    highest, 2 for the next, and so on; the gateway's batcher serves larger priorities first
+    and has 3 levels above the default. So Triton's 1, 2 and 3 are the native 3, 2 and 1, and
+    0 is 0. A token's `max_priority` caps it as any claim ([Note: priority claims] in
+    cluster/auth.py)."""
+    if type(priority) is not int or not 0 <= priority <= 3:
+        return None
+    return 0 if priority == 0 else 4 - priority
 
 
 def package_version() -> str:
@@ -207,9 +224,9 @@ class OipModels:
         return out
 
     def to_request(self, name: str, lv: Any, cut_id: str, sig: Signature, inputs: Sequence[WireInput], *,
-                   request_id: str, deadline_unix_ms: int, device_id: str = "") -> InferRequest:
+                   request_id: str, deadline_unix_ms: int, device_id: str = "", priority: int = 0) -> InferRequest:
         """The native request of an OIP infer request whose model resolved to (lv, cut_id);
         INVALID_ARGUMENT when the inputs do not match the tail's signature."""
         check_inputs(inputs, sig.inputs, name)
         return InferRequest(request_id, self.split(name)[0], lv.version, cut_id, deadline_unix_ms,
-                            {t.name: t.array for t in inputs}, device_id=device_id)
+                            {t.name: t.array for t in inputs}, priority=priority, device_id=device_id)

@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 
 from cluster._oip_grpc_tensors import decode_inputs, encode_outputs, parameter
-from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, OipModels, Signature
+from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, PRIORITY_HINT, OipModels, Signature, native_priority
 from cluster._oip_pb import oip_pb2 as pb
 from cluster.errors import ProtocolError
 from cluster.protocol import status as _status
@@ -163,6 +163,11 @@ class OipGrpc:
             samples = inputs[0].array.shape[0] if inputs[0].array.ndim else 1
             device_id = parameter(req.parameters, "device_id") or ""
             timeout = parameter(req.parameters, "timeout")
+            claimed = parameter(req.parameters, "priority")
+            priority = native_priority(0 if claimed is None else claimed)  # [Note: OIP priority] in cluster/_oip_models.py
+            if priority is None:
+                raise ProtocolError(reason=f"parameter priority {str(claimed)[:40]} is not one; {PRIORITY_HINT}",
+                                    where=_WHERE)
             if not isinstance(device_id, str):
                 raise ProtocolError(reason=f"parameter device_id {str(device_id)[:40]} is not a string_param",
                                     where=_WHERE)
@@ -176,7 +181,7 @@ class OipGrpc:
             request_id = req.id or uuid.uuid4().hex
             native = self.models.to_request(name, lv, cut_id, sig, inputs, request_id=request_id,
                                             deadline_unix_ms=int((time.time() + timeout_s) * 1e3),
-                                            device_id=device_id)
+                                            device_id=device_id, priority=priority)
             result = await self.run(native, context, method, received)
             resp = pb.ModelInferResponse(model_name=name, model_version=lv.version, id=req.id)
             encode_outputs(resp, [o.name for o in req.outputs], result.outputs)

@@ -45,7 +45,15 @@ from urllib.parse import unquote
 
 import grpc
 
-from cluster._oip_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, TAIL_MARK, WHOLE_MODEL_CUT, OipModels
+from cluster._oip_models import (
+    DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
+    PRIORITY_HINT,
+    TAIL_MARK,
+    WHOLE_MODEL_CUT,
+    OipModels,
+    native_priority,
+)
 from cluster._oip_tensors import decode_body, encode_outputs
 from cluster.errors import (
     ClusterError,
@@ -283,11 +291,14 @@ class OipRest:
             if timeout is not None and (type(timeout) is not int or timeout < 0):
                 raise _fail(f"parameter timeout {str(timeout)[:40]} is not a whole number of microseconds >= 0")
             timeout_s = DEFAULT_TIMEOUT_S if timeout is None else min(timeout / 1e6, MAX_TIMEOUT_S)
+            priority = native_priority(params.get("priority", 0))  # [Note: OIP priority] in cluster/_oip_models.py
+            if priority is None:
+                raise _fail(f"parameter priority {str(params.get('priority'))[:40]} is not one; {PRIORITY_HINT}")
             rid = req.get("id")
             request_id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
             native = self.models.to_request(name, lv, cut_id, sig, inputs, request_id=request_id,
                                             deadline_unix_ms=int((time.time() + timeout_s) * 1e3),
-                                            device_id=device_id)
+                                            device_id=device_id, priority=priority)
             context = RequestContext(method="Infer", received_monotonic_s=received,
                                      deadline_monotonic_s=received + timeout_s, peer=peer, metadata=headers)
             result = self._call(native, context, timeout_s)
