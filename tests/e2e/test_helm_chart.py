@@ -295,6 +295,10 @@ def test_values_schema_is_draft07_and_accepts_every_value_set() -> None:
          "does not match pattern"),
         ({"metrics": {"adapterRules": {"namespace": "Monitoring"}}}, "/metrics/adapterRules/namespace",
          "does not match pattern"),
+        ({"auth": {"tokens": {"enabled": True, "entries": [{"name": "cam", "token": "t" * 16, "max_priority": 4}]}}},
+         "/auth/tokens/entries/0/max_priority", "maximum: got 4, want 3"),
+        ({"auth": {"tokens": {"enabled": True, "entries": [{"name": "cam", "token": "t" * 16, "rate_limit_rps": 0}]}}},
+         "/auth/tokens/entries/0/rate_limit_rps", "exclusiveMinimum"),
     ],
 )
 def test_values_schema_rejects_a_bad_value_naming_it(

@@ -17,6 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cluster.auth import TokenTable
+
 pytestmark = pytest.mark.helm
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "splitinfer"
@@ -347,7 +349,10 @@ def test_token_secret_is_created_from_values() -> None:
     tokens = yaml.safe_load(secret["stringData"]["tokens.yaml"])
     assert tokens == {"tokens": [
         {"name": "fleet-a", "token": "ci-only-token-aaaaaaaaaaaaaaaa"},
-        {"name": "fleet-b", "token": "ci-only-token-bbbbbbbbbbbbbbbb"}]}
+        {"name": "fleet-b", "token": "ci-only-token-bbbbbbbbbbbbbbbb", "max_priority": 0}]}
+    # What the gateway reads: its own parser takes the rendered file.
+    table = TokenTable.from_dicts(tokens["tokens"])
+    assert table.lookup("ci-only-token-bbbbbbbbbbbbbbbb").max_priority == 0
 
 
 def test_existing_secrets_claim_and_ray_address_are_referenced_not_created() -> None:
