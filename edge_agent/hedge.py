@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.monitor import quantile
 from edge_agent.policy_config import PolicyConfig
-from planner.costmodel import latest_local_start_ms
+from planner.costmodel import goes_urgent, latest_local_start_ms
 
 if TYPE_CHECKING:
     from edge_agent.policy import Action
@@ -130,10 +130,3 @@ def urgent_priority(slo_ms: float | None, hedge_s: float) -> int:
     """The cloud priority of a request whose hedge starts in `hedge_s` (inf: never): `URGENT` under
     an SLO when no local run can answer it in time, else 0; see [Note: priority under overload]."""
     return URGENT if slo_ms is not None and not math.isfinite(hedge_s) else 0
-
-
-def goes_urgent(slo_ms: float | None, send_ms: float, tail_ms: float) -> bool:
-    """Whether a request sent `send_ms` after its start, whose local tail takes `tail_ms` (inf: none),
-    goes with `URGENT`: under an SLO, its tail started at the send lands at or after the SLO, so
-    `hedge_delay_s` says no hedge. The policy prices such a request's cloud wait at the urgent one."""
-    return slo_ms is not None and send_ms + tail_ms >= slo_ms

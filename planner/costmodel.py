@@ -60,7 +60,7 @@ from planner.profile import Profile
 from planner.types import Breakdown, Encoding, Link, Plan
 
 __all__ = ["HEDGE_MARGIN", "evaluate", "labels_of", "cuts_of", "tier_names", "hop_names", "require_known_sizes",
-           "latest_local_start_ms"]
+           "latest_local_start_ms", "goes_urgent"]
 
 HEDGE_MARGIN = 0.25
 """The share of its own time a local fallback keeps to spare before its deadline: the edge
@@ -73,6 +73,14 @@ def latest_local_start_ms(deadline_ms: float, local_ms: float, margin: float = H
     ``margin`` of its time to spare, or, once that moment is past at ``now_ms``, with what is left."""
     with_margin = deadline_ms - local_ms * (1.0 + margin)
     return with_margin if with_margin > now_ms else deadline_ms - local_ms
+
+def goes_urgent(slo_ms: float | None, send_ms: float, tail_ms: float) -> bool:
+    """Whether a request sent ``send_ms`` after its start, whose local tail takes ``tail_ms`` (inf:
+    none), has no local answer in time: under an SLO, its tail started at the send lands at or
+    after it, so the agent's hedge would not start one, and the request goes to the cloud with
+    priority 1 ([Note: priority under overload] in edge_agent/hedge.py)."""
+    return slo_ms is not None and send_ms + tail_ms >= slo_ms
+
 
 REMOTE_BUDGET_FLOOR = 0.3
 """The least share of the SLO a remote call gets once the head is done ([Note: remote budget])."""

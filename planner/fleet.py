@@ -61,7 +61,7 @@ import numpy as np
 
 from partitioner import Cut, LayerGraph
 from planner.queueing import QueueState, admission, batch_queue, run_ms_table
-from planner.costmodel import evaluate, latest_local_start_ms, remote_budget_ms
+from planner.costmodel import evaluate, goes_urgent, latest_local_start_ms, remote_budget_ms
 from planner.errors import PlannerError
 from planner.fleet_result import ClassPlan, CloudPlan, FixedPoint, FleetPlan, ModelPlan, OptionShare, PoolPlan
 from planner.fleet_spec import MAX_WORKERS, DeviceClass, FleetSpec, FleetSpecConflict
@@ -158,6 +158,7 @@ class _Groups:
     pre: np.ndarray  # (G, O) ms until the cloud's refusal is back at the device
     tail: np.ndarray  # (G, O) the local tail after that option's head
     cap: np.ndarray  # (G, O) when the budget's local tail answers if the cloud has not (from the start)
+    urgent: np.ndarray  # (G, O) its requests go with priority 1 (no local answer in time)
     pool: np.ndarray  # (O,) pool index
     t1: np.ndarray  # (O,) the option's cloud ms at batch 1
     names: tuple[tuple[str, int, str], ...]  # per option: key, edge layers, encoding
@@ -206,19 +207,20 @@ def _groups(spec: FleetSpec, models: Sequence[ClassModel]) -> _Groups:
                     hedge_ms = latest_local_start_ms(slo, tail_ms, now_ms=send_ms)  # [Note: fleet fixed point]
                     if hedge_ms > send_ms:
                         cap = min(cap, hedge_ms + tail_ms)
-                    opts[o] = (ms, pre, tail_ms, cap)
+                    opts[o] = (ms, pre, tail_ms, cap, goes_urgent(slo, send_ms, tail_ms))
                 rows.append((i, c.count * c.fps * pu * pr, slo, m.local_ms, opts))
     g, o = len(rows), len(names)
     ms = np.full((g, o), math.inf)
     pre = np.zeros((g, o))
     tail = np.zeros((g, o))
     cap = np.full((g, o), math.inf)
+    urgent = np.zeros((g, o), dtype=bool)
     for j, (_, _, _, _, opts) in enumerate(rows):
-        for k, (a, b2, t, f) in opts.items():
-            ms[j, k], pre[j, k], tail[j, k], cap[j, k] = a, b2, t, f
+        for k, (a, b2, t, f, u) in opts.items():
+            ms[j, k], pre[j, k], tail[j, k], cap[j, k], urgent[j, k] = a, b2, t, f, u
     table = np.array(segs) if segs else np.zeros((0, spec.cloud.max_batch))
     return _Groups(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
-                   np.array([r[3] for r in rows]), ms, pre, tail, cap, np.array(opt_pool, dtype=int),
+                   np.array([r[3] for r in rows]), ms, pre, tail, cap, urgent, np.array(opt_pool, dtype=int),
                    np.array(t1), tuple(names), tuple(pool_of), table)
 
 
@@ -473,10 +475,11 @@ def plan_resolved(spec: FleetSpec, models: Sequence[ClassModel], *, workers: int
         slo = spec.slo(c.model).slo_ms
         within = _cdf(slo, w[rows], fixed[rows], pw[rows], m[rows], cap[rows])
         refused = float(w[rows][:, o:2 * o].sum() / rate) if o else 0.0
+        urgent = float((gr.rate[rows, None] * x[rows, :o] * gr.urgent[rows]).sum() / rate) if o else 0.0
         classes.append(ClassPlan(c.name, c.model, c.count, rate, tuple(opts),
                                  _quantile(0.5, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]),
                                  _quantile(0.95, w[rows], fixed[rows], pw[rows], m[rows], cap[rows]),
-                                 within, within * rate, refused))
+                                 within, within * rate, refused, urgent))
     q = ld.queue
     worker_wait = ld.mean_wait_ms
     pools = tuple(PoolPlan(name, float(ld.rates[p]), float(q.batch[p]), float(q.run_ms[p]),

@@ -47,6 +47,9 @@ class ClassPlan:
     """Requests per second answered within the SLO."""
     refused_share: float
     """Share refused by admission control and answered locally."""
+    urgent_share: float = 0.0
+    """Share sent to the cloud with no local answer in time, which the agent sends with priority 1
+    and the gateway serves first ([Note: priority under overload] in edge_agent/hedge.py)."""
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,12 @@ def format_plan(d: dict[str, Any]) -> str:
     """The plan as the tables `fleet plan` prints."""
     lines = [f"{d['devices']} devices, {d['rate_rps']:.0f} req/s; within SLO {100 * d['within_slo']:.1f}% "
              f"(goodput {d['goodput_rps']:.0f} req/s), p50 {_ms(d['p50_ms'])} ms, p95 {_ms(d['p95_ms'])} ms", ""]
-    rows = [("class", "devices", "req/s", "options", "p50 ms", "p95 ms", "in SLO", "refused")]
+    rows = [("class", "devices", "req/s", "options", "p50 ms", "p95 ms", "in SLO", "refused", "urgent")]
     for c in d["classes"]:
         opts = ", ".join(f"{o['option']} {100 * o['share']:.0f}%" for o in c["options"][:3])
         rows.append((c["name"], str(c["devices"]), f"{c['rate_rps']:.0f}", opts, _ms(c["p50_ms"]), _ms(c["p95_ms"]),
-                     f"{100 * c['within_slo']:.1f}%", f"{100 * c['refused_share']:.1f}%"))
+                     f"{100 * c['within_slo']:.1f}%", f"{100 * c['refused_share']:.1f}%",
+                     f"{100 * c.get('urgent_share', 0.0):.0f}%"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     lines.append("")

@@ -296,7 +296,7 @@ _FLEET_PLAN = {
         "classes": {"type": "array", "items": {"type": "object", "properties": {
             "name": {"type": "string"}, "model": {"type": "string"}, "devices": {"type": "integer"},
             "rate_rps": _NUM, "p50_ms": _NUM_OR_NULL, "p95_ms": _NUM_OR_NULL, "within_slo": _NUM,
-            "goodput_rps": _NUM, "refused_share": _NUM,
+            "goodput_rps": _NUM, "refused_share": _NUM, "urgent_share": _NUM,
             "options": {"type": "array", "items": {"type": "object", "properties": {
                 "option": {"type": "string"}, "edge_layers": {"type": "integer"}, "encoding": {"type": "string"},
                 "share": _NUM}}}}}},

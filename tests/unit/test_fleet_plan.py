@@ -121,6 +121,16 @@ def test_plan_round_trips_and_accounts_for_every_request(fleet) -> None:
     assert math.isfinite(plan.p95_ms)
 
 
+def test_the_requests_with_no_local_answer_in_time_are_counted_urgent(fleet) -> None:
+    """The Pis' local run (493 ms) cannot meet the 150 ms SLO: every request they send goes with
+    priority 1. The phones' tail lands in time from any send: none of theirs does."""
+    spec, models = fleet
+    plan = plan_resolved(spec, models, size_workers=False)
+    pi4, phone = (next(c for c in plan.classes if c.name == n) for n in ("pi4", "phone"))
+    assert pi4.urgent_share == pytest.approx(1.0 - _local_share(plan, "pi4")) and pi4.urgent_share > 0.5
+    assert phone.urgent_share == 0.0 and _local_share(plan, "phone") < 1.0
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_more_workers_never_raise_the_cloud_delay_on_random_fleets(seed: int) -> None:
     """The equilibrium's delay W never rises with workers (a parallel network of the cloud and the
