@@ -157,6 +157,9 @@ class SimResult:
     """Median of the answers the cloud gave (None: none); the local answers, a device's fixed
     time, are left out: a p95 that lands on them says nothing of the cloud's model."""
     remote_p95_ms: float | None = None
+    hedge_started: float = 0.0
+    """Share whose local tail the hedge started beside the remote call, whichever answered first: the
+    device's extra work (`hedged` counts those the tail answered)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -182,6 +185,8 @@ class _Req:
     answer: float = math.nan
     how: str = ""
     hedged: bool = False
+    tail_started: bool = False
+    """The budget or the hedge started its local tail while the remote call went on."""
     refused: bool = False
     """The cloud refused it (its local tail may have started already, by the budget or the hedge)."""
     urgent: bool = False
@@ -517,7 +522,7 @@ class _Sim:
             elif kind == _TIMER:
                 if data.flow.state == "remote":
                     data.flow.fire("remote_timeout")
-                    data.how = "fallback"
+                    data.how, data.tail_started = "fallback", True
                     self.push(now + data.tail_ms / 1e3, _LOCAL, data)
             elif kind == _LOCAL:
                 how = data.how
@@ -551,7 +556,8 @@ class _Sim:
             cloud_utilisation=self.busy_s / (self.workers * max(self.last_run_end, self.cfg.seconds)),
             worker_wait_ms=float(np.mean(self.waits)) * 1e3 if self.waits else 0.0,
             class_within_slo={k: float(np.mean(v)) for k, v in sorted(by_class.items())},
-            remote_p50_ms=rp50, remote_p95_ms=rp95)
+            remote_p50_ms=rp50, remote_p95_ms=rp95,
+            hedge_started=sum(1 for r in counted if r.tail_started and r.hedged) / max(1, n))
 
 
 def _cloud_only(m: ClassModel, spec: FleetSpec) -> list[Frontier]:

@@ -100,6 +100,8 @@ def test_request_overhead_adds_to_remote_answers(fleet) -> None:
     # answered by the tail, started at the send (the predicted remote time now past its moment).
     assert b.remote_p50_ms >= a.remote_p50_ms + 20.0 - 1e-9
     assert b.hedged > a.hedged and a.p50_ms < b.p50_ms < a.p50_ms + 20.0
+    # Tails the hedge started: those that answered, and those the cloud beat.
+    assert b.hedge_started > b.hedged and a.hedge_started >= a.hedged
 
 
 def test_the_clouds_quantiles_leave_the_local_answers_out(fleet) -> None:
