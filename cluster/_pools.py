@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from workers.batcher import ExpectedLoad
 
 __all__ = ["DEFAULT_POOL_START_TIMEOUT_S", "PRIORITY_LEVELS", "AnswerLoad", "LocalPool", "LocalPoolFactory", "Pool",
-           "PoolFactory", "PoolKey", "PoolResult", "bucket_sizes"]
+           "PoolFactory", "PoolKey", "PoolResult", "bucket_sizes", "load_keys"]
 
 PRIORITY_LEVELS = 4
 """Priority levels of a pool's batcher: a request's priority is clamped to 0..3."""
@@ -86,6 +86,20 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out) + (max_batch,)
+
+
+def load_keys(expected: ExpectedLoad | None, predicted_s: float | None = None,
+              urgent_predicted_s: float | None = None) -> dict[str, float]:
+    """The load keys of an answer's `timings_ms` (ms; `utilisation` a ratio): the predicted waits of
+    a request of priority 0 and 1 arriving now where the pool knows them, and the expected ones
+    ([Note: expected wait] in workers/_batch_policy.py, [Note: priority under overload] in
+    edge_agent/hedge.py)."""
+    keys = {k: s * 1e3 for k, s in (("predicted_wait", predicted_s), ("urgent_predicted_wait", urgent_predicted_s))
+            if s is not None}
+    if expected is not None:
+        keys.update(utilisation=expected.utilisation, expected_wait=expected.wait_s * 1e3,
+                    urgent_expected_wait=expected.urgent_wait_s * 1e3)
+    return keys
 
 
 class AnswerLoad:
@@ -228,13 +242,10 @@ class LocalPool:
         return (load.queue_depth, load.predicted_wait_s, load.capacity_rps, self.batcher.stats().discarded,
                 load.arrival_rps)
 
-    def predicted_wait_s(self, priority: int = 0) -> float | None:
-        """The batcher's predicted wait of a request of `priority` arriving now (behind its priority or higher)."""
-        return self.batcher.predicted_wait_s(priority=priority)
-
-    def expected_load(self) -> ExpectedLoad | None:
-        """The load keys now (workers.segment.HostedSegment.expected_load)."""
-        return self.segment.expected_load()
+    def load_keys(self) -> dict[str, float]:
+        """An answer's load keys now (`load_keys`), from one reading of the batcher."""
+        load = self.batcher.load()
+        return load_keys(self.segment.expected_load(load), load.predicted_wait_s, load.urgent_predicted_wait_s)
 
     async def close(self) -> None:
         await self.segment.close()

@@ -555,16 +555,9 @@ class Gateway:
                                                        "principal": principal.name})
             timings_ms = {"queue": result.queue_s * 1e3, "compute": result.compute_s * 1e3,
                           "decode_tensors": decode_s * 1e3, "batch_size": float(result.batch_size)}
-            predicted = getattr(pool, "predicted_wait_s", None)
-            if predicted is not None:  # the wait of priority 0 and 1: [Note: priority under overload]
-                for key, wait_s in (("predicted_wait", predicted()), ("urgent_predicted_wait", predicted(1))):
-                    if wait_s is not None:
-                        timings_ms[key] = wait_s * 1e3
-            expected = getattr(pool, "expected_load", None)
-            load = expected() if expected is not None else None
-            if load is not None:  # [Note: expected wait] in workers/_batch_policy.py
-                timings_ms["utilisation"], timings_ms["expected_wait"] = load.utilisation, load.wait_s * 1e3
-                timings_ms["urgent_expected_wait"] = load.urgent_wait_s * 1e3
+            keys = getattr(pool, "load_keys", None)
+            if keys is not None:  # cluster._pools.load_keys
+                timings_ms.update(keys())
             return InferResponse(request_id=request.request_id, outputs=outputs, timings_ms=timings_ms,
                                  served_by=lv.key)
         except asyncio.CancelledError:

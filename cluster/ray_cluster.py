@@ -30,14 +30,21 @@ except ImportError as e:  # pragma: no cover - the base (edge) install has no Ra
         "--ray-address local-noray to serve tails in-process"
     ) from e
 
-from cluster._pools import DEFAULT_POOL_START_TIMEOUT_S, PRIORITY_LEVELS, AnswerLoad, PoolKey, PoolResult, bucket_sizes
+from cluster._pools import (
+    DEFAULT_POOL_START_TIMEOUT_S,
+    PRIORITY_LEVELS,
+    AnswerLoad,
+    PoolKey,
+    PoolResult,
+    bucket_sizes,
+    load_keys,
+)
 from cluster.errors import Unavailable
 from cluster.metrics import GatewayMetrics
 from cluster.registry import ModelConfig
 
 if TYPE_CHECKING:
     from workers.actors import PoolConfig
-    from workers.batcher import ExpectedLoad
 
 __all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory", "pool_config"]
 
@@ -207,9 +214,10 @@ class RayPool:
         self.answers.answered(result, timing.first_in_batch, urgent)
         return result
 
-    def expected_load(self) -> ExpectedLoad | None:
-        """The load keys now, from the answers (:class:`cluster._pools.AnswerLoad`)."""
-        return self.answers.expected_load(time.monotonic())
+    def load_keys(self) -> dict[str, float]:
+        """An answer's load keys now, from the answers (:class:`cluster._pools.AnswerLoad`): the expected
+        waits only, since the workers' queues are not seen here."""
+        return load_keys(self.answers.expected_load(time.monotonic()))
 
     def load(self) -> tuple[int, float | None, float | None, int, float | None]:
         """(requests in the pool, predicted wait s, capacity req/s, discarded results, arrivals req/s) now.

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from workers._pool import RequestTiming, SegmentStats, new_timing
-from workers.batcher import Batcher, BatcherConfig, ExpectedLoad
+from workers.batcher import Batcher, BatcherConfig, BatcherLoad, ExpectedLoad
 from workers.engine import Engine, EngineConfig
 
 __all__ = ["HostedSegment", "TimedInputs", "load_segment"]
@@ -150,10 +150,11 @@ class HostedSegment:
     per-sample shapes and dtypes, so that one that does not fit batches apart and fails
     alone (InputError from its engine run), with no check of its own on the way."""
 
-    def expected_load(self) -> ExpectedLoad | None:
+    def expected_load(self, load: BatcherLoad | None = None) -> ExpectedLoad | None:
         """The load keys now, from the batcher's arrival rates and batch times ([Note: expected wait]
-        in workers/_batch_policy.py); None before any batch was timed."""
-        load = self.batcher.load()
+        in workers/_batch_policy.py), or from `load`, its reading taken now; None before any batch
+        was timed."""
+        load = self.batcher.load() if load is None else load
         if load.utilisation is None:
             return None
         now_s = time.monotonic()
