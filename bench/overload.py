@@ -43,7 +43,7 @@ import numpy as np
 import onnx
 
 from cluster.errors import ClusterError, DeadlineExceeded, ResourceExhausted
-from cluster.gateway import Gateway, LocalPoolFactory, PoolKey
+from cluster.gateway import Gateway, LocalPoolFactory, PoolFactory, PoolKey
 from cluster.protocol.client import InferenceClient, make_request
 from cluster.registry import Registry
 from cluster.server import new_event_loop, serve_in_thread
@@ -53,26 +53,27 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 _MAX_BACKOFF_S = 5.0
 
 
-def _repo(root: str, model: onnx.ModelProto, max_batch_size: int) -> None:
+def _repo(root: str, model: onnx.ModelProto, max_batch_size: int, extra_yaml: str = "") -> None:
     d = os.path.join(root, "net", "1")
     os.makedirs(d)
     onnx.save(model, os.path.join(d, "model.onnx"))
     with open(os.path.join(d, "model.yaml"), "w") as fh:
-        fh.write(f"max_batch_size: {max_batch_size}\nintra_op_threads: 1\n"
+        fh.write(f"max_batch_size: {max_batch_size}\nintra_op_threads: 1\n{extra_yaml}"
                  "frontier: {default_cut_count: 0, include_cloud_only: true}\n")
 
 
-def _served_whole(model_name: str, max_batch_size: int,
-                  prefix: str) -> tuple[Gateway, Any, Any, dict[str, np.ndarray]]:
+def _served_whole(model_name: str, max_batch_size: int, prefix: str, *, pools: PoolFactory | None = None,
+                  extra_yaml: str = "") -> tuple[Gateway, Any, Any, dict[str, np.ndarray]]:
     """Zoo model `model_name` (random weights, seed 1) as `net@1` in a fresh registry under a
-    temporary directory named `prefix`..., behind a gateway with in-process pools served in a
-    thread: (gateway, server, the cloud-only cut, a random input for the model)."""
+    temporary directory named `prefix`... (`extra_yaml` added to its model.yaml), behind a
+    gateway with `pools` (default in-process ones) served in a thread: (gateway, server, the
+    cloud-only cut, a random input for the model)."""
     tmp = tempfile.mkdtemp(prefix=prefix)
     root = os.path.join(tmp, "repo")
     model = load_zoo(model_name, random_weights=True, seed=1)
-    _repo(root, model, max_batch_size)
+    _repo(root, model, max_batch_size, extra_yaml)
     registry = Registry(root)
-    gateway = Gateway(registry, LocalPoolFactory(cache_dir=os.path.join(tmp, "ort")))
+    gateway = Gateway(registry, pools or LocalPoolFactory(cache_dir=os.path.join(tmp, "ort")))
     registry.load_all()
     cut = next(c for c in registry.resolve("net", "1").frontier.cuts if not c.edge_layers)
     weights = {i.name for i in model.graph.initializer}

@@ -194,12 +194,12 @@ class RayPool:
             deadline_unix_ms = (time.time() + (deadline_s - time.monotonic())) * 1e3
         t0 = time.monotonic()
         urgent = priority > 0
-        self.answers.arrived(t0, urgent)
+        ahead = self.answers.arrived(t0, urgent)
         try:
             out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
                                                       priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
         except BaseException:
-            self.answers.failed()
+            self.answers.failed(urgent)
             raise
         total_s = time.monotonic() - t0
         if timing is None:  # a worker that does not report timings: all of it counts as compute
@@ -211,19 +211,24 @@ class RayPool:
         # Everything but the batch's run is waiting: the caller-side batcher, the actor
         # call's transport and the worker's queue (the worker's share is timing.queue_s).
         result = PoolResult(out, max(0.0, total_s - timing.compute_s), timing.compute_s, timing.batch_size)
-        self.answers.answered(result, timing.first_in_batch, urgent)
+        self.answers.answered(result, timing.first_in_batch, urgent, ahead)
         return result
 
     def load_keys(self) -> dict[str, float]:
-        """An answer's load keys now, from the answers (:class:`cluster._pools.AnswerLoad`): the expected
-        waits only, since the workers' queues are not seen here."""
-        return load_keys(self.answers.expected_load(time.monotonic()))
+        """An answer's load keys now, from the requests inside the pool and the answers
+        (:class:`cluster._pools.AnswerLoad`, [Note: a Ray pool's predicted wait] there)."""
+        now_s = time.monotonic()
+        predicted = self.answers.predicted_waits(now_s)
+        return load_keys(self.answers.expected_load(now_s, predicted), *(predicted or (None, None)))
 
     def load(self) -> tuple[int, float | None, float | None, int, float | None]:
         """(requests in the pool, predicted wait s, capacity req/s, discarded results, arrivals req/s) now.
-        The workers' batchers predict waits and count discards; the gateway sees neither (None, 0)."""
+        The wait is the gateway's reading ([Note: a Ray pool's predicted wait] in cluster/_pools.py); the
+        workers' batchers count discards, which the gateway does not see (0)."""
         a = self.answers
-        return a.in_flight, None, a.capacity_rps(), 0, a.arrival_rps(time.monotonic())
+        now_s = time.monotonic()
+        predicted = a.predicted_waits(now_s)
+        return a.in_flight, None if predicted is None else predicted[0], a.capacity_rps(), 0, a.arrival_rps(now_s)
 
     async def close(self) -> None:
         await self.pool.aclose()

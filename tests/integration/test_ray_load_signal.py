@@ -1,8 +1,8 @@
 """A gateway whose tails run on Ray workers (a local Ray cluster) answers with the load keys
-that the in-process pool's answers carry: `timings_ms['utilisation']` and
-`timings_ms['expected_wait']`, estimated from its own requests and their answers
-(cluster._pools.AnswerLoad) without a call to the workers; `/readyz?load=1`'s view shows the
-pool's capacity, arrivals and requests inside. Real gRPC on 127.0.0.1, real ONNX Runtime."""
+that the in-process pool's answers carry: `timings_ms['utilisation']`, the expected and the
+predicted waits, estimated from its own requests and their answers (cluster._pools.AnswerLoad)
+without a call to the workers; `/readyz?load=1`'s view and the gauges show the pool's capacity,
+arrivals, requests inside and predicted wait. Real gRPC on 127.0.0.1, real ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def test_ray_pool_answers_carry_utilisation_and_expected_wait(tmp_path, ray_loca
     try:
         paced, burst = asyncio.run(main())
         view = gateway.load()["pools"][f"s@1@{cut.cut_id}"]
+        gauge = gateway.metrics.sample("splitinfer_predicted_wait_seconds",
+                                       {"model": "s", "version": "1", "cut": cut.cut_id})
     finally:
         asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
         server.stop()
@@ -59,6 +61,16 @@ def test_ray_pool_answers_carry_utilisation_and_expected_wait(tmp_path, ray_loca
     assert busy["expected_wait"] > quiet["expected_wait"]
     assert busy["expected_wait"] > 0.2 * waited_ms[len(waited_ms) // 2]
     assert max(r.timings_ms["batch_size"] for r in burst) > 1
+    # [Note: a Ray pool's predicted wait]: nothing inside as the paced answer left; the burst's first
+    # answers left many of the 32 behind them, queued beyond the running batch.
+    assert quiet["predicted_wait"] == 0 and quiet["urgent_predicted_wait"] == 0
+    assert max(r.timings_ms["predicted_wait"] for r in burst) > 0
+    assert all(r.timings_ms["expected_wait"] >= r.timings_ms["predicted_wait"] for r in burst)
+    # None came urgent: an urgent request would wait for the running batch only.
+    most = max((r.timings_ms for r in burst), key=lambda t: t["predicted_wait"])
+    assert most["urgent_predicted_wait"] < most["predicted_wait"]
+    assert all(0 <= r.timings_ms["urgent_predicted_wait"] <= r.timings_ms["predicted_wait"] for r in burst)
+    assert view["predicted_wait_ms"] == 0 and gauge == 0
     # The gateway's load view: capacity and arrivals from the same answers, nothing left inside.
     assert view["queue_depth"] == 0 and view["capacity_rps"] > 0 and view["arrival_rps"] >= 0
     assert view["headroom_rps"] == pytest.approx(view["capacity_rps"] - view["arrival_rps"], abs=0.01)  # each rounded to 0.001

@@ -65,3 +65,91 @@ def test_the_figure_is_at_least_what_the_answers_waited():
     # 300 ms queued and 40 ms for the longer run of a batch of two, as an EWMA (alpha 0.2)
     # that stood at 8 ms after the two timing answers.
     assert wait_s == pytest.approx(0.340 - (0.340 - 0.008) * 0.8 ** 10)
+
+
+def _timed(load: AnswerLoad, *runs: tuple[int, float]) -> None:
+    for size, run_s in runs:
+        load.arrived(0.0)
+        load.answered(_answer(0.0, run_s, size), first_in_batch=True)
+
+
+def test_the_predicted_wait_is_the_batches_ahead_on_one_replica_and_half_the_running_one():
+    """[Note: a Ray pool's predicted wait]: batches of 1 take 10 ms and of 4 24 ms, one instance."""
+    load = AnswerLoad(max_batch_size=4, replicas=1, instances=1, timeout_s=0.0)
+    assert load.predicted_waits(0.0) is None  # no batch timed yet
+    _timed(load, (1, 0.010), (4, 0.024))
+    assert load.predicted_waits(1.0) == (0.0, 0.0)  # nothing inside: an instance is free
+    load.arrived(1.0)
+    assert load.predicted_waits(1.0) == pytest.approx((0.005, 0.005))  # half a lone batch's run left
+    for _ in range(11):
+        load.arrived(1.0)
+    # 12 inside: a full batch running (12 ms left on average), 8 queued in two batches of 24 ms.
+    assert load.predicted_waits(1.0) == pytest.approx((0.012 + 2 * 0.024, 0.012))
+    load.arrived(1.0, urgent=True)
+    load.arrived(1.0, urgent=True)
+    # 14: still two whole batches ahead of a priority-0 request; the two urgent ones go first, and an
+    # urgent request joins them behind the running batch only.
+    assert load.predicted_waits(1.0) == pytest.approx((0.012 + 2 * 0.024, 0.012))
+    for _ in range(6):
+        load.arrived(1.0, urgent=True)
+    assert load.predicted_waits(1.0)[1] == pytest.approx(0.012 + 0.024)  # 8 urgent: a batch of them ahead
+    load.failed(urgent=True)
+    assert load.urgent_in_flight == 7 and load.in_flight == 19
+
+
+def test_the_predicted_wait_spreads_the_requests_over_replicas_and_instances():
+    load = AnswerLoad(max_batch_size=4, replicas=2, instances=2, timeout_s=0.0)
+    _timed(load, (1, 0.010), (4, 0.024))
+    for _ in range(6):
+        load.arrived(1.0)
+    # 3 on the replica a new request goes to: one batch on one instance, the other free.
+    assert load.predicted_waits(1.0) == (0.0, 0.0)
+    for _ in range(14):
+        load.arrived(1.0)
+    # 10 on it: both instances run a full batch, 2 wait; a new request joins them, behind the
+    # first instance to free.
+    assert load.predicted_waits(1.0)[0] == pytest.approx(0.012)
+    for _ in range(16):
+        load.arrived(1.0)
+    # 18 on it: 10 queued, two batches ahead, one on each instance as it frees, then one more run.
+    assert load.predicted_waits(1.0)[0] == pytest.approx(0.012 + 0.024)
+
+
+def test_the_expected_wait_is_never_below_the_predicted_one():
+    """The arrival rate is the last whole second's: a burst's first answers read the rate before it."""
+    load = AnswerLoad(max_batch_size=4, replicas=1, instances=1, timeout_s=0.0)
+    _timed(load, (1, 0.010), (4, 0.024))
+    for _ in range(12):
+        load.arrived(5.0)
+    predicted = load.predicted_waits(5.0)
+    util, wait_s, urgent_s = load.expected_load(5.0, predicted)
+    assert wait_s == pytest.approx(0.060) and urgent_s == pytest.approx(0.012)
+    assert load.expected_load(5.0)[1] < 0.060
+
+
+def test_where_requests_take_longer_than_their_batches_the_fitted_drain_sets_the_wait():
+    """Each request inside adds 8 ms to an answer's time in the pool (the gateway's and the
+    transport's work per request as well as the batches'), where the batch queue alone would
+    say 6 ms: the fit of time against the requests found inside stands for the wait."""
+    load = AnswerLoad(max_batch_size=4, replicas=1, instances=1, timeout_s=0.0)
+    _timed(load, (1, 0.010), (4, 0.024))
+    for _ in range(30):  # answers that all found 3 inside: no spread, no fit
+        ahead = load.arrived(1.0)
+        load.answered(_answer(0.012 + 0.008 * 3 - 0.010, 0.010, 1), first_in_batch=False, ahead=ahead + 3)
+    for _ in range(12):
+        load.arrived(2.0)
+    assert load.predicted_waits(2.0) == pytest.approx((0.060, 0.012))  # the batch queue alone
+    for _ in range(12):
+        load.failed()
+    for k in range(60):
+        x = k % 11
+        load.arrived(3.0)
+        load.answered(_answer(0.012 + 0.008 * x - 0.010, 0.010, 1), first_in_batch=False, ahead=x)
+        # Urgent answers found other queues ahead of them: they are not fitted.
+        load.arrived(3.0, urgent=True)
+        load.answered(_answer(0.5, 0.010, 1), first_in_batch=False, urgent=True, ahead=x)
+    for _ in range(12):
+        load.arrived(4.0)
+    p0, urgent = load.predicted_waits(4.0)
+    assert p0 == pytest.approx(0.012 + 0.008 * 12 - 0.010, rel=0.05)
+    assert urgent == pytest.approx(0.012)  # none urgent inside: the running batch's half
