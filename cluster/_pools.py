@@ -229,8 +229,11 @@ class AnswerLoad:
         if drain is None or one_s is None:
             return waits
         base_s, per_s = drain
-        return tuple(max(w, base_s + per_s * ahead - one_s) if ahead > 0 else w  # type: ignore[return-value]
-                     for w, ahead in zip(waits, (self.in_flight, self.urgent_in_flight)))
+
+        def drained(wait_s: float, ahead: int) -> float:
+            return max(wait_s, base_s + per_s * ahead - one_s) if ahead > 0 else wait_s
+
+        return drained(waits[0], self.in_flight), drained(waits[1], self.urgent_in_flight)
 
     def _drain(self) -> tuple[float, float] | None:
         """(s, s per request): the time in the pool of a request that finds none inside, and what each
