@@ -1,10 +1,12 @@
 """Fleet load test: N virtual devices running the agent's policy against a real gateway, and the
 simulator at the same N.
 
-    python -m bench.fleet_load [--devices 200] [--seconds 30] [--burst-seconds 10] [--out PATH]
+    python -m bench.fleet_load [--devices 200] [--seconds 30] [--burst-seconds 10] [--pools local|ray] [--out PATH]
 
 The gateway serves ResNet50 (seeded random weights) whole-model on its in-process pool over
-gRPC on 127.0.0.1, in this process, as bench/overload.py does. The devices run in a second
+gRPC on 127.0.0.1, in this process, as bench/overload.py does; with `--pools ray`, on one Ray
+worker of a local Ray (2 CPUs) instead, the gateway reading the pool's load from its own
+requests and answers ([Note: a Ray pool's predicted wait] in cluster/_pools.py). The devices run in a second
 process (its own GIL), all on one event loop. Each draws its uplink (lognormal, median
 40 Mbit/s, sigma 0.5) and RTT (30 ms) once, sends Poisson frames, and for each request runs
 the agent's own code: `edge_agent.policy.policy` with its `CloudLoad` (the gateway's
@@ -17,7 +19,8 @@ budget is the simulator's ([Note: fleet simulator] in splitinfer/fleetsim.py), t
 the runner's (`edge_agent.policy.hedge_delay_s` on the device's record of answers), both
 timed from the send as the runner does (the upload is part of the remote call), and the
 gRPC deadline is what is left of the SLO. Phases: ``--seconds`` steady at 60% of the measured
-capacity (the first 5 s not counted), then ``--burst-seconds`` at 3x that rate.
+capacity (the first 5 s, and the last SLO before the burst, not counted), then ``--burst-seconds`` at
+3x that rate (a device's gap that crosses into the burst is drawn again at its rate).
 
 The simulator then runs the same fleet (same N, rates, links, SLO) with a cloud calibrated
 to the gateway: the batch run times as the gateway's batcher timed them near the end of the
@@ -195,14 +198,21 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                     deliver("remote_ok")  # late: dropped, counted by the flow
 
         async def device(d: int) -> None:
-            t = t0 + rng.exponential(1.0 / fps)
+            t = next_arrival(t0)
             while t < end_burst:
                 await asyncio.sleep(max(0.0, t - time.monotonic()))
                 task = asyncio.create_task(request(d))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                rate = fps * (3.0 if t >= end_steady else 1.0)
-                t += rng.exponential(1.0 / rate)
+                t = next_arrival(t)
+
+        def next_arrival(t: float) -> float:
+            """Poisson arrivals at `fps`, then 3x from the burst on: a gap that crosses into the burst is
+            drawn again from its start at the burst's rate (the process is memoryless). Drawn at the
+            rate of the last arrival, a device's first gap into the burst kept the steady mean (30 s
+            at 0.033 fps), and the 10 s "3x" burst ran at 0.9-1.4x the steady rate."""
+            nxt = t + rng.exponential(1.0 / (fps * (3.0 if t >= end_steady else 1.0)))
+            return nxt if t >= end_steady or nxt < end_steady else end_steady + rng.exponential(1.0 / (3.0 * fps))
 
         await asyncio.gather(*(device(d) for d in range(devices)))
         while tasks:
@@ -263,8 +273,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seconds", type=float, default=30.0, help="steady phase (its first 5 s not counted)")
     ap.add_argument("--burst-seconds", type=float, default=10.0, help="3x burst after the steady phase")
     ap.add_argument("--max-batch-size", type=int, default=8)
-    ap.add_argument("--out", default=os.path.join(RESULTS, "fleet_load.json"))
+    ap.add_argument("--pools", choices=("local", "ray"), default="local",
+                    help="the gateway's pools: in its process (default), or one Ray worker on a local Ray")
+    ap.add_argument("--out", help="default bench/results/fleet_load.json (fleet_load_ray.json with --pools ray)")
     a = ap.parse_args(argv)
+    a.out = a.out or os.path.join(RESULTS, "fleet_load.json" if a.pools == "local" else "fleet_load_ray.json")
 
     from bench.overload import _clients_in_process, _commit, _round_trips, _served_whole
     from cluster.gateway import PoolKey
@@ -276,7 +289,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from planner.whatif import Workspace
     from splitinfer.fleetsim import SimConfig, simulate
 
-    gateway, server, cut, x = _served_whole("resnet50", a.max_batch_size, "bench-fleet-load-")
+    ray = None
+    if a.pools == "ray":
+        from cluster import ray_cluster as ray
+
+        ray.connect("local", num_cpus=2)
+    gateway, server, cut, x = _served_whole("resnet50", a.max_batch_size, "bench-fleet-load-",
+                                            pools=None if ray is None else ray.RayPoolFactory(provider="cpu"))
     try:
         # Round trips at concurrency 1 less the gateway's queue and compute: the per-request rest.
         loop = new_event_loop()
@@ -289,8 +308,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pool = gateway._pools[PoolKey("net", "1", cut.cut_id)]
         capacity = _clients_in_process(server.address, cut.cut_id, x, 16, 10.0, None)
         capacity_rps = capacity["goodput_rps"]
-        run_s = pool.batcher.run_times.as_dict()
-        bcfg = pool.batcher.config
+        # The batch times and batching as the pool knows them: its batcher's here, its answers' on Ray.
+        if ray is None:
+            times = pool.batcher.run_times
+            bcfg = pool.batcher.config
+            max_batch, timeout_ms, workers = bcfg.max_batch_size, bcfg.max_queue_delay_ms, bcfg.max_concurrent_batches
+        else:
+            times = pool.answers.run_times
+            max_batch, timeout_ms = pool.answers.max_batch_size, pool.answers.timeout_s * 1e3
+            workers = pool.answers.replicas * pool.answers.instances
+        run_s = times.as_dict()
         # The devices' frontier: an rpi4 against a cloud calibrated to this gateway.
         ws = Workspace()
         graph = ws.graph("resnet50")
@@ -307,25 +334,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             # The batch times as timed while the steady phase runs (the devices start a few seconds
             # after this, so this is before the burst): the simulator's cloud for that phase.
             time.sleep(a.seconds)
-            steady_run_s = {**run_s, **pool.batcher.run_times.as_dict()}
+            steady_run_s = {**run_s, **times.as_dict()}
             out = job.get()
-        workers = bcfg.max_concurrent_batches
     finally:
         asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
         server.stop()
+        if ray is not None:
+            ray.shutdown()
 
     recs = out["records"]
-    steady = [r for r in recs if 5.0 <= r["t"] < a.seconds]
+    # A request sent within an SLO of the burst may be answered in it, behind the burst's queue,
+    # which the simulator of the steady phase does not run: the steady phase ends an SLO early.
+    steady = [r for r in recs if 5.0 <= r["t"] < a.seconds - SLO_MS / 1e3]
     burst = [r for r in recs if r["t"] >= a.seconds]
     measured = {"steady": _summary(steady), "burst": _summary(burst),
                 "lost": sum(r["deliveries"] == 0 for r in recs), "doubled": sum(r["deliveries"] > 1 for r in recs)}
     ws.put_profile("gateway-host", _gateway_profile(graph, steady_run_s))
-    spec = FleetSpec.from_dict(_fleet_spec(a.devices, fps, workers, bcfg.max_batch_size, bcfg.max_queue_delay_ms))
+    spec = FleetSpec.from_dict(_fleet_spec(a.devices, fps, workers, max_batch, timeout_ms))
     sim = simulate(spec, resolve(spec, ws), SimConfig(seconds=a.seconds, warmup_s=5.0, seed=1,
                                                       request_overhead_ms=overhead_ms))
     m95 = measured["steady"]["p95_ms"]
     result = {
-        "commit": _commit(), "devices": a.devices, "slo_ms": SLO_MS, "fps": fps, "load_of_capacity": LOAD,
+        "commit": _commit(), "pools": a.pools, "devices": a.devices, "slo_ms": SLO_MS, "fps": fps,
+        "load_of_capacity": LOAD,
         "capacity_rps": capacity_rps,
         "gateway_run_ms": {str(b): s * 1e3 for b, s in sorted(run_s.items())}, "workers": workers,
         "gateway_run_ms_steady": {str(b): s * 1e3 for b, s in sorted(steady_run_s.items())},
