@@ -72,6 +72,15 @@ def _fleet_spec(devices: int, fps: float, workers: int, max_batch: int, timeout_
                          "link": {"up_mbps": {"median": UP_MEDIAN_MBPS, "sigma": UP_SIGMA}, "rtt_ms": RTT_MS}}]}
 
 
+def next_arrival(t: float, fps: float, burst_s: float, rng: np.random.Generator) -> float:
+    """A device's arrival after one at `t`: Poisson at `fps`, then 3x from `burst_s` on. A gap that
+    crosses into the burst is drawn again from its start at the burst's rate (the process is
+    memoryless). Drawn at the rate of the arrival before it, a device's first gap into the burst
+    kept the steady mean (30 s at 0.033 fps), and a 10 s "3x" burst ran at 0.9-1.4x the steady rate."""
+    nxt = t + rng.exponential(1.0 / (fps * (3.0 if t >= burst_s else 1.0)))
+    return nxt if t >= burst_s or nxt < burst_s else burst_s + rng.exponential(1.0 / (3.0 * fps))
+
+
 def _run_devices(address: str, cut_id: str, front_json: str, local_ms: float, x: dict[str, np.ndarray],
                  devices: int, fps: float, seconds: float, burst_s: float, seed: int) -> dict[str, Any]:
     from cluster.server import new_event_loop
@@ -198,21 +207,13 @@ async def _devices(address: str, cut_id: str, front_json: str, local_ms: float, 
                     deliver("remote_ok")  # late: dropped, counted by the flow
 
         async def device(d: int) -> None:
-            t = next_arrival(t0)
+            t = next_arrival(t0, fps, end_steady, rng)
             while t < end_burst:
                 await asyncio.sleep(max(0.0, t - time.monotonic()))
                 task = asyncio.create_task(request(d))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                t = next_arrival(t)
-
-        def next_arrival(t: float) -> float:
-            """Poisson arrivals at `fps`, then 3x from the burst on: a gap that crosses into the burst is
-            drawn again from its start at the burst's rate (the process is memoryless). Drawn at the
-            rate of the last arrival, a device's first gap into the burst kept the steady mean (30 s
-            at 0.033 fps), and the 10 s "3x" burst ran at 0.9-1.4x the steady rate."""
-            nxt = t + rng.exponential(1.0 / (fps * (3.0 if t >= end_steady else 1.0)))
-            return nxt if t >= end_steady or nxt < end_steady else end_steady + rng.exponential(1.0 / (3.0 * fps))
+                t = next_arrival(t, fps, end_steady, rng)
 
         await asyncio.gather(*(device(d) for d in range(devices)))
         while tasks:
