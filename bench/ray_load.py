@@ -4,8 +4,8 @@
 
 A local Ray (2 CPUs) runs one replica of a zoo model (random weights, seed 1) whole-model
 behind the gateway, over gRPC on 127.0.0.1 (model.yaml: batches up to 4, no queue delay,
-one intra-op thread). The replica's throughput is measured first: 48 requests at once, the
-requests answered per second (`throughput_rps`; `batch_capacity_rps` is what its batches' runs
+one intra-op thread). The replica's throughput is measured first: 16 closed-loop clients for
+4 s, the requests answered per second (`throughput_rps`; `batch_capacity_rps` is what its batches' runs
 alone would allow). Then one client sends open-loop (Poisson) arrivals at 0.5,
 1.0 and 1.5 times that rate for ``--seconds`` each, and for every request compares the
 wait it met (its answer's ``timings_ms['queue']``: all of its time in the gateway but its
@@ -36,6 +36,7 @@ import numpy as np
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 LOADS = (0.5, 1.0, 1.5)
+THROUGHPUT_S = 4.0
 
 
 def _serve(model_name: str) -> tuple[Any, Any, str, dict[str, np.ndarray]]:
@@ -73,9 +74,17 @@ async def _run(address: str, cut_id: str, x: dict[str, np.ndarray], seconds: flo
 
         for _ in range(8):  # warm: the replica's first runs and the batch timings
             await asyncio.gather(*(one() for _ in range(4)))
+        done = 0
         t0 = time.monotonic()
-        await asyncio.gather(*(one() for _ in range(48)))
-        rps = 48 / (time.monotonic() - t0)
+
+        async def client() -> None:  # closed loop: a request as soon as its last is answered
+            nonlocal done
+            while time.monotonic() - t0 < THROUGHPUT_S:
+                await one()
+                done += 1
+
+        await asyncio.gather(*(client() for _ in range(16)))
+        rps = done / (time.monotonic() - t0)
         last: list[tuple[float, dict[str, float]]] = []
 
         async def sent(rows: list) -> None:

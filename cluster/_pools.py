@@ -197,7 +197,7 @@ class AnswerLoad:
           (workers._batch_policy.queue_wait_s) then gives the wait.
         * The drain. A pool's requests also take the gateway's and the transport's time, which
           its batches' runs do not count: on 2 shared cores one replica of SqueezeNet answered
-          103 requests a second where its batches' runs alone allowed 146, and in another run,
+          131 requests a second where its batches' runs alone allowed 141, and in another run,
           from the batch queue alone, the predicted wait read 3.3 ms at the median where
           requests sent at 1.5 times the throughput met 48.7 ms. So the answers (priority 0)
           are fitted, as an EWMA least-squares line, by their time in the pool against the
