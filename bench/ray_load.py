@@ -85,13 +85,13 @@ async def _run(address: str, cut_id: str, x: dict[str, np.ndarray], seconds: flo
 
         await asyncio.gather(*(client() for _ in range(16)))
         rps = done / (time.monotonic() - t0)
-        last: list[tuple[float, dict[str, float]]] = []
+        last: tuple[float, dict[str, float]] | None = None  # the latest answer: when, and its keys
 
         async def sent(rows: list) -> None:
-            at = time.monotonic()
-            prior = last[-1] if last else None
+            nonlocal last
+            at, prior = time.monotonic(), last
             r = await one()
-            last.append((time.monotonic(), r.timings_ms))
+            last = (time.monotonic(), r.timings_ms)
             if prior is not None:
                 age_ms = (at - prior[0]) * 1e3
                 pw = prior[1].get("predicted_wait")  # absent from a gateway before it
