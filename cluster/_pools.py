@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from workers.batcher import ExpectedLoad
 
 __all__ = ["DEFAULT_POOL_START_TIMEOUT_S", "PRIORITY_LEVELS", "AnswerLoad", "LocalPool", "LocalPoolFactory", "Pool",
-           "PoolFactory", "PoolKey", "PoolResult", "bucket_sizes", "load_keys"]
+           "PoolFactory", "PoolKey", "PoolResult", "WorkerCount", "bucket_sizes", "load_keys"]
 
 PRIORITY_LEVELS = 4
 """Priority levels of a pool's batcher: a request's priority is clamped to 0..3."""
@@ -100,6 +100,28 @@ def load_keys(expected: ExpectedLoad | None, predicted_s: float | None = None,
         keys.update(utilisation=expected.utilisation, expected_wait=expected.wait_s * 1e3,
                     urgent_expected_wait=expected.urgent_wait_s * 1e3)
     return keys
+
+
+class WorkerCount:
+    """A count that a pool's workers keep, summed over them as they report it. A restarted worker
+    (the same replica, another process) counts from 0 again, so what the one before it had
+    counted is kept."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, int]] = {}  # replica -> (pid, count)
+        self._gone = 0
+
+    def report(self, replica: int, pid: int, count: int) -> None:
+        old = self._last.get(replica)
+        if old is not None and old[0] != pid:
+            self._gone += old[1]
+        elif old is not None:
+            count = max(count, old[1])
+        self._last[replica] = (pid, count)
+
+    @property
+    def total(self) -> int:
+        return self._gone + sum(count for _, count in self._last.values())
 
 
 class AnswerLoad:

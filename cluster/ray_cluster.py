@@ -10,6 +10,7 @@ ReplicaPool per tail to the gateway's `Pool` interface.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -36,6 +37,7 @@ from cluster._pools import (
     AnswerLoad,
     PoolKey,
     PoolResult,
+    WorkerCount,
     bucket_sizes,
     load_keys,
 )
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 __all__ = ["connect", "shutdown", "RayPool", "RayPoolFactory", "pool_config"]
 
 logger = logging.getLogger(__name__)
+
+DISCARDS_EVERY_S = 5.0
+"""How often a Ray pool reads its workers' discarded results (`RayPool.read_discards`)."""
 
 
 def connect(address: str, *, num_cpus: int | None = None, quiet: bool = False) -> dict[str, Any]:
@@ -187,6 +192,9 @@ class RayPool:
         self.answers = AnswerLoad(max_batch_size=config.max_batch_size, replicas=config.replicas,
                                   instances=config.instances, timeout_s=config.max_queue_delay_ms / 1e3)
         """The pool's load as its answers show it: the answers' load keys (`expected_load`)."""
+        self.discards = WorkerCount()
+        """Results the workers computed after their deadline (`read_discards` updates it)."""
+        self._reader: asyncio.Task[None] | None = None
 
     async def run(self, inputs: Mapping[str, np.ndarray], *, deadline_s: float | None, priority: int) -> PoolResult:
         deadline_unix_ms = None
@@ -195,6 +203,8 @@ class RayPool:
         t0 = time.monotonic()
         urgent = priority > 0
         ahead = self.answers.arrived(t0, urgent)
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_discards_every())
         try:
             out, timing = await self.pool.infer_timed(self.segment_key, dict(inputs), deadline_unix_ms=deadline_unix_ms,
                                                       priority=min(max(priority, 0), PRIORITY_LEVELS - 1))
@@ -224,13 +234,36 @@ class RayPool:
     def load(self) -> tuple[int, float | None, float | None, int, float | None]:
         """(requests in the pool, predicted wait s, capacity req/s, discarded results, arrivals req/s) now.
         The wait is the gateway's reading ([Note: a Ray pool's predicted wait] in cluster/_pools.py); the
-        workers' batchers count discards, which the gateway does not see (0)."""
+        discarded results are the workers' count, read every `DISCARDS_EVERY_S`."""
         a = self.answers
         now_s = time.monotonic()
         predicted = a.predicted_waits(now_s)
-        return a.in_flight, None if predicted is None else predicted[0], a.capacity_rps(), 0, a.arrival_rps(now_s)
+        return (a.in_flight, None if predicted is None else predicted[0], a.capacity_rps(), self.discards.total,
+                a.arrival_rps(now_s))
+
+    async def read_discards(self) -> int:
+        """Reads the workers' discarded results of this tail into `discards` and returns the total.
+        A replica that does not answer keeps the count it last reported."""
+        got = await asyncio.gather(*(r.stats.remote() for r in self.pool.replicas), return_exceptions=True)
+        for replica, stats in enumerate(got):
+            if isinstance(stats, BaseException):
+                logger.debug("replica %d of %s did not report its counts: %s", replica, self.key, stats)
+                continue
+            count = sum(s.discarded for s in stats.segments if s.key == self.segment_key)
+            self.discards.report(replica, stats.pid, count)
+        return self.discards.total
+
+    async def _read_discards_every(self) -> None:
+        while True:
+            await asyncio.sleep(DISCARDS_EVERY_S)
+            try:
+                await self.read_discards()
+            except Exception as e:  # noqa: BLE001 - the next read tries again
+                logger.debug("could not read the discarded results of %s: %s", self.key, e)
 
     async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
         await self.pool.aclose()
 
 

@@ -332,6 +332,8 @@ class SegmentStats:
     """Batch size -> number of batches."""
     instances: int = 1
     """Engines that run its batches side by side (see [Note: engine instances] in workers/segment.py)."""
+    discarded: int = 0
+    """Results computed after their deadline and thrown away (`workers.batcher.BatcherStats.discarded`)."""
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)

@@ -181,6 +181,7 @@ class HostedSegment:
             requests=self.requests, completed=self.completed, input_errors=self.input_errors,
             failed=self.failed, engine_median_ms=busiest.median_ms,
             batches_formed=b.batches_formed, batch_size_histogram=dict(sorted(b.batch_size_histogram.items())),
+            discarded=b.discarded,
         )
 
     async def close(self) -> None:

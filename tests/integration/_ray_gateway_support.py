@@ -43,10 +43,10 @@ class Served:
     cut: Any
 
 
-def serve_conv_stack(tmp_path: Path, ray_cluster: Any, model_yaml: str) -> Served:
-    """Writes the conv stack as `s/1` with `model_yaml`, loads it in a gateway whose pools
-    are Ray workers on the CPU, and serves it in a thread."""
-    d = write_version(tmp_path / "repo", "s", "1", conv_stack(), model_yaml)
+def serve_conv_stack(tmp_path: Path, ray_cluster: Any, model_yaml: str, model: Any = None) -> Served:
+    """Writes the conv stack (or `model`) as `s/1` with `model_yaml`, loads it in a gateway whose
+    pools are Ray workers on the CPU, and serves it in a thread."""
+    d = write_version(tmp_path / "repo", "s", "1", conv_stack() if model is None else model, model_yaml)
     registry = Registry(str(tmp_path / "repo"))
     gateway = Gateway(registry, ray_cluster.RayPoolFactory(provider="cpu"))
     registry.load_all()

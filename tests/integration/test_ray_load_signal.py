@@ -2,7 +2,8 @@
 that the in-process pool's answers carry: `timings_ms['utilisation']`, the expected and the
 predicted waits, estimated from its own requests and their answers (cluster._pools.AnswerLoad)
 without a call to the workers; `/readyz?load=1`'s view and the gauges show the pool's capacity,
-arrivals, requests inside and predicted wait. Real gRPC on 127.0.0.1, real ONNX Runtime."""
+arrivals, requests inside and predicted wait, and the results its workers computed after their
+deadline. Real gRPC on 127.0.0.1, real ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 
 from cluster.protocol.client import InferenceClient, make_request
+from cluster.protocol.errors import DeadlineExceeded
 from edge_agent.cloud_load import CloudLoad
 from tests.integration._ray_gateway_support import ray_local, serve_conv_stack  # noqa: F401 - fixture
-from tests.integration.test_gateway_overload import SHAPE
+from tests.integration.test_gateway_overload import SHAPE, conv_stack
 
 pytestmark = [pytest.mark.ray, pytest.mark.grpc]
 
@@ -78,3 +80,32 @@ def test_ray_pool_answers_carry_utilisation_and_expected_wait(tmp_path, ray_loca
     load.observe_timings(cut.cut_id, busy, 0.0)
     assert load.queue_ms(0.0)[cut.cut_id] == pytest.approx(busy["expected_wait"])
     assert load.to_dict(0.0)["utilisation"] == {cut.cut_id: pytest.approx(busy["utilisation"])}
+
+
+def test_ray_pool_counts_the_results_its_workers_discard(tmp_path, ray_local, monkeypatch):
+    # About 0.7 s a run on one core here: a first request, which no timed run can refuse, ends
+    # long after its 0.2 s deadline, and reaches the worker well before it.
+    big = (1, 8, 256, 256)
+    monkeypatch.setattr(ray_local, "DISCARDS_EVERY_S", 0.2)
+    served = serve_conv_stack(tmp_path, ray_local, "max_batch_size: 1\nintra_op_threads: 1\n"
+                                                   "frontier: {default_cut_count: 0}\n",
+                              model=conv_stack(width=128, shape=big))
+    gateway, server, cut = served.gateway, served.server, served.cut
+    name, labels = f"s@1@{cut.cut_id}", {"model": "s", "version": "1", "cut": cut.cut_id}
+
+    async def main():
+        async with InferenceClient(server.address) as c:
+            with pytest.raises(DeadlineExceeded):
+                await c.infer(make_request("s", "1", cut.cut_id, {"x": np.ones(big, np.float32)}, timeout_s=0.2))
+
+    try:
+        asyncio.run(main())
+        deadline = time.monotonic() + 30.0
+        while gateway.load()["pools"][name]["discarded"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        view = gateway.load()["pools"][name]
+        counted = gateway.metrics.sample("splitinfer_discarded_results_total", labels)
+    finally:
+        asyncio.run_coroutine_threadsafe(gateway.close(), server._loop).result()
+        server.stop()
+    assert view["discarded"] == 1 and counted == 1
