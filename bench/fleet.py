@@ -30,6 +30,9 @@ bench/results/fleet_cloud_heavy.json and .png by default.
 3. Workers needed: the planner's answer N at 100% load, then the simulation with N and
    N - 1 workers, with devices following the plan ('planned') and running the agent
    ('ours'): whether the SLO target holds in each.
+4. Planner accuracy: at each load and at 4, 5, 6 and 8 workers, the planner's predicted share
+   within the SLO against the simulation of devices that follow that plan
+   (``planner_accuracy``: every point, and the mean and largest absolute error in points).
 Writes bench/results/fleet.json and bench/results/fleet.png; the real load test's keys
 (``sim_vs_measured_p95_rel_error``, ``sim_vs_measured_rel_error``, ``lost``, ``doubled``,
 ``burst_within_slo``) are copied from
@@ -56,6 +59,7 @@ MIXES = {"all": (DEVICES, tuple(ln[0] for ln in LINKS)),
          "cloud-heavy": (("rpi4", "rpi5", "phone-sd8g2"), ("fibre", "cable", "5g", "4g"))}
 SLO_MS, TARGET, WORKERS = 150.0, 0.85, 8
 LOADS = (0.8, 1.0, 1.2)
+ACCURACY_WORKERS = (4, 5, 6, WORKERS)
 STRATEGIES = ("ours", "planned", "dads", "cloud-only", "edge-only")
 
 
@@ -116,12 +120,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     capacity = plan_resolved(base, models, workers=WORKERS, size_workers=False).cloud.capacity_rps
     idle = sim("dads", 0.05 * capacity / dads_rps_at_1fps).within_slo
     loads: dict[str, Any] = {}
+    points: list[dict[str, Any]] = []
     for load in LOADS:
         scale = load * capacity / dads_rps_at_1fps
         runs = {s: sim(s, scale) for s in STRATEGIES}
         g = {s: r.goodput_rps for s, r in runs.items()}
         spec_at = FleetSpec.from_dict(make_spec(args.devices, scale, mix=args.mix))
-        predicted = plan_resolved(spec_at, resolve(spec_at), size_workers=False)
+        models_at = resolve(spec_at)
+        predicted = plan_resolved(spec_at, models_at, size_workers=False)
+        for n in ACCURACY_WORKERS:  # step 4; at WORKERS the runs above
+            planner_n = predicted if n == WORKERS else plan_resolved(spec_at, models_at, workers=n,
+                                                                      size_workers=False)
+            sim_n = runs["planned"] if n == WORKERS else sim("planned", scale, n)
+            points.append({"load": f"{round(load * 100)}%", "workers": n, "planner_within_slo": planner_n.within_slo,
+                           "sim_within_slo": sim_n.within_slo})
         loads[f"{round(load * 100)}%"] = {
             "fps": scale, "offered_by_dads_rps": load * capacity,
             "goodput_ratio_vs_dads": g["ours"] / g["dads"] if g["dads"] else None,
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "capacity_rps": capacity, "planner_s": {"median": statistics.median(times), "runs": times},
         "fixed_point": {"delay_ms": plan.fixed_point.delay_ms, "residual_ms": plan.fixed_point.residual_ms,
                         "iterations": plan.fixed_point.iterations, "trace": plan.fixed_point.trace},
-        "loads": loads, "workers_needed_check": check,
+        "loads": loads, "workers_needed_check": check, "planner_accuracy": _accuracy(points),
     }
     results.update(_real_load())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -169,6 +181,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps({k: {kk: v[kk] for kk in v if kk.startswith("goodput")} for k, v in loads.items()}, indent=2))
     print(json.dumps(check, indent=2))
     return results
+
+
+def _accuracy(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step 4's points with the planner's absolute error in points of the share within the SLO."""
+    errors = [100.0 * abs(p["planner_within_slo"] - p["sim_within_slo"]) for p in points]
+    return {"points": points, "mean_abs_error_points": statistics.fmean(errors) if errors else None,
+            "max_abs_error_points": max(errors, default=None)}
 
 
 def _real_load() -> dict[str, Any]:
@@ -192,7 +211,7 @@ def _plot(results: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     loads = list(results["loads"])
     width = 0.16
     for i, s in enumerate(STRATEGIES):
@@ -209,6 +228,18 @@ def _plot(results: dict[str, Any], path: str) -> None:
     ax2.set_ylabel("cloud delay (ms)")
     ax2.set_title(f"fixed point: W = {results['fixed_point']['delay_ms']:.1f} ms")
     ax2.legend()
+    acc = results["planner_accuracy"]
+    for n in ACCURACY_WORKERS:
+        pts = [p for p in acc["points"] if p["workers"] == n]
+        ax3.plot([100 * p["sim_within_slo"] for p in pts], [100 * p["planner_within_slo"] for p in pts], "o",
+                 label=f"{n} workers")
+    ends = [100 * v for p in acc["points"] for v in (p["sim_within_slo"], p["planner_within_slo"])]
+    ax3.plot([min(ends), max(ends)], [min(ends), max(ends)], "k:", lw=1)
+    ax3.set_xlabel("simulated, devices following the plan (% within SLO)")
+    ax3.set_ylabel("planner's prediction (% within SLO)")
+    ax3.set_title(f"planner vs simulation at {', '.join(results['loads'])} load: mean error "
+                  f"{acc['mean_abs_error_points']:.1f}, max {acc['max_abs_error_points']:.1f} points", fontsize=9)
+    ax3.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
