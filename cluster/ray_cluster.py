@@ -244,8 +244,7 @@ class RayPool:
     async def read_discards(self) -> int:
         """Reads the workers' discarded results of this tail into `discards` and returns the total.
         A replica that does not answer keeps the count it last reported."""
-        got = await asyncio.gather(*(r.stats.remote() for r in self.pool.replicas), return_exceptions=True)
-        for replica, stats in enumerate(got):
+        for replica, stats in enumerate(await self.pool.worker_stats(return_exceptions=True)):
             if isinstance(stats, BaseException):
                 logger.debug("replica %d of %s did not report its counts: %s", replica, self.key, stats)
                 continue
