@@ -108,7 +108,7 @@ from edge_agent.policy import (
 )
 from edge_agent.probing import LinkProbing, error_kind
 from planner import Encoding, Frontier
-from planner.costmodel import remote_budget_ms
+from planner.costmodel import remote_budget_ms, remote_call_ms
 from workers.engine import RunCancel
 from workers.errors import InputError, RunCancelledError, WorkerError
 
@@ -443,7 +443,7 @@ class Runner(LinkProbing):
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Answer] = loop.create_future()
         budget_s = self._remote_budget_s(start, ce)
-        call_s = max(2 * budget_s, budget_s + 1.0)
+        call_s = remote_call_ms(budget_s * 1e3) / 1e3
         timed_out = False
 
         def deliver(step: Step, value: Any, by: str, why: str = "") -> None:

@@ -97,6 +97,13 @@ def remote_budget_ms(slo_ms: float, elapsed_ms: float, tail_ms: float, floor: fl
     The edge runner, the fleet planner, the fleet simulator and bench.fleet_load use this."""
     return max(slo_ms - elapsed_ms - tail_ms, floor * slo_ms)
 
+
+def remote_call_ms(budget_ms: float) -> float:
+    """How long the edge runner's remote call may take once sent, which its request carries to
+    the gateway as its deadline: twice the budget, at least a second more, so that an answer
+    later than the budget still arrives to be measured ([Note: remote budget])."""
+    return max(2.0 * budget_ms, budget_ms + 1000.0)
+
 # [Note: unknown sizes]
 # A tensor whose size no shape inference knows (bytes_per_sample None) cannot be priced,
 # and pricing it at 0 would make the solver cut exactly there. The tables price it at

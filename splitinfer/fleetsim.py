@@ -27,7 +27,8 @@ planner's frontier and cost model, as on a device. What is modelled:
   ``service='exponential'`` draws it exponential with that mean instead). The batcher waits
   ``batch_timeout_ms`` for company while a worker is free, takes up to ``max_batch`` when one
   frees, oldest pool first, and leaves out a request that cannot finish before its deadline
-  (refused: deadline-aware batching). Admission: a request whose predicted wait (the batcher's
+  (refused: deadline-aware batching); the deadline is the request's SLO, or with
+  ``deadline='runner'`` the edge runner's, `planner.costmodel.remote_call_ms`. Admission: a request whose predicted wait (the batcher's
   own: `workers.batcher.queue_wait_s`, with the batches ahead at the size batches form at
   while others wait, `AheadSize`) and its own batch end past its deadline, or that finds 1024
   queued, is refused with RESOURCE_EXHAUSTED and retry-after = that wait. A request that no
@@ -70,7 +71,7 @@ from edge_agent.hedge import URGENT, urgent_priority
 from edge_agent.policy import Action, Health, PolicyConfig, PolicyState, after_trial, hedge_delay_s, policy
 from partitioner import Cut
 from planner import Frontier, FrontierEntry, LinkRange, Objective, Plan, evaluate
-from planner.costmodel import remote_budget_ms
+from planner.costmodel import remote_budget_ms, remote_call_ms
 from planner.fleet import ClassChoices, ClassModel, planned_choices, remote_ms, run_ms_table
 from planner.fleet_spec import FleetSpec
 from workers.batcher import AheadSize, BatcherLoad, queue_wait_s
@@ -108,6 +109,10 @@ class SimConfig:
     priority: bool = True
     """The cloud serves first the requests that no local run can answer in time, as the gateway
     does ([Note: priority under overload] in edge_agent/hedge.py); False: in arrival order."""
+    deadline: str = "slo"
+    """The deadline a request carries to the cloud: 'slo', its SLO from its start (as bench.fleet_load's
+    requests and the planner's admission); 'runner', the edge runner's, `planner.costmodel.remote_call_ms`
+    of the remote budget from the send."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -116,6 +121,8 @@ class SimConfig:
             raise ValueError(f"service={self.service!r}; use 'deterministic' or 'exponential'")
         if not (math.isfinite(self.request_overhead_ms) and self.request_overhead_ms >= 0):
             raise ValueError(f"request_overhead_ms={self.request_overhead_ms!r} must be a finite number >= 0")
+        if self.deadline not in ("slo", "runner"):
+            raise ValueError(f"deadline={self.deadline!r}; use 'slo' or 'runner'")
         if not 0 <= self.warmup_s < self.seconds:
             raise ValueError(f"warmup_s={self.warmup_s!r} must be >= 0 and below seconds={self.seconds!r}")
 
@@ -326,9 +333,9 @@ class _Sim:
         req.pool, req.cut_id, req.trial = r.pool, entry.plan.cut.key, trial
         req.post_ms, req.tail_ms = r.post_ms, r.tail_ms
         slo_s = self.slo_s[c]
-        req.deadline = now + slo_s
         send_s = r.send_ms / 1e3  # the runner's timers start at the send: the upload is the remote call's
         budget = remote_budget_ms(slo_s * 1e3, r.head_ms, r.tail_ms) / 1e3  # as the runner, once the head is done
+        req.deadline = now + (slo_s if self.cfg.deadline == "slo" else send_s + remote_call_ms(budget * 1e3) / 1e3)
         if hi_ms is None:  # a baseline: its plan's own time at batch 1
             hi_ms = r.pre_ms + float(self.tables[r.pool][0]) + r.post_ms
         hedge = hedge_delay_s(Action("offload", req.cut_id, predicted_ms=hi_ms, hi_ms=hi_ms),

@@ -85,6 +85,7 @@ def test_cloud_matches_mmc_at_batch_one() -> None:
     ({"service": "gamma"}, "service='gamma'"),
     ({"seconds": 5.0, "warmup_s": 5.0}, "warmup_s=5.0"),
     ({"request_overhead_ms": -1.0}, "request_overhead_ms=-1.0"),
+    ({"deadline": "budget"}, "deadline='budget'"),
 ])
 def test_bad_config_is_refused(kw: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("[", r"\[")):
@@ -147,3 +148,16 @@ def test_the_hedge_lands_refused_and_late_requests_in_time_when_the_local_run_ne
     assert hedged.lost == unhedged.lost == 0 and hedged.doubled == unhedged.doubled == 0
     assert unhedged.hedged == 0 and hedged.hedged > 0.1
     assert hedged.within_slo > 0.99 and unhedged.within_slo < 0.9
+
+
+def test_the_runners_deadline_keeps_the_cloud_on_results_no_device_takes(fleet) -> None:
+    # Cloud-only at three times one worker's load: held to their SLO, the requests that cannot
+    # make it are refused and answered locally; with the runner's deadline (twice the budget, at
+    # least a second) they are queued, and the worker computes answers the devices no longer take.
+    spec, models = fleet
+    cfg = SimConfig(strategy="cloud-only", seconds=3.0, warmup_s=1.0, workers=1, fps_scale=3.0)
+    slo, runner = simulate(spec, models, cfg), simulate(spec, models, dataclasses.replace(cfg, deadline="runner"))
+    assert runner.refused < slo.refused
+    assert runner.worker_wait_ms > 5 * slo.worker_wait_ms
+    assert runner.within_slo < slo.within_slo
+    assert runner.lost == 0 and runner.doubled == 0
