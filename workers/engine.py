@@ -586,10 +586,12 @@ class Engine:
         return self._weights.nbytes if self._weights is not None else 0
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            n = min(self._run_count, _LATENCY_WINDOW)
-            window = self._latency_ms[:n].copy()
-            count = self._run_count
+        # Without the run's lock: a worker answers its stats call on its event loop, which would
+        # otherwise stop for the rest of a running batch. A run finishing meanwhile may replace
+        # one sample of the window; the count is read first, so it never counts more than it holds.
+        count = self._run_count
+        n = min(count, _LATENCY_WINDOW)
+        window = self._latency_ms[:n].copy()
         med, p90 = (float(np.median(window)), float(np.percentile(window, 90))) if n else (0.0, 0.0)
         return EngineStats(
             provider=self.provider,

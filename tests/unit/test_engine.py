@@ -276,6 +276,22 @@ def test_stats_count_runs_and_report_percentiles(cnn_path, cache_dir):
     assert EngineStats.from_json(stats.to_json()) == stats
 
 
+def test_stats_do_not_wait_for_a_run_in_progress(cnn_path, cache_dir):
+    # A Ray worker answers its stats call on its event loop: waiting for a running batch there
+    # would hold every other call of the worker for the rest of the batch.
+    import threading
+
+    eng = Engine(cnn_path, EngineConfig(cache_dir=cache_dir, provider="cpu", intra_op_threads=1))
+    eng.run({"x": _x(seed=0)})
+    got: list[EngineStats] = []
+    with eng._lock:  # as a run holds it
+        reader = threading.Thread(target=lambda: got.append(eng.stats()))
+        reader.start()
+        reader.join(timeout=10.0)
+        assert not reader.is_alive(), "stats() waited for the run's lock"
+    assert got[0].run_count == 1 and got[0].median_ms > 0
+
+
 def test_batch_mixing_model_is_refused(tmp_path):
     eng = Engine(make_batch_mixing_model(), EngineConfig(cache_dir=str(tmp_path), provider="cpu"))
     assert not eng.batch_safe
