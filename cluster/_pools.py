@@ -219,19 +219,18 @@ class AnswerLoad:
           (workers._batch_policy.queue_wait_s) then gives the wait.
         * The drain. A pool's requests also take the gateway's and the transport's time, which
           its batches' runs do not count: on 2 shared cores one replica of SqueezeNet answered
-          131 requests a second where its batches' runs alone allowed 141, and in another run,
-          from the batch queue alone, the predicted wait read 3.3 ms at the median where
-          requests sent at 1.5 times the throughput met 48.7 ms. So the answers (priority 0)
+          131 requests a second where its batches' runs alone allowed 141, and from the batch
+          queue alone the predicted wait read 3.3 ms at the median where requests sent at 1.5
+          times the throughput met 48.7 ms. So the answers (priority 0)
           are fitted, as an EWMA least-squares line, by their time in the pool against the
           requests they found inside when sent; a new request waits the line's time at the
           requests inside now, less a lone batch's run (with none inside, nothing is drained:
           the line's intercept is the transport's time, not a wait for a batch).
-        Measured with bench/ray_load.py (one replica, open-loop arrivals at 0.5, 1 and 1.5 times
+        bench/ray_load.py measures it (one replica, open-loop arrivals at 0.5, 1 and 1.5 times
         the throughput measured first; each request's wait against the last answer's keys, as
-        the agent reads them), this stands where a Ray pool gave only its expected wait: see
-        docs/fleet.md. Without it, a Ray pool reported no predicted wait, and neither its gauge
-        (`splitinfer_predicted_wait_seconds`, an autoscaling signal of the Helm chart) nor
-        `/readyz?load=1` had one.
+        the agent reads them; figures in docs/fleet.md). It feeds the pool's gauge
+        (`splitinfer_predicted_wait_seconds`, an autoscaling signal of the Helm chart) and
+        `/readyz?load=1`.
         """
         from workers.batcher import queue_wait_s
 
