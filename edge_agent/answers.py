@@ -59,6 +59,9 @@ class Counters:
     """Requests run here in a held drop while a remote plan stayed in use ([Note: risk] in policy.py)."""
     reachability_failures: int = 0
     """Idle-link health checks that got no answer."""
+    gateway_warmups: int = 0
+    """Boundaries of zeros sent at start-up to load cuts the gateway had not preloaded
+    ([Note: cuts the gateway has not loaded] in probing.py)."""
     inflight: int = 0
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
 

@@ -34,7 +34,14 @@ from edge_agent.api import LocalApi
 from edge_agent.cache import ArtifactCache
 from edge_agent.config import EdgeConfig
 from edge_agent.device import SlowDevice
-from edge_agent.engines import ModelSet, load_or_estimate_profile, make_frontier, profile_model_ms, time_engine_ms
+from edge_agent.engines import (
+    ModelSet,
+    load_or_estimate_profile,
+    make_frontier,
+    preloaded_cuts,
+    profile_model_ms,
+    time_engine_ms,
+)
 from edge_agent.errors import ArtifactError, ConfigError, NotReadyError, StartupError
 from edge_agent.model_inputs import image_norm, planning_graph
 from edge_agent.runner import Runner
@@ -104,6 +111,8 @@ class EdgeAgent:
         self.artifacts_source = ""
         self.profile_source = ""
         self.startup_warning = ""
+        self.gateway_warmed: list[str] = []
+        """Cuts the gateway loaded at this agent's start-up ([Note: cuts the gateway has not loaded])."""
         self._local_ms = 0.0
         self.host_model_ms = 0.0
         """The whole model's CPU time on one thread here (the device's time without its slowdown)."""
@@ -163,6 +172,10 @@ class EdgeAgent:
                             read_timeout_s=cfg.api_read_timeout_s)
         await self.api.start()
         if self.artifacts_source == "gateway":
+            # [Note: cuts the gateway has not loaded] in probing.py
+            preloaded = preloaded_cuts(files)
+            if preloaded is not None:
+                self.gateway_warmed = await self.runner.warm_gateway(preloaded, cfg.startup_timeout_s)
             # Seeds the RTT (the first check also pays the connection set-up, the second does not)
             # and one bandwidth sample, so the first decision already sees the link.
             await self.runner.probe()
@@ -279,6 +292,7 @@ class EdgeAgent:
     def status(self) -> dict[str, Any]:
         base = {"ready": self.is_ready(), "artifacts": self.artifacts_source, "profile": self.profile_source,
                 "warning": self.startup_warning, "uptime_s": time.monotonic() - self.started_s,
+                "gateway_warmed": list(self.gateway_warmed),
                 "host_model_ms": self.host_model_ms,
                 "device_slowdown": self.models.device.factor if self.models is not None else None}
         return base | (self.runner.status() if self.runner else {})

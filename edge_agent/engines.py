@@ -180,6 +180,20 @@ def make_frontier(graph: LayerGraph, device: Profile, files: Mapping[str, bytes]
                                min_agreement=budget), stated)
 
 
+def preloaded_cuts(files: Mapping[str, bytes]) -> frozenset[str] | None:
+    """The cut ids whose tails the gateway preloads (frontier.json's `cuts`); None when it sent no
+    readable frontier.json, which says nothing of what it loaded ([Note: cuts the gateway has not
+    loaded] in probing.py)."""
+    text = files.get("frontier.json")
+    if text is None:
+        return None
+    try:
+        return frozenset(str(c["cut_id"]) for c in json.loads(text)["cuts"])
+    except (KeyError, ValueError, TypeError) as e:
+        logger.warning("ignoring the cuts of frontier.json (%s: %s)", type(e).__name__, e)
+        return None
+
+
 def _stated_at(front: Frontier, rng: LinkRange) -> Frontier:
     """`front` with its link range, and each plan's link and breakdown, at `rng` (another RTT)."""
     if front.link_range == rng:
