@@ -16,6 +16,11 @@ the registry found at start; until then /readyz names each model or version that
 ready and why ('loading', 'failed: <error>', 'no versions: ...'). A cut outside the
 frontier is materialised on its first request.
 
+[Note: tail load time] The requests that wait for a tail to be cut and its pool started
+carry that wait as `timings_ms['load']`, a server time (`cluster.protocol.client.
+SERVER_TIME_KEYS`): seconds on Ray, which a client would otherwise read as a slow link
+(the edge agent's link monitor subtracts server time from a round trip) or a slow path.
+
 [Note: policy sync] With `registry.policy_dir` set (the registry ConfigMap mounted
 read-only; `splitinfer cluster rollout/rollback` patch it), the gateway polls that
 directory every `policy_poll_s` and hands each `<model>.policy.yaml` whose content hash
@@ -520,7 +525,12 @@ class Gateway:
                     m.observe_refusal(request.model, "request_too_large")
                     raise ResourceExhausted(resource=f"request size of {lv.key}", limit=lv.config.max_request_bytes)
                 m.add_bytes("in", nbytes)
-                pool = await self._pool(lv, request.cut_id)
+                pool = self._started_pool(PoolKey(lv.model, lv.version, request.cut_id))
+                load_s = 0.0
+                if pool is None:  # [Note: tail load time]
+                    t = time.monotonic()
+                    pool = await self._pool(lv, request.cut_id)
+                    load_s = time.monotonic() - t
                 t = time.monotonic()
                 inputs = {k: decode(v) if isinstance(v, EncodedTensor) else v for k, v in request.tensors.items()}
                 decode_s = (entered - context.received_monotonic_s) + (time.monotonic() - t)
@@ -555,6 +565,8 @@ class Gateway:
                                                        "principal": principal.name})
             timings_ms = {"queue": result.queue_s * 1e3, "compute": result.compute_s * 1e3,
                           "decode_tensors": decode_s * 1e3, "batch_size": float(result.batch_size)}
+            if load_s:
+                timings_ms["load"] = load_s * 1e3
             keys = getattr(pool, "load_keys", None)
             if keys is not None:  # cluster._pools.load_keys
                 timings_ms.update(keys())

@@ -28,14 +28,13 @@ the profile's time; remote: the time from a request's send to its answer against
 `Action.model_ms`, the device's own part being measured per plan, see [Note: measured
 send] in policy.py) and the policy scales its predictions by them. The remote ratio
 restarts at 1 when the link monitor detects a step, so the lag of the estimate behind a
-step is not learnt as a bias and then counted twice. For the same reason `model_ms` prices the plan at the link's
-measured level, not at the rate the policy plans with: that rate holds a drop off for
-`hold_s` (see [Note: held rate and spread] in edge_agent/monitor.py), and remote answers
-measured against it learnt the drop as the cloud path's own slowness, which stayed in
-every remote time after the hold. In the demo a probe during the model's download read
-50 Mbit/s; at the trace's 18.9 the held rate priced the 3-layer cut at 52 ms for 2 s while
-it answered in 110: the ratio reached 1.9, and the agent left the split (159 ms against
-local's 135). In 5 of 7 runs the fast phase was served locally after its first 2 s.
+step is not learnt as a bias and then counted twice. For the same reason `model_ms` prices
+the plan at the link's measured level, not at the rate the policy plans with: that rate
+holds a drop off for `hold_s` (see [Note: held rate and spread] in edge_agent/monitor.py),
+and answers measured against it learnt the drop as the cloud path's own slowness, which
+stayed in every remote time after the hold (in the demo, a 1.9x ratio after 2 s on the
+3-layer cut: the agent left the split, 159 ms against local's 135). A gateway's one-off
+wait for a tail to load (`timings_ms['load']`) is no part of the path's speed either.
 
 [Note: refusal]
 A RESOURCE_EXHAUSTED from the gateway is its admission control refusing load, at once:
@@ -547,9 +546,10 @@ class Runner(LinkProbing):
                 deliver(step, outs, "remote")
                 if step.delivers:
                     tail_cancel.cancel()
+                load_ms = r.response.timings_ms.get("load", 0.0)  # [Note: tail load time] in cluster/gateway.py
                 self._answered_ms.setdefault(action.plan_key, collections.deque(maxlen=_RECORD)).append(
-                    (now - start) * 1e3)
-                self._observe_latency("remote", (now - sent_s) * 1e3, action.model_ms)
+                    (now - start) * 1e3 - load_ms)
+                self._observe_latency("remote", (now - sent_s) * 1e3 - load_ms, action.model_ms)
                 if action.trial:
                     self._trial_answered((now - start) * 1e3, step.late)
                 self._estimate_moved()

@@ -41,7 +41,7 @@ __all__ = ["InferenceClient", "SyncInferenceClient", "InferResult", "make_reques
            "SERVER_TIME_KEYS"]
 
 #: timings_ms keys that are time spent in the server (not on the link).
-SERVER_TIME_KEYS = ("decode", "decode_tensors", "queue", "compute", "encode")
+SERVER_TIME_KEYS = ("decode", "decode_tensors", "queue", "compute", "encode", "load")
 
 _DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 #: Extra time the gRPC deadline gets beyond the request's own deadline, so the

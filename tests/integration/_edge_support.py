@@ -154,13 +154,13 @@ async def gateway_and_agent(tmp_path: Path, model: str, device_profile: Path,
 
 @asynccontextmanager
 async def runner_over_link(models: Any, frontier: Frontier, model_path: str, cut_key: str, server_cache: Path,
-                           setting: Any, config: dict[str, Any], *, local_ms: float,
-                           outage_mode: Any = None) -> AsyncIterator[tuple[Any, TailBackend, Any]]:
-    """A Runner over `models` and `frontier` whose gateway is a TailBackend of `model_path`
+                           setting: Any, config: dict[str, Any], *, local_ms: float, outage_mode: Any = None,
+                           backend_cls: type[TailBackend] = TailBackend) -> AsyncIterator[tuple[Any, TailBackend, Any]]:
+    """A Runner over `models` and `frontier` whose gateway is a `backend_cls` of `model_path`
     (tail `cut_key` warm, as a gateway's frontier tails are) behind a LinkEmulator at
     `setting`: (runner, backend, emulator). `config`: the agent's keys but `gateway`.
     Everything is closed on exit, calls still in flight cancelled first."""
-    backend = TailBackend(model_path, cache_dir=str(server_cache))
+    backend = backend_cls(model_path, cache_dir=str(server_cache))
     backend._engine(cut_key)
     server = await serve(backend)
     extra = {} if outage_mode is None else {"outage_mode": outage_mode}

@@ -12,6 +12,7 @@ from cluster.protocol.errors import UnknownCutError
 from partitioner import Splitter
 from splitinfer.netem import LinkSetting
 from tests.integration._edge_support import (
+    TailBackend,
     fixed_frontier,
     gateway_and_agent,
     one_cut,
@@ -87,3 +88,47 @@ def test_a_cut_the_gateway_refuses_to_load_at_start_is_not_offloaded_at(tmp_path
 
     warmed, unusable, calls, warm_cuts = asyncio.run(go())
     assert warmed == [] and unusable == {cut.key} and calls == 1 and cut.key not in warm_cuts
+
+
+class _LoadingBackend(TailBackend):
+    """Its first answer waits `load_s`, as a gateway's does while a tail loads, and says so in
+    `timings_ms['load']` when `says` ([Note: tail load time] in cluster/gateway.py)."""
+
+    load_s, says = 1.0, True
+
+    async def infer(self, request, context):
+        first = self.calls == 0
+        if first:
+            await asyncio.sleep(self.load_s)
+        resp = await super().infer(request, context)
+        if first and self.says:
+            resp.timings_ms["load"] = self.load_s * 1e3
+        return resp
+
+
+class _SilentLoadingBackend(_LoadingBackend):
+    says = False
+
+
+def test_a_tails_load_time_is_not_learnt_as_the_links_or_the_paths(tmp_path):
+    """The same second of load, said and not said: said, the link's estimate and the plan's record
+    of answers (what the hedge starts from) leave it out; not said, both read it as the round trip's."""
+    path, models, cut, x, _ = one_cut(tmp_path)
+
+    async def one(backend_cls, tag):
+        async with runner_over_link(models, fixed_frontier(models.graph, cut), path, cut.key,
+                                    tmp_path / f"server-cache-{tag}", LinkSetting.from_mbps(100, 100, 1),
+                                    {"model": "chain@1", "remoteTimeoutMs": 5000}, local_ms=5000.0,
+                                    backend_cls=backend_cls) as (runner, _, _):
+            answer = await runner.infer({"x": x}, request_id="r0")
+            (recorded_ms,) = [ms for record in runner._answered_ms.values() for ms in record]
+            return answer, recorded_ms, runner.monitor.estimate().up_bps
+
+    async def go():
+        return await one(_LoadingBackend, "said"), await one(_SilentLoadingBackend, "silent")
+
+    (said, said_ms, said_bps), (silent, silent_ms, silent_bps) = asyncio.run(go())
+    assert said.served_by == silent.served_by == "remote"
+    assert said.latency_ms >= 1000 and silent.latency_ms >= 1000  # the request itself waited either way
+    assert said_ms < 500 <= 1000 <= silent_ms, (said_ms, silent_ms)
+    assert said_bps > 20 * silent_bps, (said_bps, silent_bps)

@@ -20,7 +20,7 @@ from cluster.errors import (
     UnknownVersionError,
 )
 from cluster.gateway import Gateway, LocalPoolFactory, PoolKey
-from cluster.protocol.client import InferenceClient, SyncInferenceClient, make_request
+from cluster.protocol.client import InferenceClient, InferResult, SyncInferenceClient, make_request
 from cluster.protocol.encoding import encode
 from cluster.registry import Registry, route
 from cluster.server import serve_in_thread
@@ -109,6 +109,7 @@ def test_infer_on_each_frontier_cut_equals_the_whole_model(stack):
             assert resp.served_by == "m@1"
             np.testing.assert_allclose(resp.outputs["y"], want, rtol=1e-4, atol=1e-5)
             assert {"queue", "compute", "decode", "encode"} <= set(resp.timings_ms)
+            assert "load" not in resp.timings_ms  # preloaded
         # An fp16-encoded boundary is decoded before the tail runs.
         cut = lv.frontier.cuts[-1]
         b = head_outputs(registry, "1", cut.cut_id, x)
@@ -129,8 +130,12 @@ def test_a_cut_outside_the_frontier_is_cut_on_demand(stack):
 
     with SyncInferenceClient(server.address) as c:
         resp = c.infer(make_request("m", "1", extra.key, {k: head[k] for k in boundary(graph, extra)}))
+        again = c.infer(make_request("m", "1", extra.key, {k: head[k] for k in boundary(graph, extra)}))
     np.testing.assert_allclose(resp.outputs["y"], whole_model(registry, "1", x), rtol=1e-4, atol=1e-5)
     assert os.path.exists(os.path.join(lv.files.path, "segments", extra.key, "tail.onnx"))
+    # [Note: tail load time]: the first request waited for the tail to load, and says so as server time.
+    assert resp.timings_ms["load"] > 0 and "load" not in again.timings_ms
+    assert InferResult.of(resp.to_msgpack(), 0, 1.0).server_ms >= resp.timings_ms["load"]
 
 
 def test_unknown_model_version_cut_and_bad_tensors_are_errors(stack):
