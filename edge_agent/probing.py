@@ -308,8 +308,7 @@ class LinkProbing:
                 self.unusable_cuts.add(k)
                 logger.warning("the gateway does not know cut %s; not offloading at it: %s", k, r)
             elif isinstance(r, BaseException):
-                logger.warning("loading cut %s at the gateway failed (%s: %s); its first request will load it",
-                               k, error_kind(r), r)
+                logger.warning("loading cut %s at the gateway failed (%s: %s)", k, error_kind(r), r)
             else:
                 warmed.append(k)
         logger.info("loaded %d of %d cut(s) the gateway had not preloaded in %.1f s: %s", len(warmed), len(reqs),
