@@ -551,7 +551,7 @@ class Runner(LinkProbing):
                     (now - start) * 1e3 - load_ms)
                 self._observe_latency("remote", (now - sent_s) * 1e3 - load_ms, action.model_ms)
                 if action.trial:
-                    self._trial_answered((now - start) * 1e3, step.late)
+                    self._trial_answered((now - start) * 1e3 - load_ms, step.late)
                 self._estimate_moved()
                 return
             assert exc is not None

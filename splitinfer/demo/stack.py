@@ -105,7 +105,8 @@ class Stack:
         st = await self.status()
         pid = self.edge.proc.pid if self.edge.proc else "?"
         warmed = st.get("gateway_warmed") or []
-        loaded = f" (the gateway loaded {len(warmed)} cut(s) it had not preloaded: {', '.join(warmed)})" if warmed else ""
+        loaded = f" (the gateway loaded {len(warmed)} cut(s) it had not preloaded: {', '.join(warmed)})"
+        loaded = loaded if warmed else ""
         say(f"      edge agent: pid {pid}, API on unix:{self.edge.socket_path}, "
             f"1 ORT thread, its work stretched {self.slowdown:.2f}x; {len(st.get('warm_cuts', []))} warm cuts, ready in "
             f"{self.timings_s['agent']:.1f} s{loaded}")
