@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from edge_agent.config import EdgeConfig
     from edge_agent.engines import CutEngines, ModelSet
     from edge_agent.monitor import LinkMonitor
-    from planner import Frontier
+    from planner import Frontier, Plan
 
 __all__ = ["LinkProbing"]
 
@@ -255,12 +255,16 @@ class LinkProbing:
         logger.log(level, "link probe %s: %s; estimate up %.2f Mbit/s, rtt %s ms", "ok" if ok else "failed", what,
                    (est.up_bps or 0.0) / 1e6, "unknown" if est.rtt_ms is None else f"{est.rtt_ms:.0f}")
 
+    def _remote_plans(self) -> list[Plan]:
+        """The frontier's remote plans whose cut is warm here and not refused by the gateway."""
+        return [e.plan for e in (self.frontier.entries if self.frontier is not None else ())
+                if e.plan.boundary and e.plan.cut.key in self.models.cuts and e.plan.cut.key not in self.unusable_cuts]
+
     def _zero_request(self, timeout_s: float) -> InferRequest | None:
         """A boundary of zeros: measures the link before any request offloaded. It is the warm frontier
         plan with the fewest bytes to send, in that plan's encoding: a probe holds the device's uplink
         while it runs (ResNet50's fp32 input, 602 kB, takes 5 s at 1 Mbit/s; its int8 plan a quarter)."""
-        warm = [e.plan for e in (self.frontier.entries if self.frontier is not None else ())
-                if e.plan.boundary and e.plan.cut.key in self.models.cuts and e.plan.cut.key not in self.unusable_cuts]
+        warm = self._remote_plans()
         if warm:
             plan = min(warm, key=lambda p: p.breakdown.hop_up_ms[0] if p.breakdown.hop_up_ms else p.breakdown.uplink_ms)
             ce, action = self.models.cuts[plan.cut.key], Action(OFFLOAD, plan.cut.key, plan.encoding)
@@ -289,12 +293,10 @@ class LinkProbing:
         link samples (the load is in them); a cut the gateway refuses as unknown is not offloaded
         at. A backend that sends no frontier.json says nothing of what it loaded: nothing is sent.
         """
-        if self.remote is None or self.frontier is None:
+        if self.remote is None:
             return []
-        ces = {e.plan.cut.key: (self.models.cuts[e.plan.cut.key], Action(OFFLOAD, e.plan.cut.key, e.plan.encoding))
-               for e in self.frontier.entries
-               if e.plan.boundary and e.plan.cut.key in self.models.cuts and e.plan.cut.key not in preloaded
-               and e.plan.cut.key not in self.unusable_cuts}
+        ces = {p.cut.key: (self.models.cuts[p.cut.key], Action(OFFLOAD, p.cut.key, p.encoding))
+               for p in self._remote_plans() if p.cut.key not in preloaded}
         if not ces:
             return []
         t0 = time.monotonic()

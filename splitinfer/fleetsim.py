@@ -28,7 +28,8 @@ planner's frontier and cost model, as on a device. What is modelled:
   ``batch_timeout_ms`` for company while a worker is free, takes up to ``max_batch`` when one
   frees, oldest pool first, and leaves out a request that cannot finish before its deadline
   (refused: deadline-aware batching); the deadline is the request's SLO, or with
-  ``deadline='runner'`` the edge runner's, `planner.costmodel.remote_call_ms`. Admission: a request whose predicted wait (the batcher's
+  ``deadline='runner'`` the edge runner's, `planner.costmodel.remote_call_ms`. Admission: a
+  request whose predicted wait (the batcher's
   own: `workers.batcher.queue_wait_s`, with the batches ahead at the size batches form at
   while others wait, `AheadSize`) and its own batch end past its deadline, or that finds 1024
   queued, is refused with RESOURCE_EXHAUSTED and retry-after = that wait. A request that no

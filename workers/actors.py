@@ -473,7 +473,8 @@ class ReplicaPool:
     async def worker_stats(self, *, return_exceptions: bool = False) -> list[WorkerStats | BaseException]:
         """Each replica's stats; with ``return_exceptions``, a replica that does not answer gives its
         exception in its place instead of failing the whole call."""
-        return list(await asyncio.gather(*(r.stats.remote() for r in self.replicas), return_exceptions=return_exceptions))
+        calls = (r.stats.remote() for r in self.replicas)
+        return list(await asyncio.gather(*calls, return_exceptions=return_exceptions))
 
     async def aclose(self, *, timeout_s: float = 10.0) -> None:
         """Closes the caller-side batchers, then kills the replicas (see :meth:`shutdown`).
